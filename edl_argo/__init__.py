@@ -1,0 +1,3 @@
+"""edl-argo: elastic, fault-tolerant TensorFlow training as an Argo Workflows step."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Datasets as RecordIO shards of serialized ``tf.train.Example`` records: writing, converting, inspecting."""

@@ -1,0 +1,197 @@
+"""``edl-argo data``: write the bundled digits dataset, convert a CSV file, inspect shards."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from edl_argo.data.examples import encode_example
+from edl_argo.errors import ConfigError, DataFormatError
+from edl_argo.log import get_logger
+from edl_argo.recordio import Compressor, ShardReader, list_shards, write_shard
+from edl_argo.storage import Storage, open_storage
+
+log = get_logger(__name__)
+
+_COMPRESSORS = {c.name.lower(): c for c in Compressor}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    data = subparsers.add_parser("data", help="prepare and inspect RecordIO datasets")
+    commands = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
+
+    digits = commands.add_parser(
+        "digits", help="write scikit-learn's bundled handwritten digits as train/test shards"
+    )
+    _add_output_flags(digits)
+    digits.add_argument("--test-fraction", type=float, default=0.2, help="share of records in test/")
+    digits.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    digits.set_defaults(run=run_digits)
+
+    convert = commands.add_parser("convert", help="convert a CSV file (with a header row) to shards")
+    convert.add_argument("--from", dest="source", required=True, metavar="CSV_FILE", help="CSV file to read")
+    convert.add_argument("--label-column", required=True, help="name of the label column")
+    _add_output_flags(convert)
+    convert.set_defaults(run=run_convert)
+
+    inspect = commands.add_parser("inspect", help="list shards, verify every chunk's checksum")
+    inspect.add_argument("url", help="dataset folder or s3://bucket/prefix")
+    inspect.set_defaults(run=run_inspect)
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", required=True, metavar="URL", help="folder or s3://bucket/prefix")
+    parser.add_argument("--shards", type=_positive_int, default=4, help="shards per split (default 4)")
+    parser.add_argument(
+        "--compressor", choices=sorted(_COMPRESSORS), default="snappy", help="chunk compressor"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at --output")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def write_dataset(
+    storage: Storage,
+    prefix: str,
+    records: Sequence[bytes],
+    num_shards: int,
+    compressor: Compressor,
+    overwrite: bool,
+) -> list[str]:
+    """Write ``records`` as ``num_shards`` contiguous shards under ``prefix``; returns the shard keys.
+
+    Refuses to mix with an existing dataset unless ``overwrite``. If any shard fails to write, the shards
+    already written are removed, so a failed run leaves no partial dataset behind.
+    """
+    existing = list_shards(storage, prefix)
+    if existing and not overwrite:
+        raise ConfigError(
+            f"{storage.describe(prefix)} already holds {len(existing)} shard(s); "
+            "pass --overwrite to replace them"
+        )
+    num_shards = max(1, min(num_shards, len(records)))
+    bounds = np.linspace(0, len(records), num_shards + 1).astype(int)
+    keys = [f"{prefix}/data-{i:05d}".lstrip("/") for i in range(num_shards)]
+    written: list[str] = []
+    try:
+        for key, start, end in zip(keys, bounds[:-1], bounds[1:], strict=True):
+            write_shard(storage, key, records[start:end], compressor=compressor)
+            written.append(key)
+            log.info("shard_written", url=storage.describe(key), records=int(end - start))
+    except BaseException:
+        for key in written:
+            storage.delete(key)
+        raise
+    for key in sorted(set(existing) - set(keys)):
+        storage.delete(key)
+    return keys
+
+
+def digits_records(test_fraction: float, seed: int) -> tuple[list[bytes], list[bytes]]:
+    """scikit-learn's 1,797 8×8 digits as (train, test) ``tf.train.Example`` records.
+
+    Features: ``image`` (64 floats, 0–16) and ``label`` (int64, 0–9).
+    """
+    from sklearn.datasets import load_digits
+
+    if not 0.0 < test_fraction < 1.0:
+        raise ConfigError(f"--test-fraction must be between 0 and 1, got {test_fraction}")
+    digits = load_digits()
+    order = np.random.default_rng(seed).permutation(len(digits.target))
+    records = [
+        encode_example({"image": digits.data[i].astype(np.float32), "label": int(digits.target[i])})
+        for i in order
+    ]
+    num_test = math.ceil(len(records) * test_fraction)
+    return records[num_test:], records[:num_test]
+
+
+def run_digits(args: argparse.Namespace) -> int:
+    storage = open_storage(args.output)
+    train, test = digits_records(args.test_fraction, args.seed)
+    compressor = _COMPRESSORS[args.compressor]
+    for split, records in (("train", train), ("test", test)):
+        write_dataset(storage, split, records, args.shards, compressor, args.overwrite)
+    print(f"wrote {len(train)} train and {len(test)} test records to {storage.describe()}")
+    return 0
+
+
+def csv_records(path: Path, label_column: str) -> list[bytes]:
+    """Rows of a CSV file as ``tf.train.Example`` records, one feature per column.
+
+    Columns whose every value parses as a number become float features (the label: int64 when every
+    value is an integer); others become bytes features.
+    """
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+    except OSError as error:
+        raise ConfigError(f"cannot read CSV file {path}: {error.strerror or error}") from None
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise DataFormatError(f"CSV file {path} is not valid UTF-8 CSV: {error}") from None
+    if not rows:
+        raise DataFormatError(f"CSV file {path} is empty; it needs a header row and data rows")
+    header, body = rows[0], rows[1:]
+    if label_column not in header:
+        raise ConfigError(
+            f"--label-column {label_column!r} is not a column of {path}; columns: {', '.join(header)}"
+        )
+    for line, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise DataFormatError(
+                f"CSV file {path} line {line}: {len(row)} fields, the header has {len(header)}"
+            )
+    if not body:
+        raise DataFormatError(f"CSV file {path} has a header but no data rows")
+    columns = {name: [row[i] for row in body] for i, name in enumerate(header)}
+    typed = {name: _typed_column(values, is_label=name == label_column) for name, values in columns.items()}
+    names = [n for n in header if n != label_column] + [label_column]
+    return [encode_example({"label" if n == label_column else n: typed[n][i] for n in names}) for i in range(len(body))]
+
+
+def _typed_column(values: Iterable[str], is_label: bool) -> list[int] | list[float] | list[str]:
+    values = list(values)
+    try:
+        floats = [float(v) for v in values]
+    except ValueError:
+        return values
+    if is_label and all(f.is_integer() for f in floats):
+        return [int(f) for f in floats]
+    return floats
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    records = csv_records(Path(args.source), args.label_column)
+    storage = open_storage(args.output)
+    write_dataset(storage, "", records, args.shards, _COMPRESSORS[args.compressor], args.overwrite)
+    print(f"wrote {len(records)} records from {args.source} to {storage.describe()}")
+    return 0
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    storage = open_storage(args.url)
+    shards = list_shards(storage)
+    if not shards:
+        raise ConfigError(f"no shards at {storage.describe()}")
+    print(f"{'shard':<32} {'records':>9} {'chunks':>7} {'bytes':>12}  compressor")
+    totals = [0, 0, 0]
+    for key in shards:
+        summary = ShardReader(storage, key).verify()
+        compressors = ",".join(sorted(summary.compressors))
+        print(f"{key:<32} {summary.records:>9} {summary.chunks:>7} {summary.bytes:>12}  {compressors}")
+        totals = [totals[0] + summary.records, totals[1] + summary.chunks, totals[2] + summary.bytes]
+    print(f"{'total (' + str(len(shards)) + ' shards)':<32} {totals[0]:>9} {totals[1]:>7} {totals[2]:>12}  ok")
+    return 0

@@ -1,0 +1,125 @@
+from edl_argo.proto import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_TYPE_UNSPECIFIED: _ClassVar[TaskType]
+    TRAINING: _ClassVar[TaskType]
+    EVALUATION: _ClassVar[TaskType]
+    PREDICTION: _ClassVar[TaskType]
+TASK_TYPE_UNSPECIFIED: TaskType
+TRAINING: TaskType
+EVALUATION: TaskType
+PREDICTION: TaskType
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "type", "data_url", "shard", "start", "end", "epoch", "model_version")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_URL_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    type: TaskType
+    data_url: str
+    shard: str
+    start: int
+    end: int
+    epoch: int
+    model_version: int
+    def __init__(self, task_id: _Optional[int] = ..., type: _Optional[_Union[TaskType, str]] = ..., data_url: _Optional[str] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("kind", "task")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[GetTaskResponse.Kind]
+        TASK: _ClassVar[GetTaskResponse.Kind]
+        WAIT: _ClassVar[GetTaskResponse.Kind]
+        DONE: _ClassVar[GetTaskResponse.Kind]
+    KIND_UNSPECIFIED: GetTaskResponse.Kind
+    TASK: GetTaskResponse.Kind
+    WAIT: GetTaskResponse.Kind
+    DONE: GetTaskResponse.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    kind: GetTaskResponse.Kind
+    task: Task
+    def __init__(self, kind: _Optional[_Union[GetTaskResponse.Kind, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class ReportTaskResultRequest(_message.Message):
+    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    task_id: int
+    success: bool
+    error_message: str
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class ReportTaskResultResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
+class ReportEvaluationOutputsRequest(_message.Message):
+    __slots__ = ("worker_id", "task_id", "model_version", "outputs", "labels")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    task_id: int
+    model_version: int
+    outputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    labels: _tensor_pb2.Tensor
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., model_version: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., labels: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class ReportVersionRequest(_message.Message):
+    __slots__ = ("worker_id", "model_version")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    model_version: int
+    def __init__(self, worker_id: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
+
+class ScaleWorkersRequest(_message.Message):
+    __slots__ = ("num_workers",)
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    num_workers: int
+    def __init__(self, num_workers: _Optional[int] = ...) -> None: ...
+
+class ScaleWorkersResponse(_message.Message):
+    __slots__ = ("num_workers",)
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    num_workers: int
+    def __init__(self, num_workers: _Optional[int] = ...) -> None: ...

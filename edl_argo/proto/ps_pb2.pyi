@@ -1,0 +1,95 @@
+from edl_argo.proto import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EmbeddingTableInfo(_message.Message):
+    __slots__ = ("name", "dim", "initializer", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    INITIALIZER_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    initializer: str
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class Model(_message.Message):
+    __slots__ = ("version", "dense_parameters", "embedding_table_infos", "embedding_tables")
+    class EmbeddingTablesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _tensor_pb2.IndexedSlices
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_tensor_pb2.IndexedSlices, _Mapping]] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DENSE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_TABLE_INFOS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_TABLES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    dense_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    embedding_table_infos: _containers.RepeatedCompositeFieldContainer[EmbeddingTableInfo]
+    embedding_tables: _containers.MessageMap[str, _tensor_pb2.IndexedSlices]
+    def __init__(self, version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embedding_table_infos: _Optional[_Iterable[_Union[EmbeddingTableInfo, _Mapping]]] = ..., embedding_tables: _Optional[_Mapping[str, _tensor_pb2.IndexedSlices]] = ...) -> None: ...
+
+class PushModelResponse(_message.Message):
+    __slots__ = ("accepted", "version")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    version: int
+    def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
+
+class PullDenseParametersRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class PullDenseParametersResponse(_message.Message):
+    __slots__ = ("initialized", "version", "dense_parameters")
+    INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DENSE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    initialized: bool
+    version: int
+    dense_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+
+class PullEmbeddingVectorsRequest(_message.Message):
+    __slots__ = ("name", "ids")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ids: _tensor_pb2.Tensor
+    def __init__(self, name: _Optional[str] = ..., ids: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class PullEmbeddingTableRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class PushGradientsRequest(_message.Message):
+    __slots__ = ("gradients", "version", "learning_rate_scale")
+    GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    gradients: Model
+    version: int
+    learning_rate_scale: float
+    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ...) -> None: ...
+
+class PushGradientsResponse(_message.Message):
+    __slots__ = ("accepted", "version")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    version: int
+    def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by the master, parameter servers and workers."""

@@ -1,0 +1,64 @@
+"""Tensors on the wire: numpy arrays <-> ``edl_argo.Tensor`` messages as raw bytes with dtype and shape."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edl_argo.proto import tensor_pb2
+
+#: dtypes a tensor message may carry; anything else is rejected (a malformed or hostile request).
+ALLOWED_DTYPES = frozenset(
+    {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
+)
+
+
+class TensorDecodeError(ValueError):
+    """A tensor message whose dtype, shape and content do not agree."""
+
+
+def to_tensor(array: np.ndarray | object, name: str = "") -> tensor_pb2.Tensor:
+    """Encode an array (or anything ``np.asarray`` takes, including eager TF tensors) as a message."""
+    value = np.ascontiguousarray(array)
+    if value.dtype.name not in ALLOWED_DTYPES:
+        raise TypeError(f"tensor {name!r}: dtype {value.dtype} cannot travel on the wire")
+    if value.dtype.byteorder == ">":
+        value = value.astype(value.dtype.newbyteorder("<"))
+    return tensor_pb2.Tensor(name=name, dtype=value.dtype.name, shape=value.shape, content=value.tobytes())
+
+
+def from_tensor(message: tensor_pb2.Tensor) -> np.ndarray:
+    """Decode a message into a read-only numpy array viewing its bytes (no copy).
+
+    Raises :class:`TensorDecodeError` when the dtype is unknown or the byte count does not match the shape.
+    """
+    if message.dtype not in ALLOWED_DTYPES:
+        raise TensorDecodeError(f"tensor {message.name!r}: unsupported dtype {message.dtype!r}")
+    dtype = np.dtype(message.dtype).newbyteorder("<")
+    shape = tuple(message.shape)
+    if any(d < 0 for d in shape):
+        raise TensorDecodeError(f"tensor {message.name!r}: negative dimension in shape {shape}")
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if expected != len(message.content):
+        raise TensorDecodeError(
+            f"tensor {message.name!r}: shape {shape} of {message.dtype} needs {expected} bytes, "
+            f"got {len(message.content)}"
+        )
+    return np.frombuffer(message.content, dtype=dtype).reshape(shape)
+
+
+def to_indexed_slices(values: np.ndarray, ids: np.ndarray, name: str = "") -> tensor_pb2.IndexedSlices:
+    """Encode rows ``values[i]`` of ids ``ids[i]``."""
+    return tensor_pb2.IndexedSlices(
+        values=to_tensor(values, name), ids=to_tensor(np.asarray(ids, dtype=np.int64), name)
+    )
+
+
+def from_indexed_slices(message: tensor_pb2.IndexedSlices) -> tuple[np.ndarray, np.ndarray]:
+    """Decode into ``(values, ids)``; the row counts must agree."""
+    values, ids = from_tensor(message.values), from_tensor(message.ids)
+    if ids.ndim != 1 or ids.dtype != np.int64 or values.ndim < 1 or values.shape[0] != ids.shape[0]:
+        raise TensorDecodeError(
+            f"indexed slices {message.values.name!r}: {ids.shape[0] if ids.ndim else 0} ids "
+            f"for values of shape {values.shape}"
+        )
+    return values, ids
