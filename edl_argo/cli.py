@@ -1,19 +1,33 @@
 """The ``edl-argo`` command line.
 
-Each subcommand lives in its own module and contributes a ``register(subparsers)`` function that adds its
-parser and sets ``run=<callable(args) -> int>``. :func:`build_parser` is public so that tests (and the Argo
-template checks) can parse a step's command line exactly as the real program would.
+Each subcommand lives in its own module, which provides ``register(subparsers)``: it adds the command's
+parser and sets ``run=<callable(args) -> int>``. :data:`COMMANDS` names those modules; ``main`` imports
+only the one being run (TensorFlow is slow to import, ``edl-argo data`` needs none of it), while
+:func:`build_parser` registers them all, so tests and the Argo template checks can parse any step's
+command line exactly as the real program would.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 from edl_argo import __version__, log
 from edl_argo.errors import EdlError
+
+#: command -> (module providing ``register``, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "data": ("edl_argo.data.commands", "prepare and inspect RecordIO datasets"),
+    "train": ("edl_argo.master.job", "run an elastic training job (this process is its master)"),
+    "worker": ("edl_argo.worker.main", "run one worker of a job (started by the master)"),
+    "ps": ("edl_argo.ps.server", "run one parameter server of a job (started by the master)"),
+    "evaluate": ("edl_argo.inference", "compute a trained model's metrics on shards"),
+    "predict": ("edl_argo.inference", "write a trained model's predictions for shards"),
+    "scale": ("edl_argo.master.scale", "change the number of workers of a running job"),
+}
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -23,29 +37,27 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _register_all(subparsers: argparse._SubParsersAction) -> None:
-    from edl_argo.data import commands as data_commands
-
-    registrars: list[Callable[[argparse._SubParsersAction], None]] = [data_commands.register]
-    for register in registrars:
-        register(subparsers)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The parser with ``commands`` registered (all of them by default)."""
     parser = OneLineArgumentParser(
         prog="edl-argo",
         description="Elastic, fault-tolerant TensorFlow training as an Argo Workflows step.",
+        epilog="commands: " + "; ".join(f"{name}: {text}" for name, (_, text) in COMMANDS.items()),
     )
     parser.add_argument("--version", action="version", version=f"edl-argo {__version__}")
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=OneLineArgumentParser
     )
-    _register_all(subparsers)
+    modules = dict.fromkeys(COMMANDS[name][0] for name in (COMMANDS if commands is None else commands))
+    for module in modules:
+        importlib.import_module(module).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser([chosen] if chosen in COMMANDS else None)
     args = parser.parse_args(argv)
     log.configure(getattr(args, "log_level", None))
     try:

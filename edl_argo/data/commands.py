@@ -12,6 +12,7 @@ import numpy as np
 
 from edl_argo.data.examples import encode_example
 from edl_argo.errors import ConfigError, DataFormatError
+from edl_argo.flags import positive_int
 from edl_argo.log import get_logger
 from edl_argo.recordio import Compressor, ShardReader, list_shards, write_shard
 from edl_argo.storage import Storage, open_storage
@@ -33,6 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     digits.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
     digits.set_defaults(run=run_digits)
 
+    ctr = commands.add_parser("ctr", help="generate a synthetic click-through dataset (26 categorical ids)")
+    _add_output_flags(ctr)
+    ctr.add_argument("--records", type=positive_int, default=20_000, help="training records (test: a fifth)")
+    ctr.add_argument("--vocabulary", type=positive_int, default=100_000, help="ids per feature")
+    ctr.add_argument("--seed", type=int, default=0)
+    ctr.set_defaults(run=run_ctr)
+
     convert = commands.add_parser("convert", help="convert a CSV file (with a header row) to shards")
     convert.add_argument("--from", dest="source", required=True, metavar="CSV_FILE", help="CSV file to read")
     convert.add_argument("--label-column", required=True, help="name of the label column")
@@ -46,21 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, metavar="URL", help="folder or s3://bucket/prefix")
-    parser.add_argument("--shards", type=_positive_int, default=4, help="shards per split (default 4)")
+    parser.add_argument("--shards", type=positive_int, default=4, help="shards per split (default 4)")
     parser.add_argument(
         "--compressor", choices=sorted(_COMPRESSORS), default="snappy", help="chunk compressor"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at --output")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
 
 
 def write_dataset(
@@ -123,6 +121,29 @@ def run_digits(args: argparse.Namespace) -> int:
     storage = open_storage(args.output)
     train, test = digits_records(args.test_fraction, args.seed)
     compressor = _COMPRESSORS[args.compressor]
+    for split, records in (("train", train), ("test", test)):
+        write_dataset(storage, split, records, args.shards, compressor, args.overwrite)
+    print(f"wrote {len(train)} train and {len(test)} test records to {storage.describe()}")
+    return 0
+
+
+def ctr_records(count: int, vocabulary: int, seed: int) -> list[bytes]:
+    """Synthetic clicks: 26 Zipf-distributed categorical ids per record; the label follows a hidden
+    per-id score, so a model that learns the ids' embeddings can predict it."""
+    rng = np.random.default_rng(seed)
+    ids = np.minimum(rng.zipf(1.2, size=(count, 26)) - 1, vocabulary - 1).astype(np.int64)
+    ids = (ids * 7919 + np.arange(26) * 104_729) % vocabulary
+    hidden = np.random.default_rng(1234).normal(0.0, 1.0, size=(26, vocabulary))
+    score = hidden[np.arange(26), ids].sum(axis=1) / np.sqrt(26) + rng.normal(0.0, 0.3, size=count)
+    labels = (score > 0).astype(np.int64)
+    return [encode_example({"ids": row, "label": int(label)}) for row, label in zip(ids, labels, strict=True)]
+
+
+def run_ctr(args: argparse.Namespace) -> int:
+    storage = open_storage(args.output)
+    compressor = _COMPRESSORS[args.compressor]
+    train = ctr_records(args.records, args.vocabulary, args.seed)
+    test = ctr_records(max(1, args.records // 5), args.vocabulary, args.seed + 1)
     for split, records in (("train", train), ("test", test)):
         write_dataset(storage, split, records, args.shards, compressor, args.overwrite)
     print(f"wrote {len(train)} train and {len(test)} test records to {storage.describe()}")

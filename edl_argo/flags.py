@@ -1,0 +1,40 @@
+"""Flag helpers shared by every subcommand: ElasticDL's names in dash form, underscore aliases accepted."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, **kwargs: Any) -> None:
+    """Add ``--some-flag`` and its alias ``--some_flag`` (hidden from ``--help``)."""
+    names = [name]
+    alias = name.replace("-", "_").replace("__", "--", 1)
+    if alias != name:
+        names.append(alias)
+    parser.add_argument(*names, **kwargs)
+
+
+def _bounded_int(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+#: argparse ``type=`` for integers >= 1 and >= 0.
+positive_int = _bounded_int(1)
+non_negative_int = _bounded_int(0)
+
+
+def pod_host() -> str:
+    """The address this pod's servers bind to: ``POD_IP`` in Kubernetes, loopback on one machine."""
+    return os.environ.get("POD_IP") or "127.0.0.1"

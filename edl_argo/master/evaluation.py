@@ -1,0 +1,159 @@
+"""Periodic and final evaluation: rounds of evaluation tasks, metrics aggregated on the master.
+
+Every ``evaluation_steps`` model versions (as reported by workers) and once when training ends, an
+evaluation round over the validation shards is queued. Workers send model outputs and labels per task;
+the master feeds them to the metrics of the model file's ``eval_metrics_fn()``: a Keras metric is
+updated with ``update_state(labels, outputs)``; a plain function ``fn(labels, outputs)`` returns
+per-record values whose mean is the metric (ElasticDL's convention).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edl_argo.log import get_logger
+from edl_argo.master.task_dispatcher import TaskDispatcher
+
+log = get_logger(__name__)
+
+
+class MetricsAccumulator:
+    """Aggregates one evaluation round's metrics over batches of (outputs, labels)."""
+
+    def __init__(self, eval_metrics_fn: Callable[[], Mapping[str, Any]]) -> None:
+        self._metrics = dict(eval_metrics_fn())
+        self._sums: dict[str, float] = dict.fromkeys(self._metrics, 0.0)
+        self._counts: dict[str, int] = dict.fromkeys(self._metrics, 0)
+        self.records = 0
+
+    def update(self, outputs: Any, labels: Any) -> None:
+        self.records += len(labels)
+        for name, metric in self._metrics.items():
+            if hasattr(metric, "update_state"):
+                metric.update_state(labels, outputs)
+            else:
+                values = np.asarray(metric(labels, outputs), dtype=np.float64).ravel()
+                self._sums[name] += float(values.sum())
+                self._counts[name] += values.size
+
+    def result(self) -> dict[str, float]:
+        results = {}
+        for name, metric in self._metrics.items():
+            if hasattr(metric, "result"):
+                results[name] = float(np.asarray(metric.result()))
+            else:
+                results[name] = self._sums[name] / self._counts[name] if self._counts[name] else float("nan")
+        return results
+
+
+@dataclass
+class EvaluationRecord:
+    """The metrics of one round: the model version evaluated and whether it was the final round."""
+
+    model_version: int
+    metrics: dict[str, float]
+    records: int
+    final: bool = False
+
+
+@dataclass
+class _Round:
+    accumulator: MetricsAccumulator
+    final: bool
+    tasks_reported: set[int] = field(default_factory=set)
+
+
+@dataclass
+class EvaluationService:
+    """Creates evaluation rounds on the dispatcher and aggregates their outputs.
+
+    Wire :meth:`round_complete` as the dispatcher's ``on_evaluation_complete`` callback.
+    """
+
+    eval_metrics_fn: Callable[[], Mapping[str, Any]]
+    validation_shards: Mapping[str, int]
+    evaluation_steps: int
+    dispatcher: TaskDispatcher | None = None
+    history: list[EvaluationRecord] = field(default_factory=list)
+    _rounds: dict[int, _Round] = field(default_factory=dict)
+    _last_evaluated_step: int = 0
+    _final_requested: bool = False
+    _final_done: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.validation_shards)
+
+    def on_model_version(self, model_version: int) -> None:
+        """A worker saw ``model_version``; start a round if ``evaluation_steps`` versions passed."""
+        if not self.enabled or self.evaluation_steps <= 0:
+            return
+        with self._lock:
+            if model_version - self._last_evaluated_step < self.evaluation_steps or self._final_requested:
+                return
+            self._last_evaluated_step = model_version
+        self._start_round(model_version, final=False)
+
+    def start_final_round(self, model_version: int) -> bool:
+        """Queue the final round once; False if it was already queued or there is nothing to evaluate."""
+        with self._lock:
+            if self._final_requested or not self.enabled:
+                if not self.enabled:
+                    self._final_done.set()
+                return False
+            self._final_requested = True
+        self._start_round(model_version, final=True)
+        return True
+
+    def _start_round(self, model_version: int, final: bool) -> None:
+        assert self.dispatcher is not None, "EvaluationService.dispatcher is set by the master"
+        with self._lock:
+            if model_version in self._rounds:
+                self._rounds[model_version].final |= final
+                return
+            self._rounds[model_version] = _Round(MetricsAccumulator(self.eval_metrics_fn), final)
+        self.dispatcher.create_evaluation_tasks(self.validation_shards, model_version)
+
+    def report_outputs(self, task_id: int, model_version: int, outputs: Any, labels: Any) -> bool:
+        """Add one task's outputs to its round; a task re-run after a failure counts once."""
+        with self._lock:
+            current = self._rounds.get(model_version)
+            if current is None or task_id in current.tasks_reported:
+                return False
+            current.tasks_reported.add(task_id)
+            current.accumulator.update(outputs, labels)
+            return True
+
+    def round_complete(self, model_version: int) -> None:
+        with self._lock:
+            current = self._rounds.pop(model_version, None)
+        if current is None:
+            return
+        record = EvaluationRecord(
+            model_version, current.accumulator.result(), current.accumulator.records, current.final
+        )
+        self.history.append(record)
+        log.info(
+            "evaluation_done",
+            model_version=model_version,
+            records=record.records,
+            final=record.final,
+            **{k: round(v, 6) for k, v in record.metrics.items()},
+        )
+        if current.final:
+            self._final_done.set()
+
+    @property
+    def final_done(self) -> bool:
+        return self._final_done.is_set() or not self.enabled
+
+    @property
+    def final_metrics(self) -> dict[str, float]:
+        finals = [r for r in self.history if r.final]
+        return finals[-1].metrics if finals else {}

@@ -1,0 +1,204 @@
+"""The master's pod policy: which pods to run, and what to do when one stops.
+
+Kept apart from task bookkeeping (:mod:`edl_argo.master.task_dispatcher`) and from how pods run
+(:class:`edl_argo.pods.PodBackend`). The policy:
+
+* PS first, then workers. Worker ids are never reused: a replacement gets a new id, so a late event of
+  the dead worker can never be mistaken for its replacement.
+* A worker that stops without finishing (killed, preempted, deleted by someone else, crashed): its tasks
+  go back to the queue at once and a replacement starts, within ``max_worker_relaunches``. A worker
+  killed for memory (``OOMKilled``) is not replaced unless ``relaunch_oom``: more of the same would die
+  the same way.
+* A PS that stops is relaunched with the same id and address (it restores its latest checkpoint),
+  within ``max_ps_relaunches``.
+* Scaling changes the target number of workers: new ids start, or the newest workers are deleted (their
+  tasks requeued, as preemption would).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from edl_argo.errors import JobFailedError
+from edl_argo.log import get_logger
+from edl_argo.master.task_dispatcher import TaskDispatcher
+from edl_argo.pods import PodBackend, PodEvent, PodPhase, PodReason, PodRole, PodSpec
+
+log = get_logger(__name__)
+
+#: Reason the master gives when it removes a worker on purpose (scale-down, stuck).
+SCALED_DOWN = "ScaledDown"
+STUCK = "Stuck"
+
+
+@dataclass
+class PodPolicy:
+    num_workers: int
+    num_ps: int
+    max_worker_relaunches: int = 16
+    max_ps_relaunches: int = 8
+    relaunch_oom: bool = False
+
+
+@dataclass
+class RelaunchRecord:
+    """One relaunch, for logs and metrics.json."""
+
+    role: str
+    old_id: int
+    new_id: int
+    reason: str
+    message: str = ""
+
+
+@dataclass
+class PodManager:
+    """Starts the job's pods and applies :class:`PodPolicy` to the events of ``backend``.
+
+    ``worker_spec(id)`` and ``ps_spec(id)`` build the spec of a pod. :meth:`handle` is called from the
+    master's main loop only; :meth:`scale_workers` may be called from any thread.
+    """
+
+    backend: PodBackend
+    policy: PodPolicy
+    dispatcher: TaskDispatcher
+    worker_spec: Callable[[int], PodSpec]
+    ps_spec: Callable[[int], PodSpec]
+    relaunches: list[RelaunchRecord] = field(default_factory=list)
+    failure: JobFailedError | None = None
+    _live_workers: set[int] = field(default_factory=set)
+    _finished_workers: set[int] = field(default_factory=set)
+    _removing: dict[int, str] = field(default_factory=dict)
+    _next_worker_id: int = 0
+    _target_workers: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> None:
+        for ps_id in range(self.policy.num_ps):
+            self.backend.start(self.ps_spec(ps_id))
+        self.scale_workers(self.policy.num_workers)
+
+    @property
+    def live_workers(self) -> list[int]:
+        with self._lock:
+            return sorted(self._live_workers)
+
+    @property
+    def worker_relaunches(self) -> int:
+        return sum(1 for r in self.relaunches if r.role == PodRole.WORKER.value)
+
+    @property
+    def ps_relaunches(self) -> int:
+        return sum(1 for r in self.relaunches if r.role == PodRole.PS.value)
+
+    def scale_workers(self, count: int) -> int:
+        """Set the target number of workers; returns it. Scale-down removes the newest workers."""
+        with self._lock:
+            self._target_workers = count
+            surplus = sorted(self._live_workers - set(self._removing))[count:]
+            missing = count - len(self._live_workers - set(self._removing))
+        for worker_id in surplus:
+            self._remove_worker(worker_id, SCALED_DOWN)
+        for _ in range(max(0, missing)):
+            self._start_worker()
+        if surplus or missing > 0:
+            log.info("workers_scaled", target=count, removed=len(surplus), added=max(0, missing))
+        return count
+
+    def restart_stuck_worker(self, worker_id: int) -> None:
+        """A worker held a task past its timeout: remove it; its replacement starts on its DELETED event."""
+        log.warning("worker_stuck", worker=worker_id)
+        self._remove_worker(worker_id, STUCK)
+
+    def _start_worker(self) -> int:
+        with self._lock:
+            worker_id = self._next_worker_id
+            self._next_worker_id += 1
+            self._live_workers.add(worker_id)
+        self.backend.start(self.worker_spec(worker_id))
+        return worker_id
+
+    def _remove_worker(self, worker_id: int, reason: str) -> None:
+        with self._lock:
+            if worker_id not in self._live_workers or worker_id in self._removing:
+                return
+            self._removing[worker_id] = reason
+        requeued = self.dispatcher.recover_tasks(worker_id)
+        log.info("worker_removing", worker=worker_id, reason=reason, tasks_requeued=len(requeued))
+        self.backend.delete(PodRole.WORKER, worker_id, reason=reason)
+
+    def handle(self, events: list[PodEvent]) -> None:
+        for event in events:
+            if event.phase.is_terminal:
+                if event.role is PodRole.WORKER:
+                    self._worker_stopped(event)
+                else:
+                    self._ps_stopped(event)
+            else:
+                log.info("pod_phase", pod=event.name, phase=event.phase.value, reason=event.reason)
+
+    def _worker_stopped(self, event: PodEvent) -> None:
+        worker_id = event.pod_id
+        with self._lock:
+            self._live_workers.discard(worker_id)
+            removed_reason = self._removing.pop(worker_id, None)
+        if event.phase is PodPhase.SUCCEEDED:
+            self._finished_workers.add(worker_id)
+            log.info("worker_finished", worker=worker_id)
+            return
+        if removed_reason == SCALED_DOWN:
+            log.info("worker_removed", worker=worker_id)
+            return
+        requeued = self.dispatcher.recover_tasks(worker_id)
+        log.warning(
+            "worker_lost",
+            worker=worker_id,
+            phase=event.phase.value,
+            reason=removed_reason or event.reason,
+            exit_code=event.exit_code,
+            tasks_requeued=len(requeued),
+            message=event.message[-300:],
+        )
+        if self.dispatcher.finished:
+            return
+        if event.reason == PodReason.OOM_KILLED and not self.policy.relaunch_oom:
+            log.error("worker_oom_killed_not_relaunched", worker=worker_id)
+            self._fail_if_no_workers(f"worker {worker_id} was OOMKilled; raise --worker-resource-limit memory")
+            return
+        if self.worker_relaunches >= self.policy.max_worker_relaunches:
+            self._fail_if_no_workers(
+                f"workers died {self.worker_relaunches + 1} times, more than --max-worker-relaunches "
+                f"{self.policy.max_worker_relaunches}; last: worker {worker_id} {event.reason} {event.message[-200:]}"
+            )
+            return
+        with self._lock:
+            short = self._target_workers - len(self._live_workers - set(self._removing))
+        if short <= 0:
+            return
+        new_id = self._start_worker()
+        self.relaunches.append(
+            RelaunchRecord(PodRole.WORKER.value, worker_id, new_id, removed_reason or event.reason, event.message[-200:])
+        )
+        log.info("worker_relaunched", old_worker=worker_id, new_worker=new_id, reason=removed_reason or event.reason)
+
+    def _fail_if_no_workers(self, message: str) -> None:
+        if not self.live_workers and self.failure is None:
+            self.failure = JobFailedError(f"no workers left: {message}")
+
+    def _ps_stopped(self, event: PodEvent) -> None:
+        if self.dispatcher.finished and event.phase is not PodPhase.FAILED:
+            return
+        log.warning(
+            "ps_lost", ps=event.pod_id, reason=event.reason, exit_code=event.exit_code, message=event.message[-300:]
+        )
+        if self.ps_relaunches >= self.policy.max_ps_relaunches:
+            self.failure = JobFailedError(
+                f"PS {event.pod_id} stopped ({event.reason}) after {self.ps_relaunches} PS relaunches "
+                f"(--max-ps-relaunches {self.policy.max_ps_relaunches}): {event.message[-200:]}"
+            )
+            return
+        self.backend.start(self.ps_spec(event.pod_id))
+        self.relaunches.append(RelaunchRecord(PodRole.PS.value, event.pod_id, event.pod_id, event.reason))
+        log.info("ps_relaunched", ps=event.pod_id, reason=event.reason)

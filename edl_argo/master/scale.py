@@ -1,0 +1,37 @@
+"""``edl-argo scale JOB --workers N``: change the number of workers of a running job."""
+
+from __future__ import annotations
+
+import argparse
+
+import grpc
+
+from edl_argo.errors import ConfigError
+from edl_argo.flags import add_flag, non_negative_int
+from edl_argo.master.registry import master_address
+from edl_argo.proto import master_pb2, master_pb2_grpc
+from edl_argo.rpc.channel import make_channel
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("scale", help="change the number of workers of a running job")
+    parser.add_argument("job", help="the job's name (--job-name of `edl-argo train`)")
+    add_flag(parser, "--workers", type=non_negative_int, required=True, help="target number of workers")
+    add_flag(parser, "--master-addr", default="", help="host:port of the master (default: look the job up)")
+    parser.set_defaults(run=run_scale)
+
+
+def scale_workers(address: str, workers: int, timeout: float = 10.0) -> int:
+    stub = master_pb2_grpc.MasterStub(make_channel(address))
+    try:
+        response = stub.ScaleWorkers(master_pb2.ScaleWorkersRequest(num_workers=workers), timeout=timeout)
+    except grpc.RpcError as error:
+        raise ConfigError(f"master at {address} did not accept the request: {error.details()}") from None
+    return response.num_workers
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    address = args.master_addr or master_address(args.job)
+    target = scale_workers(address, args.workers)
+    print(f"job {args.job}: target workers {target}")
+    return 0

@@ -1,0 +1,194 @@
+"""``edl-argo worker``: the process a worker pod runs.
+
+Loop: ask the master for a task → read its records (one ranged read) → ``feed`` → train, evaluate or
+predict batch by batch → report. WAIT means "ask again shortly"; DONE means exit 0. A task that raises is
+reported failed with the error (the master retries it elsewhere, up to a bound) and the worker goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from edl_argo.errors import JobFailedError
+from edl_argo.flags import add_flag, non_negative_int, positive_int
+from edl_argo.log import get_logger
+from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.proto import master_pb2
+from edl_argo.storage import open_storage
+from edl_argo.worker.data import RecordSource, make_batches
+from edl_argo.worker.master_client import MasterClient
+from edl_argo.worker.ps_client import ParameterServerClient
+from edl_argo.worker.replica import ModelReplica
+
+log = get_logger(__name__)
+
+_MODES = {
+    master_pb2.TRAINING: Mode.TRAINING,
+    master_pb2.EVALUATION: Mode.EVALUATION,
+    master_pb2.PREDICTION: Mode.PREDICTION,
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("worker", help="run one worker of a job (started by the master)")
+    add_flag(parser, "--worker-id", type=non_negative_int, required=True)
+    add_flag(parser, "--master-addr", required=True, help="host:port of the master")
+    add_flag(parser, "--ps-addrs", required=True, help="comma-separated host:port, in PS id order")
+    add_flag(parser, "--model-def", required=True)
+    add_flag(parser, "--minibatch-size", type=positive_int, required=True)
+    add_flag(
+        parser,
+        "--evaluation-steps",
+        type=non_negative_int,
+        default=0,
+        help="report the model version to the master every this many versions (0: never)",
+    )
+    add_flag(parser, "--prediction-output", default="", help="URL to write predictions to")
+    add_flag(parser, "--log-level", default="INFO")
+    parser.set_defaults(run=run_worker)
+
+
+class Worker:
+    """Runs tasks from the master until it says DONE."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        spec: ModelSpec,
+        master: MasterClient,
+        ps: ParameterServerClient,
+        minibatch_size: int,
+        evaluation_steps: int = 0,
+        prediction_output: str = "",
+    ) -> None:
+        self.worker_id = worker_id
+        self._spec = spec
+        self._master = master
+        self._replica = ModelReplica(spec, ps)
+        self._source = RecordSource()
+        self._minibatch_size = minibatch_size
+        self._evaluation_steps = evaluation_steps
+        self._prediction_output = prediction_output
+        self._processor = spec.prediction_outputs_processor() if spec.prediction_outputs_processor else None
+        self._reported_version = -1
+
+    def run(self) -> None:
+        wait = 0.05
+        while True:
+            response = self._master.get_task()
+            if response.kind == master_pb2.GetTaskResponse.DONE:
+                log.info("worker_done", worker=self.worker_id)
+                return
+            if response.kind != master_pb2.GetTaskResponse.TASK:
+                time.sleep(wait)
+                wait = min(1.0, wait * 2)
+                continue
+            wait = 0.05
+            self._run_task(response.task)
+
+    def _run_task(self, task: master_pb2.Task) -> None:
+        started = time.monotonic()
+        try:
+            records = self._source.read(task.data_url, task.shard, task.start, task.end)
+            batches = make_batches(self._spec, records, _MODES[task.type], self._minibatch_size)
+            if task.type == master_pb2.TRAINING:
+                counters = self._train(batches)
+            elif task.type == master_pb2.EVALUATION:
+                counters = self._evaluate(task, batches)
+            else:
+                counters = self._predict(task, batches)
+        except JobFailedError:
+            raise
+        except Exception as error:  # a task-level failure: the master requeues the task
+            message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+            log.error("task_failed", task=task.task_id, shard=task.shard, error=message)
+            self._master.report_task_result(task.task_id, success=False, error=message)
+            return
+        counters["millis"] = int((time.monotonic() - started) * 1000)
+        self._master.report_task_result(task.task_id, success=True, counters=counters)
+
+    def _train(self, batches: Any) -> dict[str, int]:
+        steps = 0
+        loss = 0.0
+        for features, labels in batches:
+            loss = self._replica.train_minibatch(features, labels)
+            steps += 1
+            self._maybe_report_version()
+        log.debug("task_trained", steps=steps, loss=loss, version=self._replica.version)
+        return {"steps": steps, "model_version": self._replica.version}
+
+    def _maybe_report_version(self) -> None:
+        if self._evaluation_steps <= 0:
+            return
+        version = self._replica.version
+        if version // self._evaluation_steps > self._reported_version // self._evaluation_steps:
+            self._master.report_version(version)
+            self._reported_version = version
+
+    def _evaluate(self, task: master_pb2.Task, batches: Any) -> dict[str, int]:
+        outputs: list[np.ndarray] = []
+        labels: list[np.ndarray] = []
+        synced = False
+        for features, batch_labels in batches:
+            if not synced:
+                self._replica.ensure_built(features)
+                self._replica.sync()
+                synced = True
+            outputs.append(np.asarray(self._replica.predict(features)))
+            labels.append(np.asarray(batch_labels))
+        if outputs:
+            self._master.report_evaluation_outputs(
+                task.task_id,
+                task.model_version,
+                {"output": np.concatenate(outputs)},
+                np.concatenate(labels),
+            )
+        return {"records": sum(len(o) for o in outputs)}
+
+    def _predict(self, task: master_pb2.Task, batches: Any) -> dict[str, int]:
+        outputs: list[np.ndarray] = []
+        for features in batches:
+            if not outputs:
+                self._replica.ensure_built(features)
+                self._replica.sync()
+            batch = np.asarray(self._replica.predict(features))
+            if self._processor is not None:
+                self._processor.process(batch, self.worker_id)
+            outputs.append(batch)
+        if self._prediction_output and outputs:
+            write_predictions(self._prediction_output, task.shard, task.start, np.concatenate(outputs))
+        return {"records": sum(len(o) for o in outputs)}
+
+
+def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> str:
+    """Write one JSON line per record, ``{"shard", "record", "output"}``, as one object per range."""
+    key = f"{shard}.{start:012d}.jsonl"
+    lines = (
+        json.dumps({"shard": shard, "record": start + i, "output": np.asarray(row).tolist()})
+        for i, row in enumerate(outputs)
+    )
+    open_storage(url).write(key, ("\n".join(lines) + "\n").encode())
+    return key
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    spec = load_model_spec(args.model_def)
+    master = MasterClient(args.master_addr, args.worker_id)
+    ps = ParameterServerClient([a for a in args.ps_addrs.split(",") if a])
+    log.info("worker_started", worker=args.worker_id, master=args.master_addr, ps=args.ps_addrs)
+    worker = Worker(
+        args.worker_id,
+        spec,
+        master,
+        ps,
+        args.minibatch_size,
+        evaluation_steps=args.evaluation_steps,
+        prediction_output=args.prediction_output,
+    )
+    worker.run()
+    return 0

@@ -1,0 +1,165 @@
+"""A worker's view of all parameter servers as one model store.
+
+Dense variables go to the PS that owns their name (:func:`edl_argo.ps.partition.dense_owner`), embedding
+rows to the PS that owns their id (:func:`edl_argo.ps.partition.embedding_owner`). Calls to several PS run
+in parallel. Every push goes to every PS (with an empty partition where it owns nothing), so all PS count
+versions in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from edl_argo.proto import ps_pb2, ps_pb2_grpc
+from edl_argo.ps.partition import dense_owner, embedding_owner
+from edl_argo.rpc.channel import call_with_retry, make_channel
+from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_indexed_slices, to_tensor
+from edl_argo.worker.embedding import EmbeddingTableSpec
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """Whether every PS accepted the gradients, and the model version each now holds."""
+
+    accepted: bool
+    versions: tuple[int, ...]
+
+    @property
+    def version(self) -> int:
+        return max(self.versions)
+
+
+class ParameterServerClient:
+    """Pull and push model partitions across ``addresses`` (one per PS id, in id order)."""
+
+    def __init__(self, addresses: Sequence[str], retry_budget_seconds: float = 300.0) -> None:
+        if not addresses:
+            raise ValueError("at least one parameter server address is needed")
+        self._addresses = list(addresses)
+        self._stubs = [ps_pb2_grpc.ParameterServerStub(make_channel(a)) for a in self._addresses]
+        self._budget = retry_budget_seconds
+        self._pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
+
+    @property
+    def num_ps(self) -> int:
+        return len(self._stubs)
+
+    def _each(self, fn: Callable[[int], T]) -> list[T]:
+        """``fn(ps_id)`` for every PS, in parallel when there are several; results in id order."""
+        if self._pool is None:
+            return [fn(0)]
+        return list(self._pool.map(fn, range(self.num_ps)))
+
+    def _call(self, ps_id: int, method: str, request: object) -> object:
+        rpc = getattr(self._stubs[ps_id], method)
+        return call_with_retry(lambda: rpc(request), f"ps-{ps_id} {self._addresses[ps_id]}", self._budget)
+
+    def push_model(self, dense: Mapping[str, np.ndarray], tables: Iterable[EmbeddingTableSpec]) -> bool:
+        """Offer initial parameters; each PS keeps the first model it is offered. True if any took ours."""
+        infos = [
+            ps_pb2.EmbeddingTableInfo(name=t.name, dim=t.dim, dtype=t.dtype, initializer=t.initializer)
+            for t in tables
+        ]
+        by_owner = self._split_dense(dense)
+
+        def push(ps_id: int) -> bool:
+            model = ps_pb2.Model(
+                dense_parameters=[to_tensor(v, n) for n, v in by_owner[ps_id].items()],
+                embedding_table_infos=infos,
+            )
+            return bool(self._call(ps_id, "PushModel", model).accepted)
+
+        return any(self._each(push))
+
+    def pull_dense(self, versions: Sequence[int]) -> tuple[dict[str, np.ndarray], list[int], bool]:
+        """Dense parameters newer than ``versions`` (one per PS; -1 for none).
+
+        Returns the changed parameters, the versions now held, and whether every PS is initialised.
+        """
+
+        def pull(ps_id: int) -> ps_pb2.PullDenseParametersResponse:
+            request = ps_pb2.PullDenseParametersRequest(version=versions[ps_id])
+            return self._call(ps_id, "PullDenseParameters", request)
+
+        responses = self._each(pull)
+        values = {t.name: from_tensor(t) for r in responses for t in r.dense_parameters}
+        return values, [r.version for r in responses], all(r.initialized for r in responses)
+
+    def pull_embeddings(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """Rows of ``table`` for ``ids`` (in that order), created on the PS on first pull."""
+        ids = np.asarray(ids, dtype=np.int64)
+        owners = embedding_owner(ids, self.num_ps)
+
+        def pull(ps_id: int) -> tuple[np.ndarray, np.ndarray] | None:
+            positions = np.flatnonzero(owners == ps_id)
+            if positions.size == 0:
+                return None
+            request = ps_pb2.PullEmbeddingVectorsRequest(name=table, ids=to_tensor(ids[positions]))
+            return positions, from_tensor(self._call(ps_id, "PullEmbeddingVectors", request))
+
+        parts = [part for part in self._each(pull) if part is not None]
+        if not parts:
+            return np.zeros((0, 0), dtype=np.float32)
+        result = np.empty((ids.size, parts[0][1].shape[1]), dtype=parts[0][1].dtype)
+        for positions, rows in parts:
+            result[positions] = rows
+        return result
+
+    def pull_embedding_table(self, table: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every row held of ``table`` across all PS, as ``(values, ids)`` (for model export)."""
+
+        def pull(ps_id: int) -> tuple[np.ndarray, np.ndarray]:
+            request = ps_pb2.PullEmbeddingTableRequest(name=table)
+            return from_indexed_slices(self._call(ps_id, "PullEmbeddingTable", request))
+
+        parts = self._each(pull)
+        return np.concatenate([v for v, _ in parts]), np.concatenate([i for _, i in parts])
+
+    def push_gradients(
+        self,
+        dense: Mapping[str, np.ndarray],
+        sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        versions: Sequence[int],
+        learning_rate_scale: float = 1.0,
+    ) -> PushResult:
+        """Push one minibatch's gradients; ``sparse`` maps a table to ``(row_gradients, ids)``."""
+        dense_by_owner = self._split_dense(dense)
+        sparse_by_owner: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(self.num_ps)]
+        for table, (values, ids) in sparse.items():
+            owners = embedding_owner(ids, self.num_ps)
+            for ps_id in range(self.num_ps):
+                mask = owners == ps_id
+                if mask.any():
+                    sparse_by_owner[ps_id][table] = (values[mask], ids[mask])
+
+        def push(ps_id: int) -> ps_pb2.PushGradientsResponse:
+            gradients = ps_pb2.Model(
+                version=versions[ps_id],
+                dense_parameters=[to_tensor(g, n) for n, g in dense_by_owner[ps_id].items()],
+            )
+            for table, (values, ids) in sparse_by_owner[ps_id].items():
+                gradients.embedding_tables[table].CopyFrom(to_indexed_slices(values, ids, table))
+            request = ps_pb2.PushGradientsRequest(
+                gradients=gradients, version=versions[ps_id], learning_rate_scale=learning_rate_scale
+            )
+            return self._call(ps_id, "PushGradients", request)
+
+        responses = self._each(push)
+        return PushResult(all(r.accepted for r in responses), tuple(r.version for r in responses))
+
+    def _split_dense(self, values: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        by_owner: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+        for name, value in values.items():
+            by_owner[dense_owner(name, self.num_ps)][name] = value
+        return by_owner
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)

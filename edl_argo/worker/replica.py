@@ -1,0 +1,158 @@
+"""The worker's replica of the model: dense variables mirrored from the PS, embedding rows pulled per batch.
+
+One training step (:meth:`ModelReplica.train_minibatch`): pull the dense parameters that changed on the
+PS, compute the loss and gradients (a ``tf.function``; embedding rows are pulled inside it), push dense
+gradients and per-row embedding gradients. With synchronous SGD a push may be rejected as stale; the
+replica then pulls again and recomputes the same minibatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from edl_argo.errors import JobFailedError
+from edl_argo.log import get_logger
+from edl_argo.model import ModelSpec
+from edl_argo.worker.embedding import (
+    SparseGradientTape,
+    bind_embeddings,
+    embedding_variable_paths,
+    table_specs,
+)
+from edl_argo.worker.ps_client import ParameterServerClient
+
+log = get_logger(__name__)
+
+#: How often a stale (rejected) minibatch is recomputed before the worker gives up on the task.
+MAX_STALE_RETRIES = 100
+
+
+def build_model(spec: ModelSpec, sample_features: Any | None = None) -> keras.Model:
+    """A fresh model from the model file, built, with the same variable names in every process."""
+    keras.utils.clear_session()
+    model = spec.custom_model()
+    if not model.built and sample_features is not None:
+        model(sample_features, training=False)
+    return model
+
+
+def dense_variables(model: keras.Model) -> list[keras.Variable]:
+    """The trainable variables the PS keeps dense (everything but embedding tables), in a stable order."""
+    tables = embedding_variable_paths(model)
+    return [v for v in model.trainable_variables if v.path not in tables]
+
+
+class ModelReplica:
+    """The model as one worker sees it; parameters come from and gradients go to the parameter servers."""
+
+    def __init__(self, spec: ModelSpec, ps: ParameterServerClient, learning_rate_scale: float = 1.0) -> None:
+        self._spec = spec
+        self._ps = ps
+        self._lr_scale = learning_rate_scale
+        self._model: keras.Model | None = None
+        self._dense: list[keras.Variable] = []
+        self._by_name: dict[str, keras.Variable] = {}
+        self._tape = SparseGradientTape()
+        self._tables: list[str] = []
+        self.versions = [-1] * ps.num_ps
+
+    @property
+    def version(self) -> int:
+        return max(self.versions)
+
+    @property
+    def model(self) -> keras.Model:
+        if self._model is None:
+            raise RuntimeError("the replica is built on its first batch")
+        return self._model
+
+    def ensure_built(self, features: Any) -> None:
+        """Build the model on the first batch, offer it to the PS (the first offer wins), then sync."""
+        if self._model is not None:
+            return
+        model = build_model(self._spec, features)
+        self._dense = dense_variables(model)
+        self._by_name = {v.path: v for v in self._dense}
+        initial = {v.path: np.asarray(v.numpy()) for v in self._dense}
+        bind_embeddings(model, self._ps.pull_embeddings, self._tape)
+        self._model = model
+        self._compute = tf.function(self._compute_gradients, reduce_retracing=True)
+        self._forward = tf.function(lambda f: model(f, training=False), reduce_retracing=True)
+        if self._ps.push_model(initial, table_specs(model)):
+            log.info("model_initialized_on_ps", variables=len(initial))
+        self.sync()
+
+    def sync(self) -> None:
+        """Pull the dense parameters that changed since the last pull."""
+        values, versions, initialized = self._ps.pull_dense(self.versions)
+        if not initialized:
+            # A PS came back without a checkpoint: offer it this replica's parameters, then pull again.
+            log.warning("ps_uninitialized_reoffering_model")
+            current = {v.path: np.asarray(v.numpy()) for v in self._dense}
+            self._ps.push_model(current, table_specs(self.model))
+            values, versions, initialized = self._ps.pull_dense([-1] * self._ps.num_ps)
+            if not initialized:
+                raise JobFailedError("a parameter server refuses the model; see its log")
+        for name, value in values.items():
+            variable = self._by_name.get(name)
+            if variable is not None:
+                variable.assign(value)
+        self.versions = versions
+
+    def _compute_gradients(self, features: Any, labels: Any) -> tuple[Any, ...]:
+        model = self.model
+        with tf.GradientTape() as tape:
+            self._tape.start(tape)
+            outputs = model(features, training=True)
+            loss = self._spec.loss(labels, outputs)
+            if model.losses:
+                loss = loss + tf.add_n(model.losses)
+        self._tape.stop()
+        lookups = list(self._tape.lookups)
+        self._tables = [lookup.table for lookup in lookups]
+        grads = tape.gradient(loss, [*self._dense, *(lookup.rows for lookup in lookups)])
+        n = len(self._dense)
+        dense_grads = [
+            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+            for v, g in zip(self._dense, grads[:n], strict=True)
+        ]
+        row_grads = [tf.convert_to_tensor(g) for g in grads[n:]]
+        return loss, dense_grads, [lookup.ids for lookup in lookups], row_grads
+
+    def train_minibatch(self, features: Any, labels: Any) -> float:
+        """One SGD step on one minibatch; returns its loss."""
+        self.ensure_built(features)
+        for _ in range(MAX_STALE_RETRIES):
+            self.sync()
+            loss, dense_grads, ids, row_grads = self._compute(features, labels)
+            loss_value = float(loss)
+            if not np.isfinite(loss_value):
+                raise JobFailedError(f"the loss is {loss_value} at model version {self.version}")
+            dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True)}
+            sparse = _merge_rows(self._tables, ids, row_grads)
+            result = self._ps.push_gradients(dense, sparse, self.versions, self._lr_scale)
+            if result.accepted:
+                self.versions = list(result.versions)
+                return loss_value
+        raise JobFailedError(f"gradients rejected as stale {MAX_STALE_RETRIES} times in a row")
+
+    def predict(self, features: Any) -> Any:
+        """The model's outputs with the latest parameters (no gradients)."""
+        self.ensure_built(features)
+        return self._forward(features)
+
+
+def _merge_rows(
+    tables: list[str], ids: list[tf.Tensor], row_grads: list[tf.Tensor]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per table, one ``(row_gradients, ids)``; lookups of one table in several places are concatenated."""
+    merged: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    for table, table_ids, grads in zip(tables, ids, row_grads, strict=True):
+        values, id_lists = merged.setdefault(table, ([], []))
+        values.append(grads.numpy())
+        id_lists.append(table_ids.numpy())
+    return {t: (np.concatenate(v), np.concatenate(i)) for t, (v, i) in merged.items()}
