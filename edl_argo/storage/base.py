@@ -5,10 +5,16 @@ A :class:`Storage` is rooted at a URL (a local folder, or ``s3://bucket/prefix``
 
 * **Atomic writes.** A reader sees either the previous content of a key or the whole new content, never a
   partial object. :meth:`Storage.put_tree` publishes a whole directory (a SavedModel, say) so that a reader
-  either finds it complete or not at all; a failed upload leaves nothing behind.
+  either finds it complete or not at all; a failed upload never leaves a partial tree behind.
 * **Bounded retries.** Transient failures (connection reset, 5xx, throttling) are retried with backoff
   within a fixed budget, then raised as :class:`~edl_argo.errors.StorageError` naming the URL.
 * **No secrets in messages.** Errors and logs name URLs and keys, never credentials.
+* **Keys stay below the root.** Keys are normalised by :func:`normalize_key`; a key with ``.`` or ``..``
+  segments is rejected, so a key can never address anything outside the root.
+
+A missing object raises :class:`ObjectNotFoundError` (a :class:`~edl_argo.errors.StorageError`); every
+other failure (denied, unreachable, missing bucket) raises a plain ``StorageError``, so that
+:meth:`Storage.exists` answers ``False`` only when the object is really absent.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import abc
 from dataclasses import dataclass
 from pathlib import Path
 
+from edl_argo.errors import StorageError
+
 
 @dataclass(frozen=True)
 class ObjectInfo:
@@ -24,6 +32,10 @@ class ObjectInfo:
 
     key: str
     size: int
+
+
+class ObjectNotFoundError(StorageError):
+    """No object exists at the key (the location itself is reachable and readable)."""
 
 
 class Storage(abc.ABC):
@@ -38,13 +50,14 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectInfo:
-        """Size of one object; :class:`StorageError` naming the URL if it does not exist."""
+        """Size of one object; :class:`ObjectNotFoundError` naming the URL if it does not exist."""
 
     @abc.abstractmethod
     def read(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes ``[offset, offset + length)`` of an object (to its end when ``length`` is None).
 
-        On object storage this is one ranged GET. Reading past the end returns what exists.
+        On object storage this is one ranged GET. Reading past the end returns what exists (possibly
+        ``b""``); a missing object raises :class:`ObjectNotFoundError`. Negative values raise ValueError.
         """
 
     @abc.abstractmethod
@@ -59,35 +72,114 @@ class Storage(abc.ABC):
     def put_tree(self, local_dir: Path, key: str) -> None:
         """Publish the local directory ``local_dir`` under ``key``, all or nothing.
 
-        Any previous tree at ``key`` is replaced. Readers check :meth:`tree_complete` before using it.
+        The tree's files are uploaded first and :data:`TREE_COMPLETE_MARKER` last, so a reader that sees
+        :meth:`tree_complete` finds every file. Any previous tree at ``key`` is replaced: afterwards
+        ``key/`` holds exactly the files of ``local_dir`` plus the marker. If it fails, StorageError is
+        raised and ``key`` never holds a partial new tree: it holds either the previous tree, untouched
+        (local folders swap whole directories), or nothing (object stores unpublish the previous tree
+        before uploading). ``key`` must not be empty, and ``local_dir`` must not contain a top-level file
+        named like the marker.
+
+        On an object store, a reader that is *already* reading the previous tree while it is replaced can
+        see a mixture; publish to a fresh key (``model/v2``) if readers may overlap with writers.
         """
 
     @abc.abstractmethod
     def get_tree(self, key: str, local_dir: Path) -> None:
-        """Download the complete tree at ``key`` into ``local_dir`` (created if needed)."""
+        """Download the complete tree at ``key`` into ``local_dir`` (created if needed).
+
+        ``key`` may be empty: the storage root itself is the tree (a model URL opened directly). The
+        marker itself is not copied. Raises :class:`ObjectNotFoundError` if there is no complete tree at
+        ``key``. A failed download may leave some files in ``local_dir``.
+        """
 
     def exists(self, key: str) -> bool:
-        """Whether an object exists at ``key``."""
-        from edl_argo.errors import StorageError
-
+        """Whether an object exists at ``key``. Failures other than "not found" raise StorageError."""
         try:
             self.stat(key)
-        except StorageError:
+        except ObjectNotFoundError:
             return False
         return True
 
     def tree_complete(self, key: str) -> bool:
         """Whether a tree published by :meth:`put_tree` is complete at ``key``."""
-        return self.exists(_join(key, TREE_COMPLETE_MARKER))
+        return self.exists(join_url(key, TREE_COMPLETE_MARKER))
 
     def describe(self, key: str = "") -> str:
         """The full URL of ``key``, for messages."""
-        return _join(self.url, key) if key else self.url
+        return join_url(self.url, key) if key else self.url
+
+    def _published_files(self, key: str) -> list[tuple[str, str]]:
+        """``(key, path relative to the tree)`` of every file of the complete tree at ``key``, for get_tree.
+
+        The marker is left out. ObjectNotFoundError if the tree is not complete; StorageError if a stored
+        name would land outside the destination folder (``..`` segments).
+        """
+        tree = normalize_key(key)
+        if not self.tree_complete(tree):
+            raise ObjectNotFoundError(
+                f"no complete tree at {self.describe(tree)} (no {TREE_COMPLETE_MARKER} marker)"
+            )
+        prefix = tree + "/" if tree else ""
+        files = []
+        for info in self.list(prefix):
+            rel = info.key[len(prefix) :]
+            if rel != TREE_COMPLETE_MARKER:
+                files.append((info.key, normalize_key(rel, allow_empty=False)))
+        return files
 
 
 #: Written last by :meth:`Storage.put_tree`; its presence means the tree is complete.
 TREE_COMPLETE_MARKER = "_COMPLETE"
 
 
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts) if p)
+def join_url(url: str, *parts: str) -> str:
+    """``url`` and ``parts`` joined with single slashes; empty parts are skipped.
+
+    ``join_url("s3://b/p/", "a", "/c")`` is ``"s3://b/p/a/c"``. Works for keys, paths and URLs alike.
+    """
+    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate((url, *parts)) if p)
+
+
+def normalize_key(key: str, *, allow_empty: bool = True) -> str:
+    """``key`` without leading, trailing or doubled slashes; StorageError if it could leave the root.
+
+    Keys may not contain ``.`` or ``..`` segments, backslashes or NUL characters. The empty key (the
+    root itself) is rejected unless ``allow_empty``.
+    """
+    segments = [s for s in key.split("/") if s]
+    if any(s in (".", "..") for s in segments) or "\\" in key or "\0" in key:
+        raise StorageError(
+            f"invalid storage key {key!r}: keys are relative '/'-separated paths without '.' or '..'"
+        )
+    if not segments and not allow_empty:
+        raise StorageError("invalid storage key '': a key naming an object or a tree is required")
+    return "/".join(segments)
+
+
+def normalize_prefix(prefix: str) -> str:
+    """A :meth:`Storage.list` prefix normalised like a key, keeping a trailing ``/`` if it has one."""
+    rel = normalize_key(prefix)
+    return rel + "/" if rel and prefix.endswith("/") else rel
+
+
+def check_range(offset: int, length: int | None) -> None:
+    """ValueError unless ``offset >= 0`` and ``length`` is None or ``>= 0`` (a caller's bug, not input)."""
+    if offset < 0 or (length is not None and length < 0):
+        raise ValueError(f"invalid byte range offset={offset} length={length}")
+
+
+def tree_files(local_dir: Path) -> list[tuple[str, Path]]:
+    """The files below ``local_dir`` as sorted ``(relative key, path)`` pairs, for :meth:`Storage.put_tree`.
+
+    Everything that is not a directory counts as a file (a dangling symlink too, so that it fails loudly
+    when read rather than vanishing from the tree). StorageError if ``local_dir`` is not a directory or
+    holds a top-level file named :data:`TREE_COMPLETE_MARKER`.
+    """
+    root = Path(local_dir)
+    if not root.is_dir():
+        raise StorageError(f"cannot publish {root}: not a directory")
+    files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if not p.is_dir())
+    if any(rel == TREE_COMPLETE_MARKER for rel, _ in files):
+        raise StorageError(f"cannot publish {root}: it contains {TREE_COMPLETE_MARKER}, a reserved file name")
+    return files

@@ -1,0 +1,269 @@
+"""The one interface through which the master starts, watches and removes the pods of a job.
+
+A *pod* is one worker or parameter-server (PS) process of a training job, identified by its
+``(role, pod_id)`` pair (its :attr:`~PodSpec.name` is ``"worker-3"``, ``"ps-0"``, ...). The master
+describes a pod with a :class:`PodSpec` and hands it to a :class:`PodBackend`, which runs it somewhere
+(child processes on this machine, or Kubernetes pods) and reports what happens to it as
+:class:`PodEvent` objects. The master never learns how a backend runs pods; it sees the same events,
+the same phases and the same reasons from every backend, so its relaunch policy is written once.
+
+Lifecycle of one pod, as reported by :meth:`PodBackend.events`::
+
+    start(spec) ──> [PENDING ...] ──> [RUNNING] ──> exactly one of SUCCEEDED | FAILED | DELETED
+
+Brackets mark events that may be missing (a local process is never PENDING; a pod that cannot be
+scheduled or created goes straight to a terminal event).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import Final, TypeVar
+
+
+class PodRole(str, enum.Enum):
+    """What a pod does in the job."""
+
+    WORKER = "worker"
+    PS = "ps"
+
+
+class PodPhase(str, enum.Enum):
+    """Where a pod is in its lifecycle (the Kubernetes pod phases, plus DELETED)."""
+
+    PENDING = "Pending"
+    """Accepted but not running yet (being scheduled, pulling its image, ...)."""
+    RUNNING = "Running"
+    """Its main process runs."""
+    SUCCEEDED = "Succeeded"
+    """Its main process exited with status 0. Terminal."""
+    FAILED = "Failed"
+    """Its main process exited otherwise, was killed, or could not be started. Terminal."""
+    DELETED = "Deleted"
+    """Removed through :meth:`PodBackend.delete` or by someone else through the cluster's API. Terminal."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether nothing more will happen to the pod after this phase."""
+        return self in (PodPhase.SUCCEEDED, PodPhase.FAILED, PodPhase.DELETED)
+
+
+class PodReason:
+    """The values of :attr:`PodEvent.reason`: why a pod reached its phase (Kubernetes' words)."""
+
+    STARTED: Final = "Started"
+    """RUNNING: the main process started."""
+    UNSCHEDULABLE: Final = "Unschedulable"
+    """PENDING (or DELETED after the master gives up on it): no node can take the pod now."""
+    COMPLETED: Final = "Completed"
+    """SUCCEEDED: exit status 0."""
+    ERROR: Final = "Error"
+    """FAILED: nonzero exit status, a fatal signal other than SIGKILL, or the pod could not be started.
+    The event's message says which, with the last lines the pod wrote to stderr."""
+    KILLED: Final = "Killed"
+    """FAILED: killed by SIGKILL (exit status 137), by a person, a script or the kernel."""
+    OOM_KILLED: Final = "OOMKilled"
+    """FAILED: killed for exceeding its memory limit (only backends that can tell report it)."""
+    PREEMPTED: Final = "Preempted"
+    """FAILED or DELETED: evicted by the cluster to make room for other work."""
+    DELETED: Final = "Deleted"
+    """DELETED: removed by the master (the default reason of :meth:`PodBackend.delete`) or via the API."""
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """Everything a backend needs to run one pod.
+
+    ``command`` is exactly what the pod's container runs, e.g.
+    ``("edl-argo", "worker", "--worker-id", "3", ...)``. ``env`` holds non-secret environment variables
+    only: secrets are the backend's business (the local backend passes its own environment through;
+    the Kubernetes backend mounts them with ``secretKeyRef``). ``port`` is the port a PS listens on and
+    is required for a PS. The spec is immutable: ``env`` is copied into a read-only mapping.
+    """
+
+    role: PodRole
+    pod_id: int
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    port: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", PodRole(self.role))
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        if self.pod_id < 0:
+            raise ValueError(f"{self.name}: pod_id must be >= 0")
+        if not self.command or not all(isinstance(arg, str) for arg in self.command):
+            raise ValueError(f"{self.name}: command must be a non-empty sequence of strings")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            raise ValueError(f"{self.name}: env names and values must be strings")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ValueError(f"{self.name}: port {self.port} is not in 1..65535")
+        if self.role is PodRole.PS and self.port is None:
+            raise ValueError(f"{self.name}: a PS needs a port")
+
+    @property
+    def name(self) -> str:
+        """``"<role>-<pod_id>"``, e.g. ``"worker-3"``: unique within a job."""
+        return pod_name(self.role, self.pod_id)
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    """A change of a pod's phase, as reported by :meth:`PodBackend.events`.
+
+    ``exit_code`` is the main process's exit status when it exited, else None; a process killed by
+    signal N reports ``128 + N`` (137 for SIGKILL, 143 for SIGTERM), as container runtimes do.
+    ``reason`` is one of the :class:`PodReason` values (for DELETED, the reason given to
+    :meth:`PodBackend.delete`). ``message`` is for people: why the pod failed, with the last lines it
+    wrote to stderr when the backend has them. ``timestamp`` is wall-clock time (``time.time()``).
+    """
+
+    role: PodRole
+    pod_id: int
+    phase: PodPhase
+    exit_code: int | None
+    reason: str
+    message: str
+    timestamp: float
+
+    @property
+    def name(self) -> str:
+        """The pod's name, ``"<role>-<pod_id>"``."""
+        return pod_name(self.role, self.pod_id)
+
+
+@dataclass(frozen=True)
+class PodStatus:
+    """One pod of the job that exists now, as listed by :meth:`PodBackend.list_pods`."""
+
+    role: PodRole
+    pod_id: int
+    phase: PodPhase
+
+    @property
+    def name(self) -> str:
+        """The pod's name, ``"<role>-<pod_id>"``."""
+        return pod_name(self.role, self.pod_id)
+
+
+def pod_name(role: PodRole, pod_id: int) -> str:
+    """The name of pod ``pod_id`` of ``role``: ``"worker-3"``, ``"ps-0"``."""
+    return f"{role.value}-{pod_id}"
+
+
+_Backend = TypeVar("_Backend", bound="PodBackend")
+
+
+class PodExistsError(RuntimeError):
+    """:meth:`PodBackend.start` was asked to start a pod whose previous incarnation is not over yet."""
+
+
+class BackendClosedError(RuntimeError):
+    """:meth:`PodBackend.start` was called after :meth:`PodBackend.close`."""
+
+
+class PodBackend(abc.ABC):
+    """Runs the pods of one job and reports their phase changes.
+
+    **Events are pulled.** A backend records what happens to its pods in a queue; the master takes
+    them with :meth:`events`, typically in its main loop (``for e in backend.events(timeout=1.0)``).
+    There are no callbacks, so no master code runs on a backend thread.
+
+    Guarantees, for every backend:
+
+    * Events of one pod are delivered in the order they happened: zero or more PENDING, at most one
+      RUNNING, then exactly one terminal event (SUCCEEDED, FAILED or DELETED). Events of different
+      pods may interleave in any order.
+    * Every pod passed to :meth:`start` yields exactly one terminal event, whatever happens to it:
+      exit, crash, eviction, :meth:`delete`, :meth:`close`, or failure to create it (``start`` does
+      not raise for problems of the pod itself; they arrive as a FAILED event).
+    * A pod's ``(role, pod_id)`` can be started again (relaunched) once :meth:`events` has returned
+      its terminal event, and not before; so every event after that one belongs to the new
+      incarnation and the master never mistakes an old pod's death for the new one's.
+    * A pod is its whole process tree: when its main process exits, the backend kills the pod's other
+      processes before reporting the terminal event (they may take a moment more to vanish).
+
+    All methods are thread-safe. :meth:`events` is meant for a single consumer; with several, each
+    event goes to exactly one of them.
+    """
+
+    @abc.abstractmethod
+    def start(self, spec: PodSpec) -> None:
+        """Submit a pod and return without waiting for it to run.
+
+        What happens next is reported by :meth:`events`.
+
+        Raises:
+            PodExistsError: a pod with the same ``(role, pod_id)`` was started and its terminal
+                event has not been returned by :meth:`events` yet.
+            BackendClosedError: :meth:`close` was called.
+            ValueError: a PS is relaunched on a different port than before (its address must not
+                change).
+        """
+
+    @abc.abstractmethod
+    def delete(
+        self, role: PodRole, pod_id: int, *, reason: str = PodReason.DELETED, grace_seconds: float = 5.0
+    ) -> None:
+        """Ask a pod to stop, and return without waiting for it to stop.
+
+        The pod gets SIGTERM, and SIGKILL if it still runs ``grace_seconds`` later (0: at once).
+        Unless it had already exited, its terminal event is DELETED with ``reason``. Idempotent:
+        deleting a pod that is gone, has exited or was never started does nothing (a repeated call
+        may only shorten the grace period).
+        """
+
+    @abc.abstractmethod
+    def events(self, timeout: float | None = None) -> list[PodEvent]:
+        """Take the events that happened since the last call, oldest first.
+
+        Returns at once if there are any; otherwise waits up to ``timeout`` seconds (``None``:
+        until there are, ``0``: not at all) and returns what arrived, possibly ``[]``. After
+        :meth:`close`, returns the events still queued (the terminal events of the pods it deleted)
+        and then ``[]`` without waiting.
+        """
+
+    @abc.abstractmethod
+    def address(self, role: PodRole, pod_id: int) -> str:
+        """``"host:port"`` at which other pods reach pod ``pod_id`` of ``role`` (a PS).
+
+        The address is the same for every incarnation of the pod, so workers keep reaching a PS
+        after it is relaunched.
+
+        Raises:
+            KeyError: the backend cannot know the address (the local backend: the pod was never
+                started).
+            ValueError: pods of this role do not listen on a port.
+        """
+
+    @abc.abstractmethod
+    def list_pods(self) -> list[PodStatus]:
+        """The job's pods that exist now, sorted by role and id, so that a restarted master can adopt them.
+
+        A pod is listed from :meth:`start` until :meth:`events` has returned its terminal event, so its
+        listed phase may already be terminal; a backend over a cluster also lists the pods of the job
+        that an earlier master started. Events of listed pods keep arriving through :meth:`events`.
+        """
+
+    @abc.abstractmethod
+    def close(self, *, grace_seconds: float = 5.0) -> None:
+        """Delete every pod this backend started and wait until they are gone.
+
+        Idempotent. Afterwards :meth:`start` raises :class:`BackendClosedError`.
+        """
+
+    def __enter__(self: _Backend) -> _Backend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,60 @@
+"""Where edl-argo reads data and writes checkpoints and models: local folders or S3-compatible storage.
+
+Open a location with :func:`open_storage` and use the :class:`Storage` interface (see
+:mod:`edl_argo.storage.base` for its guarantees). Accepted locations:
+
+* ``s3://bucket/prefix`` -- :class:`~edl_argo.storage.s3.S3Storage`, configured from the environment;
+* ``file:///absolute/path`` or a plain path -- :class:`~edl_argo.storage.local.LocalStorage`. A string
+  that starts like a URL scheme (``name:``) is never taken as a path, so ``s3:/bucket`` is an error.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote, urlsplit
+
+from edl_argo.errors import StorageError
+from edl_argo.storage.base import TREE_COMPLETE_MARKER, ObjectInfo, ObjectNotFoundError, Storage, join_url
+from edl_argo.storage.local import LocalStorage
+from edl_argo.storage.s3 import S3Storage
+
+__all__ = [
+    "TREE_COMPLETE_MARKER",
+    "LocalStorage",
+    "ObjectInfo",
+    "ObjectNotFoundError",
+    "S3Storage",
+    "Storage",
+    "StorageError",
+    "join_url",
+    "open_storage",
+]
+
+_ACCEPTED = "use s3://bucket/prefix, file:///absolute/path or a local path"
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def open_storage(url: str) -> Storage:
+    """The storage rooted at ``url``; StorageError naming ``url`` if it is not an accepted form.
+
+    Only the form is checked here: nothing is contacted, and a local folder need not exist yet.
+    """
+    text = url.strip()
+    scheme_match = _SCHEME.match(text)
+    scheme = scheme_match.group(1).lower() if scheme_match else ""
+    if scheme and not text[len(scheme) + 1 :].startswith("//"):
+        scheme = "?"  # "s3:/bucket", "s3:bucket": a mistyped URL, not a folder name
+    if scheme == "s3":
+        return S3Storage(text)
+    if scheme == "file":
+        parts = urlsplit(text)
+        if parts.netloc not in ("", "localhost") or not parts.path or parts.query or parts.fragment:
+            raise StorageError(
+                f"invalid storage URL {url!r}: file URLs look like file:///absolute/path; {_ACCEPTED}"
+            )
+        return LocalStorage(unquote(parts.path), url=text)
+    if scheme:
+        raise StorageError(f"unsupported storage URL {url!r}: {_ACCEPTED}")
+    if not text:
+        raise StorageError(f"empty storage URL: {_ACCEPTED}")
+    return LocalStorage(text, url=text)

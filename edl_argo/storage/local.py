@@ -1,0 +1,212 @@
+"""Storage in a local (or mounted network) folder.
+
+Keys map to files below the root folder; "directories" exist only as parents of files. Atomicity comes from
+``rename``: every write goes to a temporary sibling (a name starting with :data:`TEMP_PREFIX`) that is
+fsynced and then renamed over the target, and :meth:`LocalStorage.put_tree` swaps whole directories the same
+way. Temporary names never appear in :meth:`LocalStorage.list`. A crash can leave temporaries behind; they
+are harmless and ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from edl_argo.errors import StorageError
+from edl_argo.storage.base import (
+    TREE_COMPLETE_MARKER,
+    ObjectInfo,
+    ObjectNotFoundError,
+    Storage,
+    check_range,
+    normalize_key,
+    normalize_prefix,
+    tree_files,
+)
+
+__all__ = ["TEMP_PREFIX", "LocalStorage"]
+
+#: Name prefix of in-progress files and directories; never listed.
+TEMP_PREFIX = ".edl-tmp-"
+
+
+def _temp_sibling(path: Path, tag: str = "") -> Path:
+    return path.with_name(f"{TEMP_PREFIX}{tag}{path.name}-{uuid.uuid4().hex[:12]}")
+
+
+def _os_error(path: Path | str, exc: OSError) -> StorageError:
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFoundError(f"no file at {path}")
+    return StorageError(f"cannot access {path}: {reason}")
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (best effort: some filesystems refuse fsync on directories)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Remove a file or directory tree if it exists."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+class LocalStorage(Storage):
+    """Objects as files below ``root``; ``url`` (default: ``root``) is how messages name the root.
+
+    The root need not exist: it reads as empty and is created by the first write.
+    """
+
+    def __init__(self, root: str | Path, *, url: str | None = None) -> None:
+        self.root = Path(root).expanduser()
+        self.url = url if url is not None else str(root)
+
+    def _path(self, key: str, *, allow_empty: bool = False) -> Path:
+        key = normalize_key(key, allow_empty=allow_empty)
+        return self.root / key if key else self.root
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        # Walk only the deepest directory that can hold matches; "a/b" matches "a/b.txt" and "a/b/c".
+        rel = normalize_prefix(prefix)
+        start = self._path(rel.rsplit("/", 1)[0] if "/" in rel else "", allow_empty=True)
+        try:
+            found = [ObjectInfo(key, size) for key, size in self._walk(start) if key.startswith(rel)]
+        except OSError as exc:
+            raise _os_error(start, exc) from exc
+        return sorted(found, key=lambda info: info.key)
+
+    def _walk(self, directory: Path) -> Iterator[tuple[str, int]]:
+        """``(key, size)`` of every non-temporary file below ``directory``; nothing if it is missing."""
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            if entry.name.startswith(TEMP_PREFIX):
+                continue
+            try:
+                if entry.is_dir():
+                    yield from self._walk(Path(entry.path))
+                elif entry.is_file():
+                    yield Path(entry.path).relative_to(self.root).as_posix(), entry.stat().st_size
+            except FileNotFoundError:
+                continue  # removed while listing
+
+    def stat(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise _os_error(path, exc) from exc
+        if not path.is_file():
+            raise ObjectNotFoundError(f"no file at {path} (it is a directory)")
+        return ObjectInfo(normalize_key(key), st.st_size)
+
+    def read(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(offset, length)
+        path = self._path(key)
+        try:
+            with path.open("rb") as f:
+                f.seek(offset)
+                return f.read(-1 if length is None else length)
+        except IsADirectoryError:
+            raise ObjectNotFoundError(f"no file at {path} (it is a directory)") from None
+        except OSError as exc:
+            raise _os_error(path, exc) from exc
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = _temp_sibling(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            _remove(tmp)
+            raise _os_error(path, exc) from exc
+        _fsync_dir(path.parent)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except (FileNotFoundError, IsADirectoryError):
+            pass
+        except OSError as exc:
+            # Linux reports unlink() on a directory as EISDIR, macOS as EPERM.
+            if not (exc.errno == errno.EPERM and path.is_dir()):
+                raise _os_error(path, exc) from exc
+
+    def put_tree(self, local_dir: Path, key: str) -> None:
+        target = self._path(key)
+        files = tree_files(local_dir)
+        staging = _temp_sibling(target)
+        try:
+            for rel, src in files:
+                dst = staging / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    shutil.copy2(src, dst)
+                except FileNotFoundError as exc:
+                    raise StorageError(
+                        f"cannot publish {local_dir}: {src} vanished or is a broken link"
+                    ) from exc
+                except OSError as exc:
+                    raise _os_error(src, exc) from exc
+            staging.mkdir(parents=True, exist_ok=True)  # an empty tree is still a tree
+            (staging / TREE_COMPLETE_MARKER).write_bytes(b"")
+            self._swap_in(staging, target)
+        except BaseException:
+            _remove(staging)
+            raise
+
+    @staticmethod
+    def _swap_in(staging: Path, target: Path) -> None:
+        """Rename ``staging`` to ``target``, replacing whatever is there; readers never see a mixture."""
+        old = _temp_sibling(target, tag="old-")
+        moved_old = False
+        try:
+            try:
+                os.rename(target, old)
+                moved_old = True
+            except FileNotFoundError:
+                pass
+            os.rename(staging, target)
+        except OSError as exc:
+            if moved_old:
+                with contextlib.suppress(OSError):
+                    os.rename(old, target)
+            raise _os_error(target, exc) from exc
+        _fsync_dir(target.parent)
+        if moved_old:
+            _remove(old)
+
+    def get_tree(self, key: str, local_dir: Path) -> None:
+        for file_key, rel in self._published_files(key):
+            src, dst = self._path(file_key), Path(local_dir) / rel
+            try:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+            except OSError as exc:
+                raise _os_error(src, exc) from exc

@@ -1,0 +1,310 @@
+"""Storage in an S3-compatible object store (AWS S3, MinIO, Ceph RGW, ...), through the ``minio`` client.
+
+Configuration comes only from environment variables (names in :data:`ENV_VARS`):
+
+``EDL_S3_ENDPOINT``
+    Endpoint URL with scheme, e.g. ``http://minio.minio:9000``; default ``https://s3.amazonaws.com``.
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN`` (optional)
+    Static credentials. Without ``AWS_ACCESS_KEY_ID`` requests are anonymous.
+``AWS_REGION``
+    Signing region; default ``us-east-1``.
+``EDL_STORAGE_RETRY_SECONDS``
+    Retry budget, see :mod:`edl_argo.storage.retry`.
+
+Every request goes through :func:`~edl_argo.storage.retry.call_with_retry`; the HTTP pool below minio has
+short timeouts and no retries of its own. Errors are raised as StorageError messages that name the URL and
+the endpoint, and for authentication failures the *names* of the variables to check, never their values.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import certifi
+import urllib3
+from minio import Minio
+from minio.error import InvalidResponseError, MinioException, S3Error
+from minio.helpers import check_bucket_name
+
+from edl_argo.errors import ConfigError, StorageError
+from edl_argo.log import get_logger
+from edl_argo.storage.base import (
+    TREE_COMPLETE_MARKER,
+    ObjectInfo,
+    ObjectNotFoundError,
+    Storage,
+    check_range,
+    join_url,
+    normalize_key,
+    normalize_prefix,
+    tree_files,
+)
+from edl_argo.storage.retry import (
+    RetryBudgetExhausted,
+    RetryPolicy,
+    call_with_retry,
+    describe_error,
+    is_connection_error,
+)
+
+__all__ = ["ENDPOINT_ENV", "ENV_VARS", "S3Storage"]
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+ENDPOINT_ENV = "EDL_S3_ENDPOINT"
+ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
+SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
+SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"
+REGION_ENV = "AWS_REGION"
+#: Every environment variable S3Storage reads.
+ENV_VARS = (ENDPOINT_ENV, ACCESS_KEY_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV, REGION_ENV)
+
+DEFAULT_ENDPOINT = "https://s3.amazonaws.com"
+DEFAULT_REGION = "us-east-1"
+
+#: Per-request socket timeouts. Short, so that a dead endpoint costs little of the retry budget.
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+#: Connections kept per host; data loaders read shards from several threads.
+POOL_SIZE = 32
+
+_DENIED_CODES = frozenset(
+    {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+)
+
+#: A failed put_tree is cleaned up with this small budget, since the store is probably in trouble.
+_CLEANUP_POLICY = RetryPolicy(max_seconds=5.0, max_attempts=3)
+
+
+def _endpoint_from_env() -> tuple[str, str, bool]:
+    """``(endpoint URL for messages, host[:port] for minio, use TLS)``; ConfigError if malformed."""
+    text = os.environ.get(ENDPOINT_ENV, "").strip() or DEFAULT_ENDPOINT
+    if "@" in text:  # user:password@host -- do not echo the value, it holds a secret
+        raise ConfigError(
+            f"{ENDPOINT_ENV} must not contain credentials; set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV}"
+        )
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise ConfigError(f"{ENDPOINT_ENV}={text!r} is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise ConfigError(
+            f"{ENDPOINT_ENV}={text!r} must be an http:// or https:// URL without a path, "
+            "e.g. http://minio.minio:9000"
+        )
+    return f"{parts.scheme}://{parts.netloc}", parts.netloc, parts.scheme == "https"
+
+
+def _http_pool() -> urllib3.PoolManager:
+    """A pool with short timeouts and no retries or redirects of its own: :mod:`.retry` owns the budget."""
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
+        maxsize=POOL_SIZE,
+        cert_reqs="CERT_REQUIRED",
+        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        retries=False,
+    )
+
+
+class S3Storage(Storage):
+    """Objects below ``s3://bucket/prefix``, configured from the environment (see the module docstring).
+
+    Keys map to object names ``prefix/key``. The bucket must already exist. Construction validates the
+    URL and the environment but makes no request.
+    """
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
+            raise StorageError(f"invalid S3 URL {url!r}: expected s3://bucket/prefix")
+        self.url = url
+        self.bucket = parts.netloc
+        try:
+            check_bucket_name(self.bucket)
+        except ValueError:
+            raise StorageError(
+                f"invalid S3 URL {url!r}: {self.bucket!r} is not a valid bucket name"
+            ) from None
+        self.prefix = normalize_key(parts.path)
+        self.endpoint, host, secure = _endpoint_from_env()
+        self._policy = RetryPolicy.from_env()
+        self._anonymous = not os.environ.get(ACCESS_KEY_ENV)
+        self._uses_token = bool(os.environ.get(SESSION_TOKEN_ENV))
+        self._client = Minio(
+            host,
+            access_key=os.environ.get(ACCESS_KEY_ENV) or None,
+            secret_key=os.environ.get(SECRET_KEY_ENV, ""),
+            session_token=os.environ.get(SESSION_TOKEN_ENV) or None,
+            secure=secure,
+            region=os.environ.get(REGION_ENV) or DEFAULT_REGION,
+            http_client=_http_pool(),
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Storage({self.url!r}, endpoint={self.endpoint!r})"
+
+    # -- naming -----------------------------------------------------------------------------------
+
+    def _name(self, key: str) -> str:
+        """The object name of ``key`` (which must not be empty)."""
+        return join_url(self.prefix, normalize_key(key, allow_empty=False))
+
+    def _key(self, name: str) -> str:
+        return name[len(self.prefix) + 1 :] if self.prefix else name
+
+    # -- the one place that talks to minio ----------------------------------------------------------
+
+    def _call(self, key: str, fn: Callable[[], T], policy: RetryPolicy | None = None) -> T:
+        """Run one idempotent request with retries and turn every failure into a StorageError."""
+        url = self.describe(key)
+        try:
+            return call_with_retry(fn, url=url, policy=policy or self._policy)
+        except RetryBudgetExhausted as exc:
+            if is_connection_error(exc.last_error):
+                raise StorageError(f"cannot reach S3 endpoint {self.endpoint}: {exc}") from exc.last_error
+            raise StorageError(
+                f"S3 endpoint {self.endpoint} kept failing for {url}: {exc}"
+            ) from exc.last_error
+        except S3Error as exc:
+            raise self._s3_error(url, exc) from exc
+        except InvalidResponseError as exc:
+            raise StorageError(
+                f"S3 endpoint {self.endpoint} answered a request for {url} with {describe_error(exc)} and "
+                f"no S3 error document: is {ENDPOINT_ENV} the address of an S3 service?"
+            ) from exc
+        except (MinioException, urllib3.exceptions.HTTPError) as exc:
+            raise StorageError(
+                f"S3 request for {url} failed at endpoint {self.endpoint}: {describe_error(exc)}"
+            ) from exc
+        except OSError as exc:  # a local file being uploaded or downloaded
+            raise StorageError(f"cannot access local file {exc.filename}: {exc.strerror or exc}") from exc
+
+    def _s3_error(self, url: str, exc: S3Error) -> StorageError:
+        if exc.code == "NoSuchBucket":
+            return self._no_bucket()
+        if exc.code == "NoSuchKey":
+            return ObjectNotFoundError(f"no object at {url}")
+        if exc.code in _DENIED_CODES:
+            names = [ACCESS_KEY_ENV, SECRET_KEY_ENV] + ([SESSION_TOKEN_ENV] if self._uses_token else [])
+            hint = f"check {', '.join(names[:-1])} and {names[-1]}"
+            if self._anonymous:
+                hint += f" ({ACCESS_KEY_ENV} is not set, so the request was anonymous)"
+            return StorageError(f"access denied to {url}: {hint}")
+        return StorageError(f"S3 error for {url} at endpoint {self.endpoint}: {describe_error(exc)}")
+
+    def _no_bucket(self) -> StorageError:
+        return StorageError(
+            f"bucket {self.bucket!r} does not exist at endpoint {self.endpoint} "
+            f"(from {self.url}; check the URL and {ENDPOINT_ENV})"
+        )
+
+    # -- Storage ----------------------------------------------------------------------------------
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        return self._list(prefix)
+
+    def _list(self, prefix: str, policy: RetryPolicy | None = None) -> list[ObjectInfo]:
+        rel = normalize_prefix(prefix)
+        name_prefix = f"{self.prefix}/{rel}" if self.prefix else rel
+
+        def op() -> list[ObjectInfo]:
+            objects = self._client.list_objects(self.bucket, prefix=name_prefix, recursive=True)
+            return [
+                ObjectInfo(self._key(o.object_name), o.size or 0)
+                for o in objects
+                if o.object_name and not o.object_name.endswith("/")  # skip "folder" placeholders
+            ]
+
+        return sorted(self._call(prefix, op, policy), key=lambda info: info.key)
+
+    def stat(self, key: str) -> ObjectInfo:
+        name = self._name(key)
+        try:
+            result = self._call(key, lambda: self._client.stat_object(self.bucket, name))
+        except ObjectNotFoundError:
+            # A HEAD response has no body, so a missing bucket looks like a missing key: tell them apart.
+            if not self._call("", lambda: self._client.bucket_exists(self.bucket)):
+                raise self._no_bucket() from None
+            raise
+        return ObjectInfo(normalize_key(key), result.size or 0)
+
+    def read(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(offset, length)
+        if length == 0:
+            self.stat(key)  # same errors as any read
+            return b""
+        name = self._name(key)
+
+        def op() -> bytes:
+            try:
+                response = self._client.get_object(self.bucket, name, offset=offset, length=length or 0)
+            except S3Error as exc:
+                if exc.code == "InvalidRange":  # offset at or past the end
+                    return b""
+                raise
+            try:
+                return response.read()
+            finally:
+                response.close()
+                response.release_conn()
+
+        return self._call(key, op)
+
+    def write(self, key: str, data: bytes) -> None:
+        name = self._name(key)
+        self._call(key, lambda: self._client.put_object(self.bucket, name, io.BytesIO(data), len(data)))
+
+    def delete(self, key: str) -> None:
+        name = self._name(key)
+        self._call(key, lambda: self._client.remove_object(self.bucket, name))
+
+    def put_tree(self, local_dir: Path, key: str) -> None:
+        tree = normalize_key(key, allow_empty=False)
+        files = tree_files(local_dir)
+        old_keys = {info.key for info in self.list(tree + "/")}
+        marker = join_url(tree, TREE_COMPLETE_MARKER)
+        self.delete(marker)  # unpublish the old tree before touching it
+        try:
+            new_keys = set()
+            for rel, path in files:
+                file_key = join_url(tree, rel)
+                upload = functools.partial(
+                    self._client.fput_object, self.bucket, self._name(file_key), str(path)
+                )
+                self._call(file_key, upload)
+                new_keys.add(file_key)
+            self._delete_all(old_keys - new_keys - {marker})
+            self.write(marker, b"")
+        except BaseException:
+            self._remove_tree(tree)
+            raise
+
+    def _delete_all(self, keys: Iterable[str], policy: RetryPolicy | None = None) -> None:
+        for key in sorted(keys):
+            self._call(
+                key, functools.partial(self._client.remove_object, self.bucket, self._name(key)), policy
+            )
+
+    def _remove_tree(self, tree: str) -> None:
+        """Best effort: delete everything below ``tree/`` after a failed put_tree, with a small budget."""
+        try:
+            self._delete_all((info.key for info in self._list(tree + "/", _CLEANUP_POLICY)), _CLEANUP_POLICY)
+        except StorageError as exc:
+            log.warning("put_tree_cleanup_failed", url=self.describe(tree), error=str(exc))
+
+    def get_tree(self, key: str, local_dir: Path) -> None:
+        for file_key, rel in self._published_files(key):
+            target = str(Path(local_dir) / rel)
+            self._call(
+                file_key,
+                functools.partial(self._client.fget_object, self.bucket, self._name(file_key), target),
+            )

@@ -1,0 +1,30 @@
+"""Shared fixtures. Servers are started once per session; per-test state lives in fresh buckets/folders."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from s3_stand_in import SERVER_DIR, S3StandIn
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3StandIn]:
+    """The test-only S3 server (s3rver behind a SigV4 check), shared by the whole session."""
+    if not (SERVER_DIR / "node_modules").is_dir():
+        pytest.fail(f"{SERVER_DIR / 'node_modules'} is missing: run `make test-servers`", pytrace=False)
+    with S3StandIn() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server: S3StandIn, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Point S3Storage at the stand-in (environment variables) and yield ``s3://<fresh bucket>/prefix``."""
+    s3_server.start()  # in case an earlier test stopped it
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    bucket = f"test-{uuid.uuid4().hex[:16]}"
+    s3_server.create_bucket(bucket)
+    yield f"s3://{bucket}/prefix"

@@ -1,0 +1,483 @@
+"""Behaviour of the storage backends: one suite run against LocalStorage and S3Storage, plus
+backend-specific checks (atomic local writes; S3 errors, credentials and retries against the stand-in)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from s3_stand_in import S3StandIn
+
+from edl_argo.errors import ConfigError, StorageError
+from edl_argo.storage import (
+    TREE_COMPLETE_MARKER,
+    LocalStorage,
+    ObjectInfo,
+    ObjectNotFoundError,
+    S3Storage,
+    Storage,
+    join_url,
+    open_storage,
+)
+from edl_argo.storage.local import TEMP_PREFIX
+from edl_argo.storage.retry import RetryBudgetExhausted, RetryPolicy, call_with_retry
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    """Each backend, empty."""
+    if request.param == "local":
+        return LocalStorage(tmp_path / "root")
+    return S3Storage(request.getfixturevalue("s3_env"))
+
+
+@pytest.fixture
+def s3(s3_env: str) -> S3Storage:
+    return S3Storage(s3_env)
+
+
+class _Events(logging.Handler):
+    """Collects edl-argo log events by name (independent of how logging is configured)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.events: list[tuple[str, dict[str, object]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append((record.getMessage(), getattr(record, "fields", {})))
+
+    def named(self, event: str) -> list[dict[str, object]]:
+        return [fields for name, fields in self.events if name == event]
+
+
+@pytest.fixture
+def events() -> Iterator[_Events]:
+    handler = _Events()
+    logger = logging.getLogger("edl_argo.storage")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+def make_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# -- the shared contract --------------------------------------------------------------------------
+
+
+def test_write_read_overwrite(storage: Storage) -> None:
+    storage.write("a/b.bin", b"first")
+    assert storage.read("a/b.bin") == b"first"
+    storage.write("a/b.bin", b"second, longer")
+    assert storage.read("a/b.bin") == b"second, longer"
+    storage.write("empty", b"")
+    assert storage.read("empty") == b""
+
+
+def test_ranged_reads(storage: Storage) -> None:
+    storage.write("r", b"0123456789")
+    assert storage.read("r", 2, 3) == b"234"
+    assert storage.read("r", 7) == b"789"
+    assert storage.read("r", 8, 100) == b"89"  # past the end: what exists
+    assert storage.read("r", 10, 5) == b""
+    assert storage.read("r", 50) == b""
+    assert storage.read("r", 3, 0) == b""
+    with pytest.raises(ValueError):
+        storage.read("r", -1)
+
+
+def test_missing_objects(storage: Storage) -> None:
+    for call in (
+        lambda: storage.read("no/such"),
+        lambda: storage.stat("no/such"),
+        lambda: storage.read("no/such", 0, 0),
+    ):
+        with pytest.raises(ObjectNotFoundError, match="no/such"):
+            call()
+    assert not storage.exists("no/such")
+    storage.delete("no/such")  # not an error
+
+
+def test_list_with_prefix_is_sorted_and_recursive(storage: Storage) -> None:
+    for key in ["d/b", "d/a/x", "e", "d/a.txt", "d/ab/y", "c"]:
+        storage.write(key, key.encode())
+    assert [o.key for o in storage.list()] == ["c", "d/a.txt", "d/a/x", "d/ab/y", "d/b", "e"]
+    assert [o.key for o in storage.list("d/")] == ["d/a.txt", "d/a/x", "d/ab/y", "d/b"]
+    assert [o.key for o in storage.list("d/a")] == ["d/a.txt", "d/a/x", "d/ab/y"]  # a raw prefix
+    assert [o.key for o in storage.list("d/a/")] == ["d/a/x"]
+    assert storage.list("nothing/") == []
+    assert storage.list("d/b") == [ObjectInfo("d/b", 3)]
+
+
+def test_stat_exists_delete(storage: Storage) -> None:
+    storage.write("x/y", b"12345")
+    assert storage.stat("x/y") == ObjectInfo("x/y", 5)
+    assert storage.stat("/x/y/") == ObjectInfo("x/y", 5)  # keys are normalised
+    assert storage.exists("x/y")
+    assert not storage.exists("x")  # a "directory" is not an object
+    storage.delete("x/y")
+    assert not storage.exists("x/y")
+    assert storage.list() == []
+
+
+def test_keys_cannot_escape_the_root(storage: Storage) -> None:
+    for key in ["../outside", "a/../../b", "./a"]:
+        with pytest.raises(StorageError, match="invalid storage key"):
+            storage.write(key, b"x")
+    with pytest.raises(StorageError, match="invalid storage key"):
+        storage.read("")
+
+
+def test_put_tree_replaces_and_get_tree_round_trips(storage: Storage, tmp_path: Path) -> None:
+    first = make_tree(
+        tmp_path / "v1", {"saved_model.pb": b"pb1", "variables/v.data": b"d1", "variables/v.index": b"i1"}
+    )
+    assert not storage.tree_complete("model")
+    storage.put_tree(first, "model")
+    assert storage.tree_complete("model")
+    storage.get_tree("model", tmp_path / "out1")
+    assert read_tree(tmp_path / "out1") == read_tree(first)
+
+    second = make_tree(tmp_path / "v2", {"saved_model.pb": b"pb2", "assets/vocab.txt": b"a b c"})
+    storage.put_tree(second, "model")
+    assert storage.tree_complete("model")
+    assert [o.key for o in storage.list("model/")] == [
+        "model/_COMPLETE",
+        "model/assets/vocab.txt",
+        "model/saved_model.pb",
+    ]
+    storage.get_tree("model/", tmp_path / "out2")
+    assert read_tree(tmp_path / "out2") == read_tree(second)
+    at_model = open_storage(storage.describe("model"))  # the tree's own URL: the root is the tree
+    assert at_model.tree_complete("")
+    at_model.get_tree("", tmp_path / "out3")
+    assert read_tree(tmp_path / "out3") == read_tree(second)
+
+
+def test_get_tree_requires_the_marker(storage: Storage, tmp_path: Path) -> None:
+    storage.write("half/saved_model.pb", b"pb")
+    with pytest.raises(ObjectNotFoundError, match=f"no complete tree at .*half.*{TREE_COMPLETE_MARKER}"):
+        storage.get_tree("half", tmp_path / "out")
+
+
+def test_put_tree_rejects_reserved_name_and_empty_key(storage: Storage, tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "t", {TREE_COMPLETE_MARKER: b"", "f": b"1"})
+    with pytest.raises(StorageError, match="reserved"):
+        storage.put_tree(tree, "t")
+    with pytest.raises(StorageError, match="invalid storage key"):
+        storage.put_tree(make_tree(tmp_path / "u", {"f": b"1"}), "")
+    assert storage.list() == []
+
+
+@pytest.mark.parametrize("previous", [False, True])
+def test_failed_put_tree_leaves_no_partial_tree(storage: Storage, tmp_path: Path, previous: bool) -> None:
+    old = make_tree(tmp_path / "old", {"a": b"old-a", "old-only": b"x"})
+    if previous:
+        storage.put_tree(old, "model")
+    new = make_tree(tmp_path / "new", {"a": b"new-a", "z": b"new-z"})
+    (new / "m_broken").symlink_to(tmp_path / "does-not-exist")  # fails after "a" was copied/uploaded
+    with pytest.raises(StorageError, match="m_broken"):
+        storage.put_tree(new, "model")
+    if previous and isinstance(storage, LocalStorage):  # the swap never happened: the old tree stands
+        assert storage.tree_complete("model")
+        storage.get_tree("model", tmp_path / "out")
+        assert read_tree(tmp_path / "out") == read_tree(old)
+    else:  # S3 unpublished the old tree first; nothing is left
+        assert not storage.tree_complete("model")
+        assert storage.list("model/") == []
+    if isinstance(storage, LocalStorage):
+        assert [p.name for p in storage.root.iterdir() if p.name.startswith(TEMP_PREFIX)] == []
+
+
+# -- local-only -----------------------------------------------------------------------------------
+
+
+def test_local_concurrent_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    small, large = b"a" * (1 << 20), b"b" * (3 << 20)
+    storage.write("f", small)
+    done = threading.Event()
+    seen: list[int] = []
+
+    def reader() -> None:
+        while not done.is_set():
+            data = storage.read("f")
+            seen.append(len(data) if data in (small, large) else -len(data))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(40):
+            storage.write("f", large if i % 2 == 0 else small)
+    finally:
+        done.set()
+        thread.join()
+    assert seen and all(n > 0 for n in seen), sorted(set(seen))  # negative: a partial or mixed read
+    assert [o.key for o in storage.list()] == ["f"]  # no temporaries left
+
+
+def test_local_list_skips_temporaries_and_missing_root(tmp_path: Path) -> None:
+    assert LocalStorage(tmp_path / "not-yet").list() == []
+    storage = LocalStorage(tmp_path)
+    storage.write("a/real", b"1")
+    (tmp_path / "a" / f"{TEMP_PREFIX}real-123").write_bytes(b"partial")
+    (tmp_path / f"{TEMP_PREFIX}model-456").mkdir()
+    (tmp_path / f"{TEMP_PREFIX}model-456" / "f").write_bytes(b"partial")
+    assert storage.list() == [ObjectInfo("a/real", 1)]
+
+
+# -- S3-only --------------------------------------------------------------------------------------
+
+
+def test_s3_large_object_uses_multipart_and_ranged_reads(s3: S3Storage) -> None:
+    data = os.urandom(17 * 1024 * 1024 + 3)
+    s3.write("big", data)
+    assert s3.stat("big").size == len(data)
+    start = 5 * 1024 * 1024 - 10  # across the first part boundary
+    assert s3.read("big", start, 20) == data[start : start + 20]
+    assert s3.read("big", len(data) - 2) == data[-2:]
+
+
+@pytest.mark.parametrize("wrong", ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+def test_s3_wrong_credentials(
+    s3_env: str, monkeypatch: pytest.MonkeyPatch, events: _Events, wrong: str
+) -> None:
+    secret = "wrong-secret-value-" + "x" * 16
+    monkeypatch.setenv(wrong, "WRONGKEYID" if wrong == "AWS_ACCESS_KEY_ID" else secret)
+    storage = S3Storage(s3_env)
+    for call in (lambda: storage.read("k"), lambda: storage.write("k", b"1"), lambda: storage.list()):
+        with pytest.raises(StorageError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(f"access denied to {s3_env}")
+        assert "AWS_ACCESS_KEY_ID" in message and "AWS_SECRET_ACCESS_KEY" in message
+        assert secret not in message and os.environ["AWS_SECRET_ACCESS_KEY"] not in message
+    with pytest.raises(StorageError, match="access denied"):
+        storage.exists("k")  # not "False": the caller must learn that it cannot see
+    assert events.named("storage_retry") == []  # denial is not transient
+
+
+def test_s3_anonymous_access_is_explained(s3_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(StorageError, match="AWS_ACCESS_KEY_ID is not set, so the request was anonymous"):
+        S3Storage(s3_env).read("k")
+
+
+def test_s3_missing_bucket_and_key_messages(s3_env: str, s3_server: S3StandIn) -> None:
+    missing = S3Storage("s3://no-such-bucket-here/p")
+    expected = f"bucket 'no-such-bucket-here' does not exist at endpoint {s3_server.endpoint}"
+    for call in (
+        lambda: missing.read("k"),
+        lambda: missing.stat("k"),
+        lambda: missing.list(),
+        lambda: missing.exists("k"),
+    ):
+        with pytest.raises(StorageError, match=expected) as info:
+            call()
+        assert not isinstance(info.value, ObjectNotFoundError)
+    with pytest.raises(ObjectNotFoundError, match=f"^no object at {s3_env}/dir/key$"):
+        S3Storage(s3_env).read("dir/key")
+
+
+def test_s3_retries_until_the_server_is_back(s3: S3Storage, s3_server: S3StandIn, events: _Events) -> None:
+    s3.write("k", b"survives restarts")
+    s3_server.stop()
+    restart = threading.Timer(2.0, s3_server.start)
+    restart.start()
+    try:
+        started = time.monotonic()
+        assert s3.read("k", 9) == b"restarts"
+        assert time.monotonic() - started >= 2.0
+    finally:
+        restart.join()
+    retries = events.named("storage_retry")
+    assert retries and retries[0]["url"] == f"{s3.url}/k"
+    assert [r["attempt"] for r in retries] == list(range(1, len(retries) + 1))
+
+
+def test_s3_unreachable_after_budget(
+    s3: S3Storage, s3_server: S3StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDL_STORAGE_RETRY_SECONDS", "1")
+    storage = S3Storage(s3.url)
+    s3_server.stop()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageError) as info:
+            storage.read("k")
+        assert time.monotonic() - started < 3
+    finally:
+        s3_server.start()
+    message = str(info.value)
+    assert message.startswith(f"cannot reach S3 endpoint {s3_server.endpoint}: ")
+    assert "Connection refused" in message
+    assert " attempts over " in message and "(after 1 attempts" not in message
+
+
+def test_s3_throttling_is_retried(s3: S3Storage, s3_server: S3StandIn, events: _Events) -> None:
+    s3.write("k", b"data")
+    s3_server.inject_errors(3, status=503, code="SlowDown")
+    assert s3.read("k") == b"data"
+    assert [r["error"] for r in events.named("storage_retry")] == [
+        "SlowDown: Injected failure (test stand-in)"
+    ] * 3
+
+
+def test_s3_persistent_5xx_exhausts_the_budget(
+    s3: S3Storage, s3_server: S3StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDL_STORAGE_RETRY_SECONDS", "0.5")
+    s3_server.inject_errors(100, status=500, code="InternalError")
+    try:
+        with pytest.raises(
+            StorageError, match=r"kept failing for .*/k: InternalError: .*\(after \d+ attempts over"
+        ):
+            S3Storage(s3.url).write("k", b"x")
+    finally:
+        s3_server.inject_errors(0)
+
+
+def test_s3_endpoint_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDL_S3_ENDPOINT", "minio:9000")
+    with pytest.raises(ConfigError, match="EDL_S3_ENDPOINT='minio:9000' must be an http:// or https:// URL"):
+        S3Storage("s3://bucket/p")
+    monkeypatch.setenv("EDL_S3_ENDPOINT", "http://user:hunter2@minio:9000")
+    with pytest.raises(ConfigError, match="must not contain credentials") as info:
+        S3Storage("s3://bucket/p")
+    assert "hunter2" not in str(info.value)
+    monkeypatch.setenv("EDL_S3_ENDPOINT", "https://minio.example:9443/")
+    assert S3Storage("s3://bucket/p").endpoint == "https://minio.example:9443"
+
+
+# -- URLs -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "root"),
+    [
+        ("/data/out", LocalStorage, "/data/out"),
+        ("relative/dir", LocalStorage, "relative/dir"),
+        ("file:///data/my%20out", LocalStorage, "/data/my out"),
+        ("file://localhost/data", LocalStorage, "/data"),
+        ("s3://bucket", S3Storage, ""),
+        ("s3://bucket/a/b/", S3Storage, "a/b"),
+    ],
+)
+def test_open_storage_accepts(url: str, kind: type, root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDL_S3_ENDPOINT", raising=False)
+    storage = open_storage(url)
+    assert isinstance(storage, kind)
+    assert storage.url == url
+    assert str(storage.root if isinstance(storage, LocalStorage) else storage.prefix) == root
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["gs://bucket/x", "http://host/x", "s3:/bucket/x", "s3://", "s3://Bad_Bucket!/x", "file://host/x", ""],
+)
+def test_open_storage_rejects(url: str) -> None:
+    with pytest.raises(StorageError) as info:
+        open_storage(url)
+    message = str(info.value)
+    assert (repr(url) in message) if url else ("empty storage URL" in message)
+    if url.startswith(("gs:", "http:", "s3:/b", "file:")) or not url:
+        assert "s3://bucket/prefix" in message and "file:///absolute/path" in message
+
+
+def test_join_url() -> None:
+    assert join_url("s3://b/p/", "a", "/c/") == "s3://b/p/a/c"
+    assert join_url("/root", "", "x") == "/root/x"
+    assert join_url("", "k") == "k"
+
+
+# -- the retry helper -----------------------------------------------------------------------------
+
+
+class _FakeTime:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def _failing(exc: Exception, times: int) -> tuple[list[int], object]:
+    calls: list[int] = []
+
+    def fn() -> str:
+        calls.append(1)
+        if len(calls) <= times:
+            raise exc
+        return "ok"
+
+    return calls, fn
+
+
+def test_retry_budget_in_attempts_and_seconds() -> None:
+    fake = _FakeTime()
+    calls, fn = _failing(ConnectionRefusedError("refused"), 100)
+    with pytest.raises(RetryBudgetExhausted) as info:
+        call_with_retry(
+            fn,
+            url="u",
+            policy=RetryPolicy(max_seconds=1000, max_attempts=4),
+            sleep=fake.sleep,
+            clock=fake.clock,
+        )
+    assert len(calls) == info.value.attempts == 4 and len(fake.sleeps) == 3
+    assert all(0.5 * 0.25 * 2**i <= d <= 0.25 * 2**i for i, d in enumerate(fake.sleeps))  # jittered backoff
+
+    fake = _FakeTime()
+    calls, fn = _failing(ConnectionRefusedError("refused"), 100)
+    with pytest.raises(RetryBudgetExhausted, match=r"refused \(after \d+ attempts over 3.0 s\)"):
+        call_with_retry(
+            fn,
+            url="u",
+            policy=RetryPolicy(max_seconds=3, max_attempts=100),
+            sleep=fake.sleep,
+            clock=fake.clock,
+        )
+    assert fake.now == pytest.approx(3.0)  # the last attempt starts at the deadline, not after it
+
+    fake = _FakeTime()
+    calls, fn = _failing(ConnectionRefusedError("refused"), 2)
+    assert call_with_retry(fn, url="u", sleep=fake.sleep, clock=fake.clock) == "ok"
+    assert len(calls) == 3
+
+
+def test_retry_does_not_repeat_permanent_errors() -> None:
+    calls, fn = _failing(PermissionError("no"), 100)
+    with pytest.raises(PermissionError):
+        call_with_retry(fn, url="u", sleep=lambda s: None)
+    assert len(calls) == 1
+
+
+def test_retry_policy_from_env() -> None:
+    assert RetryPolicy.from_env({}) == RetryPolicy(max_seconds=30, max_attempts=8)
+    assert RetryPolicy.from_env({"EDL_STORAGE_RETRY_SECONDS": "2"}).max_attempts == 8
+    assert RetryPolicy.from_env({"EDL_STORAGE_RETRY_SECONDS": "300"}).max_attempts == 80
+    with pytest.raises(ConfigError, match="EDL_STORAGE_RETRY_SECONDS='soon'"):
+        RetryPolicy.from_env({"EDL_STORAGE_RETRY_SECONDS": "soon"})
