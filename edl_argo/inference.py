@@ -36,10 +36,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("predict", "run a trained model over shards and write one prediction per record", run_predict),
     ):
         parser = subparsers.add_parser(name, help=help_text)
-        add_flag(parser, "--model", required=True, metavar="URL", help="the model tree written by `train` (<output>/model)")
-        add_flag(parser, "--model-def", required=True, help="the model file used for training (for feed and metrics)")
-        add_flag(parser, "--data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards")
-        add_flag(parser, "--output", required=name == "predict", default="", metavar="URL", help="where results go")
+        add_flag(
+            parser,
+            "--model",
+            required=True,
+            metavar="URL",
+            help="the model tree written by `train` (<output>/model)",
+        )
+        add_flag(
+            parser,
+            "--model-def",
+            required=True,
+            help="the model file used for training (for feed and metrics)",
+        )
+        add_flag(
+            parser, "--data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards"
+        )
+        add_flag(
+            parser, "--output", required=name == "predict", default="", metavar="URL", help="where results go"
+        )
         add_flag(parser, "--minibatch-size", type=positive_int, default=256)
         add_flag(parser, "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         parser.set_defaults(run=run)
@@ -53,7 +68,9 @@ def load_trained_model(spec: ModelSpec, model_url: str) -> Any:
 
     storage = open_storage(model_url)
     if not storage.tree_complete(""):
-        raise ConfigError(f"--model {model_url}: no complete model there (expected the <output>/model of a finished job)")
+        raise ConfigError(
+            f"--model {model_url}: no complete model there (expected the <output>/model of a finished job)"
+        )
     with tempfile.TemporaryDirectory(prefix="edl-model-") as tmp:
         path = Path(tmp) / KERAS_FILE
         path.write_bytes(storage.read(KERAS_FILE))
@@ -61,7 +78,9 @@ def load_trained_model(spec: ModelSpec, model_url: str) -> Any:
         return keras.models.load_model(path, compile=False)
 
 
-def _batches(spec: ModelSpec, storage: Storage, mode: str, minibatch_size: int) -> Iterator[tuple[str, int, Any]]:
+def _batches(
+    spec: ModelSpec, storage: Storage, mode: str, minibatch_size: int
+) -> Iterator[tuple[str, int, Any]]:
     """(shard, first record, batch) over every shard, in order."""
     from edl_argo.worker.data import make_batches
 
@@ -102,7 +121,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
     results = evaluate(spec, model, open_storage(args.data), args.minibatch_size)
     log.info("evaluation_done", data=args.data, **results)
     if args.output:
-        open_storage(args.output).write("metrics.json", json.dumps(results, indent=2, sort_keys=True).encode())
+        open_storage(args.output).write(
+            "metrics.json", json.dumps(results, indent=2, sort_keys=True).encode()
+        )
     print(json.dumps(results, sort_keys=True))
     return 0
 
@@ -114,7 +135,9 @@ def run_predict(args: argparse.Namespace) -> int:
     model = load_trained_model(spec, args.model)
     processor = spec.prediction_outputs_processor() if spec.prediction_outputs_processor else None
     count = 0
-    for shard, start, features in _batches(spec, open_storage(args.data), Mode.PREDICTION, args.minibatch_size):
+    for shard, start, features in _batches(
+        spec, open_storage(args.data), Mode.PREDICTION, args.minibatch_size
+    ):
         outputs = np.asarray(model(features, training=False))
         if processor is not None:
             processor.process(outputs, 0)

@@ -23,10 +23,7 @@ _configured = False
 
 
 def _format_value(value: Any) -> str:
-    if isinstance(value, float):
-        text = f"{value:.6g}"
-    else:
-        text = str(value)
+    text = f"{value:.6g}" if isinstance(value, float) else str(value)
     if text == "" or any(c.isspace() for c in text) or '"' in text or "=" in text:
         text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     return text
@@ -47,12 +44,24 @@ class _EventFormatter(logging.Formatter):
         return line
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each event (it may be replaced after set-up)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure(level: str | None = None, component: str | None = None) -> None:
     """Send edl-argo's events to stderr, one line each. Idempotent; ``level`` may change it later."""
     global _configured
     root = logging.getLogger(_ROOT)
     if not _configured:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(_EventFormatter())
         root.addHandler(handler)
         root.propagate = False

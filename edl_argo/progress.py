@@ -1,4 +1,4 @@
-"""Progress of long work: a bar on a terminal, ``N/M`` in ``ARGO_PROGRESS_FILE`` under Argo, log lines otherwise.
+"""Progress of long work: a bar on a terminal, ``N/M`` in ``ARGO_PROGRESS_FILE`` under Argo, else log lines.
 
 Argo Workflows reads a step's self-reported progress from the file named by ``ARGO_PROGRESS_FILE``
 (content ``N/M``) and shows it in the UI.

@@ -180,7 +180,10 @@ def csv_records(path: Path, label_column: str) -> list[bytes]:
     columns = {name: [row[i] for row in body] for i, name in enumerate(header)}
     typed = {name: _typed_column(values, is_label=name == label_column) for name, values in columns.items()}
     names = [n for n in header if n != label_column] + [label_column]
-    return [encode_example({"label" if n == label_column else n: typed[n][i] for n in names}) for i in range(len(body))]
+    return [
+        encode_example({"label" if n == label_column else n: typed[n][i] for n in names})
+        for i in range(len(body))
+    ]
 
 
 def _typed_column(values: Iterable[str], is_label: bool) -> list[int] | list[float] | list[str]:
@@ -214,5 +217,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         compressors = ",".join(sorted(summary.compressors))
         print(f"{key:<32} {summary.records:>9} {summary.chunks:>7} {summary.bytes:>12}  {compressors}")
         totals = [totals[0] + summary.records, totals[1] + summary.chunks, totals[2] + summary.bytes]
-    print(f"{'total (' + str(len(shards)) + ' shards)':<32} {totals[0]:>9} {totals[1]:>7} {totals[2]:>12}  ok")
+    print(
+        f"{'total (' + str(len(shards)) + ' shards)':<32} {totals[0]:>9} {totals[1]:>7} {totals[2]:>12}  ok"
+    )
     return 0

@@ -56,9 +56,13 @@ class TrainConfig:
 def add_train_flags(parser: argparse.ArgumentParser) -> None:
     job = parser.add_argument_group("job")
     add_flag(job, "--model-def", required=True, help="path/to/model.py[:custom_model] or package.module.fn")
-    add_flag(job, "--training-data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards")
+    add_flag(
+        job, "--training-data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards"
+    )
     add_flag(job, "--validation-data", default="", metavar="URL", help="shards to evaluate on")
-    add_flag(job, "--output", required=True, metavar="URL", help="where the model, metrics and checkpoints go")
+    add_flag(
+        job, "--output", required=True, metavar="URL", help="where the model, metrics and checkpoints go"
+    )
     add_flag(job, "--job-name", default="", help="name of the job (default: a random edl-XXXXXXXX)")
     add_flag(job, "--backend", choices=["local"], default="local", help="where pods run")
     add_flag(job, "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -69,13 +73,23 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(training, "--num-minibatches-per-task", type=positive_int, default=8)
     add_flag(training, "--shuffle", action="store_true", help="shuffle task order each epoch")
     add_flag(training, "--seed", type=int, default=0)
-    add_flag(training, "--evaluation-steps", type=non_negative_int, default=0, help="evaluate every N versions")
-    add_flag(training, "--checkpoint-steps", type=non_negative_int, default=0, help="PS checkpoint every N versions")
+    add_flag(
+        training, "--evaluation-steps", type=non_negative_int, default=0, help="evaluate every N versions"
+    )
+    add_flag(
+        training,
+        "--checkpoint-steps",
+        type=non_negative_int,
+        default=0,
+        help="PS checkpoint every N versions",
+    )
 
     cluster = parser.add_argument_group("workers and parameter servers")
     add_flag(cluster, "--num-workers", type=positive_int, default=2)
     add_flag(cluster, "--num-ps", type=positive_int, default=1)
-    add_flag(cluster, "--grads-to-wait", type=positive_int, default=1, help="synchronous SGD: average K pushes")
+    add_flag(
+        cluster, "--grads-to-wait", type=positive_int, default=1, help="synchronous SGD: average K pushes"
+    )
     add_flag(cluster, "--use-async", action="store_true", help="asynchronous SGD: apply each push on arrival")
     add_flag(cluster, "--lr-staleness-modulation", action="store_true", help="async: scale lr by 1/staleness")
     add_flag(cluster, "--sync-version-tolerance", type=non_negative_int, default=0)
@@ -88,7 +102,9 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The validated configuration; :class:`ConfigError` names the flag at fault."""
     if args.use_async and args.grads_to_wait > 1:
-        raise ConfigError("--use-async applies each gradient on arrival; it cannot be combined with --grads-to-wait > 1")
+        raise ConfigError(
+            "--use-async applies each gradient on arrival; it cannot be combined with --grads-to-wait > 1"
+        )
     if args.lr_staleness_modulation and not args.use_async:
         raise ConfigError("--lr-staleness-modulation needs --use-async")
     if args.evaluation_steps and not args.validation_data:

@@ -35,7 +35,9 @@ METRICS_FILE = "metrics.json"
 FLAGS_FILE = "flags.json"
 
 
-def model_from_parameter_servers(spec: ModelSpec, ps: ParameterServerClient, sample_features: Any) -> keras.Model:
+def model_from_parameter_servers(
+    spec: ModelSpec, ps: ParameterServerClient, sample_features: Any
+) -> keras.Model:
     """A Keras model holding the PS's current parameters (dense variables and every embedding row)."""
     model = build_model(spec, sample_features)
     values, _, _ = ps.pull_dense([-1] * ps.num_ps)
@@ -48,7 +50,9 @@ def model_from_parameter_servers(spec: ModelSpec, ps: ParameterServerClient, sam
         table = np.array(layer.embeddings.numpy())
         in_range = (ids >= 0) & (ids < table.shape[0])
         if not in_range.all():
-            log.warning("embedding_ids_out_of_range", table=layer.embeddings.path, count=int((~in_range).sum()))
+            log.warning(
+                "embedding_ids_out_of_range", table=layer.embeddings.path, count=int((~in_range).sum())
+            )
         table[ids[in_range]] = rows[in_range]
         layer.embeddings.assign(table)
     return model

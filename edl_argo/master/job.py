@@ -46,7 +46,9 @@ def dataset_shards(url: str, flag: str) -> dict[str, int]:
     storage = open_storage(url)
     shards = {key: ShardReader(storage, key).num_records for key in list_shards(storage)}
     if not shards:
-        raise ConfigError(f"{flag} {url}: no shards there (expected RecordIO files, e.g. from `edl-argo data`)")
+        raise ConfigError(
+            f"{flag} {url}: no shards there (expected RecordIO files, e.g. from `edl-argo data`)"
+        )
     return shards
 
 
@@ -192,7 +194,12 @@ class TrainingJob:
             metrics = self._metrics(started)
             self._wait_for_workers()
             self._export(metrics)
-            log.info("job_succeeded", job=c.job_name, wall_time=round(time.time() - started, 1), **metrics["final_metrics"])
+            log.info(
+                "job_succeeded",
+                job=c.job_name,
+                wall_time=round(time.time() - started, 1),
+                **metrics["final_metrics"],
+            )
             return metrics
         finally:
             progress.close()
@@ -227,7 +234,12 @@ class TrainingJob:
             "status": "succeeded",
             "final_metrics": self.evaluation.final_metrics,
             "evaluations": [
-                {"model_version": r.model_version, "metrics": r.metrics, "records": r.records, "final": r.final}
+                {
+                    "model_version": r.model_version,
+                    "metrics": r.metrics,
+                    "records": r.records,
+                    "final": r.final,
+                }
                 for r in self.evaluation.history
             ],
             "model_version": self.versions.version,
@@ -246,7 +258,9 @@ class TrainingJob:
     def _sample_features(self) -> Any:
         storage = open_storage(self.config.training_data)
         shard = next(iter(self.training_shards))
-        records = ShardReader(storage, shard).read(0, min(self.config.minibatch_size, self.training_shards[shard]))
+        records = ShardReader(storage, shard).read(
+            0, min(self.config.minibatch_size, self.training_shards[shard])
+        )
         features, _labels = next(iter(make_batches(self.spec, records, Mode.EVALUATION, len(records))))
         return features
 
@@ -269,7 +283,10 @@ def run_train(args: Any) -> int:
         log.error("job_failed", job=config.job_name, error=str(error))
         raise
     final = " ".join(f"{k}={v:.4f}" for k, v in metrics["final_metrics"].items())
-    print(f"job {config.job_name} succeeded: model at {config.output.rstrip('/')}/model {final}", file=sys.stdout)
+    print(
+        f"job {config.job_name} succeeded: model at {config.output.rstrip('/')}/model {final}",
+        file=sys.stdout,
+    )
     return 0
 
 

@@ -165,12 +165,15 @@ class PodManager:
             return
         if event.reason == PodReason.OOM_KILLED and not self.policy.relaunch_oom:
             log.error("worker_oom_killed_not_relaunched", worker=worker_id)
-            self._fail_if_no_workers(f"worker {worker_id} was OOMKilled; raise --worker-resource-limit memory")
+            self._fail_if_no_workers(
+                f"worker {worker_id} was OOMKilled; raise --worker-resource-limit memory"
+            )
             return
         if self.worker_relaunches >= self.policy.max_worker_relaunches:
             self._fail_if_no_workers(
                 f"workers died {self.worker_relaunches + 1} times, more than --max-worker-relaunches "
-                f"{self.policy.max_worker_relaunches}; last: worker {worker_id} {event.reason} {event.message[-200:]}"
+                f"{self.policy.max_worker_relaunches}; last: worker {worker_id} {event.reason} "
+                f"{event.message[-200:]}"
             )
             return
         with self._lock:
@@ -179,9 +182,16 @@ class PodManager:
             return
         new_id = self._start_worker()
         self.relaunches.append(
-            RelaunchRecord(PodRole.WORKER.value, worker_id, new_id, removed_reason or event.reason, event.message[-200:])
+            RelaunchRecord(
+                PodRole.WORKER.value, worker_id, new_id, removed_reason or event.reason, event.message[-200:]
+            )
         )
-        log.info("worker_relaunched", old_worker=worker_id, new_worker=new_id, reason=removed_reason or event.reason)
+        log.info(
+            "worker_relaunched",
+            old_worker=worker_id,
+            new_worker=new_id,
+            reason=removed_reason or event.reason,
+        )
 
     def _fail_if_no_workers(self, message: str) -> None:
         if not self.live_workers and self.failure is None:
@@ -191,7 +201,11 @@ class PodManager:
         if self.dispatcher.finished and event.phase is not PodPhase.FAILED:
             return
         log.warning(
-            "ps_lost", ps=event.pod_id, reason=event.reason, exit_code=event.exit_code, message=event.message[-300:]
+            "ps_lost",
+            ps=event.pod_id,
+            reason=event.reason,
+            exit_code=event.exit_code,
+            message=event.message[-300:],
         )
         if self.ps_relaunches >= self.policy.max_ps_relaunches:
             self.failure = JobFailedError(

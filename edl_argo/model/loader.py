@@ -71,7 +71,8 @@ def _import(model_def: str) -> tuple[ModuleType, str]:
     module_name, _, factory = model_def.rpartition(".")
     if not module_name:
         raise ConfigError(
-            f"--model-def {model_def!r}: use path/to/file.py, path/to/file.py:function or package.module.function"
+            f"--model-def {model_def!r}: use path/to/file.py, path/to/file.py:function "
+            "or package.module.function"
         )
     try:
         return importlib.import_module(module_name), factory

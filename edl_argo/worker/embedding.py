@@ -90,7 +90,9 @@ def embedding_variable_paths(model: keras.Model) -> set[str]:
 def bind_embeddings(model: keras.Model, pull: PullRows, tape: SparseGradientTape) -> None:
     """Make every ``Embedding`` layer of ``model`` look its rows up through ``pull``."""
     for layer in embedding_layers(model):
-        layer.call = types.MethodType(_remote_lookup(layer.embeddings.path, int(layer.output_dim), pull, tape), layer)
+        layer.call = types.MethodType(
+            _remote_lookup(layer.embeddings.path, int(layer.output_dim), pull, tape), layer
+        )
 
 
 def _remote_lookup(

@@ -58,11 +58,9 @@ class ModelReplica:
         self._by_name: dict[str, keras.Variable] = {}
         self._tape = SparseGradientTape()
         self._tables: list[str] = []
+        # Versions of the parameters this replica holds (as pulled), and the newest version a push saw.
         self.versions = [-1] * ps.num_ps
-
-    @property
-    def version(self) -> int:
-        return max(self.versions)
+        self.version = -1
 
     @property
     def model(self) -> keras.Model:
@@ -102,6 +100,7 @@ class ModelReplica:
             if variable is not None:
                 variable.assign(value)
         self.versions = versions
+        self.version = max(self.version, *versions)
 
     def _compute_gradients(self, features: Any, labels: Any) -> tuple[Any, ...]:
         model = self.model
@@ -136,7 +135,8 @@ class ModelReplica:
             sparse = _merge_rows(self._tables, ids, row_grads)
             result = self._ps.push_gradients(dense, sparse, self.versions, self._lr_scale)
             if result.accepted:
-                self.versions = list(result.versions)
+                # The local parameters are still those pulled: the next sync() fetches this update.
+                self.version = max(self.version, result.version)
                 return loss_value
         raise JobFailedError(f"gradients rejected as stale {MAX_STALE_RETRIES} times in a row")
 

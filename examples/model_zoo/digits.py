@@ -1,4 +1,4 @@
-"""A small MLP on scikit-learn's 8×8 handwritten digits (written by ``edl-argo data digits``).
+"""A small CNN on scikit-learn's 8×8 handwritten digits (written by ``edl-argo data digits``).
 
 Follows ElasticDL's model-zoo contract: ``custom_model``, ``feed``, ``loss``, ``optimizer``,
 ``eval_metrics_fn``. Records are ``tf.train.Example`` with ``image`` (64 floats, 0–16) and ``label``.
@@ -11,9 +11,14 @@ from edl_argo.model import Mode
 
 def custom_model() -> tf.keras.Model:
     inputs = tf.keras.Input(shape=(64,), name="image")
-    hidden = tf.keras.layers.Dense(64, activation="relu")(inputs)
-    outputs = tf.keras.layers.Dense(10, name="logits")(hidden)
-    return tf.keras.Model(inputs=inputs, outputs=outputs, name="digits_mlp")
+    x = tf.keras.layers.Reshape((8, 8, 1))(inputs)
+    x = tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = tf.keras.layers.Conv2D(32, 3, activation="relu")(x)
+    x = tf.keras.layers.MaxPooling2D()(x)
+    x = tf.keras.layers.Flatten()(x)
+    x = tf.keras.layers.Dense(64, activation="relu")(x)
+    outputs = tf.keras.layers.Dense(10, name="logits")(x)
+    return tf.keras.Model(inputs=inputs, outputs=outputs, name="digits_cnn")
 
 
 _FEATURES = {"image": tf.io.FixedLenFeature([64], tf.float32)}
@@ -52,5 +57,3 @@ def eval_metrics_fn() -> dict:
             tf.argmax(predictions, 1, output_type=tf.int32), tf.cast(tf.reshape(labels, [-1]), tf.int32)
         )
     }
-
-

@@ -1,0 +1,92 @@
+"""Helpers for tests that run real training jobs (master in the test process, pods as processes)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.job import TrainingJob
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS_MODEL = str(ROOT / "examples" / "model_zoo" / "digits.py")
+CTR_MODEL = str(ROOT / "examples" / "model_zoo" / "ctr.py")
+
+#: Small, quick digits settings that still reach >= 0.95 accuracy.
+DIGITS_JOB = {
+    "num_epochs": 6,
+    "minibatch_size": 32,
+    "num_minibatches_per_task": 4,
+    "num_workers": 2,
+    "num_ps": 1,
+}
+
+
+def digits_config(data: Path, output: Path, **overrides: Any) -> TrainConfig:
+    values = {
+        "model_def": DIGITS_MODEL,
+        "training_data": str(data / "train"),
+        "validation_data": str(data / "test"),
+        "output": str(output),
+        "job_name": f"test-{output.name}",
+        **DIGITS_JOB,
+        **overrides,
+    }
+    return TrainConfig(**values)
+
+
+class JobThread:
+    """Runs a job in a background thread so a test can act on it (kill pods, scale) while it trains."""
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.job = job
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.result = self.job.run()
+        except BaseException as error:  # surfaced by join()
+            self.error = error
+
+    def start(self) -> JobThread:
+        self._thread.start()
+        return self
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if not self._thread.is_alive():
+                raise AssertionError(f"job ended before {what}: {self.error!r}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.1)
+
+    def join(self, timeout: float) -> dict[str, Any]:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError("job did not finish in time")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+    def progress_fraction(self) -> float:
+        done, total = self.job.dispatcher.progress()
+        return done / total if total else 0.0
+
+
+def read_metrics(output: Path) -> dict[str, Any]:
+    return json.loads((output / "model" / "metrics.json").read_text())
+
+
+def assert_no_record_lost(metrics: dict[str, Any]) -> None:
+    per_epoch = metrics["records_done_per_epoch"]
+    assert per_epoch, "no epochs accounted"
+    assert all(done == metrics["records_per_epoch"] for done in per_epoch.values()), per_epoch
