@@ -25,6 +25,7 @@ from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, find_free_port
 from edl_argo.progress import ProgressReporter
@@ -77,6 +78,7 @@ class TrainingJob:
         )
         self.output = open_storage(config.output)
         self.versions = VersionTracker()
+        self.training_loss = TrainingLoss()
         self.evaluation = EvaluationService(
             self.spec.eval_metrics_fn, self.validation_shards, config.evaluation_steps
         )
@@ -157,6 +159,7 @@ class TrainingJob:
             current_version=lambda: self.versions.version,
             on_version=self._on_version,
             scale_workers=lambda n: self.pods.scale_workers(n) if self.pods else n,
+            training_loss=self.training_loss,
         )
         master_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         port = self._server.add_insecure_port(f"{self.host}:{self.config.master_port}")
@@ -246,6 +249,7 @@ class TrainingJob:
             "records_per_epoch": accounting.records_per_epoch,
             "records_done_per_epoch": {str(k): v for k, v in accounting.records_done_per_epoch.items()},
             "records_trained_twice": accounting.records_trained_twice,
+            "training_loss_per_epoch": {str(k): v for k, v in self.training_loss.per_epoch().items()},
             "task_requeues": accounting.requeues,
             "relaunches": {
                 "worker": self.pods.worker_relaunches,

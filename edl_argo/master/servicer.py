@@ -9,6 +9,7 @@ import grpc
 from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.task_dispatcher import Task, TaskDispatcher, TaskType
+from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
 from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
 
@@ -36,7 +37,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         current_version: Callable[[], int],
         on_version: Callable[[int], None] | None = None,
         scale_workers: Callable[[int], int] | None = None,
+        training_loss: TrainingLoss | None = None,
     ) -> None:
+        self._training_loss = training_loss or TrainingLoss()
         self._dispatcher = dispatcher
         self._evaluation = evaluation
         self._data_urls = data_urls
@@ -80,6 +83,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         accepted = self._dispatcher.report(
             request.task_id, request.worker_id, request.success, request.error_message
         )
+        if accepted and request.success and "steps" in request.counters:
+            self._training_loss.add(
+                request.counters.get("epoch", 0), request.mean_loss, request.counters["steps"]
+            )
         if "model_version" in request.counters and self._on_version is not None:
             self._on_version(request.counters["model_version"])
         return master_pb2.ReportTaskResultResponse(accepted=accepted)

@@ -64,7 +64,7 @@ class GetTaskResponse(_message.Message):
     def __init__(self, kind: _Optional[_Union[GetTaskResponse.Kind, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class ReportTaskResultRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters")
+    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters", "mean_loss")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -77,12 +77,14 @@ class ReportTaskResultRequest(_message.Message):
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     success: bool
     error_message: str
     counters: _containers.ScalarMap[str, int]
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    mean_loss: float
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., mean_loss: _Optional[float] = ...) -> None: ...
 
 class ReportTaskResultResponse(_message.Message):
     __slots__ = ("accepted",)

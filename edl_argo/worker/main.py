@@ -97,7 +97,7 @@ class Worker:
             records = self._source.read(task.data_url, task.shard, task.start, task.end)
             batches = make_batches(self._spec, records, _MODES[task.type], self._minibatch_size)
             if task.type == master_pb2.TRAINING:
-                counters = self._train(batches)
+                counters = self._train(batches, task.epoch)
             elif task.type == master_pb2.EVALUATION:
                 counters = self._evaluate(task, batches)
             else:
@@ -110,17 +110,24 @@ class Worker:
             self._master.report_task_result(task.task_id, success=False, error=message)
             return
         counters["millis"] = int((time.monotonic() - started) * 1000)
-        self._master.report_task_result(task.task_id, success=True, counters=counters)
+        mean_loss = counters.pop("mean_loss", 0.0)
+        self._master.report_task_result(task.task_id, success=True, counters=counters, mean_loss=mean_loss)
 
-    def _train(self, batches: Any) -> dict[str, int]:
+    def _train(self, batches: Any, epoch: int) -> dict[str, Any]:
         steps = 0
-        loss = 0.0
+        total_loss = 0.0
         for features, labels in batches:
-            loss = self._replica.train_minibatch(features, labels)
+            total_loss += self._replica.train_minibatch(features, labels)
             steps += 1
             self._maybe_report_version()
-        log.debug("task_trained", steps=steps, loss=loss, version=self._replica.version)
-        return {"steps": steps, "model_version": self._replica.version}
+        mean_loss = total_loss / steps if steps else 0.0
+        log.debug("task_trained", steps=steps, loss=mean_loss, version=self._replica.version)
+        return {
+            "steps": steps,
+            "epoch": epoch,
+            "model_version": self._replica.version,
+            "mean_loss": mean_loss,
+        }
 
     def _maybe_report_version(self) -> None:
         if self._evaluation_steps <= 0:

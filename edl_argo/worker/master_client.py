@@ -28,7 +28,12 @@ class MasterClient:
         return self._call("GetTask", master_pb2.GetTaskRequest(worker_id=self.worker_id))
 
     def report_task_result(
-        self, task_id: int, success: bool, error: str = "", counters: Mapping[str, int] | None = None
+        self,
+        task_id: int,
+        success: bool,
+        error: str = "",
+        counters: Mapping[str, int] | None = None,
+        mean_loss: float = 0.0,
     ) -> bool:
         request = master_pb2.ReportTaskResultRequest(
             worker_id=self.worker_id,
@@ -36,6 +41,7 @@ class MasterClient:
             success=success,
             error_message=error,
             counters=dict(counters or {}),
+            mean_loss=mean_loss,
         )
         return bool(self._call("ReportTaskResult", request).accepted)
 

@@ -51,6 +51,9 @@ def optimizer(lr: float = 0.01) -> tf.keras.optimizers.Optimizer:
 def eval_metrics_fn() -> dict:
     return {
         "auc": tf.keras.metrics.AUC(),
+        "log_loss": lambda labels, predictions: tf.keras.losses.binary_crossentropy(
+            tf.reshape(labels, [-1, 1]), predictions
+        ),
         "accuracy": lambda labels, predictions: tf.equal(
             tf.cast(predictions > 0.5, tf.float32), tf.reshape(labels, tf.shape(predictions))
         ),

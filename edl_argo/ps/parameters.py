@@ -1,0 +1,316 @@
+"""The partition of the model one parameter server holds, and the gradients it accepts.
+
+:class:`Parameters` owns this server's dense variables (one ``tf.Variable`` per name), its embedding tables,
+the optimizers that update them and the model version. It validates everything that arrives from a worker
+and raises :class:`InvalidRequestError` (the request does not fit this server's parameters) or
+:class:`NotInitializedError` (no worker has pushed the model yet) with a one-line reason naming the
+variable or table at fault; nothing changes when it raises.
+
+It is not thread-safe: :class:`~edl_argo.ps.servicer.ParameterServerServicer` serialises every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from edl_argo.errors import ConfigError
+from edl_argo.proto import ps_pb2
+from edl_argo.ps.embedding_table import FLOAT_DTYPES, EmbeddingTable, TableArrays
+from edl_argo.ps.optimizer import (
+    DenseOptimizer,
+    LearningRateScaleError,
+    OptimizerFactory,
+    SparseOptimizer,
+    has_float_learning_rate,
+    new_optimizer,
+)
+from edl_argo.ps.partition import dense_owner, embedding_owner
+from edl_argo.rpc.tensors import from_indexed_slices, from_tensor
+
+
+class InvalidRequestError(ValueError):
+    """A request that does not fit this server's parameters (unknown name, wrong shape or dtype, ...)."""
+
+
+class NotInitializedError(RuntimeError):
+    """A request that needs the model before any worker pushed it."""
+
+
+@dataclass
+class Gradients:
+    """Validated gradients of one push: dense by variable name, sparse as ``(ids, values)`` by table."""
+
+    dense: dict[str, np.ndarray] = field(default_factory=dict)
+    embeddings: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+@dataclass
+class TableState:
+    """One embedding table in a :class:`ParametersState`."""
+
+    dim: int
+    initializer: str
+    dtype: str
+    arrays: TableArrays
+    #: :meth:`SparseOptimizer.get_state` (iterations and other scalars; slot rows are in ``arrays``).
+    optimizer: list[np.ndarray]
+    #: :meth:`EmbeddingTable.seed_state`.
+    seed_state: np.ndarray | None
+
+
+@dataclass
+class ParametersState:
+    """Everything a parameter server must save to resume exactly where it was (see :mod:`.checkpoint`)."""
+
+    version: int
+    dense: dict[str, np.ndarray]
+    #: :meth:`DenseOptimizer.get_state`; empty when the server holds no dense variable.
+    dense_optimizer: list[np.ndarray]
+    tables: dict[str, TableState]
+
+
+class Parameters:
+    """This server's parameters, their optimizers and the model version.
+
+    Contract:
+
+    * Uninitialised until :meth:`init_from_model` or :meth:`restore`; only the first of them counts.
+    * :attr:`version` increases by exactly one per :meth:`apply_gradients`.
+    * Embedding rows are created on first pull (or first gradient) with the table's initializer.
+    """
+
+    def __init__(
+        self, optimizer_factory: OptimizerFactory, ps_id: int = 0, num_ps: int = 1, jit_compile: bool = True
+    ) -> None:
+        if not 0 <= ps_id < num_ps:
+            raise ValueError(f"ps_id {ps_id} is not in [0, num_ps={num_ps})")
+        self.ps_id = ps_id
+        self.num_ps = num_ps
+        self._factory = optimizer_factory
+        self._jit_compile = jit_compile
+        self._reset()
+        #: Whether the optimizer's learning rate is a float that ``apply_gradients(lr_scale=...)`` can scale.
+        self.lr_scalable = has_float_learning_rate(new_optimizer(optimizer_factory))
+
+    # -- initialisation -------------------------------------------------------------------------------
+
+    def init_from_model(self, model: ps_pb2.Model) -> bool:
+        """Create the parameters from a worker's model; False (and no change) if already initialised.
+
+        Dense tensors must be float, named, distinct and owned by this server (:func:`dense_owner`).
+        Tables must have a name, a positive dim, a float dtype and an initializer Keras knows. The model
+        must not carry embedding rows (tables start empty). The model's version becomes this server's.
+        """
+        if self.initialized:
+            return False
+        if model.embedding_tables:
+            raise InvalidRequestError(
+                f"PushModel carries rows of embedding tables {sorted(model.embedding_tables)}; "
+                "tables start empty and rows are created on first pull"
+            )
+        dense: dict[str, np.ndarray] = {}
+        for tensor in model.dense_parameters:
+            value = from_tensor(tensor)
+            self._check_dense_name(tensor.name, dense)
+            if value.dtype.name not in FLOAT_DTYPES:
+                raise InvalidRequestError(f"dense variable {tensor.name!r}: dtype {value.dtype} is not float")
+            dense[tensor.name] = value
+        tables: dict[str, EmbeddingTable] = {}
+        for info in model.embedding_table_infos:
+            if not info.name or info.name in tables:
+                raise InvalidRequestError(f"embedding table name {info.name!r} is empty or repeated")
+            try:
+                tables[info.name] = EmbeddingTable(
+                    info.name, info.dim, info.initializer or "uniform", info.dtype or "float32"
+                )
+            except ValueError as error:
+                raise InvalidRequestError(str(error)) from None
+        self._create(dense, tables)
+        self.version = max(0, model.version)
+        return True
+
+    def restore(self, state: ParametersState) -> None:
+        """Become exactly the server that produced ``state`` (before it serves any request)."""
+        if self.initialized:
+            raise RuntimeError("restore() on parameters that are initialised already")
+        for name in state.dense:
+            if dense_owner(name, self.num_ps) != self.ps_id:
+                raise ConfigError(
+                    f"the checkpoint of PS {self.ps_id} holds dense variable {name!r}, which belongs to "
+                    f"PS {dense_owner(name, self.num_ps)} of {self.num_ps}: it was written with another "
+                    "--num-ps"
+                )
+        try:
+            tables = {
+                name: EmbeddingTable(name, t.dim, t.initializer, t.dtype) for name, t in state.tables.items()
+            }
+            self._create(state.dense, tables)
+            if self._dense_optimizer is not None:
+                self._dense_optimizer.set_state(state.dense_optimizer)
+            for name, table_state in state.tables.items():
+                self.tables[name].load_arrays(table_state.arrays)
+                self.tables[name].set_seed_state(table_state.seed_state)
+                self._table_optimizers[name].set_state(table_state.optimizer)
+        except ValueError as error:
+            self._reset()
+            raise ConfigError(
+                f"the checkpoint of PS {self.ps_id} does not fit the model's optimizer: {error}"
+            ) from None
+        self.version = state.version
+
+    def snapshot(self) -> ParametersState:
+        """A copy of the whole state (values, optimizer variables, version), safe to use after unlocking."""
+        self._require_initialized()
+        return ParametersState(
+            version=self.version,
+            dense={name: np.array(v.numpy()) for name, v in self.dense.items()},
+            dense_optimizer=[] if self._dense_optimizer is None else self._dense_optimizer.get_state(),
+            tables={
+                name: TableState(
+                    dim=table.dim,
+                    initializer=table.initializer,
+                    dtype=table.dtype.name,
+                    arrays=table.to_arrays(),
+                    optimizer=self._table_optimizers[name].get_state(),
+                    seed_state=table.seed_state(),
+                )
+                for name, table in self.tables.items()
+            },
+        )
+
+    # -- pulls ----------------------------------------------------------------------------------------
+
+    def pull_dense(self, since_version: int) -> list[tuple[str, np.ndarray]] | None:
+        """Copies of every dense variable, or None when ``since_version`` is the current version.
+
+        A caller whose version differs from this server's (older, -1 for none, or newer after this server
+        restarted from a checkpoint) gets every variable.
+        """
+        self._require_initialized()
+        if since_version == self.version:
+            return None
+        return [(name, np.array(v.numpy())) for name, v in self.dense.items()]
+
+    def pull_embeddings(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """The rows of ``ids`` (int64, 1-D, owned by this server) of table ``name``, created if new."""
+        table = self._table(name)
+        self._check_ids(name, ids)
+        return table.get(ids)
+
+    def export_table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every ``(ids, rows)`` this server holds of table ``name``."""
+        table = self._table(name)
+        return table.ids(), table.get(table.ids())
+
+    # -- pushes ---------------------------------------------------------------------------------------
+
+    def decode_gradients(self, model: ps_pb2.Model) -> Gradients:
+        """Decode and check a push: every name known, every shape and dtype its variable's or table's.
+
+        The arrays may be read-only views of the message's bytes. Raises :class:`InvalidRequestError`,
+        :class:`~edl_argo.rpc.tensors.TensorDecodeError` or :class:`NotInitializedError`.
+        """
+        self._require_initialized()
+        gradients = Gradients()
+        for tensor in model.dense_parameters:
+            variable = self.dense.get(tensor.name)
+            if variable is None:
+                raise InvalidRequestError(f"gradient for unknown dense variable {tensor.name!r}")
+            if tensor.name in gradients.dense:
+                raise InvalidRequestError(f"two gradients for dense variable {tensor.name!r}")
+            value = from_tensor(tensor)
+            expected = (variable.dtype.name, tuple(variable.shape))
+            if (value.dtype.name, value.shape) != expected:
+                raise InvalidRequestError(
+                    f"gradient for dense variable {tensor.name!r} is {value.dtype.name}{list(value.shape)}, "
+                    f"the variable {expected[0]}{list(expected[1])}"
+                )
+            gradients.dense[tensor.name] = value
+        for name, slices in model.embedding_tables.items():
+            table = self._table(name)
+            values, ids = from_indexed_slices(slices)
+            if values.dtype != table.dtype or values.shape[1:] != (table.dim,):
+                raise InvalidRequestError(
+                    f"gradient for embedding table {name!r} is {values.dtype.name}{list(values.shape)}, "
+                    f"rows of the table are {table.dtype.name}[{table.dim}]"
+                )
+            self._check_ids(name, ids)
+            gradients.embeddings[name] = (ids, values)
+        return gradients
+
+    def apply_gradients(self, gradients: Gradients, lr_scale: float = 1.0) -> None:
+        """Apply checked gradients as one optimizer step and advance the version by one.
+
+        ``lr_scale`` multiplies the learning rate for this step only; other than 1 it needs a float
+        learning rate (:class:`LearningRateScaleError`, raised before anything changes).
+        """
+        self._require_initialized()
+        if lr_scale != 1.0 and not self.lr_scalable:
+            raise LearningRateScaleError(
+                f"learning-rate scale {lr_scale:g} asked, but the model's optimizer uses a schedule"
+            )
+        if self._dense_optimizer is not None:
+            self._dense_optimizer.apply(gradients.dense, lr_scale)
+        for name, (ids, values) in gradients.embeddings.items():
+            self._table_optimizers[name].apply(ids, values, lr_scale)
+        self.version += 1
+
+    # -- helpers --------------------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self.version = 0
+        self.initialized = False
+        self.dense: dict[str, tf.Variable] = {}
+        self.tables: dict[str, EmbeddingTable] = {}
+        self._dense_optimizer: DenseOptimizer | None = None
+        self._table_optimizers: dict[str, SparseOptimizer] = {}
+
+    def _create(self, dense: dict[str, np.ndarray], tables: dict[str, EmbeddingTable]) -> None:
+        variables = {name: tf.Variable(value, name=_variable_name(name)) for name, value in dense.items()}
+        dense_optimizer = DenseOptimizer(self._factory, variables, self._jit_compile) if variables else None
+        optimizers = {name: SparseOptimizer(self._factory, table) for name, table in tables.items()}
+        self.dense, self.tables = variables, tables
+        self._dense_optimizer, self._table_optimizers = dense_optimizer, optimizers
+        self.initialized = True
+
+    def _check_dense_name(self, name: str, seen: Iterable[str]) -> None:
+        if not name or name in seen:
+            raise InvalidRequestError(f"dense variable name {name!r} is empty or repeated")
+        owner = dense_owner(name, self.num_ps)
+        if owner != self.ps_id:
+            raise InvalidRequestError(
+                f"dense variable {name!r} belongs to PS {owner} of {self.num_ps}, not to PS {self.ps_id}"
+            )
+
+    def _check_ids(self, name: str, ids: np.ndarray) -> None:
+        if ids.ndim != 1 or ids.dtype != np.int64:
+            raise InvalidRequestError(
+                f"ids for embedding table {name!r} must be 1-D int64, got {ids.dtype.name}{list(ids.shape)}"
+            )
+        owners = embedding_owner(ids, self.num_ps)
+        foreign = np.flatnonzero(owners != self.ps_id)
+        if len(foreign):
+            raise InvalidRequestError(
+                f"embedding table {name!r}: id {int(ids[foreign[0]])} belongs to PS "
+                f"{int(owners[foreign[0]])} of {self.num_ps}, not to PS {self.ps_id}"
+            )
+
+    def _table(self, name: str) -> EmbeddingTable:
+        self._require_initialized()
+        table = self.tables.get(name)
+        if table is None:
+            raise InvalidRequestError(f"unknown embedding table {name!r}")
+        return table
+
+    def _require_initialized(self) -> None:
+        if not self.initialized:
+            raise NotInitializedError("the model is not initialised yet: no worker has pushed it (PushModel)")
+
+
+def _variable_name(name: str) -> str:
+    """A TensorFlow-safe variable name (for debugging only; the dictionary key is the real name)."""
+    return "".join(c if c.isalnum() or c in "_." else "_" for c in name) or "v"

@@ -1,0 +1,205 @@
+"""Run a parameter server: ``edl-argo ps``.
+
+The server restores the newest checkpoint of its ``--ps-id`` from ``--checkpoint-dir`` when there is one
+(logging ``ps_restored``), serves ``edl_argo.ParameterServer`` on ``--host:--port`` and runs until SIGTERM
+or SIGINT. It then stops accepting requests, lets running ones finish, saves a last checkpoint when
+checkpoints are on and the state changed since the last one, and exits 0.
+
+``--checkpoint-dir`` without ``--checkpoint-steps`` only restores; ``--checkpoint-steps`` needs a
+``--checkpoint-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from dataclasses import dataclass, field
+
+import grpc
+
+from edl_argo import log
+from edl_argo.errors import ConfigError
+from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
+from edl_argo.proto import ps_pb2_grpc
+from edl_argo.ps.checkpoint import Checkpointer, restore_latest
+from edl_argo.ps.optimizer import OptimizerFactory
+from edl_argo.ps.servicer import ParameterServerServicer
+from edl_argo.rpc.channel import make_server
+from edl_argo.storage.base import Storage
+
+_log = log.get_logger(__name__)
+
+#: Threads serving requests.
+SERVER_THREADS = 8
+#: Seconds running requests get to finish after SIGTERM, and the last checkpoint to be written.
+STOP_GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    """The settings of one parameter server (the flags of ``edl-argo ps``)."""
+
+    model_def: str | None = None
+    ps_id: int = 0
+    num_ps: int = 1
+    host: str = field(default_factory=pod_host)
+    port: int = 2222
+    grads_to_wait: int = 1
+    use_async: bool = False
+    lr_staleness_modulation: bool = False
+    sync_version_tolerance: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_steps: int = 0
+
+
+def create_servicer(
+    config: PSConfig, optimizer_factory: OptimizerFactory | None = None, storage: Storage | None = None
+) -> ParameterServerServicer:
+    """The servicer of ``config``, restored from the newest checkpoint if there is one.
+
+    ``optimizer_factory`` defaults to ``optimizer()`` of ``config.model_def``; ``storage`` to
+    ``open_storage(config.checkpoint_dir)`` (None when there is no checkpoint dir).
+    Raises :class:`ConfigError` for inconsistent settings.
+    """
+    if config.checkpoint_steps < 0:
+        raise ConfigError(f"--checkpoint-steps must be at least 0, got {config.checkpoint_steps}")
+    if optimizer_factory is None:
+        if not config.model_def:
+            raise ConfigError("--model-def is required: the parameter server builds the model's optimizer()")
+        from edl_argo.model.loader import load_model_spec
+
+        optimizer_factory = load_model_spec(config.model_def).optimizer
+    if storage is None and config.checkpoint_dir:
+        from edl_argo.storage import open_storage
+
+        storage = open_storage(config.checkpoint_dir)
+    if storage is None and config.checkpoint_steps > 0:
+        raise ConfigError("--checkpoint-steps needs --checkpoint-dir: where should checkpoints go?")
+    state = None
+    checkpointer = None
+    if storage is not None:
+        state = restore_latest(storage, config.ps_id)
+        if state is not None:
+            _log.info(
+                "ps_restored", version=state.version, checkpoint=storage.describe(f"ps-{config.ps_id}/")
+            )
+        checkpointer = Checkpointer(storage, config.ps_id, config.checkpoint_steps)
+    return ParameterServerServicer(
+        optimizer_factory,
+        ps_id=config.ps_id,
+        num_ps=config.num_ps,
+        use_async=config.use_async,
+        grads_to_wait=config.grads_to_wait,
+        lr_staleness_modulation=config.lr_staleness_modulation,
+        sync_version_tolerance=config.sync_version_tolerance,
+        checkpointer=checkpointer,
+        initial_state=state,
+    )
+
+
+def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tuple[grpc.Server, int]:
+    """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port."""
+    server = make_server(SERVER_THREADS)
+    ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise ConfigError(f"cannot listen on {address}: the address is in use or not local")
+    server.start()
+    _log.info("ps_started", address=address.rsplit(":", 1)[0] + f":{bound}", version=servicer.version)
+    return server, bound
+
+
+def serve(
+    config: PSConfig, optimizer_factory: OptimizerFactory | None = None, storage: Storage | None = None
+) -> grpc.Server:
+    """Start the parameter server of ``config`` (see :func:`create_servicer`); returns the started server."""
+    server, _ = start_server(create_servicer(config, optimizer_factory, storage), config.host, config.port)
+    return server
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``edl-argo ps``."""
+    parser = subparsers.add_parser(
+        "ps",
+        help="run a parameter server",
+        description="Serve one partition of the model's parameters to the workers until SIGTERM.",
+    )
+    add_flag(parser, "--model-def", required=True, help="model definition (file.py[:factory] or module.fn)")
+    add_flag(parser, "--ps-id", type=non_negative_int, default=0, help="this server's id (default 0)")
+    add_flag(parser, "--num-ps", type=positive_int, default=1, help="parameter servers (default 1)")
+    add_flag(parser, "--host", default=None, help="address to listen on (default: $POD_IP, else 127.0.0.1)")
+    add_flag(parser, "--port", type=non_negative_int, default=2222, help="port (default 2222)")
+    add_flag(
+        parser,
+        "--grads-to-wait",
+        type=positive_int,
+        default=1,
+        help="synchronous SGD: pushes averaged into one update (default 1)",
+    )
+    add_flag(parser, "--use-async", action="store_true", help="apply every push on arrival")
+    add_flag(
+        parser,
+        "--lr-staleness-modulation",
+        action="store_true",
+        help="with --use-async: scale the learning rate by 1/staleness",
+    )
+    add_flag(
+        parser,
+        "--sync-version-tolerance",
+        type=non_negative_int,
+        default=0,
+        help="synchronous SGD: accept pushes up to this many versions old (default 0)",
+    )
+    add_flag(parser, "--checkpoint-dir", metavar="URL", help="folder or s3://bucket/prefix of checkpoints")
+    add_flag(
+        parser,
+        "--checkpoint-steps",
+        type=non_negative_int,
+        default=0,
+        help="save a checkpoint every N versions (default 0: never)",
+    )
+    add_flag(parser, "--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.set_defaults(run=run_ps)
+
+
+def run_ps(args: argparse.Namespace) -> int:
+    """Run ``edl-argo ps`` until SIGTERM or SIGINT; returns the exit code."""
+    log.configure(args.log_level, component=f"ps-{args.ps_id}")
+    config = PSConfig(
+        model_def=args.model_def,
+        ps_id=args.ps_id,
+        num_ps=args.num_ps,
+        host=args.host or pod_host(),
+        port=args.port,
+        grads_to_wait=args.grads_to_wait,
+        use_async=args.use_async,
+        lr_staleness_modulation=args.lr_staleness_modulation,
+        sync_version_tolerance=args.sync_version_tolerance,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_steps=args.checkpoint_steps,
+    )
+    servicer = create_servicer(config)
+    server, _ = start_server(servicer, config.host, config.port)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: object) -> None:
+        _log.info("ps_stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.stop(STOP_GRACE_SECONDS).wait()
+        if not servicer.save_checkpoint(timeout=STOP_GRACE_SECONDS):
+            _log.warning("ps_last_checkpoint_unfinished", version=servicer.version)
+    _log.info("ps_stopped", version=servicer.version)
+    return 0

@@ -1,0 +1,280 @@
+"""The gRPC service of one parameter server (``edl_argo.ParameterServer`` in ``ps.proto``).
+
+Two ways to apply the gradients workers push:
+
+* **Asynchronous** (``use_async=True``): each push is applied on arrival as one optimizer step and the
+  version advances by one. With ``lr_staleness_modulation`` the learning rate of that step is multiplied by
+  ``1 / max(1, version - push.version)``, so gradients computed against an old model move it less.
+* **Synchronous** (default): pushes are accumulated until ``grads_to_wait`` have been accepted; their mean
+  (dense gradients summed, sparse rows concatenated, both divided by ``grads_to_wait``; a variable missing
+  from a push counts as a zero gradient) is applied as one step and the version advances by one. Accepted
+  pushes still waiting for their step are not part of checkpoints. A push computed against a version
+  older than ``version - sync_version_tolerance`` is refused (``accepted=false``, nothing changes): the
+  worker pulls and recomputes.
+
+A push's ``learning_rate_scale`` (1 when unset) multiplies the learning rate of the step that applies it;
+in synchronous mode the step uses the mean scale of the pushes it averages.
+
+Every request is validated before anything changes. A malformed or mismatched request (unknown variable or
+table, wrong dtype or shape, undecodable tensor, id of another server) ends with ``INVALID_ARGUMENT``;
+a request the server cannot serve yet (a push or pull before the first PushModel, a learning-rate scale
+with a learning-rate schedule) with ``FAILED_PRECONDITION``; both with a one-line reason naming the
+variable or table. The server keeps serving either way.
+
+Thread safety: one lock serialises every state change and every read of the parameters; decoding and
+encoding of large messages happen outside it where possible, and the response carrying all dense parameters is
+built once per version and shared by every worker that pulls that version.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+import numpy as np
+
+from edl_argo.errors import ConfigError, EdlError
+from edl_argo.log import get_logger
+from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
+from edl_argo.ps.checkpoint import Checkpointer
+from edl_argo.ps.optimizer import LearningRateScaleError, OptimizerFactory, check_optimizer_factory
+from edl_argo.ps.parameters import (
+    Gradients,
+    InvalidRequestError,
+    NotInitializedError,
+    Parameters,
+    ParametersState,
+)
+from edl_argo.rpc.tensors import TensorDecodeError, from_tensor, to_indexed_slices, to_tensor
+
+log = get_logger(__name__)
+
+_Response = TypeVar("_Response")
+
+
+def _abort(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCode, reason: str) -> NoReturn:
+    log.warning("request_rejected", rpc=rpc, code=code.name, reason=reason)
+    context.abort(code, reason)
+    raise AssertionError("unreachable: context.abort raises")
+
+
+def _rpc(
+    method: Callable[[Any, Any, grpc.ServicerContext], _Response],
+) -> Callable[[Any, Any, grpc.ServicerContext], _Response]:
+    """Turn the exceptions of a request into its gRPC status (see the module's docstring)."""
+
+    @functools.wraps(method)
+    def handle(self: Any, request: Any, context: grpc.ServicerContext) -> _Response:
+        name = method.__name__
+        try:
+            return method(self, request, context)
+        except (InvalidRequestError, TensorDecodeError) as error:
+            _abort(context, name, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except (NotInitializedError, LearningRateScaleError, EdlError) as error:
+            _abort(context, name, grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except Exception as error:
+            log.error("request_failed", exc_info=True, rpc=name)
+            _abort(
+                context, name, grpc.StatusCode.INTERNAL, f"parameter server failed: {type(error).__name__}"
+            )
+
+    return handle
+
+
+class _Accumulator:
+    """The pushes of one synchronous step, summed until there are enough of them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._dense: dict[str, np.ndarray] = {}
+        self._sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._scale_sum = 0.0
+
+    def add(self, gradients: Gradients, lr_scale: float) -> None:
+        for name, value in gradients.dense.items():
+            total = self._dense.get(name)
+            if total is None:
+                self._dense[name] = np.array(value)
+            else:
+                total += value
+        for name, rows in gradients.embeddings.items():
+            self._sparse.setdefault(name, []).append(rows)
+        self._scale_sum += lr_scale
+        self.count += 1
+
+    def mean(self, divisor: int) -> tuple[Gradients, float]:
+        """The summed gradients divided by ``divisor``, and the mean learning-rate scale."""
+        dense = {name: total / divisor for name, total in self._dense.items()}
+        embeddings = {
+            name: (np.concatenate([ids for ids, _ in rows]), np.concatenate([v for _, v in rows]) / divisor)
+            for name, rows in self._sparse.items()
+        }
+        return Gradients(dense, embeddings), self._scale_sum / self.count
+
+
+class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
+    """Serve this parameter server's partition of the model (see the module's docstring)."""
+
+    def __init__(
+        self,
+        optimizer_factory: OptimizerFactory,
+        *,
+        ps_id: int = 0,
+        num_ps: int = 1,
+        use_async: bool = False,
+        grads_to_wait: int = 1,
+        lr_staleness_modulation: bool = False,
+        sync_version_tolerance: int = 0,
+        checkpointer: Checkpointer | None = None,
+        initial_state: ParametersState | None = None,
+        jit_compile: bool = True,
+    ) -> None:
+        """Raises :class:`ConfigError` for inconsistent settings or an optimizer the server cannot use.
+
+        ``initial_state`` (from :func:`~edl_argo.ps.checkpoint.restore_latest`) makes the server start
+        initialised at that state; ``checkpointer`` saves the state every ``checkpointer.every`` versions.
+        ``jit_compile`` compiles dense updates with XLA.
+        """
+        if not 0 <= ps_id < num_ps:
+            raise ConfigError(f"--ps-id {ps_id} must be in [0, --num-ps {num_ps})")
+        if grads_to_wait < 1:
+            raise ConfigError(f"--grads-to-wait must be at least 1, got {grads_to_wait}")
+        if sync_version_tolerance < 0:
+            raise ConfigError(f"--sync-version-tolerance must be at least 0, got {sync_version_tolerance}")
+        if use_async and grads_to_wait > 1:
+            raise ConfigError(
+                "--use-async applies each push on arrival; it cannot wait for --grads-to-wait > 1"
+            )
+        if lr_staleness_modulation and not use_async:
+            raise ConfigError(
+                "--lr-staleness-modulation needs --use-async (synchronous SGD has no staleness)"
+            )
+        check_optimizer_factory(optimizer_factory, scale_learning_rate=lr_staleness_modulation)
+        self.use_async = use_async
+        self.grads_to_wait = grads_to_wait
+        self.lr_staleness_modulation = lr_staleness_modulation
+        self.sync_version_tolerance = sync_version_tolerance
+        self.parameters = Parameters(optimizer_factory, ps_id, num_ps, jit_compile=jit_compile)
+        self._checkpointer = checkpointer
+        self._lock = threading.Lock()
+        self._accumulator = _Accumulator()
+        self._dense_cache: ps_pb2.PullDenseParametersResponse | None = None
+        if initial_state is not None:
+            self.parameters.restore(initial_state)
+            if checkpointer is not None:
+                checkpointer.mark(initial_state.version)
+
+    @property
+    def version(self) -> int:
+        """The current model version of this server."""
+        return self.parameters.version
+
+    @_rpc
+    def PushModel(self, request: ps_pb2.Model, context: grpc.ServicerContext) -> ps_pb2.PushModelResponse:
+        with self._lock:
+            accepted = self.parameters.init_from_model(request)
+            version = self.parameters.version
+            if accepted and self._checkpointer is not None:
+                self._checkpointer.mark(version)
+        if accepted:
+            log.info(
+                "ps_initialized",
+                version=version,
+                dense=len(self.parameters.dense),
+                tables=len(self.parameters.tables),
+            )
+        return ps_pb2.PushModelResponse(accepted=accepted, version=version)
+
+    @_rpc
+    def PullDenseParameters(
+        self, request: ps_pb2.PullDenseParametersRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PullDenseParametersResponse:
+        with self._lock:
+            params = self.parameters
+            if not params.initialized:
+                return ps_pb2.PullDenseParametersResponse(initialized=False, version=params.version)
+            version = params.version
+            if request.version == version:
+                return ps_pb2.PullDenseParametersResponse(initialized=True, version=version)
+            if self._dense_cache is None or self._dense_cache.version != version:
+                values = params.pull_dense(since_version=-1) or []
+                self._dense_cache = ps_pb2.PullDenseParametersResponse(
+                    initialized=True,
+                    version=version,
+                    dense_parameters=[to_tensor(value, name) for name, value in values],
+                )
+            # Shared by every caller of this version: gRPC only reads (serialises) it.
+            return self._dense_cache
+
+    @_rpc
+    def PullEmbeddingVectors(
+        self, request: ps_pb2.PullEmbeddingVectorsRequest, context: grpc.ServicerContext
+    ) -> tensor_pb2.Tensor:
+        ids = from_tensor(request.ids)
+        with self._lock:
+            rows = self.parameters.pull_embeddings(request.name, ids)
+        return to_tensor(rows, request.name)
+
+    @_rpc
+    def PullEmbeddingTable(
+        self, request: ps_pb2.PullEmbeddingTableRequest, context: grpc.ServicerContext
+    ) -> tensor_pb2.IndexedSlices:
+        with self._lock:
+            ids, rows = self.parameters.export_table(request.name)
+        return to_indexed_slices(rows, ids, request.name)
+
+    @_rpc
+    def PushGradients(
+        self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PushGradientsResponse:
+        lr_scale = float(request.learning_rate_scale) or 1.0
+        if not math.isfinite(lr_scale) or lr_scale < 0:
+            raise InvalidRequestError(f"learning_rate_scale must be a finite number >= 0, got {lr_scale}")
+        with self._lock:
+            params = self.parameters
+            gradients = params.decode_gradients(request.gradients)
+            if lr_scale != 1.0 and not params.lr_scalable:
+                raise LearningRateScaleError(
+                    f"learning_rate_scale {lr_scale:g} asked, but the model's optimizer uses a "
+                    "learning-rate schedule"
+                )
+            if self.use_async:
+                if self.lr_staleness_modulation:
+                    lr_scale /= max(1, params.version - request.version)
+                params.apply_gradients(gradients, lr_scale)
+            elif request.version < params.version - self.sync_version_tolerance:
+                log.debug("gradients_stale", version=request.version, current=params.version)
+                return ps_pb2.PushGradientsResponse(accepted=False, version=params.version)
+            else:
+                self._accumulator.add(gradients, lr_scale)
+                if self._accumulator.count >= self.grads_to_wait:
+                    mean, mean_scale = self._accumulator.mean(self.grads_to_wait)
+                    self._accumulator = _Accumulator()
+                    params.apply_gradients(mean, mean_scale)
+            self._maybe_checkpoint()
+            return ps_pb2.PushGradientsResponse(accepted=True, version=params.version)
+
+    def save_checkpoint(self, timeout: float | None = None) -> bool:
+        """Save the current state now unless it is saved already, and wait up to ``timeout`` seconds.
+
+        For a graceful stop. Returns whether every save finished (true when checkpoints are off).
+        """
+        checkpointer = self._checkpointer
+        if checkpointer is None or checkpointer.every == 0:
+            return True
+        checkpointer.wait(timeout)
+        with self._lock:
+            params = self.parameters
+            if params.initialized and params.version != checkpointer.marked_version and not checkpointer.busy:
+                checkpointer.submit(params.snapshot())
+        return checkpointer.wait(timeout)
+
+    def _maybe_checkpoint(self) -> None:
+        """Called under the lock after the version may have advanced."""
+        checkpointer = self._checkpointer
+        if checkpointer is not None and checkpointer.due(self.parameters.version):
+            checkpointer.submit(self.parameters.snapshot())

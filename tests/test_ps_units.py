@@ -1,0 +1,232 @@
+"""Tests for the parameter server's building blocks: placement, embedding tables, optimizers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from edl_argo.errors import ConfigError
+from edl_argo.ps.embedding_table import EmbeddingTable
+from edl_argo.ps.optimizer import (
+    DenseOptimizer,
+    LearningRateScaleError,
+    SparseOptimizer,
+    check_optimizer_factory,
+)
+from edl_argo.ps.partition import dense_owner, embedding_owner, partition_ids
+
+OPTIMIZERS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
+    "sgd": lambda: keras.optimizers.SGD(0.1),
+    "momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+}
+
+
+# -- partition ---------------------------------------------------------------------------------------
+
+
+def test_dense_owner_is_a_fixed_crc32_placement() -> None:
+    # Hard-coded: these must never change, or existing checkpoints and running jobs disagree on placement.
+    assert [dense_owner("dense/kernel", n) for n in (1, 2, 3, 7)] == [0, 1, 0, 6]
+    assert [dense_owner("conv2d/kernel", n) for n in (1, 2, 3, 7)] == [0, 0, 2, 5]
+    assert dense_owner("é", 5) == 1
+    with pytest.raises(ValueError, match="num_ps"):
+        dense_owner("x", 0)
+
+
+def test_embedding_owner_takes_the_floor_modulo_of_int64_ids() -> None:
+    ids = np.array([0, 1, 5, -1, -4, 2**62 + 1], dtype=np.int64)
+    assert embedding_owner(ids, 3).tolist() == [0, 1, 2, 2, 2, (2**62 + 1) % 3]
+    assert embedding_owner(ids, 3).dtype == np.int64
+
+
+def test_partition_ids_splits_by_owner_and_keeps_positions() -> None:
+    ids = np.array([7, 4, -2, 9, 4, 12], dtype=np.int64)
+    parts = partition_ids(ids, 4)
+    assert len(parts) == 4
+    for ps, (positions, owned) in enumerate(parts):
+        assert (embedding_owner(owned, 4) == ps).all()
+        assert owned.tolist() == ids[positions].tolist()
+    assert parts[0][1].tolist() == [4, 4, 12]
+    assert parts[1][1].tolist() == [9]
+    assert parts[2][1].tolist() == [-2]
+    assert sorted(np.concatenate([p for p, _ in parts]).tolist()) == list(range(len(ids)))
+    assert [len(p) for p, _ in partition_ids(np.array([], dtype=np.int64), 2)] == [0, 0]
+
+
+# -- embedding table ---------------------------------------------------------------------------------
+
+
+def test_rows_are_created_once_and_stay_consistent() -> None:
+    table = EmbeddingTable("t", 3, "uniform")
+    first = table.get(np.array([5, 1, 5], dtype=np.int64))
+    assert first.shape == (3, 3) and first.dtype == np.float32
+    assert np.array_equal(first[0], first[2])
+    again = table.get(np.array([1, 9, 5], dtype=np.int64))
+    assert np.array_equal(again[0], first[1]) and np.array_equal(again[2], first[0])
+    assert sorted(table.ids().tolist()) == [1, 5, 9] and len(table) == 3
+    # Separate calls create different rows: the initializer does not repeat itself per call.
+    assert not np.array_equal(table.get(np.array([100]))[0], table.get(np.array([200]))[0])
+    assert np.abs(table.get(np.arange(1000))).max() <= 0.05
+
+
+def test_growth_keeps_rows_and_slots() -> None:
+    table = EmbeddingTable("t", 2, "zeros")
+    table.add_slot("acc", np.full(2, 0.5))
+    table.set(np.array([3, 4]), np.array([[1.0, 2.0], [3.0, 4.0]]))
+    table.get(np.arange(10, 1000))  # grows several times
+    assert table.get(np.array([4, 3])).tolist() == [[3.0, 4.0], [1.0, 2.0]]
+    arrays = table.to_arrays()
+    assert arrays.slots["acc"].shape == (len(table), 2) and (arrays.slots["acc"] == 0.5).all()
+
+
+def test_seeded_tables_and_restored_seed_state_create_identical_rows() -> None:
+    config = json.dumps({"class_name": "RandomNormal", "config": {"seed": 7, "stddev": 1.0}})
+    a, b = EmbeddingTable("a", 4, config), EmbeddingTable("b", 4, config)
+    assert np.array_equal(a.get(np.arange(5)), b.get(np.arange(5)))
+    c = EmbeddingTable("c", 4, config, seed=99)
+    c.load_arrays(a.to_arrays())
+    c.set_seed_state(a.seed_state())
+    assert np.array_equal(a.get(np.arange(5, 9)), c.get(np.arange(5, 9)))
+
+
+def test_table_rejects_bad_definitions() -> None:
+    with pytest.raises(ValueError, match="no_such_init"):
+        EmbeddingTable("t", 2, "no_such_init")
+    with pytest.raises(ValueError, match="dim"):
+        EmbeddingTable("t", 0)
+    with pytest.raises(ValueError, match="dtype"):
+        EmbeddingTable("t", 2, dtype="int32")
+
+
+# -- optimizers --------------------------------------------------------------------------------------
+
+
+def _row_slots(optimizer: keras.optimizers.Optimizer, variable: tf.Variable) -> list[keras.Variable]:
+    return [v for v in optimizer.variables if tuple(v.shape) == tuple(variable.shape)]
+
+
+def _table_with_rows(n: int, dim: int) -> EmbeddingTable:
+    table = EmbeddingTable("t", dim, "uniform", seed=1)
+    table.get(np.arange(n, dtype=np.int64))
+    return table
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_sparse_updates_equal_keras_dense_updates_of_the_same_rows(name: str) -> None:
+    factory = OPTIMIZERS[name]
+    rng = np.random.default_rng(0)
+    table = _table_with_rows(20, 4)
+    sparse = SparseOptimizer(factory, table, capacity=4)  # 6 rows: the first push rebuilds the staging
+    rows = np.array([3, 7, 11, 15, 2, 9], dtype=np.int64)
+    untouched = np.setdiff1d(np.arange(20), rows)
+    before = table.to_arrays()
+
+    reference = tf.Variable(table.get(rows))
+    ref_optimizer = factory()
+    ref_optimizer.build([reference])
+    for _ in range(4):
+        grads = rng.normal(size=(len(rows), 4)).astype(np.float32)
+        order = rng.permutation(len(rows))  # the order of ids in a push does not matter
+        sparse.apply(rows[order], grads[order])
+        ref_optimizer.apply_gradients([(tf.constant(grads), reference)])
+        np.testing.assert_allclose(table.get(rows), reference.numpy(), rtol=1e-5, atol=1e-6)
+        _, slots = table.gather_rows(table.lookup(rows))
+        ref_slots = _row_slots(ref_optimizer, reference)
+        assert len(ref_slots) == len(table.slot_names)
+        for slot_name, ref_slot in zip(table.slot_names, ref_slots, strict=True):
+            np.testing.assert_allclose(slots[slot_name], ref_slot.numpy(), rtol=1e-5, atol=1e-6)
+
+    after = table.to_arrays()
+    assert sparse.capacity == 8
+    assert int(sparse.optimizer.iterations.numpy()) == 4
+    assert np.array_equal(after.values[untouched], before.values[untouched])
+    for slot_name in table.slot_names:
+        assert np.array_equal(after.slots[slot_name][untouched], before.slots[slot_name][untouched])
+
+
+@pytest.mark.parametrize("name", ["momentum", "adam"])
+def test_sparse_updates_with_varying_rows_and_repeated_ids(name: str) -> None:
+    """Each step equals Keras applied to a variable of exactly the touched rows, with their slot rows
+    and the table's iteration count, and the dense gradient of those rows (TensorFlow's densification of
+    the IndexedSlices: repeated ids summed). Keras 3's Adam fed the IndexedSlices itself would square
+    each repeated row before summing, which is not the gradient of the loss."""
+    factory = OPTIMIZERS[name]
+    rng = np.random.default_rng(1)
+    table = _table_with_rows(12, 3)
+    sparse = SparseOptimizer(factory, table)
+    for _ in range(4):
+        ids = rng.integers(0, 12, size=7).astype(np.int64)
+        grads = rng.normal(size=(7, 3)).astype(np.float32)
+        unique, positions = np.unique(ids, return_inverse=True)
+        rows = table.lookup(unique)
+        values, slots = table.gather_rows(rows)
+        reference = tf.Variable(values)
+        ref_optimizer = factory()
+        ref_optimizer.build([reference])
+        for slot_name, ref_slot in zip(table.slot_names, _row_slots(ref_optimizer, reference), strict=True):
+            ref_slot.assign(slots[slot_name])
+        ref_optimizer.iterations.assign(sparse.optimizer.iterations)
+        others = np.setdiff1d(np.arange(12), unique)
+        others_before = table.get(others)
+
+        sparse.apply(ids, grads)
+        indexed = tf.IndexedSlices(tf.constant(grads), tf.constant(positions), tf.constant([len(unique), 3]))
+        ref_optimizer.apply_gradients([(tf.convert_to_tensor(indexed), reference)])
+        np.testing.assert_allclose(table.get(unique), reference.numpy(), rtol=1e-5, atol=1e-6)
+        assert np.array_equal(table.get(others), others_before)
+
+
+def test_learning_rate_scale_applies_to_one_step_only() -> None:
+    table = _table_with_rows(4, 2)
+    sparse = SparseOptimizer(OPTIMIZERS["sgd"], table)
+    before = table.get(np.array([1]))
+    sparse.apply(np.array([1]), np.ones((1, 2), np.float32), lr_scale=0.5)
+    np.testing.assert_allclose(table.get(np.array([1])), before - 0.05, rtol=1e-6)
+    assert sparse.optimizer.learning_rate.numpy() == pytest.approx(0.1)
+
+
+def test_schedules_cannot_be_scaled_and_factored_optimizers_are_refused() -> None:
+    def scheduled() -> keras.optimizers.Optimizer:
+        return keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9))
+
+    check_optimizer_factory(scheduled, scale_learning_rate=False)
+    with pytest.raises(ConfigError, match="schedule"):
+        check_optimizer_factory(scheduled, scale_learning_rate=True)
+    sparse = SparseOptimizer(scheduled, _table_with_rows(2, 2))
+    with pytest.raises(LearningRateScaleError):
+        sparse.apply(np.array([0]), np.ones((1, 2), np.float32), lr_scale=2.0)
+    with pytest.raises(ConfigError, match="elementwise"):
+        check_optimizer_factory(lambda: keras.optimizers.Adafactor(0.01), scale_learning_rate=False)
+    with pytest.raises(ConfigError, match="not a keras"):
+        check_optimizer_factory(lambda: "sgd", scale_learning_rate=False)  # type: ignore[arg-type,return-value]
+
+
+def test_dense_optimizer_equals_keras_and_accepts_subsets() -> None:
+    rng = np.random.default_rng(2)
+    initial = {"a": rng.normal(size=(3, 2)).astype(np.float32), "b": rng.normal(size=(2,)).astype(np.float32)}
+    variables = {name: tf.Variable(value) for name, value in initial.items()}
+    dense = DenseOptimizer(OPTIMIZERS["adam"], variables)  # XLA-compiled
+    reference = {name: tf.Variable(value) for name, value in initial.items()}
+    ref_optimizer = OPTIMIZERS["adam"]()
+    ref_optimizer.build(list(reference.values()))
+    for names in (("a", "b"), ("a",), ("a", "b")):
+        grads = {n: rng.normal(size=initial[n].shape).astype(np.float32) for n in names}
+        dense.apply(grads)
+        ref_optimizer.apply_gradients([(tf.constant(grads[n]), reference[n]) for n in names])
+        for name in initial:
+            np.testing.assert_allclose(variables[name].numpy(), reference[name].numpy(), rtol=1e-5, atol=1e-6)
+    state = dense.get_state()
+    assert [s.shape for s in state] == [tuple(v.shape) for v in ref_optimizer.variables]
+    np.testing.assert_allclose(
+        np.concatenate([s.ravel() for s in state]).astype(np.float64),
+        np.concatenate([v.numpy().ravel() for v in ref_optimizer.variables]).astype(np.float64),
+        rtol=1e-5,
+        atol=1e-6,
+    )
