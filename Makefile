@@ -16,7 +16,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 .PHONY: help venv test-servers test lint format demo bench proto clean
 
 help:
-	@echo "make demo   - prepare the digits dataset and train on it locally"
+	@echo "make demo   - prepare the digits dataset, train on it locally, evaluate and predict"
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make lint   - ruff check and format check"
@@ -50,8 +50,16 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 demo: $(STAMP)
-	$(BIN)/edl-argo data digits --output $(DEMO_DIR)/data
+	$(BIN)/edl-argo data digits --output $(DEMO_DIR)/data --overwrite
 	$(BIN)/edl-argo data inspect $(DEMO_DIR)/data/train
+	$(BIN)/edl-argo train --model-def examples/model_zoo/digits.py \
+		--training-data $(DEMO_DIR)/data/train --validation-data $(DEMO_DIR)/data/test \
+		--output $(DEMO_DIR)/job --num-epochs 6 --minibatch-size 32 --num-minibatches-per-task 4 \
+		--num-workers 2 --num-ps 1 --evaluation-steps 100 --job-name digits-demo
+	$(BIN)/edl-argo evaluate --model $(DEMO_DIR)/job/model --model-def examples/model_zoo/digits.py \
+		--data $(DEMO_DIR)/data/test
+	$(BIN)/edl-argo predict --model $(DEMO_DIR)/job/model --model-def examples/model_zoo/digits.py \
+		--data $(DEMO_DIR)/data/test --output $(DEMO_DIR)/predictions
 
 bench: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md

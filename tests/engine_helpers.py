@@ -17,7 +17,8 @@ CTR_MODEL = str(ROOT / "examples" / "model_zoo" / "ctr.py")
 
 #: Small, quick digits settings that still reach >= 0.95 accuracy.
 DIGITS_JOB = {
-    "num_epochs": 6,
+    "num_epochs": 8,
+    "shuffle": True,
     "minibatch_size": 32,
     "num_minibatches_per_task": 4,
     "num_workers": 2,

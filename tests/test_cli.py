@@ -1,0 +1,150 @@
+"""The command line: one-line errors naming the culprit, non-zero exits, no tracebacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edl_argo import cli
+from edl_argo.data.commands import digits_records, write_dataset
+from edl_argo.recordio import Compressor
+from edl_argo.storage import LocalStorage
+from tests.engine_helpers import DIGITS_MODEL
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_lines(err: str) -> list[str]:
+    """The lines of stderr that are not structured log events."""
+    return [line for line in err.splitlines() if line and not line[:4].isdigit()]
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    train, test = digits_records(0.2, 0)
+    storage = LocalStorage(tmp_path / "data")
+    write_dataset(storage, "train", train[:200], 2, Compressor.NONE, overwrite=False)
+    write_dataset(storage, "test", test[:50], 1, Compressor.NONE, overwrite=False)
+    return tmp_path / "data"
+
+
+def train_args(dataset: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        "--model-def", DIGITS_MODEL,
+        "--training-data", str(dataset / "train"),
+        "--output", str(output),
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "culprit"),
+    [
+        (["--num-workers", "0"], "--num-workers"),
+        (["--minibatch-size", "x"], "--minibatch-size"),
+        (["--use-async", "--grads-to-wait", "2"], "--grads-to-wait"),
+        (["--evaluation-steps", "5"], "--validation-data"),
+        (["--backend", "mesos"], "--backend"),
+    ],
+)
+def test_invalid_train_flags_fail_with_one_line(
+    capsys, dataset: Path, tmp_path: Path, flags, culprit
+) -> None:
+    code, _, err = run_cli(capsys, *train_args(dataset, tmp_path / "out", *flags))
+    assert code == 2
+    lines = error_lines(err)
+    assert len(lines) == 1 and culprit in lines[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_file_missing_function_is_named(capsys, dataset: Path, tmp_path: Path) -> None:
+    model = tmp_path / "broken_model.py"
+    model.write_text(Path(DIGITS_MODEL).read_text().replace("def loss(", "def lost("))
+    code, _, err = run_cli(capsys, *train_args(dataset, tmp_path / "out", "--model-def", str(model)))
+    assert code == 2
+    (line,) = error_lines(err)
+    assert "broken_model.py" in line and "'loss'" in line
+
+
+def test_model_file_syntax_error_is_named(capsys, dataset: Path, tmp_path: Path) -> None:
+    model = tmp_path / "typo.py"
+    model.write_text("def custom_model(:\n    pass\n")
+    code, _, err = run_cli(capsys, *train_args(dataset, tmp_path / "out", "--model-def", str(model)))
+    assert code == 2
+    (line,) = error_lines(err)
+    assert "typo.py line 1" in line
+
+
+def test_missing_training_data_is_named(capsys, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    code, _, err = run_cli(capsys, *train_args(tmp_path, tmp_path / "out", "--training-data", str(missing)))
+    assert code == 2
+    (line,) = error_lines(err)
+    assert "--training-data" in line and str(missing) in line
+
+
+def test_convert_csv_and_label_errors(capsys, tmp_path: Path) -> None:
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text("a,b,label\n1,x,0\n2.5,y,1\n3,z,1\n")
+    code, out, _ = run_cli(
+        capsys, "data", "convert", "--from", str(csv_file), "--label-column", "label",
+        "--output", str(tmp_path / "ds"), "--shards", "2",
+    )  # fmt: skip
+    assert code == 0 and "wrote 3 records" in out
+    code, out, _ = run_cli(capsys, "data", "inspect", str(tmp_path / "ds"))
+    assert code == 0 and "total (2 shards)" in out
+
+    code, _, err = run_cli(
+        capsys, "data", "convert", "--from", str(csv_file), "--label-column", "clicked",
+        "--output", str(tmp_path / "other"),
+    )  # fmt: skip
+    assert code == 2
+    (line,) = error_lines(err)
+    assert "'clicked'" in line and "rows.csv" in line and "a, b, label" in line
+
+
+def test_digits_refuses_to_mix_with_an_existing_dataset(capsys, tmp_path: Path) -> None:
+    assert run_cli(capsys, "data", "digits", "--output", str(tmp_path))[0] == 0
+    code, _, err = run_cli(capsys, "data", "digits", "--output", str(tmp_path))
+    assert code == 2 and "--overwrite" in error_lines(err)[0]
+    assert (
+        run_cli(capsys, "data", "digits", "--output", str(tmp_path), "--overwrite", "--shards", "2")[0] == 0
+    )
+    assert sorted(p.name for p in (tmp_path / "train").iterdir() if ".edl-index" not in p.name) == [
+        "data-00000",
+        "data-00001",
+    ]
+
+
+def test_inspect_names_the_corrupt_shard_and_chunk(capsys, dataset: Path) -> None:
+    shard = dataset / "train" / "data-00001"
+    data = bytearray(shard.read_bytes())
+    data[40] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    code, _, err = run_cli(capsys, "data", "inspect", str(dataset / "train"))
+    assert code != 0
+    (line,) = error_lines(err)
+    assert "data-00001" in line and "chunk 0" in line
+
+
+def test_a_real_process_prints_no_traceback(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "edl_argo.cli", "data", "inspect", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(error_lines(result.stderr)) == 1
