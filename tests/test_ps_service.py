@@ -190,12 +190,14 @@ def test_async_applies_each_push_and_modulates_stale_learning_rates(connect: Any
     g_w, g_rows = np.ones_like(W), np.full((3, 4), 0.5, np.float32)
     response = push(stub, 0, {"w": g_w}, ([4, 2, 4], g_rows))
     assert response.accepted and response.version == 1
-    np.testing.assert_allclose(pull_dense(stub)["w"], W - LR * g_w, rtol=1e-6)
-    np.testing.assert_allclose(pull_rows(stub, [2, 4]), rows - LR * np.array([[0.5], [1.0]]), rtol=1e-6)
+    np.testing.assert_allclose(pull_dense(stub)["w"], W - LR * g_w, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        pull_rows(stub, [2, 4]), rows - LR * np.array([[0.5], [1.0]]), rtol=1e-6, atol=1e-6
+    )
     push(stub, 1, {"w": g_w})  # version 2
     # Computed against version 0 while the server is at 2: staleness 2 halves the learning rate.
     assert push(stub, 0, {"w": g_w}, scale=3.0).version == 3
-    np.testing.assert_allclose(pull_dense(stub)["w"], W - LR * g_w * (2 + 3.0 / 2), rtol=1e-6)
+    np.testing.assert_allclose(pull_dense(stub)["w"], W - LR * g_w * (2 + 3.0 / 2), rtol=1e-6, atol=1e-6)
 
 
 def test_sync_averages_grads_to_wait_pushes_and_bumps_the_version_once(connect: Any) -> None:
@@ -209,9 +211,11 @@ def test_sync_averages_grads_to_wait_pushes_and_bumps_the_version_once(connect: 
     second = push(stub, 0, {"w": g2, "b": np.ones(3, np.float32)}, ([3, 7], np.ones((2, 4), np.float32)))
     assert second.accepted and second.version == 1
     values = pull_dense(stub)
-    np.testing.assert_allclose(values["w"], W - LR * (g1 + g2) / 2, rtol=1e-6)
-    np.testing.assert_allclose(values["b"], B - LR * 0.5, rtol=1e-6)
-    np.testing.assert_allclose(pull_rows(stub, [3, 7]), rows - LR * np.array([[1.0], [0.5]]), rtol=1e-6)
+    np.testing.assert_allclose(values["w"], W - LR * (g1 + g2) / 2, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(values["b"], B - LR * 0.5, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        pull_rows(stub, [3, 7]), rows - LR * np.array([[1.0], [0.5]]), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_stale_sync_pushes_are_refused_beyond_the_tolerance(connect: Any) -> None:
@@ -220,7 +224,7 @@ def test_stale_sync_pushes_are_refused_beyond_the_tolerance(connect: Any) -> Non
     assert push(strict, 0, {"w": np.ones_like(W)}).version == 1
     refused = push(strict, 0, {"w": np.ones_like(W)})
     assert not refused.accepted and refused.version == 1
-    np.testing.assert_allclose(pull_dense(strict)["w"], W - LR, rtol=1e-6)
+    np.testing.assert_allclose(pull_dense(strict)["w"], W - LR, rtol=1e-6, atol=1e-6)
 
     tolerant = connect(servicer(sync_version_tolerance=1))
     tolerant.PushModel(model())
@@ -267,7 +271,7 @@ def test_invalid_requests_are_rejected_with_a_reason_and_the_server_keeps_servin
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert pull_rows(other, [2, -4]).shape == (2, 2)
     assert push(stub, 0, {"w": np.ones_like(W)}).version == 1
-    np.testing.assert_allclose(pull_dense(stub)["w"], W - LR, rtol=1e-6)
+    np.testing.assert_allclose(pull_dense(stub)["w"], W - LR, rtol=1e-6, atol=1e-6)
 
 
 def test_settings_are_checked_at_startup() -> None:

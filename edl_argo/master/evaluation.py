@@ -108,6 +108,11 @@ class EvaluationService:
                     self._final_done.set()
                 return False
             self._final_requested = True
+            done = next((r for r in self.history if r.model_version == model_version), None)
+            if done is not None:  # this version was just evaluated: that round is the final one
+                done.final = True
+                self._final_done.set()
+                return False
         self._start_round(model_version, final=True)
         return True
 
