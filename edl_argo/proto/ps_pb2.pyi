@@ -70,6 +70,18 @@ class PullEmbeddingVectorsRequest(_message.Message):
     ids: _tensor_pb2.Tensor
     def __init__(self, name: _Optional[str] = ..., ids: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
+class PullEmbeddingVectorsBatchRequest(_message.Message):
+    __slots__ = ("lookups",)
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    lookups: _containers.RepeatedCompositeFieldContainer[PullEmbeddingVectorsRequest]
+    def __init__(self, lookups: _Optional[_Iterable[_Union[PullEmbeddingVectorsRequest, _Mapping]]] = ...) -> None: ...
+
+class PullEmbeddingVectorsBatchResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, rows: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+
 class PullEmbeddingTableRequest(_message.Message):
     __slots__ = ("name",)
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class ParameterServerStub:
                 request_serializer=edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsRequest.SerializeToString,
                 response_deserializer=edl__argo_dot_proto_dot_tensor__pb2.Tensor.FromString,
                 _registered_method=True)
+        self.PullEmbeddingVectorsBatch = channel.unary_unary(
+                '/edl_argo.ParameterServer/PullEmbeddingVectorsBatch',
+                request_serializer=edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsBatchRequest.SerializeToString,
+                response_deserializer=edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsBatchResponse.FromString,
+                _registered_method=True)
         self.PullEmbeddingTable = channel.unary_unary(
                 '/edl_argo.ParameterServer/PullEmbeddingTable',
                 request_serializer=edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingTableRequest.SerializeToString,
@@ -87,6 +92,13 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullEmbeddingVectorsBatch(self, request, context):
+        """Rows of several tables at once: one call per PS for all the lookups of a minibatch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PullEmbeddingTable(self, request, context):
         """Every row this PS holds of one table (model export).
         """
@@ -118,6 +130,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.PullEmbeddingVectors,
                     request_deserializer=edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsRequest.FromString,
                     response_serializer=edl__argo_dot_proto_dot_tensor__pb2.Tensor.SerializeToString,
+            ),
+            'PullEmbeddingVectorsBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullEmbeddingVectorsBatch,
+                    request_deserializer=edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsBatchRequest.FromString,
+                    response_serializer=edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsBatchResponse.SerializeToString,
             ),
             'PullEmbeddingTable': grpc.unary_unary_rpc_method_handler(
                     servicer.PullEmbeddingTable,
@@ -211,6 +228,33 @@ class ParameterServer:
             '/edl_argo.ParameterServer/PullEmbeddingVectors',
             edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsRequest.SerializeToString,
             edl__argo_dot_proto_dot_tensor__pb2.Tensor.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullEmbeddingVectorsBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edl_argo.ParameterServer/PullEmbeddingVectorsBatch',
+            edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsBatchRequest.SerializeToString,
+            edl__argo_dot_proto_dot_ps__pb2.PullEmbeddingVectorsBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

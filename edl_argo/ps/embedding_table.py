@@ -49,6 +49,10 @@ def parse_initializer(initializer: str) -> keras.initializers.Initializer:
         raise ValueError(f"unknown Keras initializer {initializer!r}: {error}") from None
 
 
+#: Fresh rows drawn from the initializer per call (see :meth:`EmbeddingTable._fresh_rows`).
+INIT_BLOCK_ROWS = 4096
+
+
 class EmbeddingTable:
     """Rows of one embedding table, created lazily.
 
@@ -96,6 +100,10 @@ class EmbeddingTable:
             seed = seed if seed is not None else configured if isinstance(configured, int) else None
             self._seed_generator = keras.random.SeedGenerator(seed)
             self._initializer.seed = self._seed_generator
+        self._block = np.empty((0, self.dim), dtype=self.dtype)
+        self._block_used = 0
+        if self._seed_generator is not None:
+            self._block_seed = np.asarray(self._seed_generator.state.numpy())
         self._index: dict[int, int] = {}
         self._size = 0
         self._ids = np.empty(_MIN_CAPACITY, dtype=np.int64)
@@ -206,13 +214,48 @@ class EmbeddingTable:
         self.scatter_rows(rows, arrays.values, arrays.slots)
 
     def seed_state(self) -> np.ndarray | None:
-        """The state of the row initializer's random generator (None for deterministic initializers)."""
-        return None if self._seed_generator is None else np.asarray(self._seed_generator.state.numpy())
+        """Where the row initializer's random stream stands (None for deterministic initializers): the
+        generator's state before the current block of fresh rows was drawn, then the rows used of it."""
+        if self._seed_generator is None:
+            return None
+        return np.append(self._block_seed, np.asarray(self._block_used, dtype=self._block_seed.dtype))
 
     def set_seed_state(self, state: np.ndarray | None) -> None:
         """Restore a state from :meth:`seed_state`."""
-        if self._seed_generator is not None and state is not None:
-            self._seed_generator.state.assign(np.asarray(state, dtype=self._seed_generator.state.dtype))
+        if self._seed_generator is None or state is None:
+            return
+        state = np.asarray(state, dtype=self._seed_generator.state.dtype)
+        self._seed_generator.state.assign(state[:-1])
+        self._block = np.empty((0, self.dim), dtype=self.dtype)
+        self._block_used = 0
+        if int(state[-1]):
+            self._draw_block()
+            self._block_used = int(state[-1])
+
+    def _fresh_rows(self, count: int) -> np.ndarray:
+        """The next ``count`` rows of the initializer's stream.
+
+        Rows are drawn in blocks of ``INIT_BLOCK_ROWS`` (one initializer call per block, not per pull:
+        a call costs milliseconds), so the stream of rows depends only on the seed, never on how pulls
+        were batched. Shape-dependent initializers see the block's shape.
+        """
+        parts = []
+        while count:
+            if self._block_used == len(self._block):
+                self._draw_block()
+            take = min(count, len(self._block) - self._block_used)
+            parts.append(self._block[self._block_used : self._block_used + take])
+            self._block_used += take
+            count -= take
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
+
+    def _draw_block(self) -> None:
+        if self._seed_generator is not None:
+            self._block_seed = np.asarray(self._seed_generator.state.numpy())
+        self._block = keras.ops.convert_to_numpy(
+            self._initializer(shape=(INIT_BLOCK_ROWS, self.dim), dtype=self.dtype.name)
+        )
+        self._block_used = 0
 
     def _create_rows(self, new_ids: np.ndarray, initialize: bool) -> int:
         """Append rows for ``new_ids`` (unique, none known); returns the first new row index."""
@@ -220,9 +263,7 @@ class EmbeddingTable:
         self._reserve(start + count)
         self._ids[start : start + count] = new_ids
         if initialize:
-            self._values[start : start + count] = keras.ops.convert_to_numpy(
-                self._initializer(shape=(count, self.dim), dtype=self.dtype.name)
-            )
+            self._values[start : start + count] = self._fresh_rows(count)
         for name, slot in self._slots.items():
             slot[start : start + count] = self._slot_initial[name]
         self._index.update(zip(new_ids.tolist(), range(start, start + count), strict=True))

@@ -4,15 +4,15 @@ No update rule is re-implemented here: every update is computed by ``apply_gradi
 built from the model definition's ``optimizer()``.
 
 * :class:`DenseOptimizer`: one optimizer instance over the server's dense ``tf.Variable``\\ s.
-* :class:`SparseOptimizer`: one optimizer instance per embedding table. Keras 3 turns an ``IndexedSlices``
-  gradient into an update of the whole table (and of every slot), so instead the optimizer is built on a
-  fixed-size *staging* variable. For each push, the touched rows and their slot rows are gathered from the
-  :class:`~edl_argo.ps.embedding_table.EmbeddingTable` into the staging variable and its slot variables,
-  the optimizer applies a dense gradient to the staging variable, and the updated rows and slot rows are
-  scattered back. Rows beyond the pushed ones (padding up to the staging capacity) hold zeros with fresh
-  slot values and get zero gradients; they are discarded. Gradient rows of a repeated id are summed
-  first, which makes the gradient exactly the dense gradient of those rows. (Keras 3's Adam fed an
-  ``IndexedSlices`` with repeated indices squares each repeat before summing for its second moment, which
+* :class:`SparseOptimizer`: one optimizer instance per group of embedding tables of one row width. Keras 3
+  turns an ``IndexedSlices`` gradient into an update of the whole table (and of every slot), so instead the
+  optimizer is built on a fixed-size *staging* variable. For each push, the touched rows and their slot rows
+  are gathered from the :class:`~edl_argo.ps.embedding_table.EmbeddingTable` into the staging variable and
+  its slot variables, the optimizer applies a dense gradient to the staging variable, and the updated rows
+  and slot rows are scattered back. Rows beyond the pushed ones (padding up to the staging capacity) hold
+  zeros with fresh slot values and get zero gradients; they are discarded. Gradient rows of a repeated id
+  are summed first, which makes the gradient exactly the dense gradient of those rows. (Keras 3's Adam fed
+  an ``IndexedSlices`` with repeated indices squares each repeat before summing for its second moment, which
   is not the square of the gradient.)
 
 Assumptions of the sparse path, checked when a table's optimizer is built:
@@ -26,7 +26,8 @@ Assumptions of the sparse path, checked when a table's optimizer is built:
 * Per-variable norms (Lamb's trust ratio, ``clipnorm``) see only the pushed rows: the update of rows ``R``
   equals what the optimizer computes for a variable that holds exactly rows ``R`` with the same slot
   state and iteration count. The padding's zero rows do not change those norms.
-* The scalar state (``iterations``, ...) is per table: it counts the pushes that touched the table.
+* The scalar state (``iterations``, ...) is per group of tables: it counts the pushes that touched the
+  group.
 """
 
 from __future__ import annotations
@@ -188,16 +189,25 @@ class DenseOptimizer(_KerasOptimizer):
 
 
 class SparseOptimizer(_KerasOptimizer):
-    """Row-wise updates of one :class:`EmbeddingTable` through a staging variable. Not thread-safe.
+    """Row-wise updates of embedding tables through one staging variable. Not thread-safe.
 
-    Creating it adds the optimizer's slots to the table (see the module's assumptions).
+    One instance serves a *group* of tables of the same row width and dtype, so that a push touching
+    every table of a wide model (26 tables, say) costs one optimizer step, not one per table: the touched
+    rows of all the group's tables are stacked in the staging variable. Creating it adds the optimizer's
+    slots to every table of the group (see the module's assumptions).
     """
 
     def __init__(
-        self, factory: OptimizerFactory, table: EmbeddingTable, capacity: int = _MIN_STAGING_ROWS
+        self,
+        factory: OptimizerFactory,
+        tables: EmbeddingTable | Sequence[EmbeddingTable],
+        capacity: int = _MIN_STAGING_ROWS,
     ) -> None:
         super().__init__(factory)
-        self._table = table
+        self._tables = [tables] if isinstance(tables, EmbeddingTable) else list(tables)
+        if not self._tables or len({(t.dim, np.dtype(t.dtype)) for t in self._tables}) != 1:
+            raise ValueError("a sparse optimizer serves one or more tables of one row width and dtype")
+        self._table = self._tables[0]
         self._build(max(1, capacity))
 
     @property
@@ -206,36 +216,57 @@ class SparseOptimizer(_KerasOptimizer):
         return self._capacity
 
     def apply(self, ids: np.ndarray, gradients: np.ndarray, lr_scale: float = 1.0) -> None:
-        """Apply the gradient rows ``gradients[i]`` of ``ids[i]`` as one optimizer step of the table.
+        """Apply the gradient rows ``gradients[i]`` of ``ids[i]`` of this optimizer's only table."""
+        if len(self._tables) != 1:
+            raise ValueError("apply() is for a single table; use apply_many()")
+        self.apply_many([(self._table, ids, gradients)], lr_scale)
 
-        Gradients of a repeated id are summed (``IndexedSlices`` semantics). Rows of ids the table does
+    def apply_many(
+        self, updates: Sequence[tuple[EmbeddingTable, np.ndarray, np.ndarray]], lr_scale: float = 1.0
+    ) -> None:
+        """Apply ``(table, ids, gradient rows)`` of several tables of the group as one optimizer step.
+
+        Gradients of a repeated id are summed (``IndexedSlices`` semantics). Rows of ids a table does
         not hold yet are created first. Every other row and slot row stays as it is.
         """
-        unique_ids, inverse = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)
-        count = len(unique_ids)
+        parts = []
+        for table, ids, gradients in updates:
+            unique_ids, inverse = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)
+            if len(unique_ids) == 0:
+                continue
+            summed = np.zeros((len(unique_ids), table.dim), dtype=table.dtype)
+            if len(unique_ids) == len(inverse):  # no repeated id: a permutation
+                summed[inverse] = gradients
+            else:
+                np.add.at(summed, inverse.reshape(-1), gradients)
+            rows = table.lookup(unique_ids)
+            values, slots = table.gather_rows(rows)
+            parts.append((table, rows, values, slots, summed))
+        count = sum(len(part[1]) for part in parts)
         if count == 0:
             return
-        summed = np.zeros((count, self._table.dim), dtype=self._table.dtype)
-        if count == len(inverse):  # no repeated id: a permutation
-            summed[inverse] = gradients
-        else:
-            np.add.at(summed, inverse.reshape(-1), gradients)
         if count > self._capacity:
             self._rebuild(count)
-        rows = self._table.lookup(unique_ids)
-        values, slots = self._table.gather_rows(rows)
-        staged_values = self._padded(values, np.zeros(self._table.dim, dtype=self._table.dtype))
+        zeros = np.zeros(self._table.dim, dtype=self._table.dtype)
+        staged_values = self._padded([p[2] for p in parts], zeros)
         staged_slots = [
-            self._padded(slots[name], self._table.slot_initial_row(name)) for name in self._slot_names
+            self._padded([p[3][name] for p in parts], self._table.slot_initial_row(name))
+            for name in self._slot_names
         ]
-        staged_grads = self._padded(summed, np.zeros(self._table.dim, dtype=self._table.dtype))
+        staged_grads = self._padded([p[4] for p in parts], zeros)
         with self._scaled_learning_rate(lr_scale):
             new_values, new_slots = self._step(staged_values, staged_slots, staged_grads)
-        self._table.scatter_rows(
-            rows,
-            new_values.numpy()[:count],
-            {name: slot.numpy()[:count] for name, slot in zip(self._slot_names, new_slots, strict=True)},
-        )
+        new_values = new_values.numpy()
+        new_slots = [slot.numpy() for slot in new_slots]
+        offset = 0
+        for table, rows, *_ in parts:
+            end = offset + len(rows)
+            table.scatter_rows(
+                rows,
+                new_values[offset:end],
+                {name: slot[offset:end] for name, slot in zip(self._slot_names, new_slots, strict=True)},
+            )
+            offset = end
 
     def get_state(self) -> list[np.ndarray]:
         """Copies of the optimizer's scalar variables (iterations, learning rate, ...); the slot rows are
@@ -246,10 +277,13 @@ class SparseOptimizer(_KerasOptimizer):
         """Load a state from :meth:`get_state` of an optimizer built the same way."""
         _load_state(self._scalars, state, f"optimizer of embedding table {self._table.name!r}")
 
-    def _padded(self, rows: np.ndarray, fill: np.ndarray) -> np.ndarray:
+    def _padded(self, blocks: Sequence[np.ndarray], fill: np.ndarray) -> np.ndarray:
         staged = np.empty((self._capacity, self._table.dim), dtype=self._table.dtype)
-        staged[: len(rows)] = rows
-        staged[len(rows) :] = fill
+        offset = 0
+        for block in blocks:
+            staged[offset : offset + len(block)] = block
+            offset += len(block)
+        staged[offset:] = fill
         return staged
 
     def _rebuild(self, rows: int) -> None:
@@ -261,7 +295,7 @@ class SparseOptimizer(_KerasOptimizer):
         self.set_state(state)
 
     def _build(self, capacity: int) -> None:
-        table, optimizer = self._table, self.optimizer
+        table, optimizer = self._table, self.optimizer  # every table of the group has this shape
         self._capacity = capacity
         before = {id(v) for v in optimizer.variables}
         staging = tf.Variable(
@@ -286,7 +320,8 @@ class SparseOptimizer(_KerasOptimizer):
                     f"{type(optimizer).__name__}: slot {name!r} of embedding table {table.name!r} does not "
                     "start constant; sparse updates cannot create its rows"
                 )
-            table.add_slot(name, fresh[0])
+            for member in self._tables:
+                member.add_slot(name, fresh[0])
         self._scalars = [v for v in optimizer.variables if id(v) not in slot_ids]
 
         @tf.function

@@ -255,8 +255,11 @@ class Parameters:
             )
         if self._dense_optimizer is not None:
             self._dense_optimizer.apply(gradients.dense, lr_scale)
+        by_group: dict[int, list[tuple[EmbeddingTable, np.ndarray, np.ndarray]]] = {}
         for name, (ids, values) in gradients.embeddings.items():
-            self._table_optimizers[name].apply(ids, values, lr_scale)
+            by_group.setdefault(id(self._table_optimizers[name]), []).append((self.tables[name], ids, values))
+        for updates in by_group.values():
+            self._table_optimizers[updates[0][0].name].apply_many(updates, lr_scale)
         self.version += 1
 
     # -- helpers --------------------------------------------------------------------------------------
@@ -272,7 +275,15 @@ class Parameters:
     def _create(self, dense: dict[str, np.ndarray], tables: dict[str, EmbeddingTable]) -> None:
         variables = {name: tf.Variable(value, name=_variable_name(name)) for name, value in dense.items()}
         dense_optimizer = DenseOptimizer(self._factory, variables, self._jit_compile) if variables else None
-        optimizers = {name: SparseOptimizer(self._factory, table) for name, table in tables.items()}
+        groups: dict[tuple[int, str], list[EmbeddingTable]] = {}
+        for table in tables.values():
+            groups.setdefault((table.dim, np.dtype(table.dtype).name), []).append(table)
+        optimizers = {
+            table.name: optimizer
+            for members in groups.values()
+            for optimizer in [SparseOptimizer(self._factory, members)]
+            for table in members
+        }
         self.dense, self.tables = variables, tables
         self._dense_optimizer, self._table_optimizers = dense_optimizer, optimizers
         self.initialized = True

@@ -220,6 +220,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return to_tensor(rows, request.name)
 
     @_rpc
+    def PullEmbeddingVectorsBatch(
+        self, request: ps_pb2.PullEmbeddingVectorsBatchRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PullEmbeddingVectorsBatchResponse:
+        lookups = [(lookup.name, from_tensor(lookup.ids)) for lookup in request.lookups]
+        with self._lock:
+            rows = [self.parameters.pull_embeddings(name, ids) for name, ids in lookups]
+        return ps_pb2.PullEmbeddingVectorsBatchResponse(
+            rows=[to_tensor(r, name) for r, (name, _) in zip(rows, lookups, strict=True)]
+        )
+
+    @_rpc
     def PullEmbeddingTable(
         self, request: ps_pb2.PullEmbeddingTableRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.IndexedSlices:

@@ -1,25 +1,29 @@
 """Keras ``Embedding`` layers whose rows live on the parameter servers.
 
-:func:`bind_embeddings` re-routes each ``keras.layers.Embedding`` of a model: instead of reading its local
-(whole) table, a lookup takes the batch's unique ids, pulls just those rows from the PS (a
-``tf.py_function``, so it also works inside ``tf.function``) and gathers from them. While a
-:class:`SparseGradientTape` is active, the pulled rows are watched, so the step gets a gradient per pulled
-row — an indexed-slices update for the PS — and never a gradient of the whole table.
+:func:`bind_embeddings` re-routes every ``keras.layers.Embedding`` of a model through an
+:class:`EmbeddingLookups`, which runs a forward pass in one of two modes:
+
+* **collect**: each lookup records the unique ids it needs (in order of first appearance, as
+  ``tf.unique`` gives them) and returns zeros. This cheap pass tells the worker, before the real step,
+  every row the minibatch touches, so it can pull all of them with one call per parameter server.
+* **feed**: each lookup takes its rows from the list passed to the step (one tensor per lookup, rows in
+  the order of that lookup's unique ids) and gathers from them. While a ``tf.GradientTape`` is attached,
+  the rows are watched, so the step yields one gradient row per pulled row — an indexed-slices update
+  for the PS — and never a gradient of a whole table.
+
+Both passes are traced into ``tf.function``\\ s; no Python runs per lookup at step time, and the local
+(whole) tables of the Keras layers are never read.
 """
 
 from __future__ import annotations
 
 import json
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import keras
-import numpy as np
 import tensorflow as tf
-
-#: ``pull(table_name, unique_ids) -> rows``: fetch rows from the parameter servers.
-PullRows = Callable[[str, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -33,37 +37,43 @@ class EmbeddingTableSpec:
 
 
 @dataclass
-class _Lookup:
-    table: str
-    ids: tf.Tensor
-    rows: tf.Tensor
+class EmbeddingLookups:
+    """The lookups of one traced forward pass, and how they get their rows (see the module docstring).
 
-
-@dataclass
-class SparseGradientTape:
-    """Collects the rows pulled during one forward pass so their gradients can be taken.
-
-    Use inside the step function::
-
-        with tape_scope.recording(tape):
-            loss = ...
-        rows = tape_scope.rows()
+    Lists are filled while a function is traced; lookups happen in the same order in every trace of one
+    model, so ``tables`` (the table of each lookup) is the same for the collect and the feed pass.
     """
 
-    _tape: tf.GradientTape | None = None
-    lookups: list[_Lookup] = field(default_factory=list)
+    mode: str = "feed"
+    tables: list[str] = field(default_factory=list)
+    unique_ids: list[tf.Tensor] = field(default_factory=list)
+    rows: Sequence[tf.Tensor] = ()
+    tape: tf.GradientTape | None = None
+    #: Feed mode: the row tensors the lookups used, in lookup order; take the gradients of these.
+    rows_used: list[tf.Tensor] = field(default_factory=list)
 
-    def start(self, tape: tf.GradientTape) -> None:
-        self._tape = tape
-        self.lookups = []
+    def start(self, mode: str, rows: Sequence[tf.Tensor] = (), tape: tf.GradientTape | None = None) -> None:
+        self.mode, self.rows, self.tape = mode, rows, tape
+        self.tables, self.unique_ids, self.rows_used = [], [], []
 
-    def stop(self) -> None:
-        self._tape = None
-
-    def record(self, table: str, ids: tf.Tensor, rows: tf.Tensor) -> None:
-        if self._tape is not None:
-            self._tape.watch(rows)
-            self.lookups.append(_Lookup(table, ids, rows))
+    def lookup(self, table: str, dim: int, dtype: tf.DType, inputs: tf.Tensor) -> tf.Tensor:
+        ids = tf.cast(inputs, tf.int64)
+        unique_ids, positions = tf.unique(tf.reshape(ids, [-1]))
+        index = len(self.tables)
+        self.tables.append(table)
+        self.unique_ids.append(unique_ids)
+        if self.mode == "collect":
+            rows = tf.zeros(tf.stack([tf.size(unique_ids), dim]), dtype=dtype)
+        else:
+            if index >= len(self.rows):
+                raise RuntimeError(f"lookup {index} of table {table!r} has no rows; was collect run first?")
+            rows = tf.ensure_shape(tf.convert_to_tensor(self.rows[index], dtype=dtype), [None, dim])
+            if self.tape is not None:
+                self.tape.watch(rows)
+            self.rows_used.append(rows)
+        outputs = tf.reshape(tf.gather(rows, positions), tf.concat([tf.shape(ids), [dim]], axis=0))
+        outputs.set_shape(ids.shape.concatenate([dim]))
+        return outputs
 
 
 def embedding_layers(model: keras.Model) -> list[keras.layers.Embedding]:
@@ -87,29 +97,18 @@ def embedding_variable_paths(model: keras.Model) -> set[str]:
     return {layer.embeddings.path for layer in embedding_layers(model)}
 
 
-def bind_embeddings(model: keras.Model, pull: PullRows, tape: SparseGradientTape) -> None:
-    """Make every ``Embedding`` layer of ``model`` look its rows up through ``pull``."""
+def bind_embeddings(model: keras.Model, lookups: EmbeddingLookups) -> None:
+    """Make every ``Embedding`` layer of ``model`` look its rows up through ``lookups``."""
     for layer in embedding_layers(model):
-        layer.call = types.MethodType(
-            _remote_lookup(layer.embeddings.path, int(layer.output_dim), pull, tape), layer
-        )
+        layer.call = types.MethodType(_routed_call(layer, lookups), layer)
 
 
-def _remote_lookup(
-    table: str, dim: int, pull: PullRows, tape: SparseGradientTape
+def _routed_call(
+    layer: keras.layers.Embedding, lookups: EmbeddingLookups
 ) -> Callable[[keras.layers.Embedding, tf.Tensor], tf.Tensor]:
-    def fetch(unique_ids: tf.Tensor) -> np.ndarray:
-        return pull(table, unique_ids.numpy())
+    table, dim, dtype = layer.embeddings.path, int(layer.output_dim), tf.as_dtype(layer.embeddings.dtype)
 
-    def call(layer: keras.layers.Embedding, inputs: tf.Tensor) -> tf.Tensor:
-        ids = tf.cast(inputs, tf.int64)
-        unique_ids, positions = tf.unique(tf.reshape(ids, [-1]))
-        rows = tf.py_function(fetch, [unique_ids], Tout=layer.embeddings.dtype)
-        rows = tf.ensure_shape(rows, [None, dim])
-        tape.record(table, unique_ids, rows)
-        gathered = tf.gather(rows, positions)
-        outputs = tf.reshape(gathered, tf.concat([tf.shape(ids), [dim]], axis=0))
-        outputs.set_shape(ids.shape.concatenate([dim]))
-        return outputs
+    def call(_layer: keras.layers.Embedding, inputs: tf.Tensor) -> tf.Tensor:
+        return lookups.lookup(table, dim, dtype, inputs)
 
     return call

@@ -92,25 +92,36 @@ class ParameterServerClient:
         values = {t.name: from_tensor(t) for r in responses for t in r.dense_parameters}
         return values, [r.version for r in responses], all(r.initialized for r in responses)
 
-    def pull_embeddings(self, table: str, ids: np.ndarray) -> np.ndarray:
-        """Rows of ``table`` for ``ids`` (in that order), created on the PS on first pull."""
-        ids = np.asarray(ids, dtype=np.int64)
-        owners = embedding_owner(ids, self.num_ps)
+    def pull_embeddings(
+        self, lookups: Sequence[tuple[str, np.ndarray]], tables: Mapping[str, EmbeddingTableSpec]
+    ) -> list[np.ndarray]:
+        """Rows for each ``(table, ids)`` lookup, in that order; one call per PS for all of them.
 
-        def pull(ps_id: int) -> tuple[np.ndarray, np.ndarray] | None:
-            positions = np.flatnonzero(owners == ps_id)
-            if positions.size == 0:
-                return None
-            request = ps_pb2.PullEmbeddingVectorsRequest(name=table, ids=to_tensor(ids[positions]))
-            return positions, from_tensor(self._call(ps_id, "PullEmbeddingVectors", request))
+        Rows are created on the PS on first pull.
+        """
+        lookups = [(table, np.asarray(ids, dtype=np.int64)) for table, ids in lookups]
+        owners = [embedding_owner(ids, self.num_ps) for _, ids in lookups]
+        results = [np.empty((len(ids), tables[t].dim), dtype=tables[t].dtype) for t, ids in lookups]
 
-        parts = [part for part in self._each(pull) if part is not None]
-        if not parts:
-            return np.zeros((0, 0), dtype=np.float32)
-        result = np.empty((ids.size, parts[0][1].shape[1]), dtype=parts[0][1].dtype)
-        for positions, rows in parts:
-            result[positions] = rows
-        return result
+        def pull(ps_id: int) -> None:
+            positions = [np.flatnonzero(o == ps_id) for o in owners]
+            wanted = [i for i, p in enumerate(positions) if p.size]
+            if not wanted:
+                return
+            request = ps_pb2.PullEmbeddingVectorsBatchRequest(
+                lookups=[
+                    ps_pb2.PullEmbeddingVectorsRequest(
+                        name=lookups[i][0], ids=to_tensor(lookups[i][1][positions[i]])
+                    )
+                    for i in wanted
+                ]
+            )
+            response = self._call(ps_id, "PullEmbeddingVectorsBatch", request)
+            for i, rows in zip(wanted, response.rows, strict=True):
+                results[i][positions[i]] = from_tensor(rows)
+
+        self._each(pull)
+        return results
 
     def pull_embedding_table(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """Every row held of ``table`` across all PS, as ``(values, ids)`` (for model export)."""

@@ -18,7 +18,7 @@ from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
 from edl_argo.worker.embedding import (
-    SparseGradientTape,
+    EmbeddingLookups,
     bind_embeddings,
     embedding_variable_paths,
     table_specs,
@@ -56,8 +56,8 @@ class ModelReplica:
         self._model: keras.Model | None = None
         self._dense: list[keras.Variable] = []
         self._by_name: dict[str, keras.Variable] = {}
-        self._tape = SparseGradientTape()
-        self._tables: list[str] = []
+        self._lookups = EmbeddingLookups()
+        self._tables: dict[str, Any] = {}
         # Versions of the parameters this replica holds (as pulled), and the newest version a push saw.
         self.versions = [-1] * ps.num_ps
         self.version = -1
@@ -76,11 +76,13 @@ class ModelReplica:
         self._dense = dense_variables(model)
         self._by_name = {v.path: v for v in self._dense}
         initial = {v.path: np.asarray(v.numpy()) for v in self._dense}
-        bind_embeddings(model, self._ps.pull_embeddings, self._tape)
+        self._tables = {spec.name: spec for spec in table_specs(model)}
+        bind_embeddings(model, self._lookups)
         self._model = model
+        self._collect = tf.function(self._collect_ids, reduce_retracing=True)
         self._compute = tf.function(self._compute_gradients, reduce_retracing=True)
-        self._forward = tf.function(lambda f: model(f, training=False), reduce_retracing=True)
-        if self._ps.push_model(initial, table_specs(model)):
+        self._forward = tf.function(self._forward_pass, reduce_retracing=True)
+        if self._ps.push_model(initial, list(self._tables.values())):
             log.info("model_initialized_on_ps", variables=len(initial))
         self.sync()
 
@@ -91,7 +93,7 @@ class ModelReplica:
             # A PS came back without a checkpoint: offer it this replica's parameters, then pull again.
             log.warning("ps_uninitialized_reoffering_model")
             current = {v.path: np.asarray(v.numpy()) for v in self._dense}
-            self._ps.push_model(current, table_specs(self.model))
+            self._ps.push_model(current, list(self._tables.values()))
             values, versions, initialized = self._ps.pull_dense([-1] * self._ps.num_ps)
             if not initialized:
                 raise JobFailedError("a parameter server refuses the model; see its log")
@@ -102,37 +104,55 @@ class ModelReplica:
         self.versions = versions
         self.version = max(self.version, *versions)
 
-    def _compute_gradients(self, features: Any, labels: Any) -> tuple[Any, ...]:
+    def _collect_ids(self, features: Any) -> list[tf.Tensor]:
+        """The unique ids of every embedding lookup of a forward pass (traced once per input shape)."""
+        self._lookups.start("collect")
+        self.model(features, training=False)
+        return list(self._lookups.unique_ids)
+
+    def _pull_rows(self, features: Any) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
+        """The tables, unique ids and rows of every embedding lookup ``features`` makes."""
+        if not self._tables:
+            return [], [], []
+        ids = [t.numpy() for t in self._collect(features)]
+        tables = list(self._lookups.tables)
+        return tables, ids, self._ps.pull_embeddings(list(zip(tables, ids, strict=True)), self._tables)
+
+    def _compute_gradients(self, features: Any, labels: Any, rows: list[tf.Tensor]) -> tuple[Any, ...]:
         model = self.model
         with tf.GradientTape() as tape:
-            self._tape.start(tape)
+            self._lookups.start("feed", rows, tape)
             outputs = model(features, training=True)
             loss = self._spec.loss(labels, outputs)
             if model.losses:
                 loss = loss + tf.add_n(model.losses)
-        self._tape.stop()
-        lookups = list(self._tape.lookups)
-        self._tables = [lookup.table for lookup in lookups]
-        grads = tape.gradient(loss, [*self._dense, *(lookup.rows for lookup in lookups)])
+        used = list(self._lookups.rows_used)
+        self._lookups.tape = None
+        grads = tape.gradient(loss, [*self._dense, *used])
         n = len(self._dense)
         dense_grads = [
             tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
             for v, g in zip(self._dense, grads[:n], strict=True)
         ]
         row_grads = [tf.convert_to_tensor(g) for g in grads[n:]]
-        return loss, dense_grads, [lookup.ids for lookup in lookups], row_grads
+        return loss, dense_grads, row_grads
+
+    def _forward_pass(self, features: Any, rows: list[tf.Tensor]) -> Any:
+        self._lookups.start("feed", rows)
+        return self.model(features, training=False)
 
     def train_minibatch(self, features: Any, labels: Any) -> float:
         """One SGD step on one minibatch; returns its loss."""
         self.ensure_built(features)
         for _ in range(MAX_STALE_RETRIES):
             self.sync()
-            loss, dense_grads, ids, row_grads = self._compute(features, labels)
+            tables, ids, rows = self._pull_rows(features)
+            loss, dense_grads, row_grads = self._compute(features, labels, rows)
             loss_value = float(loss)
             if not np.isfinite(loss_value):
                 raise JobFailedError(f"the loss is {loss_value} at model version {self.version}")
             dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True)}
-            sparse = _merge_rows(self._tables, ids, row_grads)
+            sparse = _merge_rows(tables, ids, [g.numpy() for g in row_grads])
             result = self._ps.push_gradients(dense, sparse, self.versions, self._lr_scale)
             if result.accepted:
                 # The local parameters are still those pulled: the next sync() fetches this update.
@@ -143,16 +163,16 @@ class ModelReplica:
     def predict(self, features: Any) -> Any:
         """The model's outputs with the latest parameters (no gradients)."""
         self.ensure_built(features)
-        return self._forward(features)
+        return self._forward(features, self._pull_rows(features)[2])
 
 
 def _merge_rows(
-    tables: list[str], ids: list[tf.Tensor], row_grads: list[tf.Tensor]
+    tables: list[str], ids: list[np.ndarray], row_grads: list[np.ndarray]
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per table, one ``(row_gradients, ids)``; lookups of one table in several places are concatenated."""
     merged: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
     for table, table_ids, grads in zip(tables, ids, row_grads, strict=True):
         values, id_lists = merged.setdefault(table, ([], []))
-        values.append(grads.numpy())
-        id_lists.append(table_ids.numpy())
+        values.append(grads)
+        id_lists.append(table_ids)
     return {t: (np.concatenate(v), np.concatenate(i)) for t, (v, i) in merged.items()}
