@@ -49,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="report the model version to the master every this many versions (0: never)",
     )
     add_flag(parser, "--prediction-output", default="", help="URL to write predictions to")
+    add_flag(
+        parser,
+        "--pipelined",
+        action="store_true",
+        help="asynchronous SGD: push and pull in the background while computing the next minibatch",
+    )
     add_flag(parser, "--log-level", default="INFO")
     parser.set_defaults(run=run_worker)
 
@@ -65,11 +71,12 @@ class Worker:
         minibatch_size: int,
         evaluation_steps: int = 0,
         prediction_output: str = "",
+        pipelined: bool = False,
     ) -> None:
         self.worker_id = worker_id
         self._spec = spec
         self._master = master
-        self._replica = ModelReplica(spec, ps)
+        self._replica = ModelReplica(spec, ps, pipelined=pipelined)
         self._source = RecordSource()
         self._minibatch_size = minibatch_size
         self._evaluation_steps = evaluation_steps
@@ -120,6 +127,7 @@ class Worker:
             total_loss += self._replica.train_minibatch(features, labels)
             steps += 1
             self._maybe_report_version()
+        self._replica.flush()  # the task's last gradients are applied before it is reported done
         mean_loss = total_loss / steps if steps else 0.0
         log.debug("task_trained", steps=steps, loss=mean_loss, version=self._replica.version)
         return {
@@ -196,6 +204,7 @@ def run_worker(args: argparse.Namespace) -> int:
         args.minibatch_size,
         evaluation_steps=args.evaluation_steps,
         prediction_output=args.prediction_output,
+        pipelined=args.pipelined,
     )
     worker.run()
     return 0

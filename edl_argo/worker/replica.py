@@ -8,6 +8,7 @@ replica then pulls again and recomputes the same minibatch.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import keras
@@ -49,8 +50,16 @@ def dense_variables(model: keras.Model) -> list[keras.Variable]:
 class ModelReplica:
     """The model as one worker sees it; parameters come from and gradients go to the parameter servers."""
 
-    def __init__(self, spec: ModelSpec, ps: ParameterServerClient, learning_rate_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        ps: ParameterServerClient,
+        learning_rate_scale: float = 1.0,
+        pipelined: bool = False,
+    ) -> None:
         self._spec = spec
+        self._pipeline = ThreadPoolExecutor(max_workers=1) if pipelined else None
+        self._in_flight: Future[tuple[dict[str, np.ndarray], list[int]]] | None = None
         self._ps = ps
         self._lr_scale = learning_rate_scale
         self._model: keras.Model | None = None
@@ -88,19 +97,29 @@ class ModelReplica:
 
     def sync(self) -> None:
         """Pull the dense parameters that changed since the last pull."""
-        values, versions, initialized = self._ps.pull_dense(self.versions)
+        self.flush()
+        self._install(*self._fetch(self.versions))
+
+    def _fetch(self, versions: list[int]) -> tuple[dict[str, np.ndarray], list[int]]:
+        """The dense parameters newer than ``versions`` (network only: safe on a background thread)."""
+        values, new_versions, initialized = self._ps.pull_dense(versions)
         if not initialized:
             # A PS came back without a checkpoint: offer it this replica's parameters, then pull again.
             log.warning("ps_uninitialized_reoffering_model")
             current = {v.path: np.asarray(v.numpy()) for v in self._dense}
             self._ps.push_model(current, list(self._tables.values()))
-            values, versions, initialized = self._ps.pull_dense([-1] * self._ps.num_ps)
+            values, new_versions, initialized = self._ps.pull_dense([-1] * self._ps.num_ps)
             if not initialized:
                 raise JobFailedError("a parameter server refuses the model; see its log")
+        return values, new_versions
+
+    def _install(self, values: dict[str, np.ndarray], versions: list[int]) -> None:
+        """Load pulled parameters into the local model (on the thread that computes)."""
+        unknown = set(values) - set(self._by_name)
+        if unknown:
+            raise JobFailedError(f"the PS holds variables this model lacks: {sorted(unknown)[:3]}")
         for name, value in values.items():
-            variable = self._by_name.get(name)
-            if variable is not None:
-                variable.assign(value)
+            self._by_name[name].assign(value)
         self.versions = versions
         self.version = max(self.version, *versions)
 
@@ -141,24 +160,55 @@ class ModelReplica:
         self._lookups.start("feed", rows)
         return self.model(features, training=False)
 
+    def _gradients(self, features: Any, labels: Any) -> tuple[float, dict[str, np.ndarray], dict[str, Any]]:
+        """Loss, dense gradients and per-table row gradients of one minibatch at the local parameters."""
+        tables, ids, rows = self._pull_rows(features)
+        loss, dense_grads, row_grads = self._compute(features, labels, rows)
+        loss_value = float(loss)
+        if not np.isfinite(loss_value):
+            raise JobFailedError(f"the loss is {loss_value} at model version {self.version}")
+        dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True)}
+        return loss_value, dense, _merge_rows(tables, ids, [g.numpy() for g in row_grads])
+
     def train_minibatch(self, features: Any, labels: Any) -> float:
-        """One SGD step on one minibatch; returns its loss."""
+        """One SGD step on one minibatch; returns its loss.
+
+        Synchronous SGD: pull, compute, push, and recompute when the push is rejected as stale.
+        Pipelined (asynchronous SGD only): the push of this step and the pull after it run in the
+        background while the next minibatch is computed, so communication hides behind computation
+        at the price of one more step of staleness. :meth:`flush` waits for them.
+        """
         self.ensure_built(features)
+        if self._pipeline is not None:
+            if self._in_flight is None:
+                self.sync()
+            loss_value, dense, sparse = self._gradients(features, labels)
+            self.flush()
+            self._in_flight = self._pipeline.submit(self._push_and_pull, dense, sparse, list(self.versions))
+            return loss_value
         for _ in range(MAX_STALE_RETRIES):
             self.sync()
-            tables, ids, rows = self._pull_rows(features)
-            loss, dense_grads, row_grads = self._compute(features, labels, rows)
-            loss_value = float(loss)
-            if not np.isfinite(loss_value):
-                raise JobFailedError(f"the loss is {loss_value} at model version {self.version}")
-            dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True)}
-            sparse = _merge_rows(tables, ids, [g.numpy() for g in row_grads])
+            loss_value, dense, sparse = self._gradients(features, labels)
             result = self._ps.push_gradients(dense, sparse, self.versions, self._lr_scale)
             if result.accepted:
                 # The local parameters are still those pulled: the next sync() fetches this update.
                 self.version = max(self.version, result.version)
                 return loss_value
         raise JobFailedError(f"gradients rejected as stale {MAX_STALE_RETRIES} times in a row")
+
+    def _push_and_pull(
+        self, dense: dict[str, np.ndarray], sparse: dict[str, Any], versions: list[int]
+    ) -> tuple[dict[str, np.ndarray], list[int]]:
+        result = self._ps.push_gradients(dense, sparse, versions, self._lr_scale)
+        if not result.accepted:
+            raise JobFailedError("an asynchronous PS rejected gradients; is the PS in synchronous mode?")
+        return self._fetch(versions)
+
+    def flush(self) -> None:
+        """Wait until the gradients pushed in the background are applied, and load the new parameters."""
+        if self._in_flight is not None:
+            in_flight, self._in_flight = self._in_flight, None
+            self._install(*in_flight.result())
 
     def predict(self, features: Any) -> Any:
         """The model's outputs with the latest parameters (no gradients)."""
