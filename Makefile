@@ -13,10 +13,11 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv test-servers test lint format demo bench proto clean
+.PHONY: help venv test-servers test lint format demo templates bench proto clean
 
 help:
-	@echo "make demo   - prepare the digits dataset, train on it locally, evaluate and predict"
+	@echo "make demo   - run the digits pipeline here: prepare the dataset, train, evaluate, predict"
+	@echo "make templates - render templates/ (Argo WorkflowTemplates, RBAC, ...) from components/"
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make lint   - ruff check and format check"
@@ -50,16 +51,10 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 demo: $(STAMP)
-	$(BIN)/edl-argo data digits --output $(DEMO_DIR)/data --overwrite
-	$(BIN)/edl-argo data inspect $(DEMO_DIR)/data/train
-	$(BIN)/edl-argo train --model-def examples/model_zoo/digits.py \
-		--training-data $(DEMO_DIR)/data/train --validation-data $(DEMO_DIR)/data/test \
-		--output $(DEMO_DIR)/job --num-epochs 6 --minibatch-size 32 --num-minibatches-per-task 4 \
-		--num-workers 2 --num-ps 1 --evaluation-steps 100 --job-name digits-demo
-	$(BIN)/edl-argo evaluate --model $(DEMO_DIR)/job/model --model-def examples/model_zoo/digits.py \
-		--data $(DEMO_DIR)/data/test
-	$(BIN)/edl-argo predict --model $(DEMO_DIR)/job/model --model-def examples/model_zoo/digits.py \
-		--data $(DEMO_DIR)/data/test --output $(DEMO_DIR)/predictions
+	$(BIN)/edl-argo pipeline run examples/pipelines/digits_pipeline.py -p data=$(DEMO_DIR)/data --workdir $(DEMO_DIR)
+
+templates: $(STAMP)
+	$(BIN)/edl-argo templates render
 
 bench: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md

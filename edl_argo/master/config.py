@@ -10,6 +10,11 @@ from typing import Any
 
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int, positive_int
+from edl_argo.pods.kubernetes_config import (
+    KubernetesConfig,
+    add_kubernetes_flags,
+    kubernetes_config_from_args,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class TrainConfig:
     grads_to_wait: int = 1
     use_async: bool = False
     lr_staleness_modulation: bool = False
+    pipelined: bool = False
     sync_version_tolerance: int = 0
     evaluation_steps: int = 0
     checkpoint_steps: int = 0
@@ -40,6 +46,8 @@ class TrainConfig:
     backend: str = "local"
     master_port: int = 0
     log_level: str = "INFO"
+    kubernetes: KubernetesConfig | None = None
+    """With ``backend == "kubernetes"``: how pods run there (:mod:`edl_argo.pods.kubernetes_config`)."""
 
     @property
     def records_per_task(self) -> int:
@@ -64,7 +72,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         job, "--output", required=True, metavar="URL", help="where the model, metrics and checkpoints go"
     )
     add_flag(job, "--job-name", default="", help="name of the job (default: a random edl-XXXXXXXX)")
-    add_flag(job, "--backend", choices=["local"], default="local", help="where pods run")
+    add_flag(job, "--backend", choices=["local", "kubernetes"], default="local", help="where pods run")
     add_flag(job, "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
     training = parser.add_argument_group("training")
@@ -92,11 +100,18 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(cluster, "--use-async", action="store_true", help="asynchronous SGD: apply each push on arrival")
     add_flag(cluster, "--lr-staleness-modulation", action="store_true", help="async: scale lr by 1/staleness")
+    add_flag(
+        cluster,
+        "--pipelined",
+        action="store_true",
+        help="async: push and pull while the next minibatch computes (faster, one more step of staleness)",
+    )
     add_flag(cluster, "--sync-version-tolerance", type=non_negative_int, default=0)
     add_flag(cluster, "--max-task-retries", type=positive_int, default=3)
     add_flag(cluster, "--max-worker-relaunches", type=non_negative_int, default=16)
     add_flag(cluster, "--max-ps-relaunches", type=non_negative_int, default=8)
     add_flag(cluster, "--master-port", type=non_negative_int, default=0, help="0: any free port")
+    add_kubernetes_flags(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -107,9 +122,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         )
     if args.lr_staleness_modulation and not args.use_async:
         raise ConfigError("--lr-staleness-modulation needs --use-async")
+    if args.pipelined and not args.use_async:
+        raise ConfigError("--pipelined needs --use-async: synchronous SGD cannot compute ahead of its pushes")
     if args.evaluation_steps and not args.validation_data:
         raise ConfigError("--evaluation-steps needs --validation-data")
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values["job_name"] = args.job_name or f"edl-{uuid.uuid4().hex[:8]}"
+    if args.yaml and args.backend != "kubernetes":
+        raise ConfigError("--yaml prints Kubernetes manifests: it needs --backend kubernetes")
+    values["kubernetes"] = kubernetes_config_from_args(args) if args.backend == "kubernetes" else None
     return TrainConfig(**values)

@@ -9,14 +9,16 @@ It wires the parts together and owns no policy of its own: tasks come from the
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from edl_argo.errors import ConfigError, JobFailedError
-from edl_argo.flags import pod_host
+from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
@@ -94,9 +96,12 @@ class TrainingJob:
             on_evaluation_complete=self.evaluation.round_complete,
         )
         self.evaluation.dispatcher = self.dispatcher
-        self.backend = backend or LocalProcessBackend(config.job_name)
+        self.backend = backend or _default_backend(config)
         self.host = pod_host()
-        self.ps_ports = [find_free_port(self.host) for _ in range(config.num_ps)]
+        k8s = config.kubernetes
+        self.ps_ports = [
+            k8s.ps_port_of(i) if k8s else find_free_port(self.host) for i in range(config.num_ps)
+        ]
         self.pods: PodManager | None = None
         self._server: Any = None
         self._master_address = ""
@@ -139,6 +144,8 @@ class TrainingJob:
             "--evaluation-steps", str(c.evaluation_steps),
             "--log-level", c.log_level,
         )  # fmt: skip
+        if c.pipelined:
+            command += ("--pipelined",)
         return PodSpec(PodRole.WORKER, worker_id, command)
 
     # ------------------------------------------------------------------ lifecycle
@@ -192,6 +199,7 @@ class TrainingJob:
         )
         progress = ProgressReporter(f"train {c.job_name}")
         try:
+            self._remove_leftover_pods()
             self.pods.start()
             self._dispatch_until_done(progress)
             metrics = self._metrics(started)
@@ -209,6 +217,21 @@ class TrainingJob:
             self.backend.close(grace_seconds=2.0)
             self._server.stop(grace=1.0)
             unregister_master(self.config.job_name)
+
+    def _remove_leftover_pods(self) -> None:
+        """Delete the pods an earlier master of this job left (a cluster backend adopts and lists them)
+        and wait until they are gone: their tasks died with that master. PSes restore their checkpoints
+        when started again."""
+        leftovers = self.backend.list_pods()
+        if leftovers:
+            log.warning(
+                "leftover_pods_removed", job=self.config.job_name, pods=",".join(p.name for p in leftovers)
+            )
+        for pod in leftovers:
+            self.backend.delete(pod.role, pod.pod_id, reason="Leftover")
+        deadline = time.monotonic() + 120
+        while self.backend.list_pods() and time.monotonic() < deadline:
+            self.backend.events(timeout=0.5)
 
     def _dispatch_until_done(self, progress: ProgressReporter) -> None:
         assert self.pods is not None
@@ -281,11 +304,19 @@ def run_train(args: Any) -> int:
     from edl_argo.master.config import config_from_args
 
     config = config_from_args(args)
+    if args.yaml:
+        from edl_argo.master.dry_run import render_train_manifests
+
+        print(render_train_manifests(config), end="")
+        return 0
     try:
         metrics = TrainingJob(config).run()
     except JobFailedError as error:
         log.error("job_failed", job=config.job_name, error=str(error))
         raise
+    if args.metrics_output:
+        Path(args.metrics_output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.metrics_output).write_text(json.dumps(metrics["final_metrics"], sort_keys=True))
     final = " ".join(f"{k}={v:.4f}" for k, v in metrics["final_metrics"].items())
     print(
         f"job {config.job_name} succeeded: model at {config.output.rstrip('/')}/model {final}",
@@ -294,9 +325,20 @@ def run_train(args: Any) -> int:
     return 0
 
 
+def _default_backend(config: TrainConfig) -> PodBackend:
+    if config.backend != "kubernetes":
+        return LocalProcessBackend(config.job_name)
+    if config.kubernetes is None:
+        raise ConfigError("--backend kubernetes needs its settings (TrainConfig.kubernetes)")
+    from edl_argo.pods.kubernetes import KubernetesBackend  # the client is slow to import: only when used
+
+    return KubernetesBackend(config.job_name, config.kubernetes)
+
+
 def register(subparsers: Any) -> None:
     from edl_argo.master.config import add_train_flags
 
     parser = subparsers.add_parser("train", help="run an elastic training job (this process is the master)")
     add_train_flags(parser)
+    add_flag(parser, "--metrics-output", default="", metavar="PATH", help="also write final metrics as JSON")
     parser.set_defaults(run=run_train)

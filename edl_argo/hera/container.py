@@ -1,0 +1,71 @@
+"""What every edl-argo step container has in common: the image, its model zoo, and the storage Secret.
+
+**Model definitions live in the image.** The master passes ``--model-def`` on to every worker and
+parameter-server pod it starts, so the model file must exist in all of them, not only in the step's
+container: an input artifact would reach the master alone. The edl-argo image therefore holds the
+project under :data:`IMAGE_HOME` (``/opt/edl-argo``), with the model zoo at :data:`MODEL_ZOO`; a model of
+your own goes into an image built ``FROM`` it (``COPY my_model.py /opt/edl-argo/models/``), or is a
+Python module installed in that image (``--model-def my_package.my_model``).
+
+**Storage settings come from a Secret.** Data and models live in MinIO or another S3 endpoint; each step
+gets ``EDL_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` from the Secret named by
+its ``storage-secret`` parameter (``envFrom``, optional, so that steps that use no object storage run
+without one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from hera.workflows import Artifact, Container, Parameter, SecretEnvFrom
+
+from edl_argo import __version__
+from edl_argo.hera.inputs import Input, StepInputs, Text
+
+#: The default image of every step (built from this repository).
+IMAGE = f"edl-argo:{__version__}"
+#: Where the image holds the edl-argo project (its ``examples/`` included).
+IMAGE_HOME = "/opt/edl-argo"
+#: The model zoo in the image: ``f"{MODEL_ZOO}/digits.py"``.
+MODEL_ZOO = f"{IMAGE_HOME}/examples/model_zoo"
+#: The default Secret with the S3 settings (``templates/minio.yaml`` holds an example).
+STORAGE_SECRET = "edl-argo-storage"
+
+#: The ``image`` argument of every step function.
+Image = Annotated[
+    Text, Input("container image with edl-argo and the model zoo under /opt/edl-argo", flag=False)
+]
+#: The ``storage_secret`` argument of every step function.
+StorageSecret = Annotated[
+    Text,
+    Input("Secret holding EDL_S3_ENDPOINT, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", flag=False),
+]
+#: The ``model_def`` argument of the steps that load a model.
+ModelDef = Annotated[
+    Text,
+    Input(f"model definition in the image: a file such as {MODEL_ZOO}/digits.py, or package.module"),
+]
+
+
+def step_container(
+    name: str,
+    inputs: StepInputs,
+    command: Sequence[str],
+    *,
+    artifacts: Sequence[Artifact] = (),
+    outputs: Sequence[Artifact | Parameter] = (),
+    **template: Any,
+) -> Container:
+    """The template of an edl-argo step: ``edl-argo <command> <the step's flags>`` in the image of its
+    ``image`` parameter, with its input parameters (and input ``artifacts``), its ``outputs``, and the S3
+    settings of its ``storage-secret``. ``template``: further fields of the template (``env``, ...)."""
+    return Container(
+        name=name,
+        image=inputs.ref("image"),
+        command=["edl-argo", *command, *inputs.flags()],
+        inputs=[*inputs.declarations(), *artifacts],
+        outputs=list(outputs) or None,
+        env_from=[SecretEnvFrom(name=inputs.ref("storage-secret"), optional=True)],
+        **template,
+    )

@@ -1,0 +1,129 @@
+"""elastic-train: the master of an elastic training job, ``edl-argo train --backend kubernetes``.
+
+The step's pod is the job's master: it starts the worker and parameter-server pods itself, so it runs
+under the ``edl-argo-master`` service account of ``templates/rbac.yaml``. It learns its pod's name, uid
+and IP through the downward API and its workflow's name and uid from Argo; the pods it starts are owned
+by the workflow (see :mod:`edl_argo.pods.kubernetes_config`). It writes ``N/M`` training tasks done to
+``$ARGO_PROGRESS_FILE``, which Argo shows as the step's progress.
+
+A master that is killed or loses its node (an exit by signal, an ``Error`` node) is retried; a job that
+fails on its own (exit 1) or is misconfigured (exit 2) is not. The job name stays the same across
+retries (the workflow's name by default), so a retried master adopts the pods of the one before.
+
+Outputs: the ``model`` artifact, the model tree the job publishes (``saved_model/``, ``model.keras``,
+``metrics.json``, ``flags.json``), and the ``metrics`` parameter, the job's final metrics as a JSON object
+(``{"accuracy": 0.97}``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from hera.workflows import Artifact, Container, Env, FieldEnv, Parameter, RetryPolicy, RetryStrategy
+from hera.workflows.models import Backoff, IntOrString, ResourceRequirements, ValueFrom
+
+from edl_argo.hera.container import IMAGE, STORAGE_SECRET, ModelDef, step_container
+from edl_argo.hera.inputs import Input, Int, StepInputs, Text
+from edl_argo.hera.step import Step, StepTask
+
+WORKFLOW_TEMPLATE = "edl-argo-elastic-train"
+#: The Kubernetes service account the master runs under (``templates/rbac.yaml``).
+SERVICE_ACCOUNT = "edl-argo-master"
+#: ``--output`` of the job inside the step's container.
+JOB_DIR = "/tmp/edl-job"
+#: The ``model`` output artifact: the model tree the job publishes under its output.
+MODEL_DIR = f"{JOB_DIR}/model"
+#: The ``metrics`` output parameter: the final metrics, written by ``--metrics-output``.
+METRICS_FILE = f"{JOB_DIR}/final-metrics.json"
+#: How often a master that was killed or lost is started again.
+MASTER_RETRIES = 2
+#: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed.
+RETRY_WHEN = 'lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2'
+#: The master's environment: its pod (downward API) and its workflow (the owner of the job's pods).
+POD_FIELDS = {"EDL_POD_NAME": "metadata.name", "EDL_POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
+WORKFLOW_ENV = {"EDL_WORKFLOW_NAME": "{{workflow.name}}", "EDL_WORKFLOW_UID": "{{workflow.uid}}"}
+
+
+def elastic_train(
+    name: str = "elastic-train",
+    *,
+    model_def: ModelDef,
+    job_name: Annotated[
+        Text, Input("name of the job (its pods are <job>-worker-N): one per training step of a workflow")
+    ] = "{{workflow.name}}",
+    training_data: Annotated[Text, Input("URL of the training shards (s3://bucket/prefix)")],
+    validation_data: Annotated[Text, Input("URL of the validation shards; empty: no evaluation")] = "",
+    num_epochs: Annotated[Int, Input("passes over the training data")] = 1,
+    minibatch_size: Annotated[Int, Input("records per minibatch")] = 64,
+    num_minibatches_per_task: Annotated[Int, Input("minibatches per task (the unit of work)")] = 8,
+    num_workers: Annotated[Int, Input("worker pods")] = 2,
+    num_ps: Annotated[Int, Input("parameter-server pods")] = 1,
+    grads_to_wait: Annotated[Int, Input("synchronous SGD: gradient pushes averaged per step")] = 1,
+    evaluation_steps: Annotated[Int, Input("evaluate every N model versions (0: at the end only)")] = 0,
+    image: Annotated[Text, Input("container image of the master, workers and parameter servers")] = IMAGE,
+    worker_resource_request: Annotated[Text, Input("resources of each worker pod")] = "cpu=1,memory=1024Mi",
+    ps_resource_request: Annotated[
+        Text, Input("resources of each parameter-server pod")
+    ] = "cpu=1,memory=1024Mi",
+    worker_pod_priority: Annotated[Text, Input("PriorityClass of the worker pods")] = "edl-argo-low",
+    ps_pod_priority: Annotated[Text, Input("PriorityClass of the parameter-server pods")] = "edl-argo-high",
+    storage_secret: Annotated[
+        Text, Input("Secret with EDL_S3_ENDPOINT and AWS credentials, for the master and its pods")
+    ] = STORAGE_SECRET,
+    master_cpu: Annotated[Text, Input("CPU request of the master pod", flag=False)] = "1",
+    master_memory: Annotated[Text, Input("memory request of the master pod", flag=False)] = "2Gi",
+    master_pod_priority: Annotated[
+        Text, Input("PriorityClass of the master pod", flag=False)
+    ] = "edl-argo-high",
+    active_deadline_seconds: Annotated[
+        Int, Input("the job fails when its master has run this long", flag=False)
+    ] = 86_400,
+    template_ref: bool = False,
+) -> StepTask:
+    """Add an elastic training job to the current DAG; returns its task.
+
+    ``task.get_artifact("model")`` is the trained model (for :func:`~edl_argo.hera.evaluate` and
+    :func:`~edl_argo.hera.predict`), ``task.get_parameter("metrics")`` its final metrics (JSON).
+    ``template_ref``: reference the installed WorkflowTemplate instead of embedding the template.
+    """
+    return ELASTIC_TRAIN.task(name, locals(), template_ref)
+
+
+def _template(inputs: StepInputs) -> Container:
+    return step_container(
+        "elastic-train",
+        inputs,
+        [
+            "train",
+            "--backend",
+            "kubernetes",
+            "--output",
+            JOB_DIR,
+            "--metrics-output",
+            METRICS_FILE,
+            "--shuffle",
+        ],
+        outputs=[
+            Artifact(name="model", path=MODEL_DIR),
+            Parameter(name="metrics", value_from=ValueFrom(path=METRICS_FILE)),
+        ],
+        env=[
+            *(FieldEnv(name=name, field_path=path) for name, path in POD_FIELDS.items()),
+            *(Env(name=name, value=value) for name, value in WORKFLOW_ENV.items()),
+        ],
+        resources=ResourceRequirements(
+            requests={"cpu": inputs.ref("master-cpu"), "memory": inputs.ref("master-memory")}
+        ),
+        service_account_name=SERVICE_ACCOUNT,
+        priority_class_name=inputs.ref("master-pod-priority"),
+        active_deadline_seconds=inputs.ref("active-deadline-seconds"),
+        retry_strategy=RetryStrategy(
+            limit=MASTER_RETRIES,
+            retry_policy=RetryPolicy.always,
+            expression=RETRY_WHEN,
+            backoff=Backoff(duration="30s", factor=IntOrString(2)),
+        ),
+    )
+
+
+ELASTIC_TRAIN = Step("elastic-train", WORKFLOW_TEMPLATE, elastic_train, _template)

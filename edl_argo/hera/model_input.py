@@ -1,0 +1,22 @@
+"""The trained model as a step's input: the ``model`` artifact of :func:`~edl_argo.hera.elastic_train`.
+
+It lands at :data:`MODEL_PATH` in the container, where ``edl-argo evaluate|predict --model`` reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from hera.workflows import Artifact
+
+from edl_argo.hera.inputs import Input, Int, Text
+
+#: Where the ``model`` input artifact lands in the container.
+MODEL_PATH = "/tmp/model"
+#: The ``model`` input artifact of evaluate and predict.
+MODEL_ARTIFACT = Artifact(name="model", path=MODEL_PATH)
+
+#: The ``data`` argument of evaluate and predict.
+Data = Annotated[Text, Input("URL of the shards to read (s3://bucket/prefix)")]
+#: The ``minibatch_size`` argument of evaluate and predict.
+MinibatchSize = Annotated[Int, Input("records per model call")]

@@ -1,0 +1,186 @@
+"""The Kubernetes API calls of one job, through the official client, answers as plain dicts.
+
+:class:`JobApi` binds a ``kubernetes.client.ApiClient`` to a namespace and a job's label selector and
+exposes exactly the calls the backend makes -- the ones ``templates/rbac.yaml`` grants: pods and services
+(create, get, list, watch, delete) and pods/log (get). Every call but the watch has a client-side timeout
+of :data:`REQUEST_SECONDS`. Errors are the client's: ``kubernetes.client.ApiException`` for an API
+refusal (:func:`api_message` quotes it), ``urllib3`` or ``OSError`` errors for a lost connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from edl_argo import __version__
+from edl_argo.errors import ConfigError
+from edl_argo.pods import manifests
+
+#: Environment variable with the API server's URL; overrides in-cluster and kubeconfig settings.
+API_URL_ENV = "EDL_KUBERNETES_API"
+#: Client-side timeout of every request but watches.
+REQUEST_SECONDS = 15.0
+#: How many log lines :meth:`JobApi.pod_log_tail` returns.
+LOG_TAIL_LINES = 10
+
+#: The errors of a request that got no answer (connection refused, reset, timed out).
+CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+
+Json = dict[str, Any]
+
+
+def load_api_client() -> k8s.ApiClient:
+    """An API client for ``$EDL_KUBERNETES_API``, else the in-cluster service account, else kubeconfig.
+
+    Its User-Agent is ``edl-argo/<version>``, so audit logs (and the test stand-in) can tell the master.
+
+    Raises:
+        ConfigError: none of them is available.
+    """
+    configuration = k8s.Configuration()
+    url = os.environ.get(API_URL_ENV, "").strip()
+    if url:
+        configuration.host = url.rstrip("/")
+    else:
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException:
+            try:
+                k8s_config.load_kube_config(client_configuration=configuration)
+            except (k8s_config.ConfigException, OSError) as error:
+                raise ConfigError(
+                    "--backend kubernetes: no in-cluster service account and no usable kubeconfig"
+                    f" ({error}); run the master in a pod, set KUBECONFIG or {API_URL_ENV}"
+                ) from None
+    api = k8s.ApiClient(configuration)
+    api.user_agent = f"edl-argo/{__version__}"
+    return api
+
+
+def api_message(error: ApiException) -> str:
+    """``"<status> <message>"`` of an API refusal (the message of the Status it carries)."""
+    try:
+        message = json.loads(error.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{error.status} {message or error.reason or ''}".strip()
+
+
+class JobApi:
+    """The calls of one job's backend in ``namespace``; listings are limited to ``selector``. Thread-safe."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str, selector: str) -> None:
+        self.namespace = namespace
+        self.selector = selector
+        self._core = k8s.CoreV1Api(api)
+        self._stream_lock = threading.Lock()
+        self._stream: Any = None
+
+    def list_pods(self) -> Json:
+        """The PodList of the job (its ``metadata.resourceVersion`` is where a watch can start)."""
+        return self._call(self._core.list_namespaced_pod, self.namespace, label_selector=self.selector)
+
+    def list_services(self) -> list[Json]:
+        listed = self._call(self._core.list_namespaced_service, self.namespace, label_selector=self.selector)
+        items: list[Json] = listed["items"]
+        return items
+
+    def create_pod(self, body: Json) -> Json:
+        return self._call(self._core.create_namespaced_pod, self.namespace, body)
+
+    def read_pod(self, name: str) -> Json:
+        return self._call(self._core.read_namespaced_pod, name, self.namespace)
+
+    def delete_pod(self, name: str, uid: str, grace_seconds: float) -> None:
+        """Delete pod ``name`` if it still is incarnation ``uid``; one that is gone (404) or is another
+        incarnation now (409) is fine. The grace period is rounded up to whole seconds, at least 1: 0
+        would remove the object before its container stopped."""
+        grace = max(1, math.ceil(grace_seconds))
+        body = k8s.V1DeleteOptions(grace_period_seconds=grace, preconditions=k8s.V1Preconditions(uid=uid))
+        try:
+            self._call(self._core.delete_namespaced_pod, name, self.namespace, body=body)
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+
+    def create_service(self, body: Json) -> Json:
+        return self._call(self._core.create_namespaced_service, self.namespace, body)
+
+    def read_service(self, name: str) -> Json:
+        return self._call(self._core.read_namespaced_service, name, self.namespace)
+
+    def delete_service(self, name: str) -> None:
+        """Delete Service ``name``; one that is gone is fine."""
+        try:
+            self._call(self._core.delete_namespaced_service, name, self.namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def pod_log_tail(self, name: str) -> list[str]:
+        """The last :data:`LOG_TAIL_LINES` lines of pod ``name``'s ``main`` container; ``[]`` on any error."""
+        try:
+            response = self._core.read_namespaced_pod_log(
+                name,
+                self.namespace,
+                container=manifests.CONTAINER,
+                tail_lines=LOG_TAIL_LINES,
+                _preload_content=False,
+                _request_timeout=5.0,
+            )
+            text = response.data.decode("utf-8", errors="replace")
+            response.release_conn()
+        except (ApiException, *CONNECTION_ERRORS):
+            return []
+        return text.splitlines()[-LOG_TAIL_LINES:]
+
+    def watch_pods(self, resource_version: str, seconds: int) -> Iterator[Json]:
+        """The watch events (``{"type", "object"}``) of the job's pods after ``resource_version``, for up
+        to ``seconds`` (the server ends the watch then). ERROR events are yielded like the others."""
+        response = self._core.list_namespaced_pod(
+            self.namespace,
+            label_selector=self.selector,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=seconds,
+            _preload_content=False,
+            _request_timeout=(REQUEST_SECONDS, seconds + REQUEST_SECONDS),
+        )
+        with self._stream_lock:
+            self._stream = response
+        try:
+            for line in iter_resp_lines(response):
+                if line:
+                    yield json.loads(line)
+        finally:
+            with self._stream_lock:
+                self._stream = None
+            response.release_conn()
+
+    def interrupt_watch(self) -> None:
+        """Make a :meth:`watch_pods` blocked in another thread end now."""
+        with self._stream_lock:
+            stream = self._stream
+        if stream is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                stream.shutdown()
+
+    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
+        response = method(*args, _preload_content=False, _request_timeout=REQUEST_SECONDS, **kwargs)
+        try:
+            result: Json = json.loads(response.data)
+        finally:
+            response.release_conn()
+        return result

@@ -1,0 +1,364 @@
+"""How the master runs its pods on Kubernetes: the ``--backend kubernetes`` flags and what they make.
+
+:func:`add_kubernetes_flags` adds the flags to ``edl-argo train``; :func:`kubernetes_config_from_args`
+validates them into a :class:`KubernetesConfig` (a :class:`~edl_argo.errors.ConfigError` names the flag
+at fault, on one line). Some settings come from the master's environment, which the Argo template sets:
+
+* ``EDL_WORKFLOW_NAME`` / ``EDL_WORKFLOW_UID`` (``{{workflow.name}}``, ``{{workflow.uid}}``): the
+  Workflow that owns every pod and Service the master creates, so deleting the workflow deletes the job;
+  pods are also labelled ``workflows.argoproj.io/workflow`` so ``argo logs`` finds them.
+* Otherwise ``EDL_POD_NAME`` / ``EDL_POD_UID`` (downward API ``metadata.name``/``metadata.uid``): the
+  master's own pod is the owner. With neither, pods have no owner and outlive a master that dies.
+* ``EDL_S3_ENDPOINT`` and ``AWS_REGION`` are passed on to the pods as plain values; the credentials never
+  are (see ``--storage-secret``).
+
+The ``--master-*`` resource and priority flags are validated and recorded in ``flags.json`` only: the
+master's own pod is created by Argo from its template, not by the master.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+from edl_argo.errors import ConfigError
+from edl_argo.flags import add_flag, positive_int
+
+#: The namespace of the pod's service account, when running in a cluster.
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: ``--worker-resource-request gpu=1`` means this resource.
+GPU_RESOURCE = "nvidia.com/gpu"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+ROLES = ("worker", "ps", "master")
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: A label key, taint key or resource name: ``[prefix/]name``.
+_QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """Resources and scheduling priority of the pods of one role (treat the dicts as read-only)."""
+
+    requests: dict[str, str] = field(default_factory=dict)
+    limits: dict[str, str] = field(default_factory=dict)
+    priority_class: str = ""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The object that owns the job's pods and Services (Kubernetes garbage-collects them with it)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """``KEY[=VALUE][:EFFECT]`` (kubectl taint syntax): operator Equal with a value, else Exists."""
+
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A PersistentVolumeClaim mounted into every worker and PS container."""
+
+    claim_name: str
+    mount_path: str
+    sub_path: str = ""
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    """Everything the Kubernetes backend needs besides the job name and the pods' commands."""
+
+    image: str
+    namespace: str = "default"
+    image_pull_policy: str = "IfNotPresent"
+    service_account: str = ""
+    worker: RoleSettings = field(default_factory=RoleSettings)
+    ps: RoleSettings = field(default_factory=RoleSettings)
+    master: RoleSettings = field(default_factory=RoleSettings)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    volumes: tuple[Volume, ...] = ()
+    storage_secret: str = ""
+    """Secret holding ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (and optionally
+    ``AWS_SESSION_TOKEN``) under those key names; pods read them with ``secretKeyRef``."""
+    storage_endpoint: str = ""
+    storage_region: str = ""
+    workflow_name: str = ""
+    owner: Owner | None = None
+    ps_port: int = 2222
+    """PS ``i`` listens on ``ps_port + i`` (distinct ports, so PSes may share a host, as in tests)."""
+    pod_creation_timeout: float = 300.0
+    """How long creating a pod is retried (quota, admission errors) before it is reported FAILED."""
+
+    def role(self, role: str) -> RoleSettings:
+        """The settings of ``"worker"``, ``"ps"`` or ``"master"``."""
+        settings: RoleSettings = getattr(self, role)
+        return settings
+
+    def ps_port_of(self, ps_id: int) -> int:
+        """The port PS ``ps_id`` listens on and its Service exposes."""
+        return self.ps_port + ps_id
+
+
+def add_kubernetes_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the ``--backend kubernetes`` flags (and ``--yaml``) to ``parser``."""
+    group = parser.add_argument_group("kubernetes (with --backend kubernetes)")
+    add_flag(group, "--image", default="", help="container image of the worker and PS pods")
+    add_flag(group, "--image-pull-policy", default="IfNotPresent", choices=PULL_POLICIES)
+    add_flag(
+        group,
+        "--namespace",
+        default="",
+        help="namespace of the pods (default: the master's own, else 'default')",
+    )
+    add_flag(group, "--service-account", default="", help="service account of the worker and PS pods")
+    for role in ROLES:
+        note = " (recorded only: Argo creates the master's pod)" if role == "master" else ""
+        add_flag(
+            group,
+            f"--{role}-resource-request",
+            default="",
+            metavar="cpu=2,memory=2048Mi,gpu=1",
+            help=f"resource requests of {role} pods{note}",
+        )
+        add_flag(
+            group,
+            f"--{role}-resource-limit",
+            default="",
+            metavar="cpu=2,memory=2048Mi,gpu=1",
+            help=f"resource limits of {role} pods (default: none){note}",
+        )
+        add_flag(group, f"--{role}-pod-priority", default="", help=f"PriorityClass of {role} pods{note}")
+    add_flag(group, "--node-selector", default="", metavar="KEY=VALUE,...", help="nodeSelector of the pods")
+    add_flag(
+        group,
+        "--toleration",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="tolerate a taint (repeatable; kubectl taint syntax)",
+    )
+    add_flag(
+        group,
+        "--volume",
+        action="append",
+        default=[],
+        metavar="claim_name=NAME,mount_path=/PATH",
+        help="mount a PersistentVolumeClaim in every pod (repeatable; also sub_path=, read_only=true)",
+    )
+    add_flag(
+        group,
+        "--storage-secret",
+        default="",
+        metavar="NAME",
+        help="Secret whose keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (each optional)"
+        " the pods get as environment variables",
+    )
+    add_flag(group, "--ps-port", type=positive_int, default=2222, help="PS i listens on this port + i")
+    add_flag(
+        group,
+        "--pod-creation-timeout",
+        type=positive_int,
+        default=300,
+        metavar="SECONDS",
+        help="retry creating a pod (quota, admission errors) this long",
+    )
+    add_flag(group, "--yaml", action="store_true", help="print the manifests of the job's pods and exit")
+
+
+def kubernetes_config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> KubernetesConfig:
+    """The validated configuration of ``args`` and the master's environment ``environ`` (default: ours).
+
+    Raises:
+        ConfigError: one line naming the flag or environment variable at fault.
+    """
+    env = os.environ if environ is None else environ
+    if not args.image:
+        raise ConfigError("--image is required with --backend kubernetes (the worker and PS image)")
+    last_port = args.ps_port + getattr(args, "num_ps", 1) - 1
+    if last_port > 65535:
+        raise ConfigError(f"--ps-port {args.ps_port}: the last PS would listen on {last_port}, past 65535")
+    return KubernetesConfig(
+        image=args.image,
+        namespace=_namespace(args.namespace),
+        image_pull_policy=args.image_pull_policy,
+        service_account=_dns_name(args.service_account, "--service-account"),
+        worker=_role_settings(args, "worker"),
+        ps=_role_settings(args, "ps"),
+        master=_role_settings(args, "master"),
+        node_selector=_labels(parse_key_values(args.node_selector, "--node-selector"), "--node-selector"),
+        tolerations=tuple(parse_toleration(text) for text in args.toleration),
+        volumes=_unique_mounts(tuple(parse_volume(text) for text in args.volume)),
+        storage_secret=_dns_name(args.storage_secret, "--storage-secret"),
+        storage_endpoint=env.get("EDL_S3_ENDPOINT", ""),
+        storage_region=env.get("AWS_REGION", ""),
+        workflow_name=env.get("EDL_WORKFLOW_NAME", ""),
+        owner=owner_from_env(env),
+        ps_port=args.ps_port,
+        pod_creation_timeout=float(args.pod_creation_timeout),
+    )
+
+
+def owner_from_env(env: Mapping[str, str]) -> Owner | None:
+    """The Workflow named by ``EDL_WORKFLOW_NAME``/``_UID``, else the pod named by ``EDL_POD_NAME``/``_UID``.
+
+    Raises:
+        ConfigError: a name without its uid.
+    """
+    for prefix, api_version, kind in (
+        ("EDL_WORKFLOW", "argoproj.io/v1alpha1", "Workflow"),
+        ("EDL_POD", "v1", "Pod"),
+    ):
+        name, uid = env.get(f"{prefix}_NAME", ""), env.get(f"{prefix}_UID", "")
+        if name and not uid:
+            raise ConfigError(f"{prefix}_NAME is set but {prefix}_UID is not: the owner needs both")
+        if name:
+            return Owner(api_version, kind, name, uid)
+    return None
+
+
+def parse_resources(text: str, flag: str) -> dict[str, str]:
+    """``"cpu=2,memory=2048Mi,gpu=1"`` -> ``{"cpu": "2", "memory": "2048Mi", "nvidia.com/gpu": "1"}``.
+
+    Raises:
+        ConfigError: a malformed pair, an invalid quantity, or a fractional extended resource (GPU).
+    """
+    resources: dict[str, str] = {}
+    for name, quantity in parse_key_values(text, flag).items():
+        name = GPU_RESOURCE if name == "gpu" else name
+        if not _QUALIFIED_NAME.match(name):
+            raise ConfigError(f"{flag}: {name!r} is not a resource name (cpu, memory, gpu, vendor/name)")
+        try:
+            value = parse_quantity(quantity)
+        except ValueError:
+            raise ConfigError(f"{flag}: {name}={quantity} is not a quantity (e.g. 2, 500m, 2048Mi)") from None
+        if value < 0:
+            raise ConfigError(f"{flag}: {name}={quantity} is negative")
+        if "/" in name and value != int(value):
+            raise ConfigError(f"{flag}: {name}={quantity} must be a whole number")
+        resources[name] = quantity
+    return resources
+
+
+def parse_key_values(text: str, flag: str) -> dict[str, str]:
+    """``"a=1,b=2"`` -> ``{"a": "1", "b": "2"}``; ``""`` -> ``{}``.
+
+    Raises:
+        ConfigError: an item without ``=``, an empty key or a repeated key.
+    """
+    pairs: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ConfigError(f"{flag}: {item!r} is not KEY=VALUE")
+        if key in pairs:
+            raise ConfigError(f"{flag}: {key} is given twice")
+        pairs[key] = value
+    return pairs
+
+
+def parse_toleration(text: str) -> Toleration:
+    """``--toleration KEY[=VALUE][:EFFECT]``, e.g. ``nvidia.com/gpu:NoSchedule``, ``pool=ml:NoExecute``."""
+    rest, _, effect = text.strip().rpartition(":") if ":" in text else (text.strip(), "", "")
+    key, _, value = rest.partition("=")
+    if not _QUALIFIED_NAME.match(key) or not _LABEL_VALUE.match(value):
+        raise ConfigError(f"--toleration {text!r}: expected KEY[=VALUE][:EFFECT] with a valid taint key")
+    if effect and effect not in TAINT_EFFECTS:
+        raise ConfigError(
+            f"--toleration {text!r}: effect {effect!r} is not one of {', '.join(TAINT_EFFECTS)}"
+        )
+    return Toleration(key, value, effect)
+
+
+def parse_volume(text: str) -> Volume:
+    """``--volume "claim_name=data,mount_path=/data[,sub_path=x][,read_only=true]"``."""
+    flag = f"--volume {text!r}"
+    fields = parse_key_values(text, flag)
+    unknown = set(fields) - {"claim_name", "mount_path", "sub_path", "read_only"}
+    if unknown:
+        raise ConfigError(
+            f"{flag}: unknown key {sorted(unknown)[0]!r} (claim_name, mount_path, sub_path, read_only)"
+        )
+    claim, mount = fields.get("claim_name", ""), fields.get("mount_path", "")
+    if not claim or not mount:
+        raise ConfigError(f"{flag}: needs claim_name=... and mount_path=...")
+    _dns_name(claim, flag)
+    if not mount.startswith("/"):
+        raise ConfigError(f"{flag}: mount_path {mount!r} must be absolute")
+    read_only = fields.get("read_only", "false").lower()
+    if read_only not in ("true", "false"):
+        raise ConfigError(f"{flag}: read_only must be true or false")
+    return Volume(claim, mount, fields.get("sub_path", ""), read_only == "true")
+
+
+def parse_quantity(quantity: str) -> Decimal:
+    """A Kubernetes quantity (``2``, ``500m``, ``2048Mi``) as a number; ValueError if it is not one."""
+    from kubernetes.utils import parse_quantity as parse  # the client is slow to import: only when needed
+
+    value: Decimal = parse(quantity)
+    return value
+
+
+def _role_settings(args: argparse.Namespace, role: str) -> RoleSettings:
+    request_flag, limit_flag = f"--{role}-resource-request", f"--{role}-resource-limit"
+    requests = parse_resources(getattr(args, f"{role}_resource_request"), request_flag)
+    limits = parse_resources(getattr(args, f"{role}_resource_limit"), limit_flag)
+    for name, quantity in requests.items():
+        if "/" in name:  # Kubernetes requires extended resources (GPUs) to have limit == request
+            limits.setdefault(name, quantity)
+            if parse_quantity(limits[name]) != parse_quantity(quantity):
+                raise ConfigError(f"{limit_flag}: {name} must equal its request ({quantity}) for a GPU")
+        elif name in limits and parse_quantity(limits[name]) < parse_quantity(quantity):
+            raise ConfigError(f"{limit_flag}: {name}={limits[name]} is below its request {quantity}")
+    priority = _dns_name(getattr(args, f"{role}_pod_priority"), f"--{role}-pod-priority")
+    return RoleSettings(requests, limits, priority)
+
+
+def _namespace(flag_value: str) -> str:
+    namespace = flag_value
+    if not namespace and SERVICE_ACCOUNT_NAMESPACE_FILE.is_file():
+        namespace = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip()
+    return _dns_name(namespace or "default", "--namespace")
+
+
+def _dns_name(name: str, flag: str) -> str:
+    if name and (len(name) > 253 or not _DNS_SUBDOMAIN.match(name)):
+        raise ConfigError(
+            f"{flag} {name!r}: not a valid Kubernetes name (lower-case letters, digits, '-', '.')"
+        )
+    return name
+
+
+def _labels(labels: dict[str, str], flag: str) -> dict[str, str]:
+    for key, value in labels.items():
+        if not _QUALIFIED_NAME.match(key) or not _LABEL_VALUE.match(value) or len(value) > 63:
+            raise ConfigError(f"{flag}: {key}={value} is not a valid label")
+    return labels
+
+
+def _unique_mounts(volumes: tuple[Volume, ...]) -> tuple[Volume, ...]:
+    paths = [v.mount_path for v in volumes]
+    for path in paths:
+        if paths.count(path) > 1:
+            raise ConfigError(f"--volume: mount_path {path} is used twice")
+    return volumes

@@ -1,0 +1,218 @@
+"""The Kubernetes objects of a job's pods, as plain dicts: what the backend creates and ``--yaml`` prints.
+
+Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.KubernetesConfig` and the
+:class:`~edl_argo.pods.base.PodSpec`; no API calls. Conventions:
+
+* Names: pod ``<job>-<role>-<id>`` (``digits-worker-3``), and for PS ``i`` a Service of the same name.
+* Labels: ``app.kubernetes.io/name=edl-argo``, ``app.kubernetes.io/instance=<job>``, ``edl-argo/role``,
+  ``edl-argo/id``, and ``workflows.argoproj.io/workflow=<workflow>`` inside Argo (``argo logs`` finds the
+  pods by it). :func:`job_selector` selects every pod and Service of a job.
+* Every object has the config's owner (the Workflow, else the master's pod) as ownerReference.
+* Pods: one container ``main`` (the name ``argo logs`` reads) running ``spec.command``,
+  ``restartPolicy: Never`` (the master relaunches, Kubernetes does not), no service-account token (pods
+  never call the API), non-root without privilege escalation. Storage credentials come from the
+  ``--storage-secret`` Secret via ``secretKeyRef``, never as values.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from edl_argo.errors import ConfigError
+from edl_argo.pods.base import PodRole, PodSpec
+from edl_argo.pods.kubernetes_config import KubernetesConfig
+
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+ROLE_LABEL = "edl-argo/role"
+ID_LABEL = "edl-argo/id"
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+APP = "edl-argo"
+CONTAINER = "main"
+PORT_NAME = "grpc"
+
+#: Seconds between SIGTERM and SIGKILL when a pod is deleted: a PS stops serving and saves a checkpoint.
+GRACE_SECONDS = {PodRole.WORKER: 10, PodRole.PS: 30}
+
+#: Keys of the ``--storage-secret`` Secret, mounted as the environment variables of the same names. All
+#: optional, as in the master's own pod (Argo's template mounts the Secret with ``optional: true``), so
+#: the pods see the credentials the master sees: none for public buckets or node/IRSA identities.
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+#: Environment variables filled in by Kubernetes (downward API) -> the pod field they hold.
+FIELD_ENV = (
+    ("POD_IP", "status.podIP"),
+    ("EDL_POD_NAME", "metadata.name"),
+    ("EDL_POD_UID", "metadata.uid"),
+    ("EDL_NAMESPACE", "metadata.namespace"),
+)
+
+#: Longest job name: ``<job>-worker-99999`` must stay a 63-character DNS label (it is the hostname).
+MAX_JOB_NAME = 63 - len("-worker-99999")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def validate_job_name(job_name: str) -> str:
+    """``job_name`` if it can name Kubernetes pods and Services, else :class:`ConfigError`."""
+    if len(job_name) > MAX_JOB_NAME or not _DNS_LABEL.match(job_name):
+        raise ConfigError(
+            f"--job-name {job_name!r}: on Kubernetes a job name is at most {MAX_JOB_NAME} lower-case"
+            " letters, digits and '-', starting with a letter"
+        )
+    return job_name
+
+
+def object_name(job_name: str, role: PodRole, pod_id: int) -> str:
+    """The Kubernetes name of pod ``pod_id`` of ``role`` (and of a PS's Service): ``<job>-<role>-<id>``."""
+    return f"{job_name}-{PodRole(role).value}-{pod_id}"
+
+
+def job_selector(job_name: str) -> str:
+    """The label selector of every pod and Service of the job."""
+    return f"{NAME_LABEL}={APP},{INSTANCE_LABEL}={job_name}"
+
+
+def pod_labels(job_name: str, config: KubernetesConfig, role: PodRole, pod_id: int) -> dict[str, str]:
+    """The labels of a pod or Service of the job."""
+    labels = {
+        NAME_LABEL: APP,
+        INSTANCE_LABEL: job_name,
+        ROLE_LABEL: PodRole(role).value,
+        ID_LABEL: str(pod_id),
+    }
+    if config.workflow_name:
+        labels[WORKFLOW_LABEL] = config.workflow_name
+    return labels
+
+
+def pod_key(labels: dict[str, str] | None) -> tuple[PodRole, int] | None:
+    """``(role, id)`` from the labels of one of the job's objects; None if they are not ours."""
+    labels = labels or {}
+    try:
+        return PodRole(labels[ROLE_LABEL]), int(labels[ID_LABEL])
+    except (KeyError, ValueError):
+        return None
+
+
+def metadata(job_name: str, config: KubernetesConfig, role: PodRole, pod_id: int) -> dict[str, Any]:
+    """Name, namespace, labels and ownerReferences of a pod or Service of the job."""
+    meta: dict[str, Any] = {
+        "name": object_name(job_name, role, pod_id),
+        "namespace": config.namespace,
+        "labels": pod_labels(job_name, config, role, pod_id),
+    }
+    if config.owner is not None:
+        # No blockOwnerDeletion: that would need permission on the owner's finalizers.
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": config.owner.api_version,
+                "kind": config.owner.kind,
+                "name": config.owner.name,
+                "uid": config.owner.uid,
+            }
+        ]
+    return meta
+
+
+def pod_manifest(job_name: str, config: KubernetesConfig, spec: PodSpec) -> dict[str, Any]:
+    """The Pod that runs ``spec``."""
+    settings = config.role(spec.role.value)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": list(spec.command),
+        "env": _env(job_name, config, spec),
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    resources = {k: dict(v) for k, v in (("requests", settings.requests), ("limits", settings.limits)) if v}
+    if resources:
+        container["resources"] = resources
+    if spec.port is not None:
+        container["ports"] = [{"name": PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": GRACE_SECONDS[spec.role],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+    }
+    if settings.priority_class:
+        pod_spec["priorityClassName"] = settings.priority_class
+    if config.service_account:
+        pod_spec["serviceAccountName"] = config.service_account
+    if config.node_selector:
+        pod_spec["nodeSelector"] = dict(config.node_selector)
+    if config.tolerations:
+        pod_spec["tolerations"] = [
+            {"key": t.key, "operator": "Equal" if t.value else "Exists"}
+            | ({"value": t.value} if t.value else {})
+            | ({"effect": t.effect} if t.effect else {})
+            for t in config.tolerations
+        ]
+    if config.volumes:
+        claims = list(dict.fromkeys(v.claim_name for v in config.volumes))
+        pod_spec["volumes"] = [
+            {"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": claim}}
+            for i, claim in enumerate(claims)
+        ]
+        container["volumeMounts"] = [
+            {"name": f"volume-{claims.index(v.claim_name)}", "mountPath": v.mount_path}
+            | ({"subPath": v.sub_path} if v.sub_path else {})
+            | ({"readOnly": True} if v.read_only else {})
+            for v in config.volumes
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata(job_name, config, spec.role, spec.pod_id),
+        "spec": pod_spec,
+    }
+
+
+def service_manifest(job_name: str, config: KubernetesConfig, ps_id: int, port: int) -> dict[str, Any]:
+    """The ClusterIP Service that gives PS ``ps_id`` an address that survives its relaunches."""
+    selector = {
+        k: v for k, v in pod_labels(job_name, config, PodRole.PS, ps_id).items() if k != WORKFLOW_LABEL
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(job_name, config, PodRole.PS, ps_id),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def service_dns_address(job_name: str, config: KubernetesConfig, ps_id: int) -> str:
+    """``<job>-ps-<id>.<namespace>.svc:<port>``: the DNS form of a PS's Service address (for ``--yaml``)."""
+    name = object_name(job_name, PodRole.PS, ps_id)
+    return f"{name}.{config.namespace}.svc:{config.ps_port_of(ps_id)}"
+
+
+def _env(job_name: str, config: KubernetesConfig, spec: PodSpec) -> list[dict[str, Any]]:
+    """The container's environment; later entries replace earlier ones of the same name."""
+    values = {
+        **spec.env,
+        "EDL_JOB_NAME": job_name,
+        "EDL_POD_ROLE": spec.role.value,
+        "EDL_POD_ID": str(spec.pod_id),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if config.storage_endpoint:
+        values["EDL_S3_ENDPOINT"] = config.storage_endpoint
+    if config.storage_region:
+        values["AWS_REGION"] = config.storage_region
+    env: dict[str, dict[str, Any]] = {name: {"name": name, "value": value} for name, value in values.items()}
+    for name, path in FIELD_ENV:
+        env[name] = {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+    if config.storage_secret:
+        for name in SECRET_KEYS:
+            ref = {"name": config.storage_secret, "key": name, "optional": True}
+            env[name] = {"name": name, "valueFrom": {"secretKeyRef": ref}}
+    return list(env.values())

@@ -1,0 +1,143 @@
+"""What every benchmark shares: repeated measurements, result rows, the run context, child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The repository root (the benchmarks run from there, as ``python -m tests.bench.run``).
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One quantity measured several times; shown as ``median [min–max]``."""
+
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stat:
+        if not values:
+            raise ValueError("a Stat needs at least one value")
+        return cls(tuple(float(v) for v in values))
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    def format(self, digits: int | None = None) -> str:
+        """``1,234 [1,100–1,300]``; ``digits`` decimals (default: by magnitude), no range for one value."""
+        places = digits if digits is not None else _default_places(self.median)
+        text = f"{self.median:,.{places}f}"
+        if len(self.values) > 1:
+            text += f" [{self.low:,.{places}f}–{self.high:,.{places}f}]"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median": self.median, "min": self.low, "max": self.high, "values": list(self.values)}
+
+
+def _default_places(value: float) -> int:
+    magnitude = abs(value)
+    if magnitude >= 100:
+        return 0
+    if magnitude >= 10:
+        return 1
+    return 2
+
+
+def ratio_stat(numerators: Sequence[float], denominators: Sequence[float]) -> Stat:
+    """Per-repeat ratios ``numerators[i] / denominators[i]`` (pairs measured next to each other)."""
+    return Stat.of([n / d for n, d in zip(numerators, denominators, strict=True)])
+
+
+#: One row of a result table: column name -> cell (a :class:`Stat`, a number or text).
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A target from the issue, e.g. ``reader ≥ 0.8× raw``, checked against a measured ratio."""
+
+    what: str
+    measured: Stat
+    threshold: float
+
+    @property
+    def met(self) -> bool:
+        return self.measured.median >= self.threshold
+
+
+@dataclass
+class BenchResult:
+    """What one benchmark function returns: its rows, how they were measured and the goals it checks."""
+
+    name: str
+    title: str
+    method: str
+    columns: list[str]
+    rows: list[Row] = field(default_factory=list)
+    goals: list[Goal] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class BenchContext:
+    """Settings shared by the benchmarks of one run."""
+
+    #: Short smoke mode: tiny sizes, one or two repeats.
+    quick: bool
+    #: A fresh temporary folder for this run's data; removed at the end of the run.
+    workdir: Path
+    #: How many times each measurement is repeated (full mode).
+    repeats: int = 3
+    log: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr, flush=True))
+
+    def folder(self, name: str) -> Path:
+        """A new subfolder of :attr:`workdir`."""
+        path = self.workdir / name
+        path.mkdir(parents=True, exist_ok=False)
+        return path
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a benchmark's child process: ours, quiet TensorFlow, the repo importable."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group of ``process`` (started with ``start_new_session``) and reap it."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a log file, for error messages."""
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return f"no log at {path}"
+    return f"end of {path}:\n" + "\n".join(text)

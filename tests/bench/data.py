@@ -1,0 +1,72 @@
+"""Datasets the training benchmarks generate, and reading them back as the arrays ``model.fit`` takes."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edl_argo.data.commands import ctr_records, digits_records
+from edl_argo.data.examples import encode_example
+from edl_argo.recordio import Compressor, ShardReader, list_shards, write_shard
+from edl_argo.storage import LocalStorage
+
+MNIST_SIDE = 28
+
+
+def mnist_like_records(count: int, seed: int = 0) -> list[bytes]:
+    """``count`` generated 28×28 MNIST-style examples (``image``: 784 floats in [0, 1], ``label``).
+
+    Each class has a fixed random stroke pattern; an example is its class pattern, shifted by up to two
+    pixels, plus noise, so the task is learnable without shipping MNIST.
+    """
+    rng = np.random.default_rng(seed)
+    patterns = (np.random.default_rng(4321).random((10, MNIST_SIDE, MNIST_SIDE)) > 0.75).astype(np.float32)
+    labels = rng.integers(0, 10, size=count)
+    shifts = rng.integers(-2, 3, size=(count, 2))
+    records = []
+    for label, (dy, dx) in zip(labels, shifts, strict=True):
+        image = np.roll(patterns[label], (dy, dx), axis=(0, 1)) * 0.8
+        image += rng.random((MNIST_SIDE, MNIST_SIDE), dtype=np.float32) * 0.3
+        records.append(encode_example({"image": np.clip(image, 0.0, 1.0).ravel(), "label": int(label)}))
+    return records
+
+
+def digits_train_records() -> list[bytes]:
+    """scikit-learn's digits, the training split ``edl-argo data digits`` writes (1,437 records)."""
+    train, _test = digits_records(test_fraction=0.2, seed=0)
+    return train
+
+
+def ctr_train_records(count: int) -> list[bytes]:
+    """``count`` synthetic click records as ``edl-argo data ctr`` writes them (vocabulary 100,000)."""
+    return ctr_records(count, vocabulary=100_000, seed=0)
+
+
+def write_records(folder: Path, records: list[bytes], shards: int = 1) -> str:
+    """Write ``records`` as ``shards`` snappy RecordIO shards (with index sidecars) in ``folder``."""
+    storage = LocalStorage(folder)
+    bounds = np.linspace(0, len(records), shards + 1).astype(int)
+    for number, (start, end) in enumerate(itertools.pairwise(bounds)):
+        write_shard(storage, f"data-{number:05d}", records[start:end], compressor=Compressor.SNAPPY)
+    return str(folder)
+
+
+def read_records(folder: str) -> list[bytes]:
+    """Every record of every shard in ``folder``, in shard order."""
+    storage = LocalStorage(folder)
+    return [record for key in list_shards(storage) for record in ShardReader(storage, key).iter_records()]
+
+
+def feed_to_arrays(spec: Any, records: list[bytes]) -> tuple[Any, Any]:
+    """Run the model file's own ``feed`` (evaluation mode: no shuffling) over ``records`` and return
+    ``(features, labels)`` as numpy arrays, so ``model.fit`` sees exactly what our workers see."""
+    import tensorflow as tf
+
+    from edl_argo.model import Mode
+
+    dataset = spec.feed(tf.data.Dataset.from_tensor_slices(tf.constant(records)), Mode.EVALUATION, None)
+    features, labels = next(iter(dataset.batch(len(records))))
+    return tf.nest.map_structure(np.asarray, features), np.asarray(labels)

@@ -1,0 +1,34 @@
+"""Helpers shared by the tests and benchmarks that run the Kubernetes backend against the stand-in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: ``(API group, resource, verb)`` the master needs, per the issue: nothing beyond this.
+MASTER_RULES = (
+    {("", "pods", verb) for verb in ("create", "get", "list", "watch", "delete")}
+    | {("", "services", verb) for verb in ("create", "get", "list", "watch", "delete")}
+    | {("", "pods/log", "get")}
+)
+#: What Argo's executor, in the same pod, needs to report the step's outputs.
+ARGO_EXECUTOR_RULES = {("argoproj.io", "workflowtaskresults", verb) for verb in ("create", "patch")}
+#: The User-Agent of the master's API client (``edl_argo.pods.kubernetes.load_api_client``).
+MASTER_USER_AGENT = "edl-argo/"
+
+
+def role_rules() -> list[dict[str, Any]]:
+    """The rules of the Role in ``templates/rbac.yaml``."""
+    documents = yaml.safe_load_all((ROOT / "templates" / "rbac.yaml").read_text())
+    rules: list[dict[str, Any]] = next(d for d in documents if d["kind"] == "Role")["rules"]
+    return rules
+
+
+def job_selector(job_name: str, role: str = "") -> str:
+    """The label selector of a job's objects (of one role)."""
+    selector = f"app.kubernetes.io/instance={job_name}"
+    return f"{selector},edl-argo/role={role}" if role else selector

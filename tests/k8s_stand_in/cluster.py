@@ -1,0 +1,482 @@
+"""TEST-ONLY: what the stand-in's API server, scheduler, kubelet and garbage collector do to objects.
+
+Resources: ``pods``, ``services``, ``secrets`` (core/v1) and ``workflows`` (argoproj.io/v1alpha1, stored
+only so that owner references to a Workflow cascade). One node, ``stand-in-node``, runs every pod's
+container as a local process group (its ``command`` + ``args``, ``edl-argo`` resolved to this
+interpreter's console script) with ``status.podIP`` 127.0.0.1, so pods share the loopback address.
+
+Pod lifecycle: created Pending -> scheduled (unless held: then PodScheduled=False/Unschedulable until
+:meth:`Cluster.release`) -> Running once its process started (or Pending with a waiting container:
+``InvalidImageName`` for an image name with upper-case letters or spaces, ``CreateContainerConfigError``
+for a missing, non-optional Secret) -> Succeeded (exit 0) or Failed, the container's ``terminated`` state
+holding the exit status (128+N for signal N) and reason ``Completed``, ``Error`` or ``OOMKilled`` (see
+:meth:`Cluster.signal`). Deleting a running pod is graceful: MODIFIED
+with ``deletionTimestamp``, SIGTERM, SIGKILL after the grace period, the terminal status (MODIFIED), then
+DELETED; a pod without a running process goes at once (MODIFIED, then DELETED). When an object goes, the
+objects whose ownerReferences name its uid are deleted too (background cascade).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tests.k8s_stand_in.selectors import Requirement, matches, parse_selector
+from tests.k8s_stand_in.store import ObjectKey, ObjectStore
+
+NODE = "stand-in-node"
+POD_IP = "127.0.0.1"
+#: Environment variables of the test process that a pod does not inherit (a container would not have them).
+_PRIVATE_ENV = re.compile(r"^(AWS_|EDL_|POD_IP$|KUBE|KUBERNETES_|PYTEST_)")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*$")
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+class ApiError(Exception):
+    """An API request refused with HTTP ``code`` (answered as a Status object)."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+@dataclass(eq=False)
+class _Container:
+    """The running process of one pod's (single) container."""
+
+    key: ObjectKey
+    uid: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    started_at: str
+    oom: bool = False
+    kill_deadline: float = float("inf")
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+@dataclass
+class _Hold:
+    selector: list[Requirement]
+    remaining: int | None
+
+
+def now_rfc3339(at: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if at is None else at))
+
+
+class Cluster:
+    """The objects of a stand-in cluster and what happens to them. Thread-safe (one lock: the store's)."""
+
+    def __init__(self, store: ObjectStore, workdir: Path, echo_logs: bool = True) -> None:
+        self.store = store
+        self.workdir = workdir
+        self.echo_logs = echo_logs
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self._containers: dict[str, _Container] = {}
+        self._holds: list[_Hold] = []
+        self._held: list[tuple[ObjectKey, str]] = []
+        self._closed = False
+
+    # -- the API ---------------------------------------------------------------------------------
+
+    def create(self, resource: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        meta = body.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name:
+            raise ApiError(422, "Invalid", f"{resource}: metadata.name: Required value")
+        key = (resource, namespace, name)
+        with self.store.lock:
+            if self.store.get(key) is not None:
+                raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists')
+            meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
+            getattr(self, f"_admit_{resource}", lambda _body: None)(body)
+            created = self.store.put(key, body, "ADDED")
+        if resource == "pods":
+            threading.Thread(target=self._schedule, args=(key, meta["uid"]), daemon=True).start()
+        return created
+
+    def read(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        with self.store.lock:
+            obj = self.store.get((resource, namespace, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            return _copy(obj)
+
+    def list(self, resource: str, namespace: str, selector: str | None) -> tuple[list[dict[str, Any]], int]:
+        try:
+            requirements = parse_selector(selector)
+        except ValueError as error:
+            raise ApiError(400, "BadRequest", str(error)) from None
+        return self.store.list(resource, namespace, requirements)
+
+    def delete(
+        self, resource: str, namespace: str, name: str, grace: int | None = None, uid: str | None = None
+    ) -> dict[str, Any]:
+        """Delete an object (``uid``: only if it is that one, else 409), gracefully for a running pod."""
+        key = (resource, namespace, name)
+        with self.store.lock:
+            obj = self.store.get(key)
+            if obj is None:
+                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            actual = obj["metadata"]["uid"]
+            if uid and actual != uid:
+                message = f"Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
+                raise ApiError(409, "Conflict", message)
+            if resource == "pods":
+                return self._delete_pod(key, obj, grace)
+            return self._remove(key) or {}
+
+    def pod_log(self, namespace: str, name: str, tail_lines: int | None) -> str:
+        pod = self.read("pods", namespace, name)
+        path = self._log_path(namespace, name, pod["metadata"]["uid"])
+        if not path.exists():
+            raise ApiError(400, "BadRequest", f'container "main" in pod "{name}" is waiting to start')
+        lines = path.read_text(errors="replace").splitlines(keepends=True)
+        return "".join(lines[-tail_lines:] if tail_lines else lines)
+
+    # -- test controls ---------------------------------------------------------------------------
+
+    def hold_pending(self, selector: str = "", count: int | None = None) -> None:
+        """Keep the next ``count`` (default: all) new pods matching ``selector`` Pending/Unschedulable."""
+        with self.store.lock:
+            self._holds.append(_Hold(parse_selector(selector), count))
+
+    def release(self) -> None:
+        """Drop every hold and schedule the pods held so far, oldest first (capacity freed up)."""
+        with self.store.lock:
+            self._holds.clear()
+            held, self._held = self._held, []
+            for key, uid in held:
+                pod = self.store.get(key)
+                if (
+                    pod is not None
+                    and pod["metadata"]["uid"] == uid
+                    and not pod["metadata"].get("deletionTimestamp")
+                ):
+                    self._bind(key, pod)
+
+    def evict(self, namespace: str, name: str, reason: str = "PreemptionByScheduler") -> None:
+        """Preempt a pod as the scheduler does: a DisruptionTarget condition, then graceful deletion."""
+        key = ("pods", namespace, name)
+        with self.store.lock:
+            pod = self.store.get(key)
+            if pod is None:
+                raise KeyError(name)
+            _set_condition(pod, "DisruptionTarget", "True", reason, "stand-in: preempted to make room")
+            self.store.put(key, pod, "MODIFIED")
+            self._delete_pod(key, pod, None)
+
+    def signal(self, namespace: str, name: str, sig: int, oom: bool = False) -> None:
+        """Send ``sig`` to a running pod's processes (``oom``: report the exit as OOMKilled)."""
+        with self.store.lock:
+            pod = self.store.get(("pods", namespace, name))
+            container = self._containers.get(pod["metadata"]["uid"]) if pod else None
+            if container is None:
+                raise KeyError(f"pod {name} is not running")
+            container.oom = container.oom or oom
+            _signal_group(container.process.pid, sig)
+
+    def close(self) -> None:
+        """SIGKILL every pod's processes and wait for them."""
+        with self.store.lock:
+            self._closed = True
+            containers = list(self._containers.values())
+        for container in containers:
+            _signal_group(container.process.pid, signal.SIGKILL)
+            container.process.wait()
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def _admit_pods(self, pod: dict[str, Any]) -> None:
+        containers = (pod.get("spec") or {}).get("containers") or []
+        if not containers or not all(c.get("name") and c.get("image") for c in containers):
+            raise ApiError(422, "Invalid", "spec.containers: each needs a name and an image")
+        pod["status"] = {"phase": "Pending", "conditions": []}
+
+    def _admit_services(self, service: dict[str, Any]) -> None:
+        spec = service.setdefault("spec", {})
+        if not spec.get("ports"):
+            raise ApiError(422, "Invalid", "spec.ports: Required value")
+        if spec.get("clusterIP") != "None":
+            spec["clusterIP"] = POD_IP
+            spec["clusterIPs"] = [POD_IP]
+
+    def _admit_secrets(self, secret: dict[str, Any]) -> None:
+        data = secret.setdefault("data", {})
+        for key, value in (secret.pop("stringData", None) or {}).items():
+            data[key] = base64.b64encode(value.encode()).decode()
+
+    # -- scheduler and kubelet -------------------------------------------------------------------
+
+    def _schedule(self, key: ObjectKey, uid: str) -> None:
+        with self.store.lock:
+            pod = self.store.get(key)
+            if pod is None or pod["metadata"]["uid"] != uid or pod["metadata"].get("deletionTimestamp"):
+                return
+            hold = next((h for h in self._holds if matches(h.selector, pod["metadata"].get("labels"))), None)
+            if hold is None or self._closed:
+                self._bind(key, pod)
+                return
+            if hold.remaining is not None:
+                hold.remaining -= 1
+                if hold.remaining <= 0:
+                    self._holds.remove(hold)
+            self._held.append((key, uid))
+            message = "0/1 nodes are available: 1 Insufficient cpu. (held by the stand-in)"
+            _set_condition(pod, "PodScheduled", "False", "Unschedulable", message)
+            self.store.put(key, pod, "MODIFIED")
+
+    def _bind(self, key: ObjectKey, pod: dict[str, Any]) -> None:
+        """Put ``pod`` on the node and start its container. Called with the lock held."""
+        pod["spec"]["nodeName"] = NODE
+        _set_condition(pod, "PodScheduled", "True", "", "")
+        status = pod["status"]
+        container = pod["spec"]["containers"][0]
+        try:
+            if not _IMAGE.match(container["image"]):
+                raise ApiError(
+                    400, "InvalidImageName", f'Failed to apply default image tag "{container["image"]}"'
+                )
+            env = self._container_env(pod, container)
+        except ApiError as error:
+            status["containerStatuses"] = [
+                _container_status(container, {"waiting": {"reason": error.reason, "message": error.message}})
+            ]
+            self.store.put(key, pod, "MODIFIED")
+            return
+        command = [_VAR_REF.sub(lambda m: env.get(m[1], m[0]), arg) for arg in _argv(container)]
+        uid = pod["metadata"]["uid"]
+        log_path = self._log_path(key[1], key[2], uid)
+        try:
+            process = subprocess.Popen(
+                [_resolve_program(command[0]), *command[1:]],
+                env=env,
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            state = {"waiting": {"reason": "RunContainerError", "message": str(error)}}
+            status["containerStatuses"] = [_container_status(container, state)]
+            self.store.put(key, pod, "MODIFIED")
+            return
+        started = now_rfc3339()
+        running = _Container(key, uid, process, log_path, started)
+        self._containers[uid] = running
+        status.update(
+            phase="Running", podIP=POD_IP, podIPs=[{"ip": POD_IP}], hostIP=POD_IP, startTime=started
+        )
+        status["containerStatuses"] = [
+            _container_status(container, {"running": {"startedAt": started}}, ready=True, started=True)
+        ]
+        _set_condition(pod, "Ready", "True", "", "")
+        self.store.put(key, pod, "MODIFIED")
+        assert process.stdout is not None
+        for target, args in ((self._copy_log, (running, process.stdout)), (self._wait, (running,))):
+            thread = threading.Thread(target=target, args=args, daemon=True)
+            running.threads.append(thread)
+            thread.start()
+
+    def _container_env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        """The container's environment: the test process's (minus private variables), then ``env``."""
+        env = {k: v for k, v in os.environ.items() if not _PRIVATE_ENV.match(k)}
+        env["HOSTNAME"] = pod["metadata"]["name"]
+        for item in container.get("env") or []:
+            name = item["name"]
+            if "value" in item:
+                env[name] = _VAR_REF.sub(lambda m: env.get(m[1], m[0]), str(item["value"]))
+                continue
+            source = item.get("valueFrom") or {}
+            if "fieldRef" in source:
+                env[name] = _field(pod, source["fieldRef"]["fieldPath"])
+            elif "secretKeyRef" in source:
+                value = self._secret_value(pod["metadata"]["namespace"], source["secretKeyRef"])
+                if value is not None:
+                    env[name] = value
+            else:
+                raise ApiError(400, "CreateContainerConfigError", f"unsupported valueFrom for {name}")
+        return env
+
+    def _secret_value(self, namespace: str, ref: Mapping[str, Any]) -> str | None:
+        secret = self.store.get(("secrets", namespace, ref["name"]))
+        optional = bool(ref.get("optional"))
+        if secret is None:
+            if optional:
+                return None
+            raise ApiError(400, "CreateContainerConfigError", f'secret "{ref["name"]}" not found')
+        encoded = (secret.get("data") or {}).get(ref["key"])
+        if encoded is None:
+            if optional:
+                return None
+            raise ApiError(
+                400,
+                "CreateContainerConfigError",
+                f"couldn't find key {ref['key']} in Secret {namespace}/{ref['name']}",
+            )
+        return base64.b64decode(encoded).decode()
+
+    def _copy_log(self, container: _Container, stream: IO[bytes]) -> None:
+        prefix = f"[{container.key[2]}] "
+        with stream, container.log_path.open("ab") as log:
+            for line in iter(stream.readline, b""):
+                log.write(line)
+                log.flush()
+                if self.echo_logs:
+                    with contextlib.suppress(OSError, ValueError):
+                        sys.stderr.write(prefix + line.decode("utf-8", errors="replace").rstrip("\n") + "\n")
+                        sys.stderr.flush()
+
+    def _wait(self, container: _Container) -> None:
+        returncode = container.process.wait()
+        _signal_group(container.process.pid, signal.SIGKILL)  # what the main process left behind
+        container.threads[0].join(2.0)
+        exit_code = returncode if returncode >= 0 else 128 - returncode
+        with self.store.lock:
+            self._containers.pop(container.uid, None)
+            pod = self.store.get(container.key)
+            if pod is None or pod["metadata"]["uid"] != container.uid:
+                return
+            reason = "OOMKilled" if container.oom else "Completed" if exit_code == 0 else "Error"
+            terminated = {
+                "exitCode": exit_code,
+                "reason": reason,
+                "startedAt": container.started_at,
+                "finishedAt": now_rfc3339(),
+            }
+            spec = pod["spec"]["containers"][0]
+            pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+            pod["status"]["containerStatuses"] = [_container_status(spec, {"terminated": terminated})]
+            _set_condition(pod, "Ready", "False", "PodCompleted", "")
+            self.store.put(container.key, pod, "MODIFIED")
+            if pod["metadata"].get("deletionTimestamp"):
+                self._remove(container.key)
+
+    # -- deletion --------------------------------------------------------------------------------
+
+    def _delete_pod(self, key: ObjectKey, pod: dict[str, Any], grace: int | None) -> dict[str, Any]:
+        """Called with the lock held."""
+        meta = pod["metadata"]
+        if grace is None:
+            grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        container = self._containers.get(meta["uid"])
+        if container is None:  # nothing runs: the object goes at once
+            meta.setdefault("deletionTimestamp", now_rfc3339())
+            meta["deletionGracePeriodSeconds"] = 0
+            self.store.put(key, pod, "MODIFIED")
+            self._held = [(k, u) for k, u in self._held if u != meta["uid"]]
+            return self._remove(key) or {}
+        deadline = time.monotonic() + grace
+        if deadline < container.kill_deadline:
+            first = container.kill_deadline == float("inf")
+            container.kill_deadline = deadline
+            meta["deletionTimestamp"] = now_rfc3339(time.time() + grace)
+            meta["deletionGracePeriodSeconds"] = grace
+            updated = self.store.put(key, pod, "MODIFIED")
+            if first:
+                _signal_group(container.process.pid, signal.SIGTERM)
+                _signal_group(container.process.pid, signal.SIGCONT)
+            timer = threading.Timer(grace, _signal_group, (container.process.pid, signal.SIGKILL))
+            timer.daemon = True
+            timer.start()
+            return updated
+        return _copy(pod)
+
+    def _remove(self, key: ObjectKey) -> dict[str, Any] | None:
+        """Remove an object and, in cascade, its dependents. Called with the lock held."""
+        removed = self.store.remove(key)
+        if removed is None:
+            return None
+        uid = removed["metadata"]["uid"]
+        for resource in ("pods", "services", "secrets", "workflows"):
+            for dependent_key, obj in self.store.items(resource, key[1]):
+                if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
+                    if resource == "pods":
+                        self._delete_pod(dependent_key, obj, None)
+                    else:
+                        self._remove(dependent_key)
+        return removed
+
+    def _log_path(self, namespace: str, name: str, uid: str) -> Path:
+        return self.workdir / "logs" / f"{namespace}_{name}_{uid}.log"
+
+
+def _copy(obj: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(obj)
+
+
+def _argv(container: dict[str, Any]) -> list[str]:
+    argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    if not argv:
+        raise ApiError(400, "RunContainerError", "the stand-in needs an explicit command")
+    return [str(a) for a in argv]
+
+
+def _field(pod: dict[str, Any], path: str) -> str:
+    meta = pod["metadata"]
+    if m := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
+        return str((meta.get(m[1]) or {}).get(m[2], ""))
+    values = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta["uid"],
+        "status.podIP": POD_IP,
+        "status.hostIP": POD_IP,
+        "spec.nodeName": NODE,
+        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+    }
+    if path not in values:
+        raise ApiError(400, "CreateContainerConfigError", f"unsupported fieldRef {path}")
+    return values[path]
+
+
+def _set_condition(pod: dict[str, Any], kind: str, status: str, reason: str, message: str) -> None:
+    conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+    conditions[:] = [c for c in conditions if c.get("type") != kind]
+    condition = {"type": kind, "status": status, "lastTransitionTime": now_rfc3339()}
+    if reason:
+        condition["reason"] = reason
+    if message:
+        condition["message"] = message
+    conditions.append(condition)
+
+
+def _container_status(
+    container: dict[str, Any], state: dict[str, Any], ready: bool = False, started: bool = False
+) -> dict[str, Any]:
+    return {
+        "name": container["name"],
+        "image": container["image"],
+        "imageID": f"stand-in://{container['image']}",
+        "ready": ready,
+        "started": started,
+        "restartCount": 0,
+        "state": state,
+    }
+
+
+def _resolve_program(program: str) -> str:
+    """A bare program name found beside this interpreter (the venv's ``edl-argo``), else as given."""
+    if os.sep in program:
+        return program
+    beside = Path(sys.executable).parent / program
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else program
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

@@ -1,0 +1,422 @@
+"""TEST-ONLY: the stand-in's HTTP front: the part of the Kubernetes REST API that edl-argo's master uses.
+
+Routes (JSON; errors are ``Status`` objects with the real reasons and codes):
+
+* ``/api/v1/namespaces/{ns}/{pods|services|secrets}``: POST (create), GET (list; ``labelSelector``;
+  ``watch=true`` streams ``{"type", "object"}`` lines, chunked, from ``resourceVersion`` -- all current
+  objects as ADDED when it is empty or 0 -- until ``timeoutSeconds`` or :attr:`KubernetesStandIn.
+  watch_max_seconds`; a version older than the history gets an ERROR event with a 410 Status).
+* ``.../{resource}/{name}``: GET, DELETE (``gracePeriodSeconds``, ``preconditions.uid``);
+  ``.../pods/{name}/status``: GET; ``.../pods/{name}/log``: GET (``tailLines``), text.
+* ``/apis/argoproj.io/v1alpha1/namespaces/{ns}/workflows[/{name}]``: the same verbs, no behaviour.
+
+Every request is logged as an :class:`ApiCall` (the authorization verb and resource, as RBAC sees them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from kubernetes import client as k8s
+
+from tests.k8s_stand_in.cluster import ApiError, Cluster
+from tests.k8s_stand_in.selectors import matches, parse_selector
+from tests.k8s_stand_in.store import Gone, ObjectStore
+
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))/namespaces/(?P<ns>[^/]+)/"
+    r"(?P<resource>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
+)
+#: (API group, resource) -> kind.
+KINDS = {
+    ("", "pods"): "Pod",
+    ("", "services"): "Service",
+    ("", "secrets"): "Secret",
+    ("argoproj.io", "workflows"): "Workflow",
+}
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One request as an authorizer sees it: ``verb`` (get, list, watch, create, delete, ...), the API
+    group, ``resource`` with its subresource (``pods/log``), and who asked (the User-Agent)."""
+
+    time: float
+    user_agent: str
+    verb: str
+    api_group: str
+    resource: str
+    namespace: str
+    name: str
+    status: int = 0
+
+
+@dataclass
+class _Failure:
+    verb: str
+    resource: str
+    status: int
+    message: str
+    remaining: int
+
+
+def rules_allow(rules: list[dict[str, Any]], call: ApiCall) -> bool:
+    """Whether RBAC ``rules`` (a Role's) allow ``call``."""
+    return any(
+        (call.api_group in r.get("apiGroups", []) or "*" in r.get("apiGroups", []))
+        and (call.resource in r.get("resources", []) or "*" in r.get("resources", []))
+        and (call.verb in r.get("verbs", []) or "*" in r.get("verbs", []))
+        for r in rules
+    )
+
+
+class KubernetesStandIn:
+    """A stand-in Kubernetes API server on 127.0.0.1 whose pods run as local processes. TEST-ONLY.
+
+    Use as a context manager. ``workdir`` holds the pods' logs and is their working directory (default: a
+    temporary folder). ``echo_logs`` copies pod output to ``sys.stderr`` as ``[pod-name] line``.
+    """
+
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        *,
+        echo_logs: bool = True,
+        watch_max_seconds: float = 60.0,
+        history: int = 10_000,
+    ) -> None:
+        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="k8s-stand-in-")
+        self.workdir = workdir if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
+        self.store = ObjectStore(history)
+        self.cluster = Cluster(self.store, self.workdir, echo_logs)
+        self.watch_max_seconds = watch_max_seconds
+        self._calls: list[ApiCall] = []
+        self._calls_lock = threading.Lock()
+        self._rules: tuple[str, list[dict[str, Any]]] | None = None
+        self._failures: list[_Failure] = []
+        self._closing = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.daemon_threads = True
+        self._server.stand_in = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="k8s-stand-in", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def api_client(self, user_agent: str | None = None) -> k8s.ApiClient:
+        """An official-client ApiClient for this server (the tests' own, unless ``user_agent`` says)."""
+        configuration = k8s.Configuration()
+        configuration.host = self.url
+        api = k8s.ApiClient(configuration)
+        if user_agent:
+            api.user_agent = user_agent
+        return api
+
+    def close(self) -> None:
+        self._closing = True
+        self.store.expire_watches()
+        self.cluster.close()
+        self._server.shutdown()
+        self._server.server_close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> KubernetesStandIn:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- what tests look at and control ------------------------------------------------------------
+
+    @property
+    def calls(self) -> list[ApiCall]:
+        with self._calls_lock:
+            return list(self._calls)
+
+    def enforce_rules(self, rules: list[dict[str, Any]], user_agent_prefix: str = "edl-argo/") -> None:
+        """From now on, refuse (403) requests of clients whose User-Agent starts with the prefix unless
+        ``rules`` (a Role's) allow them, as the API server does for a service account."""
+        self._rules = (user_agent_prefix, rules)
+
+    def fail_requests(self, verb: str, resource: str, status: int, message: str, count: int = 1) -> None:
+        """Answer the next ``count`` ``verb`` requests on ``resource`` with ``status`` (e.g. 403 quota)."""
+        self._failures.append(_Failure(verb, resource, status, message, count))
+
+    def clear_failures(self) -> None:
+        """Forget the failures :meth:`fail_requests` still had to inject."""
+        self._failures.clear()
+
+    def hold_pending(self, selector: str = "", count: int | None = None) -> None:
+        """New pods matching ``selector`` (the next ``count`` of them) stay Pending: no capacity."""
+        self.cluster.hold_pending(selector, count)
+
+    def release(self) -> None:
+        """Capacity is back: held pods are scheduled and new ones no longer held."""
+        self.cluster.release()
+
+    def evict(self, name: str, namespace: str = "default") -> None:
+        """Preempt pod ``name`` (DisruptionTarget condition, then graceful deletion)."""
+        self.cluster.evict(namespace, name)
+
+    def kill(self, name: str, sig: int, namespace: str = "default", *, oom: bool = False) -> None:
+        """Signal pod ``name``'s processes; ``oom``: its exit is reported as OOMKilled."""
+        self.cluster.signal(namespace, name, sig, oom)
+
+    def expire_watches(self, compact: bool = True) -> None:
+        """End every open watch; ``compact``: also forget the history, so resuming gets 410 Gone."""
+        if compact:
+            self.store.compact()
+        self.store.expire_watches()
+
+    def create(self, resource: str, body: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+        """Create an object directly (a Secret, a Workflow), as an administrator would."""
+        return self.cluster.create(resource, namespace, body)
+
+    def delete(self, resource: str, name: str, namespace: str = "default") -> None:
+        self.cluster.delete(resource, namespace, name)
+
+    def objects(self, resource: str, selector: str = "", namespace: str = "default") -> list[dict[str, Any]]:
+        return self.cluster.list(resource, namespace, selector)[0]
+
+    def pod(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        try:
+            return self.cluster.read("pods", namespace, name)
+        except ApiError:
+            return None
+
+    def wait_for(
+        self, condition: Callable[[], object], timeout: float = 20.0, what: str = "condition"
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.02)
+
+    # -- request handling --------------------------------------------------------------------------
+
+    def _handle(self, handler: _Handler, method: str) -> None:
+        url = urlparse(handler.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = json.loads(handler.rfile.read(length) or b"{}") if length else {}
+        m = _PATH.match(url.path)
+        if m is None:
+            _send_status(handler, ApiError(404, "NotFound", f"the server could not find {url.path}"))
+            return
+        group, resource, name, sub = m["group"] or "", m["resource"], m["name"] or "", m["sub"] or ""
+        watch = query.get("watch", "").lower() in ("true", "1")
+        verb = _verb(method, bool(name), watch)
+        call = ApiCall(
+            time.time(),
+            handler.headers.get("User-Agent", ""),
+            verb,
+            group,
+            f"{resource}/{sub}" if sub else resource,
+            m["ns"],
+            name,
+        )
+        try:
+            self._admit(call)
+            if (group, resource) not in KINDS:
+                raise ApiError(
+                    404, "NotFound", f"the server could not find the requested resource {resource}"
+                )
+            if watch:
+                self._log(call, 200)
+                self._watch(handler, resource, m["ns"], query)
+                return
+            code, answer = self._serve(method, resource, m["ns"], name, sub, query, body, group)
+        except ApiError as error:
+            self._log(call, error.code)
+            _send_status(handler, error)
+            return
+        self._log(call, code)
+        if isinstance(answer, str):
+            _send(handler, code, answer.encode(), "text/plain")
+        else:
+            _send(handler, code, json.dumps(answer).encode(), "application/json")
+
+    def _admit(self, call: ApiCall) -> None:
+        if self._rules is not None:
+            prefix, rules = self._rules
+            if call.user_agent.startswith(prefix) and not rules_allow(rules, call):
+                raise ApiError(
+                    403, "Forbidden", f'User "edl-argo-master" cannot {call.verb} resource "{call.resource}"'
+                )
+        for failure in self._failures:
+            if failure.remaining > 0 and failure.verb == call.verb and failure.resource == call.resource:
+                failure.remaining -= 1
+                raise ApiError(
+                    failure.status, "Forbidden" if failure.status == 403 else "Failure", failure.message
+                )
+
+    def _serve(
+        self,
+        method: str,
+        resource: str,
+        namespace: str,
+        name: str,
+        sub: str,
+        query: dict[str, str],
+        body: dict[str, Any],
+        group: str,
+    ) -> tuple[int, dict[str, Any] | str]:
+        kind = KINDS[(group, resource)]
+        if method == "POST" and not name:
+            return 201, self.cluster.create(resource, namespace, body)
+        if method == "GET" and not name:
+            items, revision = self.cluster.list(resource, namespace, query.get("labelSelector"))
+            for item in items:
+                item.setdefault("kind", kind)
+            meta = {"resourceVersion": str(revision)}
+            return 200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": items}
+        if method == "GET" and resource == "pods" and sub == "log":
+            tail = int(query["tailLines"]) if "tailLines" in query else None
+            return 200, self.cluster.pod_log(namespace, name, tail)
+        if method == "GET" and sub in ("", "status"):
+            return 200, {"kind": kind, "apiVersion": "v1"} | self.cluster.read(resource, namespace, name)
+        if method == "DELETE" and name and not sub:
+            grace = body.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+            uid = (body.get("preconditions") or {}).get("uid")
+            deleted = self.cluster.delete(
+                resource, namespace, name, None if grace is None else int(grace), uid
+            )
+            return 200, {"kind": kind, "apiVersion": "v1"} | deleted
+        raise ApiError(405, "MethodNotAllowed", f"{method} {resource}/{sub} is not supported by the stand-in")
+
+    def _watch(self, handler: _Handler, resource: str, namespace: str, query: dict[str, str]) -> None:
+        selector = parse_selector(query.get("labelSelector"))
+        timeout = min(float(query.get("timeoutSeconds") or self.watch_max_seconds), self.watch_max_seconds)
+        deadline = time.monotonic() + timeout
+        generation = self.store.watch_generation
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        version = query.get("resourceVersion") or "0"
+        with self.store.lock:
+            if version == "0":
+                items, cursor = self.store.list(resource, namespace, selector)
+                initial = [{"type": "ADDED", "object": item} for item in items]
+            else:
+                cursor, initial = int(version), []
+        try:
+            for event in initial:
+                _chunk(handler, event)
+            while not self._closing:
+                with self.store.changed:
+                    if self.store.watch_generation != generation:
+                        break
+                    try:
+                        events = self.store.events_after(cursor)
+                    except Gone as error:
+                        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+                        status |= {"message": str(error), "reason": "Expired", "code": 410}
+                        events, gone = [], status
+                    else:
+                        gone = None
+                    if not events and gone is None:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self.store.changed.wait(min(remaining, 1.0))
+                        continue
+                if gone is not None:
+                    _chunk(handler, {"type": "ERROR", "object": gone})
+                    break
+                for event in events:
+                    cursor = event.resource_version
+                    if (
+                        event.resource == resource
+                        and event.namespace == namespace
+                        and matches(selector, event.obj["metadata"].get("labels"))
+                    ):
+                        _chunk(handler, {"type": event.type, "object": event.obj})
+                if time.monotonic() > deadline:
+                    break
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            handler.close_connection = True
+
+    def _log(self, call: ApiCall, status: int) -> None:
+        with self._calls_lock:
+            self._calls.append(ApiCall(**{**call.__dict__, "status": status}))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _dispatch(self, method: str) -> None:
+        self.server.stand_in._handle(self, method)  # type: ignore[attr-defined]
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _verb(method: str, named: bool, watch: bool) -> str:
+    if method == "GET":
+        return "watch" if watch else "get" if named else "list"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(
+        method, "delete" if named else "deletecollection"
+    )
+
+
+def _send(handler: BaseHTTPRequestHandler, code: int, data: bytes, content_type: str) -> None:
+    handler.send_response(code)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def _send_status(handler: BaseHTTPRequestHandler, error: ApiError) -> None:
+    status = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": error.message,
+        "reason": error.reason,
+        "code": error.code,
+    }
+    _send(handler, error.code, json.dumps(status).encode(), "application/json")
+
+
+def _chunk(handler: BaseHTTPRequestHandler, event: dict[str, Any]) -> None:
+    data = json.dumps(event).encode() + b"\n"
+    handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    handler.wfile.flush()

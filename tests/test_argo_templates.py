@@ -1,0 +1,255 @@
+"""templates/ and the example pipelines: fresh, valid for Argo and Hera, and meaningful.
+
+Meaningful: every step's command is a real ``edl-argo`` command line that the project's own parser
+accepts once Argo has filled in its parameters; every artifact a task consumes is produced by a task it
+depends on; the elastic-train step has the cluster settings the master relies on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hera.workflows import DAG, Workflow, WorkflowTemplate
+
+import edl_argo.hera
+from edl_argo import cli
+from edl_argo.hera import MODEL_ZOO, STEPS, elastic_train, evaluate, predict, prepare_digits
+from edl_argo.hera.render import render, stale_files
+from edl_argo.master.config import config_from_args
+from edl_argo.pipeline.loader import load_workflow
+from edl_argo.pipeline.variables import substitute
+from tests.manifests import ARGO, ROOT, load_documents, schema_errors, validate
+
+TEMPLATES = ROOT / "templates"
+PIPELINES = sorted((ROOT / "examples" / "pipelines").glob("*.py"))
+HERA_CLASSES = {"Workflow": Workflow, "WorkflowTemplate": WorkflowTemplate}
+#: Values for the required parameters of the steps (the others have defaults).
+REQUIRED = {
+    "model-def": f"{MODEL_ZOO}/digits.py",
+    "training-data": "s3://data/digits/train",
+    "data": "s3://data/digits/test",
+    "output": "s3://data/digits",
+    "label-column": "label",
+}
+WORKFLOW_VARIABLES = {"workflow.name": "digits-x7k2p", "workflow.uid": "0f6c1d", "workflow.namespace": "argo"}
+
+
+def rendered_documents() -> list[tuple[str, dict[str, Any]]]:
+    """(source, manifest) of every file in templates/ and of every example pipeline."""
+    documents = [
+        (path.name, doc) for path in sorted(TEMPLATES.glob("*.yaml")) for doc in load_documents(path)
+    ]
+    documents += [(path.name, _manifest(path)) for path in PIPELINES]
+    return documents
+
+
+def _manifest(pipeline: Path) -> dict[str, Any]:
+    return load_workflow(pipeline).model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def container_templates() -> list[dict[str, Any]]:
+    """Every distinct container template of the rendered manifests."""
+    templates = {
+        json.dumps(template, sort_keys=True): template
+        for _, document in rendered_documents()
+        if document["kind"] in HERA_CLASSES
+        for template in document["spec"]["templates"]
+        if "container" in template
+    }
+    return list(templates.values())
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda path: path.name)
+def test_a_pipeline_file_prints_its_workflow(pipeline: Path) -> None:
+    printed = subprocess.run(
+        [sys.executable, str(pipeline)], capture_output=True, text=True, check=True
+    ).stdout
+    assert yaml.safe_load(printed) == _manifest(pipeline)
+
+
+def test_templates_are_rendered_from_the_current_components() -> None:
+    assert stale_files(render(ROOT / "components"), TEMPLATES) == [], (
+        "templates/ is stale: run `make templates`"
+    )
+
+
+def test_templates_install_every_step() -> None:
+    installed = [
+        (document["metadata"]["name"], template["name"])
+        for _, document in rendered_documents()
+        if document["kind"] == "WorkflowTemplate"
+        for template in document["spec"]["templates"]
+    ]
+    assert sorted(installed) == sorted((step.workflow_template, step.name) for step in STEPS)
+
+
+@pytest.mark.parametrize(
+    ("source", "manifest"), rendered_documents(), ids=lambda value: value if isinstance(value, str) else ""
+)
+def test_every_manifest_is_valid(source: str, manifest: dict[str, Any]) -> None:
+    validate(manifest)
+    kind = manifest["kind"]
+    if kind in HERA_CLASSES:
+        assert HERA_CLASSES[kind].from_dict(manifest).to_dict() == manifest, (
+            f"{source}: Hera reads it otherwise"
+        )
+    if kind == "ConfigMap":  # the artifact repository
+        for key, text in manifest["data"].items():
+            assert not schema_errors(yaml.safe_load(text), f"{ARGO}.ArtifactRepository"), f"{source} {key}"
+
+
+@pytest.mark.parametrize("template", container_templates(), ids=lambda template: template["name"])
+def test_every_step_command_is_an_edl_argo_command_line(template: dict[str, Any]) -> None:
+    """Fill in the parameters as Argo would (defaults, or sample values), then parse like `edl-argo`."""
+    inputs = template.get("inputs", {})
+    scope = {
+        **WORKFLOW_VARIABLES,
+        **{
+            f"inputs.parameters.{p['name']}": p.get("default", REQUIRED.get(p["name"]))
+            for p in inputs["parameters"]
+        },
+        **{f"inputs.artifacts.{a['name']}.path": a["path"] for a in inputs.get("artifacts", [])},
+    }
+    argv = substitute(template["container"]["command"] + template["container"].get("args", []), scope, "test")
+    assert argv[0] == "edl-argo"
+    try:
+        args = cli.build_parser().parse_args(argv[1:])
+    except SystemExit:
+        pytest.fail(f"{template['name']}: edl-argo rejects {' '.join(argv)}")
+    if args.command == "train":
+        config = config_from_args(args)  # the Kubernetes settings too: quantities, names
+        assert config.backend == "kubernetes" and config.kubernetes is not None
+        assert config.kubernetes.worker.priority_class and config.kubernetes.ps.priority_class
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda path: path.name)
+def test_artifacts_flow_from_producers_to_consumers(pipeline: Path) -> None:
+    spec = _manifest(pipeline)["spec"]
+    templates = {t["name"]: t for t in spec["templates"]}
+    tasks = {t["name"]: t for t in templates[spec["entrypoint"]]["dag"]["tasks"]}
+    consumed = 0
+    for task in tasks.values():
+        declared = {a["name"] for a in _template(task, templates).get("inputs", {}).get("artifacts", [])}
+        for artifact in task.get("arguments", {}).get("artifacts", []):
+            _, producer, _, kind, name = artifact["from"].strip("{}").split(".")
+            assert kind == "artifacts" and artifact["name"] in declared
+            outputs = _template(tasks[producer], templates)["outputs"]["artifacts"]
+            assert name in {a["name"] for a in outputs}, f"{producer} outputs no artifact {name}"
+            assert producer in _ancestors(task["name"], tasks), f"{task['name']} does not wait for {producer}"
+            consumed += 1
+    assert consumed >= 1
+
+
+def _template(task: dict[str, Any], templates: dict[str, Any]) -> dict[str, Any]:
+    ref = task.get("templateRef")
+    if ref is None:
+        return templates[task["template"]]
+    step = next(s for s in STEPS if (s.workflow_template, s.name) == (ref["name"], ref["template"]))
+    return step.template_model().model_dump(by_alias=True, exclude_none=True)
+
+
+def _ancestors(name: str, tasks: dict[str, Any]) -> set[str]:
+    parents = {p.split(".")[0] for p in tasks[name].get("depends", "").split(" && ") if p}
+    return parents.union(*(_ancestors(parent, tasks) for parent in parents))
+
+
+def test_the_train_step_has_what_the_master_relies_on() -> None:
+    (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
+    (template,) = document["spec"]["templates"]
+    rbac = {d["kind"]: d for d in load_documents(TEMPLATES / "rbac.yaml")}
+    priorities = {d["metadata"]["name"] for d in load_documents(TEMPLATES / "priority-classes.yaml")}
+    defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
+
+    assert template["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"] == "edl-argo-master"
+    assert {"pods", "services", "workflowtaskresults"} <= {
+        r for rule in rbac["Role"]["rules"] for r in rule["resources"]
+    }
+    assert {
+        defaults["worker-pod-priority"],
+        defaults["ps-pod-priority"],
+        defaults["master-pod-priority"],
+    } <= priorities
+    assert template["retryStrategy"]["limit"] >= 1 and "lastRetry" in template["retryStrategy"]["expression"]
+    assert template["activeDeadlineSeconds"] == "{{inputs.parameters.active-deadline-seconds}}"
+    fields = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in template["container"]["env"]
+        if "valueFrom" in e
+    }
+    assert fields == {
+        "EDL_POD_NAME": "metadata.name",
+        "EDL_POD_UID": "metadata.uid",
+        "POD_IP": "status.podIP",
+    }
+    assert template["container"]["command"][:4] == ["edl-argo", "train", "--backend", "kubernetes"]
+    outputs = template["outputs"]
+    assert [a["name"] for a in outputs["artifacts"]] == ["model"]
+    assert (
+        outputs["parameters"][0]["valueFrom"]["path"] in template["container"]["command"]
+    )  # --metrics-output
+
+
+def test_steps_by_template_ref_name_the_installed_templates() -> None:
+    with Workflow(generate_name="ref-", entrypoint="main") as workflow, DAG(name="main"):
+        data = prepare_digits(output="s3://d/digits", template_ref=True)
+        train = elastic_train(
+            model_def=f"{MODEL_ZOO}/digits.py", training_data="s3://d/digits/train", template_ref=True
+        )
+        data >> train
+        evaluate(
+            model=train.get_artifact("model"),
+            model_def=f"{MODEL_ZOO}/digits.py",
+            data="s3://d/t",
+            template_ref=True,
+        )
+        predict(
+            model=train.get_artifact("model"),
+            model_def=f"{MODEL_ZOO}/digits.py",
+            data="s3://d/t",
+            template_ref=True,
+        )
+    manifest = workflow.to_dict()
+    validate(manifest)
+    (dag,) = manifest["spec"]["templates"]  # nothing embedded
+    installed = {
+        (document["metadata"]["name"], template["name"])
+        for _, document in rendered_documents()
+        if document["kind"] == "WorkflowTemplate"
+        for template in document["spec"]["templates"]
+    }
+    refs = {(t["templateRef"]["name"], t["templateRef"]["template"]) for t in dag["dag"]["tasks"]}
+    assert refs <= installed and len(refs) == 4
+    depends = {t["name"]: t.get("depends") for t in dag["dag"]["tasks"]}
+    assert depends == {
+        "prepare-digits": None,
+        "elastic-train": "prepare-digits",
+        "evaluate": "elastic-train",
+        "predict": "elastic-train",
+    }
+
+
+def test_asking_a_step_for_an_output_it_lacks_names_the_ones_it_has() -> None:
+    with Workflow(generate_name="x-", entrypoint="main"), DAG(name="main"):
+        train = elastic_train(model_def="m.py", training_data="s3://d/train")
+        with pytest.raises(KeyError, match="has no output artifact 'weights'; it has: model"):
+            train.get_artifact("weights")
+        assert train.get_parameter("metrics").value == "{{tasks.elastic-train.outputs.parameters.metrics}}"
+
+
+def test_the_documented_example_builds_a_valid_workflow() -> None:
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert textwrap.indent(code, "    ") in (edl_argo.hera.__doc__ or ""), "README and edl_argo.hera differ"
+    namespace: dict[str, Any] = {}
+    exec(code, namespace)
+    manifest = namespace["workflow"].to_dict()
+    validate(manifest)
+    tasks = {t["name"]: t.get("depends") for t in manifest["spec"]["templates"][0]["dag"]["tasks"]}
+    assert tasks == {"prepare-digits": None, "elastic-train": "prepare-digits", "evaluate": "elastic-train"}

@@ -1,0 +1,69 @@
+"""The example pipelines, run end to end on this machine by ``edl-argo pipeline run``'s runner.
+
+Small settings keep them at a minute or two each: the digits pipeline with its defaults (8 epochs, the
+settings of ``tests/engine_helpers.DIGITS_JOB``), data and artifacts in the S3 stand-in; the CTR
+pipeline with 1,000 records and one epoch, in local folders.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from edl_argo.pipeline.loader import load_workflow, with_parameters
+from edl_argo.pipeline.runner import LocalRunner, Phase, RunResult
+from edl_argo.pipeline.summary import summary
+from edl_argo.storage import open_storage
+from tests.manifests import ROOT
+
+PIPELINES = ROOT / "examples" / "pipelines"
+
+
+def run_pipeline(name: str, workdir: Path, artifacts: str | None = None, **parameters: str) -> RunResult:
+    workflow = with_parameters(load_workflow(PIPELINES / name), parameters)
+    result = LocalRunner(workflow, workdir, artifacts).run()
+    failed = result.failed
+    assert failed is None, f"step {failed.name} failed: {failed.message}"
+    return result
+
+
+def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, tmp_path: Path) -> None:
+    result = run_pipeline("digits_pipeline.py", tmp_path, f"{s3_env}/artifacts", data=f"{s3_env}/digits")
+
+    assert [(s.name, s.phase) for s in result.steps] == [
+        ("prepare-digits", Phase.SUCCEEDED),
+        ("elastic-train", Phase.SUCCEEDED),
+        ("evaluate", Phase.SUCCEEDED),
+        ("predict", Phase.SUCCEEDED),
+    ]
+    evaluation = json.loads(result.step("evaluate").parameters["metrics"])
+    assert evaluation["accuracy"] >= 0.95 and evaluation["records"] == 360
+    trained = json.loads(result.step("elastic-train").parameters["metrics"])
+    assert abs(trained["accuracy"] - evaluation["accuracy"]) < 1e-6  # the evaluate step reproduces the job's
+
+    model = result.step("elastic-train").artifacts["model"]
+    assert model.startswith(s3_env) and open_storage(model).tree_complete("")  # a model tree, as published
+    predictions = open_storage(result.step("predict").artifacts["predictions"])
+    assert (
+        sum(len(predictions.read(o.key).splitlines()) for o in predictions.list() if o.key.endswith(".jsonl"))
+        == 360
+    )
+    done, total = (result.folder / "steps" / "elastic-train" / "progress").read_text().split("/")
+    assert done == total and int(total) > 0  # what Argo would show as the step's progress
+
+    text = summary(result)
+    assert f"pipeline {result.workflow} succeeded" in text and f"artifact  model: {model}" in text
+
+
+def test_ctr_pipeline_trains_with_two_parameter_servers(tmp_path: Path) -> None:
+    data = tmp_path / "ctr"
+    result = run_pipeline(
+        "ctr_pipeline.py", tmp_path / "runs", data=str(data), records="1000", epochs="1", workers="1"
+    )
+
+    assert [s.phase for s in result.steps] == [Phase.SUCCEEDED] * 3
+    evaluation = json.loads(result.step("evaluate").parameters["metrics"])
+    assert set(evaluation) == {"auc", "log_loss", "accuracy", "records"} and evaluation["records"] == 200
+    flags = json.loads(Path(result.step("elastic-train").artifacts["model"], "flags.json").read_text())
+    assert flags["num_ps"] == 2 and flags["backend"] == "local"  # the runner's pods are local processes
+    assert flags["training_data"] == f"{data}/train"

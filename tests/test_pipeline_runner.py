@@ -1,0 +1,156 @@
+"""The local pipeline runner on small workflows (``edl-argo data`` steps only: no training, seconds each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hera.workflows import DAG, Container, Parameter, RawArtifact, Script, Task, Workflow
+from hera.workflows.models import TemplateRef
+
+from edl_argo.errors import ConfigError
+from edl_argo.hera import IMAGE_HOME, convert_csv, prepare_digits
+from edl_argo.pipeline.filesystem import ContainerFilesystem, source_root
+from edl_argo.pipeline.invocation import _on_this_machine
+from edl_argo.pipeline.loader import load_workflow, with_parameters
+from edl_argo.pipeline.runner import LocalRunner, Phase
+from tests.test_cli import error_lines, run_cli
+
+
+def inspect_template() -> Container:
+    """A step that fails (exit 2, one error line) when its ``url`` holds no shards."""
+    return Container(
+        name="inspect",
+        image="edl-argo:test",
+        command=["edl-argo", "data", "inspect", "{{inputs.parameters.url}}"],
+        inputs=[Parameter(name="url")],
+    )
+
+
+def test_a_failed_step_stops_the_rest_and_is_named(capsys, tmp_path: Path) -> None:
+    with Workflow(name="failing", entrypoint="main") as workflow, DAG(name="main"):
+        inspect = inspect_template()
+        data = prepare_digits(output=str(tmp_path / "data"), shards=1)
+        bad = inspect(name="bad", arguments={"url": str(tmp_path / "nowhere")})
+        after = inspect(name="after-bad", arguments={"url": str(tmp_path / "data" / "train")})
+        data >> bad >> after
+        inspect(name="unrelated", arguments={"url": str(tmp_path / "data" / "test")})
+    (tmp_path / "failing.yaml").write_text(workflow.to_yaml())
+
+    code, out, err = run_cli(
+        capsys, "pipeline", "run", str(tmp_path / "failing.yaml"), "--workdir", str(tmp_path / "runs")
+    )
+
+    assert code == 1
+    (line,) = [line for line in error_lines(err) if not line.startswith("[")]
+    assert "step bad failed" in line and "nowhere" in line and "Traceback" not in err
+    assert "[bad] edl-argo data: error: no shards at" in err  # the step's log, prefixed
+    summary = out.splitlines()
+    assert summary[0].startswith("pipeline failing failed: step bad failed")
+    assert [row.split()[:2] for row in summary[1:]] == [
+        ["prepare-digits", "Succeeded"],
+        ["bad", "Failed"],
+        ["after-bad", "Omitted"],
+        ["unrelated", "Omitted"],
+    ]
+    assert "it depends on bad" in summary[3] and "bad failed and the DAG fails fast" in summary[4]
+
+
+def test_a_referenced_template_runs_with_raw_artifacts_at_their_paths(tmp_path: Path) -> None:
+    with Workflow(name="csv", entrypoint="main") as workflow, DAG(name="main"):
+        csv = RawArtifact(name="csv", data="a,b,label\n1,x,0\n2.5,y,1\n3,z,1\n")
+        convert_csv(
+            csv=csv, label_column="label", output=str(tmp_path / "dataset"), shards=2, template_ref=True
+        )
+
+    result = LocalRunner(workflow.build(), tmp_path / "runs").run()
+
+    assert [s.phase for s in result.steps] == [Phase.SUCCEEDED], result.steps[0].message
+    assert sorted(p.name for p in (tmp_path / "dataset").iterdir() if "edl-index" not in p.name) == [
+        "data-00000",
+        "data-00001",
+    ]
+    assert (result.folder / "steps" / "convert-csv" / "tmp" / "input.csv").read_text().startswith("a,b,label")
+
+
+def test_a_step_past_its_deadline_is_stopped(tmp_path: Path) -> None:
+    with Workflow(name="slow", entrypoint="main") as workflow, DAG(name="main"):
+        Container(
+            name="generate",
+            image="edl-argo:test",
+            command=["edl-argo", "data", "ctr", "--output", str(tmp_path / "ctr"), "--records", "300000"],
+            active_deadline_seconds=2,
+        )(name="generate")
+
+    result = LocalRunner(workflow.build(), tmp_path / "runs").run()
+
+    (step,) = result.steps
+    assert step.phase is Phase.FAILED and step.message == "stopped after activeDeadlineSeconds=2"
+    assert step.seconds < 30
+
+
+def _workflow_with(make_task) -> Workflow:
+    with Workflow(name="refused", entrypoint="main") as workflow, DAG(name="main"):
+        make_task()
+    return workflow
+
+
+@pytest.mark.parametrize(
+    ("make_task", "message"),
+    [
+        (
+            lambda: Container(name="echo", image="alpine:3.20", command=["echo", "hi"])(name="echo"),
+            "task echo (template echo) runs 'echo' in image alpine:3.20; the local runner only runs `edl",
+        ),
+        (
+            lambda: Script(name="py", image="python:3.11", source="print(1)", command=["python"])(name="py"),
+            "task py (template py) is a script",
+        ),
+        (
+            lambda: inspect_template()(name="maybe", arguments={"url": "x"}, when="{{workflow.name}} == x"),
+            "task maybe uses when",
+        ),
+        (
+            lambda: Task(name="other", template_ref=TemplateRef(name="someone-elses", template="step")),
+            "templateRef someone-elses/step is not an edl-argo WorkflowTemplate",
+        ),
+    ],
+    ids=["other-image", "script", "when", "unknown-template-ref"],
+)
+def test_what_cannot_run_here_is_refused_before_anything_runs(
+    make_task, message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        LocalRunner(_workflow_with(make_task).build(), tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_container_paths_map_to_the_sandbox_and_the_image_home_to_this_project(tmp_path: Path) -> None:
+    filesystem = ContainerFilesystem(tmp_path, ("/tmp/edl-job/model", "/tmp/model"), source_root())
+
+    assert filesystem.localize("/tmp/edl-job") == f"{tmp_path}/tmp/edl-job"  # above a declared path
+    assert filesystem.localize("--model=/tmp/model") == f"--model={tmp_path}/tmp/model"
+    assert filesystem.localize("/tmp/models") == "/tmp/models"  # a host path, not the container's
+    assert filesystem.localize("s3://bucket/tmp/model") == "s3://bucket/tmp/model"
+    zoo = f"{IMAGE_HOME}/examples/model_zoo/digits.py:custom_model"
+    assert filesystem.localize(zoo) == f"{source_root()}/examples/model_zoo/digits.py:custom_model"
+    with pytest.raises(ConfigError, match=r"missing\.py"):
+        filesystem.localize(f"{IMAGE_HOME}/missing.py")
+
+
+def test_training_runs_its_pods_with_the_local_backend() -> None:
+    assert _on_this_machine(["edl-argo", "train", "--backend", "kubernetes", "--image", "x"]) == [
+        "edl-argo", "train", "--backend", "local", "--image", "x"
+    ]  # fmt: skip
+    assert _on_this_machine(["edl-argo", "train", "--backend=kubernetes"])[2] == "--backend=local"
+    assert _on_this_machine(["edl-argo", "evaluate", "--backend", "x"])[3] == "x"
+
+
+def test_parameters_must_be_declared_by_the_workflow(tmp_path: Path) -> None:
+    workflow = load_workflow(Path(__file__).parents[1] / "examples" / "pipelines" / "digits_pipeline.py")
+    assert with_parameters(workflow, {"epochs": "3"}).spec.arguments.parameters[1].value == "3"
+    with pytest.raises(ConfigError, match=r"no parameter 'epoch' .*epochs"):
+        with_parameters(workflow, {"epoch": "3"})
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    with pytest.raises(ConfigError, match="defines no `workflow`"):
+        load_workflow(tmp_path / "empty.py")
