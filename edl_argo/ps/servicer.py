@@ -49,7 +49,7 @@ from edl_argo.ps.parameters import (
     Parameters,
     ParametersState,
 )
-from edl_argo.rpc.tensors import TensorDecodeError, from_tensor, to_indexed_slices, to_tensor
+from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor, to_indexed_slices, to_tensor
 
 log = get_logger(__name__)
 
@@ -201,12 +201,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             if request.version == version:
                 return ps_pb2.PullDenseParametersResponse(initialized=True, version=version)
             if self._dense_cache is None or self._dense_cache.version != version:
-                values = params.pull_dense(since_version=-1) or []
-                self._dense_cache = ps_pb2.PullDenseParametersResponse(
-                    initialized=True,
-                    version=version,
-                    dense_parameters=[to_tensor(value, name) for name, value in values],
-                )
+                cache = ps_pb2.PullDenseParametersResponse(initialized=True, version=version)
+                for name, value in params.pull_dense(since_version=-1) or []:
+                    fill_tensor(cache.dense_parameters.add(), value, name)  # built in place: one copy
+                self._dense_cache = cache
             # Shared by every caller of this version: gRPC only reads (serialises) it.
             return self._dense_cache
 

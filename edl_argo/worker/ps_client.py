@@ -18,7 +18,7 @@ import numpy as np
 from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc.channel import call_with_retry, make_channel
-from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_indexed_slices, to_tensor
+from edl_argo.rpc.tensors import fill_tensor, from_indexed_slices, from_tensor, to_tensor
 from edl_argo.worker.embedding import EmbeddingTableSpec
 
 T = TypeVar("T")
@@ -151,15 +151,18 @@ class ParameterServerClient:
                     sparse_by_owner[ps_id][table] = (values[mask], ids[mask])
 
         def push(ps_id: int) -> ps_pb2.PushGradientsResponse:
-            gradients = ps_pb2.Model(
-                version=versions[ps_id],
-                dense_parameters=[to_tensor(g, n) for n, g in dense_by_owner[ps_id].items()],
-            )
-            for table, (values, ids) in sparse_by_owner[ps_id].items():
-                gradients.embedding_tables[table].CopyFrom(to_indexed_slices(values, ids, table))
+            # Built in place: each tensor's bytes are copied once into the request.
             request = ps_pb2.PushGradientsRequest(
-                gradients=gradients, version=versions[ps_id], learning_rate_scale=learning_rate_scale
+                version=versions[ps_id], learning_rate_scale=learning_rate_scale
             )
+            gradients = request.gradients
+            gradients.version = versions[ps_id]
+            for name, gradient in dense_by_owner[ps_id].items():
+                fill_tensor(gradients.dense_parameters.add(), gradient, name)
+            for table, (values, ids) in sparse_by_owner[ps_id].items():
+                slices = gradients.embedding_tables[table]
+                fill_tensor(slices.values, values, table)
+                fill_tensor(slices.ids, np.asarray(ids, dtype=np.int64), table)
             return self._call(ps_id, "PushGradients", request)
 
         responses = self._each(push)
