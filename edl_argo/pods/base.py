@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Final, TypeVar
@@ -154,6 +154,30 @@ class PodStatus:
 def pod_name(role: PodRole, pod_id: int) -> str:
     """The name of pod ``pod_id`` of ``role``: ``"worker-3"``, ``"ps-0"``."""
     return f"{role.value}-{pod_id}"
+
+
+def admit_start(
+    spec: PodSpec,
+    *,
+    closed: bool,
+    live: Container[tuple[PodRole, int]],
+    ports: dict[tuple[PodRole, int], int],
+) -> None:
+    """The checks every backend's :meth:`PodBackend.start` makes (under its lock) before creating a pod.
+
+    ``live`` holds the ``(role, pod_id)`` of pods whose terminal event was not returned yet; ``ports``
+    remembers the port of each pod that had one, and records ``spec``'s.
+    """
+    key = (spec.role, spec.pod_id)
+    if closed:
+        raise BackendClosedError(f"cannot start {spec.name}: the backend is closed")
+    if key in live:
+        raise PodExistsError(f"cannot start {spec.name}: its previous incarnation is not over")
+    if spec.port is not None and ports.setdefault(key, spec.port) != spec.port:
+        raise ValueError(
+            f"cannot start {spec.name} on port {spec.port}: it listened on"
+            f" {ports[key]} before, and its address must not change"
+        )
 
 
 _Backend = TypeVar("_Backend", bound="PodBackend")

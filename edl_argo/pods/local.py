@@ -30,15 +30,14 @@ from typing import IO, TextIO
 
 from edl_argo.log import get_logger
 from edl_argo.pods.base import (
-    BackendClosedError,
     PodBackend,
     PodEvent,
-    PodExistsError,
     PodPhase,
     PodReason,
     PodRole,
     PodSpec,
     PodStatus,
+    admit_start,
     pod_name,
 )
 from edl_argo.pods.event_queue import EventQueue
@@ -108,15 +107,7 @@ class LocalProcessBackend(PodBackend):
     def start(self, spec: PodSpec) -> None:
         key = (spec.role, spec.pod_id)
         with self._lock:
-            if self._closed:
-                raise BackendClosedError(f"cannot start {spec.name}: the backend is closed")
-            if key in self._pods:
-                raise PodExistsError(f"cannot start {spec.name}: its previous incarnation is not over")
-            if spec.port is not None and self._ports.setdefault(key, spec.port) != spec.port:
-                raise ValueError(
-                    f"cannot start {spec.name} on port {spec.port}: it listened on"
-                    f" {self._ports[key]} before, and its address must not change"
-                )
+            admit_start(spec, closed=self._closed, live=self._pods, ports=self._ports)
             pod = self._pods[key] = _LocalPod(spec)
             try:
                 pod.process = self._popen(spec)
