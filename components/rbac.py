@@ -1,6 +1,7 @@
 """The service account the elastic-train step runs under (`edl-argo-master`), and what it may do in its
 namespace: start, watch and remove the job's worker and parameter-server pods and their Services, read
-their logs, and report the step's outputs to Argo (workflowtaskresults, as every Argo step does)."""
+their logs, create and remove the job's NetworkPolicy (only the job's own pods reach its gRPC ports), and
+report the step's outputs to Argo (workflowtaskresults, as every Argo step does)."""
 
 from kubernetes.client import (
     ApiClient,
@@ -22,6 +23,7 @@ RULES = [
         api_groups=[""], resources=["pods", "services"], verbs=["create", "get", "list", "watch", "delete"]
     ),
     V1PolicyRule(api_groups=[""], resources=["pods/log"], verbs=["get"]),
+    V1PolicyRule(api_groups=["networking.k8s.io"], resources=["networkpolicies"], verbs=["create", "delete"]),
     V1PolicyRule(api_groups=["argoproj.io"], resources=["workflowtaskresults"], verbs=["create", "patch"]),
 ]
 

@@ -31,6 +31,7 @@ KUBERNETES_MODELS = {
     "PriorityClass": "V1PriorityClass",
     "ConfigMap": "V1ConfigMap",
     "Secret": "V1Secret",
+    "NetworkPolicy": "V1NetworkPolicy",
 }
 
 

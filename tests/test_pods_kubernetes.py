@@ -29,7 +29,7 @@ from edl_argo.pods import PodEvent, PodExistsError, PodPhase, PodReason, PodRole
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend, render_job_manifests
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
 from edl_argo.pods.kubernetes_status import observe_pod
-from edl_argo.pods.manifests import pod_manifest, service_manifest
+from edl_argo.pods.manifests import master_labels, pod_manifest, service_manifest
 from tests.k8s_helpers import ARGO_EXECUTOR_RULES, MASTER_RULES, MASTER_USER_AGENT, ROOT, role_rules
 from tests.k8s_stand_in import KubernetesStandIn, rules_allow
 
@@ -175,7 +175,13 @@ def test_manifests_are_exactly_as_expected(argo_env: None) -> None:
             "terminationGracePeriodSeconds": 10,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
-            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "runAsGroup": 1000,
+                "fsGroup": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
             "priorityClassName": "low",
             "serviceAccountName": "trainer",
             "nodeSelector": {"pool": "ml"},
@@ -553,13 +559,16 @@ def test_a_new_backend_adopts_the_pods_of_its_predecessor(
     port = crashed.config.ps_port_of(0)
     crashed.start(sleeper(0, PS, port))
     crashed.start(sleeper(4))
-    collect(crashed, lambda ev: sum(e.phase is PodPhase.RUNNING for e in ev) == 2)
+    crashed.start(PodSpec(WORKER, 5, py("pass")))  # ends before the crash: a finished leftover
+    collect(crashed, lambda ev: sum(e.phase is PodPhase.RUNNING for e in ev) == 3 and ended((WORKER, 5))(ev))
+    finished = f"{crashed.job_name}-worker-5"
+    assert stand_in.pod(finished) is not None
 
     successor = new_backend(crashed.job_name, ps_port=crashed.config.ps_port)
-    assert [(p.name, p.phase) for p in successor.list_pods()] == [
-        ("ps-0", PodPhase.RUNNING),
-        ("worker-4", PodPhase.RUNNING),
-    ]
+    running = [("ps-0", PodPhase.RUNNING), ("worker-4", PodPhase.RUNNING)]
+    assert [(p.name, p.phase) for p in successor.list_pods()] == running
+    assert [(p.name, p.phase) for p in successor.adopt()] == running
+    stand_in.wait_for(lambda: stand_in.pod(finished) is None, what="the finished leftover to be deleted")
     assert successor.address(PS, 0) == crashed.address(PS, 0)
     with pytest.raises(PodExistsError):
         successor.start(sleeper(4))
@@ -569,6 +578,46 @@ def test_a_new_backend_adopts_the_pods_of_its_predecessor(
     successor.close(grace_seconds=1)  # deletes what it adopted, and waits
     assert stand_in.objects("pods", f"app.kubernetes.io/instance={crashed.job_name}") == []
     assert stand_in.objects("services", f"app.kubernetes.io/instance={crashed.job_name}") == []
+
+
+def test_the_master_is_behind_a_service_when_its_pod_carries_the_master_labels(
+    new_backend: Callable[..., KubernetesBackend],
+    stand_in: KubernetesStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = new_backend()
+    job = backend.job_name
+    monkeypatch.delenv("EDL_POD_NAME", raising=False)
+    assert backend.expose_master("10.1.2.3:5000") == "10.1.2.3:5000"  # not in a pod: its own address
+    master_pod = f"{job}-step-1"
+    monkeypatch.setenv("EDL_POD_NAME", master_pod)
+    container = {"name": "main", "image": "Not Runnable", "command": ["edl-argo", "train"]}  # never runs
+    stand_in.create("pods", {"metadata": {"name": master_pod}, "spec": {"containers": [container]}})
+    assert backend.expose_master("10.1.2.3:5000") == "10.1.2.3:5000"  # a pod without the labels
+    stand_in.delete("pods", master_pod)
+    stand_in.wait_for(lambda: stand_in.pod(master_pod) is None, what="the unlabelled pod to go")
+    labels = master_labels(job)
+    stand_in.create(
+        "pods", {"metadata": {"name": master_pod, "labels": labels}, "spec": {"containers": [container]}}
+    )
+    try:
+        address = backend.expose_master("10.1.2.3:5000")
+        (service,) = stand_in.objects("services", f"app.kubernetes.io/instance={job},edl-argo/role=master")
+        assert service["metadata"]["name"] == f"{job}-master"
+        assert service["spec"]["selector"] == labels
+        assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(5000, 5000)]
+        assert address == f"{service['spec']['clusterIP']}:5000"
+
+        successor = new_backend(job, ps_port=backend.config.ps_port)  # a master restarted elsewhere
+        assert successor.expose_master("10.9.8.7:5000") == address
+        assert (
+            successor.adopt() == [] and successor.list_pods() == []
+        )  # the master's pod is not a pod of the job
+        successor.close(grace_seconds=1)
+        assert stand_in.pod(master_pod) is not None  # close deletes the job's pods, not its master's
+        assert stand_in.objects("services", f"app.kubernetes.io/instance={job}") == []
+    finally:
+        stand_in.delete("pods", master_pod)
 
 
 def test_deleting_the_workflow_deletes_the_job(
@@ -608,9 +657,10 @@ def test_the_backend_uses_no_more_than_the_role_grants(
     rules = role_rules()
     calls = [c for c in stand_in.calls if c.user_agent.startswith(MASTER_USER_AGENT)]
     assert all(rules_allow(rules, c) for c in calls), [c for c in calls if not rules_allow(rules, c)]
-    used = {("", c.resource, c.verb) for c in calls}
+    used = {(c.api_group, c.resource, c.verb) for c in calls}
     assert used <= MASTER_RULES
     assert {("", "pods", "watch"), ("", "pods/log", "get"), ("", "services", "create")} <= used
+    assert {("networking.k8s.io", "networkpolicies", verb) for verb in ("create", "delete")} <= used
 
 
 def test_a_refusing_or_unreachable_api_server_and_a_bad_job_name_are_one_line_errors(

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -474,3 +475,92 @@ def test_close_leaves_no_processes(sink: io.StringIO, tmp_path: Path) -> None:
     with pytest.raises(BackendClosedError):
         backend.start(worker(2, "pass"))
     backend.close()  # idempotent
+
+
+# -- adoption by the backend of a restarted master ---------------------------------------------------
+
+
+def start_pods_in_a_doomed_master(pods_dir: Path, specs: list[PodSpec]) -> subprocess.Popen[str]:
+    """A process that starts ``specs`` with its own backend, says ``ready`` and sleeps: a master to kill."""
+    pods = json.dumps([[s.role.value, s.pod_id, list(s.command), s.port] for s in specs])
+    code = f"""
+        import json, os, sys, time
+        from pathlib import Path
+        from edl_argo.pods import LocalProcessBackend, PodSpec, PodRole
+        sink, folder = open(os.devnull, "w"), Path({str(pods_dir)!r})
+        backend = LocalProcessBackend("adopt-job", log_sink=sink, pods_dir=folder)
+        for role, pod_id, command, port in json.loads({pods!r}):
+            backend.start(PodSpec(PodRole(role), pod_id, tuple(command), port=port))
+        print("ready", flush=True)
+        time.sleep(120)
+    """
+    master = subprocess.Popen(py(code), stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+    assert master.stdout is not None and master.stdout.readline() == "ready\n"
+    return master
+
+
+def test_a_new_backend_adopts_the_pods_of_a_master_that_died(sink: io.StringIO, tmp_path: Path) -> None:
+    pods_dir, port = tmp_path / "pods", find_free_port()
+    go, go_early = tmp_path / "go", tmp_path / "go-early"
+    wait_then = (
+        "import os, sys, time\nwhile not os.path.exists({!r}) and time.time() < %r:\n time.sleep(0.02)\n"
+    )
+    wait_then %= time.time() + 50  # every pod ends by itself at the latest then, even if the test fails
+    doomed = start_pods_in_a_doomed_master(
+        pods_dir,
+        [
+            worker(
+                0,
+                "import sys; print('before the crash', file=sys.stderr, flush=True)\n"
+                + wait_then.format(str(go))
+                + "print('after', file=sys.stderr); sys.exit(3)",
+            ),
+            worker(1, "import time; time.sleep(60)"),  # killed
+            worker(2, "import time; time.sleep(60)"),  # deleted
+            worker(3, wait_then.format(str(go_early))),  # ends while no master watches
+            PodSpec(PS, 0, py(wait_then.format(str(go)) + "print('ps done')"), port=port),
+        ],
+    )
+    try:
+        wait_for(lambda: len(list(pods_dir.glob("*/supervisor"))) == 5, what="every supervisor to start")
+    finally:
+        doomed.kill()
+        doomed.wait()
+    go_early.touch()
+    wait_for(lambda: len(list(pods_dir.glob("worker-3.*/exit"))) == 1, what="worker-3 to end")
+
+    with LocalProcessBackend("adopt-job", log_sink=sink, pods_dir=pods_dir) as backend:
+        check_adoption(backend, sink, pods_dir, port, go)
+    assert not pods_dir.exists()
+
+
+def check_adoption(
+    backend: LocalProcessBackend, sink: io.StringIO, pods_dir: Path, port: int, go: Path
+) -> None:
+    """What the backend that adopted the pods of the test above sees and does."""
+    adopted = backend.adopt()
+    assert adopted == [PodStatus(PS, 0, PodPhase.RUNNING)] + [
+        PodStatus(WORKER, i, PodPhase.RUNNING) for i in (0, 1, 2)
+    ]
+    assert backend.list_pods() == adopted
+    assert backend.address(PS, 0) == f"127.0.0.1:{port}"
+    assert not list(pods_dir.glob("worker-3.*")), "the folder of a pod that ended is removed"
+    assert backend.adopt() == []  # nothing new
+    with pytest.raises(PodExistsError):
+        backend.start(worker(1, "pass"))
+
+    backend.kill(WORKER, 1)
+    backend.delete(WORKER, 2, grace_seconds=5)
+    go.touch()
+    events = collect(backend, "worker-0", "worker-1", "worker-2", "ps-0")
+    outcomes = {e.name: (e.phase, e.reason, e.exit_code) for e in events if e.phase.is_terminal}
+    assert outcomes == {
+        "worker-0": (PodPhase.FAILED, PodReason.ERROR, 3),
+        "worker-1": (PodPhase.FAILED, PodReason.KILLED, 137),
+        "worker-2": (PodPhase.DELETED, PodReason.DELETED, 143),
+        "ps-0": (PodPhase.SUCCEEDED, PodReason.COMPLETED, 0),
+    }
+    assert terminal(events, "worker-0").message.endswith("before the crash\nafter")
+    logged = sink.getvalue().splitlines()
+    assert "[worker-0] after" in logged and "[ps-0] ps done" in logged
+    assert "[worker-0] before the crash" not in logged  # written before the adoption: left in its file

@@ -645,6 +645,23 @@ def test_restore_puts_held_tasks_back_at_the_front_and_keeps_everything_else() -
     assert restored.progress() == (1, 20)
 
 
+def test_restore_keeps_the_tasks_of_surviving_workers_held_by_them() -> None:
+    clock = FakeClock()
+    dispatcher = make({"a": 40}, clock=clock, num_epochs=1)
+    survivor_task, lost_task = take(dispatcher, 1), take(dispatcher, 2)
+    clock.advance(5.0)
+
+    snapshot = json.loads(json.dumps(dispatcher.snapshot()))
+    restored = TaskDispatcher.restore(snapshot, clock=clock, live_workers={1})
+    assert restored.accounting().requeues["master_restarted"] == 1
+    assert restored.accounting().records_trained_twice == lost_task.num_records
+    assert [(e["worker_id"], e["age"]) for e in restored.snapshot()["doing"]] == [(1, 5.0)]
+    assert take(restored, 3) == lost_task  # only the lost worker's task went back to the front
+    assert restored.report(survivor_task.task_id, 1, success=True)  # the survivor's report counts
+    assert not restored.report(lost_task.task_id, 2, success=True)  # the lost worker's does not
+    assert restored.accounting().records_done_per_epoch == {0: survivor_task.num_records}
+
+
 def test_snapshot_of_a_restored_idle_dispatcher_is_identical() -> None:
     dispatcher = make({"a": 30, "b": 7}, num_epochs=3, shuffle=True)
     for _ in range(4):

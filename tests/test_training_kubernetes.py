@@ -20,14 +20,11 @@ import yaml
 from kubernetes import client as k8s
 
 from edl_argo import cli, log
-from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.task_dispatcher import TaskAssignment
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner, RoleSettings
-from edl_argo.recordio import Compressor
-from edl_argo.storage import LocalStorage
 from tests.engine_helpers import DIGITS_MODEL, JobThread, assert_no_record_lost, digits_config
 from tests.k8s_helpers import MASTER_RULES, MASTER_USER_AGENT, job_selector, role_rules
 from tests.k8s_stand_in import KubernetesStandIn, rules_allow
@@ -40,15 +37,6 @@ SECRET = {"AWS_ACCESS_KEY_ID": "AKIATESTONLY", "AWS_SECRET_ACCESS_KEY": "test-on
 @pytest.fixture(autouse=True)
 def master_logs_to_stderr() -> None:
     log.configure("INFO")
-
-
-@pytest.fixture(scope="module")
-def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("digits")
-    train, test = digits_records(test_fraction=0.2, seed=0)
-    write_dataset(LocalStorage(root), "train", train, 4, Compressor.SNAPPY, overwrite=False)
-    write_dataset(LocalStorage(root), "test", test, 2, Compressor.GZIP, overwrite=False)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +66,7 @@ def make_job(
             workflow_name=name,
             owner=Owner("argoproj.io/v1alpha1", "Workflow", name, workflow["metadata"]["uid"]),
             ps_port=find_free_port(),
+            collective_port=find_free_port(),
         )
         config = digits_config(
             digits_data,
@@ -147,6 +136,30 @@ def test_digits_job_trains_on_kubernetes_pods(
     calls = [c for c in cluster.calls if c.user_agent.startswith(MASTER_USER_AGENT)]
     assert all(rules_allow(role_rules(), c) for c in calls)
     assert {("", c.resource, c.verb) for c in calls} <= MASTER_RULES
+
+
+def test_allreduce_job_trains_on_worker_pods_only(
+    make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn
+) -> None:
+    """AllreduceStrategy on the cluster: no PS pods or Services; workers declare their collective port
+    (the one the job's NetworkPolicy opens) and find each other through the master's rendezvous."""
+    job = make_job(distribution_strategy="AllreduceStrategy", num_ps=0)
+    name = job.config.job_name
+    thread = JobThread(job).start()
+    thread.wait_until(lambda: len(running(cluster, name, "worker")) == 2, 120, "two worker pods running")
+    pods = cluster.objects("pods", job_selector(name))
+    assert sorted(p["metadata"]["name"] for p in pods) == [f"{name}-worker-0", f"{name}-worker-1"]
+    for pod in pods:
+        container = pod["spec"]["containers"][0]
+        assert "AllreduceStrategy" in container["command"] and "--ps-addrs" not in container["command"]
+        assert [p["containerPort"] for p in container["ports"]] == [job.config.kubernetes.collective_port]
+    metrics = thread.join(300)
+
+    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert_no_record_lost(metrics)
+    assert metrics["allreduce_replicas"]["max_abs_difference"] == 0.0
+    assert cluster.objects("services", job_selector(name, "ps")) == []
+    assert_job_cleaned_up(cluster, name)
 
 
 def test_worker_pod_deleted_through_the_api_is_replaced_and_nothing_is_lost(
@@ -239,6 +252,7 @@ def test_yaml_prints_the_manifests_without_touching_anything(
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = [(d["kind"], d["metadata"]["name"]) for d in documents]
     assert kinds == [
+        ("NetworkPolicy", "preview-grpc"),
         ("Service", "preview-ps-0"),
         ("Pod", "preview-ps-0"),
         ("Service", "preview-ps-1"),

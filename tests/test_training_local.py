@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edl_argo import cli, log
-from edl_argo.data.commands import ctr_records, digits_records, write_dataset
+from edl_argo.data.commands import ctr_records, write_dataset
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
 from edl_argo.pods import PodRole
@@ -31,16 +31,6 @@ from tests.engine_helpers import (
 def master_logs_to_stderr() -> None:
     """The master runs in the test process; send its event lines to stderr as `edl-argo train` does."""
     log.configure("INFO")
-
-
-@pytest.fixture(scope="module")
-def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("digits")
-    storage = LocalStorage(root)
-    train, test = digits_records(test_fraction=0.2, seed=0)
-    write_dataset(storage, "train", train, 4, Compressor.SNAPPY, overwrite=False)
-    write_dataset(storage, "test", test, 2, Compressor.GZIP, overwrite=False)
-    return root
 
 
 def test_sync_job_trains_digits_and_publishes_model(digits_data: Path, tmp_path: Path, capsys) -> None:

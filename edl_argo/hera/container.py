@@ -11,6 +11,10 @@ Python module installed in that image (``--model-def my_package.my_model``).
 gets ``EDL_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` from the Secret named by
 its ``storage-secret`` parameter (``envFrom``, optional, so that steps that use no object storage run
 without one).
+
+**Steps run as non-root.** Every step's pod runs as uid/gid 1000 with the runtime's default seccomp
+profile, and its container without privilege escalation or Linux capabilities: the same security contexts
+as the worker and parameter-server pods (:data:`edl_argo.pods.manifests.POD_SECURITY_CONTEXT`).
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 from hera.workflows import Artifact, Container, Parameter, SecretEnvFrom
+from hera.workflows.models import PodSecurityContext, SecurityContext
 
 from edl_argo import __version__
 from edl_argo.hera.inputs import Input, StepInputs, Text
+from edl_argo.pods.manifests import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
 
 #: The default image of every step (built from this repository).
 IMAGE = f"edl-argo:{__version__}"
@@ -67,5 +73,7 @@ def step_container(
         inputs=[*inputs.declarations(), *artifacts],
         outputs=list(outputs) or None,
         env_from=[SecretEnvFrom(name=inputs.ref("storage-secret"), optional=True)],
+        pod_security_context=PodSecurityContext.model_validate(POD_SECURITY_CONTEXT),
+        security_context=SecurityContext.model_validate(CONTAINER_SECURITY_CONTEXT),
         **template,
     )

@@ -22,6 +22,7 @@ from typing import Annotated
 from hera.workflows import Artifact, Container, Env, FieldEnv, Parameter, RetryPolicy, RetryStrategy
 from hera.workflows.models import Backoff, IntOrString, ResourceRequirements, ValueFrom
 
+from edl_argo.collective.flags import PARAMETER_SERVER, STRATEGIES
 from edl_argo.hera.container import IMAGE, STORAGE_SECRET, ModelDef, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.step import Step, StepTask
@@ -59,6 +60,14 @@ def elastic_train(
     num_workers: Annotated[Int, Input("worker pods")] = 2,
     num_ps: Annotated[Int, Input("parameter-server pods")] = 1,
     grads_to_wait: Annotated[Int, Input("synchronous SGD: gradient pushes averaged per step")] = 1,
+    distribution_strategy: Annotated[
+        Text,
+        Input(
+            "ParameterServerStrategy (variables on PS pods) or AllreduceStrategy (workers average "
+            "gradients among themselves every step; num-ps and grads-to-wait are then ignored)",
+            enum=STRATEGIES,
+        ),
+    ] = PARAMETER_SERVER,
     evaluation_steps: Annotated[Int, Input("evaluate every N model versions (0: at the end only)")] = 0,
     image: Annotated[Text, Input("container image of the master, workers and parameter servers")] = IMAGE,
     worker_resource_request: Annotated[Text, Input("resources of each worker pod")] = "cpu=1,memory=1024Mi",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int, positive_int
 from edl_argo.pods.kubernetes_config import (
@@ -15,6 +17,14 @@ from edl_argo.pods.kubernetes_config import (
     add_kubernetes_flags,
     kubernetes_config_from_args,
 )
+
+#: ``--nan-loss``: what a worker does with a minibatch whose loss is NaN or infinite. ``fail``: the job
+#: fails at once, naming the model version, task and shard; ``skip``: the minibatch is not pushed, and
+#: ``nan_batches_skipped`` in metrics.json counts it.
+NAN_LOSS_POLICIES = ("fail", "skip")
+MAX_PORT = 65535
+#: What any job name must look like: it names files (the job registry) and pods, so no '/' and no spaces.
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
 @dataclass(frozen=True)
@@ -40,14 +50,25 @@ class TrainConfig:
     shuffle: bool = False
     seed: int = 0
     max_task_retries: int = 3
+    nan_loss: str = "fail"
     max_worker_relaunches: int = 16
     max_ps_relaunches: int = 8
+    min_task_timeout_seconds: int = 60
+    """A task held longer than max(this, 5 x the longest of the last 100 task durations) is reclaimed."""
     job_name: str = ""
     backend: str = "local"
     master_port: int = 0
     log_level: str = "INFO"
+    distribution_strategy: str = "ParameterServerStrategy"
+    collective_timeout_seconds: int = 60
+    scale_lr_by_world_size: bool = False
     kubernetes: KubernetesConfig | None = None
     """With ``backend == "kubernetes"``: how pods run there (:mod:`edl_argo.pods.kubernetes_config`)."""
+
+    @property
+    def allreduce(self) -> bool:
+        """Whether workers average gradients among themselves (no parameter servers)."""
+        return self.distribution_strategy == ALLREDUCE
 
     @property
     def records_per_task(self) -> int:
@@ -82,6 +103,13 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(training, "--shuffle", action="store_true", help="shuffle task order each epoch")
     add_flag(training, "--seed", type=int, default=0)
     add_flag(
+        training,
+        "--nan-loss",
+        choices=NAN_LOSS_POLICIES,
+        default="fail",
+        help="a minibatch whose loss is NaN: fail the job at once (default), or skip the minibatch",
+    )
+    add_flag(
         training, "--evaluation-steps", type=non_negative_int, default=0, help="evaluate every N versions"
     )
     add_flag(
@@ -93,6 +121,15 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     )
 
     cluster = parser.add_argument_group("workers and parameter servers")
+    add_flag(
+        cluster,
+        "--distribution-strategy",
+        choices=STRATEGIES,
+        default=PARAMETER_SERVER,
+        help="ParameterServerStrategy: variables on PS pods (sparse and large models); AllreduceStrategy: "
+        "full replicas on workers that average gradients every step (dense models, synchronous SGD)",
+    )
+    add_collective_flags(cluster)
     add_flag(cluster, "--num-workers", type=positive_int, default=2)
     add_flag(cluster, "--num-ps", type=positive_int, default=1)
     add_flag(
@@ -110,12 +147,39 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(cluster, "--max-task-retries", type=positive_int, default=3)
     add_flag(cluster, "--max-worker-relaunches", type=non_negative_int, default=16)
     add_flag(cluster, "--max-ps-relaunches", type=non_negative_int, default=8)
+    add_flag(
+        cluster,
+        "--min-task-timeout-seconds",
+        type=positive_int,
+        default=60,
+        help="reclaim a task held longer than max(this, 5 x the longest recent task) and replace its worker",
+    )
     add_flag(cluster, "--master-port", type=non_negative_int, default=0, help="0: any free port")
     add_kubernetes_flags(parser)
 
 
+def _check_allreduce(args: argparse.Namespace) -> None:
+    if args.distribution_strategy != ALLREDUCE:
+        if args.scale_lr_by_world_size:
+            raise ConfigError("--scale-lr-by-world-size needs --distribution-strategy AllreduceStrategy")
+        return
+    conflicts = {
+        "--use-async": args.use_async,
+        "--grads-to-wait": args.grads_to_wait > 1,
+        "--pipelined": args.pipelined,
+        "--lr-staleness-modulation": args.lr_staleness_modulation,
+        "--checkpoint-steps": args.checkpoint_steps > 0,
+    }
+    for flag, used in conflicts.items():
+        if used:
+            raise ConfigError(
+                f"{flag} configures parameter servers; --distribution-strategy AllreduceStrategy has none"
+            )
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The validated configuration; :class:`ConfigError` names the flag at fault."""
+    _check_allreduce(args)
     if args.use_async and args.grads_to_wait > 1:
         raise ConfigError(
             "--use-async applies each gradient on arrival; it cannot be combined with --grads-to-wait > 1"
@@ -126,9 +190,18 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ConfigError("--pipelined needs --use-async: synchronous SGD cannot compute ahead of its pushes")
     if args.evaluation_steps and not args.validation_data:
         raise ConfigError("--evaluation-steps needs --validation-data")
+    if args.master_port > MAX_PORT:
+        raise ConfigError(f"--master-port {args.master_port}: a port is at most {MAX_PORT}")
+    if args.job_name and not _JOB_NAME.match(args.job_name):
+        raise ConfigError(
+            f"--job-name {args.job_name!r}: at most 63 letters, digits, '-', '_' and '.', starting with a"
+            " letter or digit (it names files and pods)"
+        )
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values["job_name"] = args.job_name or f"edl-{uuid.uuid4().hex[:8]}"
+    if args.distribution_strategy == ALLREDUCE:
+        values["num_ps"] = 0
     if args.yaml and args.backend != "kubernetes":
         raise ConfigError("--yaml prints Kubernetes manifests: it needs --backend kubernetes")
     values["kubernetes"] = kubernetes_config_from_args(args) if args.backend == "kubernetes" else None

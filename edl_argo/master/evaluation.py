@@ -9,6 +9,7 @@ per-record values whose mean is the metric (ElasticDL's convention).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,31 @@ class MetricsAccumulator:
                 values = np.asarray(metric(labels, outputs), dtype=np.float64).ravel()
                 self._sums[name] += float(values.sum())
                 self._counts[name] += values.size
+
+    def state(self) -> dict[str, Any]:
+        """What was aggregated so far, as JSON data (a Keras metric's variables as nested lists)."""
+        return {
+            "records": self.records,
+            "sums": dict(self._sums),
+            "counts": dict(self._counts),
+            "variables": {
+                name: [np.asarray(variable).tolist() for variable in metric.variables]
+                for name, metric in self._metrics.items()
+                if hasattr(metric, "update_state")
+            },
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state` data; ValueError if it does not fit these metrics."""
+        self.records = int(state["records"])
+        self._sums.update({name: float(state["sums"][name]) for name in self._sums})
+        self._counts.update({name: int(state["counts"][name]) for name in self._counts})
+        for name, values in state["variables"].items():
+            variables = self._metrics[name].variables
+            if len(variables) != len(values):
+                raise ValueError(f"metric {name} has {len(variables)} variables, the state {len(values)}")
+            for variable, value in zip(variables, values, strict=True):
+                variable.assign(np.asarray(value))
 
     def result(self) -> dict[str, float]:
         results = {}
@@ -153,6 +179,55 @@ class EvaluationService:
         )
         if current.final:
             self._final_done.set()
+
+    def snapshot(self) -> dict[str, Any]:
+        """History, open rounds (with what they aggregated) and scheduling state, as JSON data.
+
+        Take it *after* the dispatcher's snapshot: a task a worker reported done had its outputs
+        reported before, so every evaluation task done in that dispatcher snapshot is in this one.
+        """
+        with self._lock:
+            return {
+                "history": [dataclasses.asdict(record) for record in self.history],
+                "rounds": {
+                    str(version): {
+                        "final": current.final,
+                        "tasks_reported": sorted(current.tasks_reported),
+                        "accumulator": current.accumulator.state(),
+                    }
+                    for version, current in self._rounds.items()
+                },
+                "last_evaluated_step": self._last_evaluated_step,
+                "final_requested": self._final_requested,
+                "final_done": self._final_done.is_set(),
+            }
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        """Continue from :meth:`snapshot` data, once :attr:`dispatcher` is the restored dispatcher.
+
+        An open round whose tasks the dispatcher still has keeps what it aggregated (a task's outputs
+        count once, by task id). An open round the dispatcher has no task of (its tasks were created
+        after the dispatcher's snapshot, or all completed just before the evaluation's) is started
+        again from scratch. Raises KeyError, ValueError or TypeError on data that does not fit.
+        """
+        assert self.dispatcher is not None, "EvaluationService.dispatcher is set by the master"
+        rounds = {int(version): data for version, data in snapshot["rounds"].items()}
+        pending = {version for version in rounds if self.dispatcher.evaluation_pending(version)}
+        with self._lock:
+            self.history = [EvaluationRecord(**record) for record in snapshot["history"]]
+            self._last_evaluated_step = int(snapshot["last_evaluated_step"])
+            self._final_requested = bool(snapshot["final_requested"])
+            if snapshot["final_done"]:
+                self._final_done.set()
+            self._rounds = {}
+            for version in pending:
+                accumulator = MetricsAccumulator(self.eval_metrics_fn)
+                accumulator.load_state(rounds[version]["accumulator"])
+                reported = {int(task_id) for task_id in rounds[version]["tasks_reported"]}
+                self._rounds[version] = _Round(accumulator, bool(rounds[version]["final"]), reported)
+        for version in sorted(set(rounds) - pending):
+            log.info("evaluation_restarted", model_version=version)
+            self._start_round(version, final=bool(rounds[version]["final"]))
 
     @property
     def final_done(self) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
 from edl_argo.storage import Storage
@@ -55,6 +56,18 @@ def model_from_parameter_servers(
             )
         table[ids[in_range]] = rows[in_range]
         layer.embeddings.assign(table)
+    return model
+
+
+def model_from_state(spec: ModelSpec, values: list[np.ndarray], sample_features: Any) -> keras.Model:
+    """A Keras model holding an AllreduceStrategy member's state (model variables come first in it)."""
+    model = build_model(spec, sample_features)
+    if len(values) < len(model.variables):
+        raise JobFailedError(
+            f"the workers' state has {len(values)} variables, fewer than the model's {len(model.variables)}"
+        )
+    for variable, value in zip(model.variables, values, strict=False):
+        variable.assign(value)
     return model
 
 

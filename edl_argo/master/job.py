@@ -5,6 +5,16 @@ It wires the parts together and owns no policy of its own: tasks come from the
 :class:`~edl_argo.master.pod_manager.PodManager`, metrics from the
 :class:`~edl_argo.master.evaluation.EvaluationService`, the model from
 :mod:`~edl_argo.master.export`.
+
+**Failover.** The job's state is saved in its ``--output`` as it goes (:mod:`edl_argo.master.state_store`).
+A master started again for the same job (same ``--job-name`` and ``--output``, e.g. by Argo's
+retryStrategy, or by hand after it was killed) finds it and continues: it adopts the pods the old master
+left running (:meth:`~edl_argo.pods.PodBackend.adopt`), restores the dispatcher (tasks held by adopted
+workers stay theirs; only those of workers that did not survive are requeued), the evaluations, the model
+version, the training loss and the pod bookkeeping, and serves on the same port, so running workers
+carry on. PSes that did not survive are started again and restore their checkpoints; without
+``--checkpoint-steps`` their parameters would be lost, so the job starts afresh instead, as an AllReduce
+job does. Without a saved state, pods left by an earlier master are removed and the job starts afresh.
 """
 
 from __future__ import annotations
@@ -13,27 +23,33 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edl_argo.errors import ConfigError, JobFailedError
+import numpy as np
+
+from edl_argo.collective.membership import max_state_difference, member_states
+from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
-from edl_argo.master.export import model_from_parameter_servers, publish_model
+from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.registry import register_master, unregister_master
-from edl_argo.master.servicer import MasterServicer
+from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.master.state_store import DurableMasterServicer, GroupCommit, MasterStateStore, job_fingerprint
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model import Mode, ModelSpec, load_model_spec
-from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, find_free_port
+from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, PodStatus, find_free_port
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import ShardReader, list_shards
 from edl_argo.rpc.channel import make_server
+from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage import open_storage
 from edl_argo.worker.data import make_batches
 from edl_argo.worker.ps_client import ParameterServerClient
@@ -79,6 +95,7 @@ class TrainingJob:
             dataset_shards(config.validation_data, "--validation-data") if config.validation_data else {}
         )
         self.output = open_storage(config.output)
+        self.output.exists("model")  # reach --output now: a missing bucket or a denial fails here
         self.versions = VersionTracker()
         self.training_loss = TrainingLoss()
         self.evaluation = EvaluationService(
@@ -92,19 +109,34 @@ class TrainingJob:
                 shuffle=config.shuffle,
                 seed=config.seed,
                 max_task_retries=config.max_task_retries,
+                task_timeout_floor=config.min_task_timeout_seconds,
             ),
             on_evaluation_complete=self.evaluation.round_complete,
         )
         self.evaluation.dispatcher = self.dispatcher
+        fingerprint = job_fingerprint(config, self.training_shards, self.validation_shards)
+        self.state_store = MasterStateStore(self.output, config.job_name, fingerprint)
+        self._saved = self.state_store.load()  # what an earlier master of this job saved, if anything
+        if self._saved is not None:
+            self._restored_dispatcher(None)  # a corrupt state fails here, before any pod starts
+        self._state_writer = GroupCommit(self._state, self.state_store.save)
         self.backend = backend or _default_backend(config)
         self.host = pod_host()
         k8s = config.kubernetes
-        self.ps_ports = [
-            k8s.ps_port_of(i) if k8s else find_free_port(self.host) for i in range(config.num_ps)
-        ]
+        self.ps_ports = (
+            [int(port) for port in self._saved["ps_ports"]]
+            if self._saved is not None
+            else [k8s.ps_port_of(i) if k8s else find_free_port(self.host) for i in range(config.num_ps)]
+        )
         self.pods: PodManager | None = None
+        # AllreduceStrategy: the workers' group, and the trained state fetched from it before they exit.
+        self.rendezvous = RendezvousManager() if config.allreduce else None
+        self._group_state: Any = None
+        self._replicas: dict[str, Any] = {}
         self._server: Any = None
         self._master_address = ""
+        self._master_port = 0
+        self._started = 0.0
 
     # ------------------------------------------------------------------ pod commands
 
@@ -134,28 +166,42 @@ class TrainingJob:
 
     def worker_spec(self, worker_id: int) -> PodSpec:
         c = self.config
-        command = (
+        command: tuple[str, ...] = (
             "edl-argo", "worker",
             "--worker-id", str(worker_id),
             "--master-addr", self._master_address,
-            "--ps-addrs", self._ps_addresses(),
             "--model-def", c.model_def,
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
+            "--nan-loss", c.nan_loss,
             "--log-level", c.log_level,
         )  # fmt: skip
+        port: int | None = None
+        if c.allreduce:
+            # In a cluster every pod has its own address, so one declared port (which the job's
+            # NetworkPolicy opens) serves every worker; on one machine each worker takes a free port.
+            port = c.kubernetes.collective_port if c.kubernetes else None
+            command += (
+                "--distribution-strategy", c.distribution_strategy,
+                "--collective-port", str(port or 0),
+                "--collective-timeout-seconds", str(c.collective_timeout_seconds),
+            )  # fmt: skip
+            if c.scale_lr_by_world_size:
+                command += ("--scale-lr-by-world-size",)
+        else:
+            command += ("--ps-addrs", self._ps_addresses())
         if c.pipelined:
             command += ("--pipelined",)
-        return PodSpec(PodRole.WORKER, worker_id, command)
+        return PodSpec(PodRole.WORKER, worker_id, command, port=port)
 
     # ------------------------------------------------------------------ lifecycle
 
     def _on_version(self, version: int) -> None:
         self.evaluation.on_model_version(self.versions.observe(version))
 
-    def _start_master_service(self) -> None:
+    def _start_master_service(self, restored_holders: set[int]) -> None:
         self._server = make_server()
-        servicer = MasterServicer(
+        servicer = DurableMasterServicer(
             self.dispatcher,
             self.evaluation,
             {
@@ -167,17 +213,29 @@ class TrainingJob:
             on_version=self._on_version,
             scale_workers=lambda n: self.pods.scale_workers(n) if self.pods else n,
             training_loss=self.training_loss,
+            rendezvous=self.rendezvous,
+            ready_to_finish=lambda: self.rendezvous is None or self._group_state is not None,
+            commit=self._state_writer,
+            restored_holders=restored_holders,
         )
         master_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
-        port = self._server.add_insecure_port(f"{self.host}:{self.config.master_port}")
+        # A restarted master serves where the workers it adopts expect it.
+        wanted = int(self._saved["master_port"]) if self._saved is not None else self.config.master_port
+        try:
+            port = self._server.add_insecure_port(f"{self.host}:{wanted}")
+        except RuntimeError:
+            port = 0
+        if not port or (wanted and port != wanted):
+            raise JobFailedError(f"the master cannot serve on {self.host}:{wanted}: the port is taken")
+        self._master_port = port
         self._server.start()
-        self._master_address = f"{self.host}:{port}"
-        register_master(self.config.job_name, self._master_address)
+        self._master_address = self.backend.expose_master(f"{self.host}:{port}")
+        register_master(self.config.job_name, f"{self.host}:{port}")
         log.info("master_started", job=self.config.job_name, address=self._master_address)
 
     def run(self) -> dict[str, Any]:
         """Train to completion and publish the model; returns the metrics written to metrics.json."""
-        started = time.time()
+        self._started = time.time() if self._saved is None else float(self._saved["started_at"])
         c = self.config
         log.info(
             "job_started",
@@ -187,9 +245,17 @@ class TrainingJob:
             epochs=c.num_epochs,
             workers=c.num_workers,
             ps=c.num_ps,
-            mode="async" if c.use_async else f"sync(grads_to_wait={c.grads_to_wait})",
+            mode=(
+                "allreduce"
+                if c.allreduce
+                else "async"
+                if c.use_async
+                else f"sync(grads_to_wait={c.grads_to_wait})"
+            ),
         )
-        self._start_master_service()
+        adopted, restored_holders = self._take_over()
+        started = self._started
+        self._start_master_service(restored_holders)
         self.pods = PodManager(
             self.backend,
             PodPolicy(c.num_workers, c.num_ps, c.max_worker_relaunches, c.max_ps_relaunches),
@@ -199,12 +265,17 @@ class TrainingJob:
         )
         progress = ProgressReporter(f"train {c.job_name}")
         try:
-            self._remove_leftover_pods()
-            self.pods.start()
+            if self._saved is None:
+                self.pods.start()
+            else:
+                self.pods.resume(self._saved["pods"], adopted)
+            self._state_writer.start()
+            self._state_writer.changed()
             self._dispatch_until_done(progress)
             metrics = self._metrics(started)
             self._wait_for_workers()
             self._export(metrics)
+            self._forget_state()
             log.info(
                 "job_succeeded",
                 job=c.job_name,
@@ -212,17 +283,102 @@ class TrainingJob:
                 **metrics["final_metrics"],
             )
             return metrics
+        except JobFailedError:
+            self._forget_state()  # failed for good: a new run starts afresh
+            raise
         finally:
             progress.close()
+            self._state_writer.close()
             self.backend.close(grace_seconds=2.0)
             self._server.stop(grace=1.0)
             unregister_master(self.config.job_name)
 
-    def _remove_leftover_pods(self) -> None:
-        """Delete the pods an earlier master of this job left (a cluster backend adopts and lists them)
-        and wait until they are gone: their tasks died with that master. PSes restore their checkpoints
-        when started again."""
-        leftovers = self.backend.list_pods()
+    # ------------------------------------------------------------------ failover
+
+    def _state(self) -> dict[str, Any]:
+        """What a restarted master continues from (:data:`~edl_argo.master.state_store.STATE_PARTS`).
+
+        The dispatcher's snapshot comes before the evaluation's, as :meth:`EvaluationService.snapshot`
+        requires."""
+        assert self.pods is not None
+        return {
+            "started_at": self._started,
+            "master_port": self._master_port,
+            "ps_ports": self.ps_ports,
+            "dispatcher": self.dispatcher.snapshot(),
+            "evaluation": self.evaluation.snapshot(),
+            "model_version": self.versions.version,
+            "training_loss": self.training_loss.snapshot(),
+            "pods": self.pods.snapshot(),
+        }
+
+    def _restored_dispatcher(self, live_workers: Collection[int] | None) -> TaskDispatcher:
+        """The saved dispatcher, with the tasks of workers not in ``live_workers`` requeued (None: as if
+        every worker had survived, to check the state); the state's DataFormatError if it is corrupt."""
+        assert self._saved is not None
+        try:
+            snapshot = self._saved["dispatcher"]
+            if live_workers is None:
+                live_workers = {int(entry["worker_id"]) for entry in snapshot["doing"]}
+            return TaskDispatcher.restore(
+                snapshot, on_evaluation_complete=self.evaluation.round_complete, live_workers=live_workers
+            )
+        except (DataFormatError, KeyError, TypeError, ValueError) as error:
+            raise self.state_store.corrupt(f"dispatcher: {error}") from None
+
+    def _take_over(self) -> tuple[list[PodStatus], set[int]]:
+        """Continue from the saved state, if any: adopt the old master's pods and restore every part.
+        Returns the adopted pods and the adopted workers that hold tasks. Without a state (or one that
+        cannot be continued), remove the pods an earlier master left and start afresh."""
+        c, saved = self.config, self._saved
+        adopted = self.backend.adopt()
+        if saved is None:
+            self._remove_leftover_pods(adopted)
+            return [], set()
+        surviving_ps = {pod.pod_id for pod in adopted if pod.role is PodRole.PS}
+        lost_ps = sorted(set(range(c.num_ps)) - surviving_ps)
+        if c.allreduce or (lost_ps and not c.checkpoint_steps):
+            reason = "allreduce" if c.allreduce else f"PS {lost_ps} lost without --checkpoint-steps"
+            log.warning("master_state_discarded", job=c.job_name, state=self.state_store.url, reason=reason)
+            self._saved = None
+            self._started = time.time()
+            self._remove_leftover_pods(adopted)
+            return [], set()
+        workers = {pod.pod_id for pod in adopted if pod.role is PodRole.WORKER}
+        try:
+            self.dispatcher = self._restored_dispatcher(workers)
+            self.evaluation.dispatcher = self.dispatcher
+            self.evaluation.restore(saved["evaluation"])
+            self.versions.observe(int(saved["model_version"]))
+            self.training_loss.restore(saved["training_loss"])
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise self.state_store.corrupt(f"{type(error).__name__}: {error}") from None
+        holders = {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]} & workers
+        accounting = self.dispatcher.accounting()
+        log.info(
+            "master_state_restored",
+            job=c.job_name,
+            state=self.state_store.url,
+            tasks_done=accounting.tasks_done,
+            tasks_total=accounting.tasks_total,
+            tasks_requeued=accounting.requeues["master_restarted"],
+            workers_adopted=len(workers),
+            ps_adopted=len(surviving_ps),
+            workers_holding_tasks=len(holders),
+            model_version=self.versions.version,
+            evaluations=len(self.evaluation.history),
+        )
+        return adopted, holders
+
+    def _forget_state(self) -> None:
+        """The job is over: stop saving its state and remove it."""
+        self._state_writer.close()
+        self.state_store.remove()
+
+    def _remove_leftover_pods(self, leftovers: list[PodStatus]) -> None:
+        """Delete the pods an earlier master of this job left (adopted from the backend) and wait until
+        they are gone: their tasks died with that master. PSes restore their checkpoints when started
+        again."""
         if leftovers:
             log.warning(
                 "leftover_pods_removed", job=self.config.job_name, pods=",".join(p.name for p in leftovers)
@@ -236,15 +392,48 @@ class TrainingJob:
     def _dispatch_until_done(self, progress: ProgressReporter) -> None:
         assert self.pods is not None
         while True:
-            self.pods.handle(self.backend.events(timeout=0.5))
+            events = self.backend.events(timeout=0.5)
+            self.pods.handle(events)
+            if events:
+                self._state_writer.changed()
+            if self.rendezvous is not None:
+                for event in events:
+                    if event.role is PodRole.WORKER and event.phase.is_terminal:
+                        self.rendezvous.remove(event.pod_id, event.reason)
             for _task, worker_id in self.dispatcher.reclaim_timed_out_tasks():
                 self.pods.restart_stuck_worker(worker_id)
+                self._state_writer.changed()
             progress.update(*self.dispatcher.progress())
+            if self._state_writer.failure is not None:
+                raise self._state_writer.failure
             failure = self.dispatcher.failure or self.pods.failure
             if failure is not None:
                 raise failure
             if self.dispatcher.finished and self.evaluation.final_done:
+                if self.rendezvous is None:
+                    return
+                if self._group_state is None:
+                    # Before any worker is told DONE: the group's trained state, for the export.
+                    self._fetch_group_state()
                 return
+
+    def _fetch_group_state(self) -> None:
+        """Read every member's state; keep the newest for the export and record how far replicas differ."""
+        assert self.rendezvous is not None
+        current = self.rendezvous.current
+        states = member_states([m.address for m in current.members])
+        newest = max(states, key=lambda state: state.version)
+        self._replicas = {
+            "members_compared": len(states),
+            "max_abs_difference": max_state_difference(states),
+            "versions": sorted({state.version for state in states}),
+            "final_round": current.round_id,
+        }
+        log.info(
+            "group_state_fetched", version=newest.version, **{k: str(v) for k, v in self._replicas.items()}
+        )
+        self.versions.observe(newest.version)
+        self._group_state = newest
 
     def _wait_for_workers(self) -> None:
         assert self.pods is not None
@@ -273,6 +462,7 @@ class TrainingJob:
             "records_done_per_epoch": {str(k): v for k, v in accounting.records_done_per_epoch.items()},
             "records_trained_twice": accounting.records_trained_twice,
             "training_loss_per_epoch": {str(k): v for k, v in self.training_loss.per_epoch().items()},
+            "nan_batches_skipped": self.training_loss.nan_batches_skipped,
             "task_requeues": accounting.requeues,
             "relaunches": {
                 "worker": self.pods.worker_relaunches,
@@ -280,6 +470,7 @@ class TrainingJob:
                 "events": [vars(r) for r in self.pods.relaunches],
             },
             "wall_time_seconds": round(time.time() - started, 3),
+            **({"allreduce_replicas": self._replicas} if self._replicas else {}),
         }
 
     def _sample_features(self) -> Any:
@@ -292,11 +483,15 @@ class TrainingJob:
         return features
 
     def _export(self, metrics: dict[str, Any]) -> None:
-        ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
-        try:
-            model = model_from_parameter_servers(self.spec, ps, self._sample_features())
-        finally:
-            ps.close()
+        if self._group_state is not None:
+            values = [np.array(from_tensor(t)) for t in self._group_state.variables]
+            model = model_from_state(self.spec, values, self._sample_features())
+        else:
+            ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
+            try:
+                model = model_from_parameter_servers(self.spec, ps, self._sample_features())
+            finally:
+                ps.close()
         publish_model(self.output, model, metrics, self.config.to_json())
 
 

@@ -13,24 +13,31 @@ Kept apart from task bookkeeping (:mod:`edl_argo.master.task_dispatcher`) and fr
   within ``max_ps_relaunches``.
 * Scaling changes the target number of workers: new ids start, or the newest workers are deleted (their
   tasks requeued, as preemption would).
+* A restarted master (see :mod:`edl_argo.master.state_store`) :meth:`~PodManager.resume` s from the
+  :meth:`~PodManager.snapshot` of the one before instead of starting pods: the pods the backend adopted
+  keep running under their ids, and those that died with the old master are started again (a PS with its
+  id, a worker with a new one), each counted as a relaunch with reason ``LostWithMaster``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.master.task_dispatcher import TaskDispatcher
-from edl_argo.pods import PodBackend, PodEvent, PodPhase, PodReason, PodRole, PodSpec
+from edl_argo.pods import PodBackend, PodEvent, PodPhase, PodReason, PodRole, PodSpec, PodStatus
 
 log = get_logger(__name__)
 
 #: Reason the master gives when it removes a worker on purpose (scale-down, stuck).
 SCALED_DOWN = "ScaledDown"
 STUCK = "Stuck"
+#: Relaunch reason of a pod that was gone when a restarted master took over.
+LOST_WITH_MASTER = "LostWithMaster"
 
 
 @dataclass
@@ -79,6 +86,49 @@ class PodManager:
         for ps_id in range(self.policy.num_ps):
             self.backend.start(self.ps_spec(ps_id))
         self.scale_workers(self.policy.num_workers)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Worker ids, target and relaunches, as JSON data: what :meth:`resume` continues from."""
+        with self._lock:
+            return {
+                "next_worker_id": self._next_worker_id,
+                "target_workers": self._target_workers,
+                "live_workers": sorted(self._live_workers),
+                "removing": {str(worker_id): reason for worker_id, reason in self._removing.items()},
+                "relaunches": [vars(record) for record in self.relaunches],
+            }
+
+    def resume(self, snapshot: Mapping[str, Any], adopted: list[PodStatus]) -> None:
+        """Take over the pods of a master that died, instead of :meth:`start`.
+
+        ``snapshot`` is that master's :meth:`snapshot`, ``adopted`` what the backend adopted. Adopted pods
+        keep running under their ids (a worker the snapshot did not know yet too: new ids start above
+        every id seen). A PS that is gone is started again with its id; workers that are gone are
+        replaced up to the target, unless no task is left; workers being removed are removed again.
+        """
+        adopted_workers = {pod.pod_id for pod in adopted if pod.role is PodRole.WORKER}
+        adopted_ps = {pod.pod_id for pod in adopted if pod.role is PodRole.PS}
+        removing = {int(worker_id): str(reason) for worker_id, reason in snapshot["removing"].items()}
+        with self._lock:
+            self.relaunches = [RelaunchRecord(**record) for record in snapshot["relaunches"]]
+            self._target_workers = int(snapshot["target_workers"])
+            self._next_worker_id = max([int(snapshot["next_worker_id"]), *(i + 1 for i in adopted_workers)])
+            self._live_workers = set(adopted_workers)
+        for ps_id in sorted(set(range(self.policy.num_ps)) - adopted_ps):
+            self.backend.start(self.ps_spec(ps_id))
+            self.relaunches.append(RelaunchRecord(PodRole.PS.value, ps_id, ps_id, LOST_WITH_MASTER))
+            log.warning("ps_relaunched", ps=ps_id, reason=LOST_WITH_MASTER)
+        for worker_id in sorted(adopted_workers & set(removing)):
+            self._remove_worker(worker_id, removing[worker_id])
+        lost = sorted({int(i) for i in snapshot["live_workers"]} - adopted_workers - set(removing))
+        log.info("pods_resumed", workers=sorted(adopted_workers), ps=sorted(adopted_ps), workers_lost=lost)
+        if self.dispatcher.finished:
+            return
+        for old_id in lost[: max(0, self._target_workers - len(adopted_workers - set(removing)))]:
+            new_id = self._start_worker()
+            self.relaunches.append(RelaunchRecord(PodRole.WORKER.value, old_id, new_id, LOST_WITH_MASTER))
+            log.warning("worker_relaunched", old_worker=old_id, new_worker=new_id, reason=LOST_WITH_MASTER)
+        self.scale_workers(self._target_workers)
 
     @property
     def live_workers(self) -> list[int]:

@@ -1,19 +1,31 @@
-"""The master's gRPC service: a thin translation between the wire and the dispatcher/evaluation."""
+"""The master's gRPC service: a thin translation between the wire and the dispatcher/evaluation.
+
+Every request is checked before anything changes: a malformed one (a negative worker id, version or
+counter, an undecodable tensor, outputs without one row per label) ends with ``INVALID_ARGUMENT`` and a
+one-line reason, and the server goes on serving. Reports about a task the worker does not hold (unknown,
+done, reclaimed) are ignored, as :meth:`TaskDispatcher.report` ignores them. A failed task reported as
+``fatal`` (the loss became NaN) fails the job at once, with the worker's message.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import grpc
 
 from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.task_dispatcher import Task, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
+from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
 
 log = get_logger(__name__)
+
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 _TASK_TYPES = {
     TaskType.TRAINING: master_pb2.TRAINING,
@@ -38,8 +50,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         on_version: Callable[[int], None] | None = None,
         scale_workers: Callable[[int], int] | None = None,
         training_loss: TrainingLoss | None = None,
+        rendezvous: RendezvousManager | None = None,
+        ready_to_finish: Callable[[], bool] = lambda: True,
     ) -> None:
         self._training_loss = training_loss or TrainingLoss()
+        self._rendezvous = rendezvous
+        self._ready_to_finish = ready_to_finish
         self._dispatcher = dispatcher
         self._evaluation = evaluation
         self._data_urls = data_urls
@@ -50,11 +66,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def GetTask(
         self, request: master_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> master_pb2.GetTaskResponse:
+        _check_worker_id(context, "GetTask", request.worker_id)
         assignment = self._dispatcher.get_task(request.worker_id)
         if assignment.kind == "done" and self._dispatcher.failure is None:
             if self._evaluation.start_final_round(self._current_version()):
                 assignment = self._dispatcher.get_task(request.worker_id)
-            elif not self._evaluation.final_done:
+            elif not self._evaluation.final_done or not self._ready_to_finish():
                 return master_pb2.GetTaskResponse(kind=master_pb2.GetTaskResponse.WAIT)
         if assignment.kind == "task" and assignment.task is not None:
             return master_pb2.GetTaskResponse(
@@ -80,6 +97,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def ReportTaskResult(
         self, request: master_pb2.ReportTaskResultRequest, context: grpc.ServicerContext
     ) -> master_pb2.ReportTaskResultResponse:
+        _check_worker_id(context, "ReportTaskResult", request.worker_id)
+        negative = sorted(name for name, value in request.counters.items() if value < 0)
+        if negative:
+            reject_request(
+                context, "ReportTaskResult", _INVALID, f"task {request.task_id}: counter {negative[0]!r} < 0"
+            )
+        if not math.isfinite(request.mean_loss):
+            reject_request(
+                context, "ReportTaskResult", _INVALID, f"task {request.task_id}: mean_loss is not finite"
+            )
+        if request.fatal and not request.success:
+            accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, request.error_message)
+            return master_pb2.ReportTaskResultResponse(accepted=accepted)
         accepted = self._dispatcher.report(
             request.task_id, request.worker_id, request.success, request.error_message
         )
@@ -87,6 +117,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self._training_loss.add(
                 request.counters.get("epoch", 0), request.mean_loss, request.counters["steps"]
             )
+        if accepted and request.success:
+            self._training_loss.skip_nan_batches(request.counters.get("nan_batches_skipped", 0))
         if "model_version" in request.counters and self._on_version is not None:
             self._on_version(request.counters["model_version"])
         return master_pb2.ReportTaskResultResponse(accepted=accepted)
@@ -94,21 +126,36 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def ReportEvaluationOutputs(
         self, request: master_pb2.ReportEvaluationOutputsRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.Empty:
+        rpc = "ReportEvaluationOutputs"
+        _check_worker_id(context, rpc, request.worker_id)
         try:
             outputs = [from_tensor(t) for t in request.outputs]
             labels = from_tensor(request.labels)
         except TensorDecodeError as error:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        if len(outputs) != 1 or len(outputs[0]) != len(labels):
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "one output tensor with one row per label expected"
-            )
-        self._evaluation.report_outputs(request.task_id, request.model_version, outputs[0], labels)
+            reject_request(context, rpc, _INVALID, str(error))
+        if len(outputs) != 1 or labels.ndim == 0 or outputs[0].ndim == 0 or len(outputs[0]) != len(labels):
+            reject_request(context, rpc, _INVALID, "one output tensor with one row per label expected")
+        task = self._dispatcher.held_task(request.task_id, request.worker_id)
+        if (
+            task is None
+            or task.type is not TaskType.EVALUATION
+            or task.model_version != request.model_version
+        ):
+            log.warning("outputs_ignored", task=request.task_id, worker=request.worker_id, reason="not_held")
+            return tensor_pb2.Empty()
+        try:
+            self._evaluation.report_outputs(request.task_id, request.model_version, outputs[0], labels)
+        except Exception as error:  # the model's metrics refuse them (wrong width, dtype, ...)
+            reason = f"{task.describe()}: the metrics refuse its outputs: {type(error).__name__}: {error}"
+            reject_request(context, rpc, _INVALID, reason.splitlines()[0][:500])
         return tensor_pb2.Empty()
 
     def ReportVersion(
         self, request: master_pb2.ReportVersionRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.Empty:
+        _check_worker_id(context, "ReportVersion", request.worker_id)
+        if request.model_version < 0:
+            reject_request(context, "ReportVersion", _INVALID, f"model_version {request.model_version} < 0")
         if self._on_version is not None:
             self._on_version(request.model_version)
         return tensor_pb2.Empty()
@@ -123,3 +170,39 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, f"num_workers must be >= 0, got {request.num_workers}"
             )
         return master_pb2.ScaleWorkersResponse(num_workers=self._scale_workers(request.num_workers))
+
+    def _require_rendezvous(self, context: grpc.ServicerContext) -> RendezvousManager:
+        if self._rendezvous is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this job does not use AllreduceStrategy: there is no worker group to join",
+            )
+        return self._rendezvous
+
+    def Rendezvous(
+        self, request: master_pb2.RendezvousRequest, context: grpc.ServicerContext
+    ) -> master_pb2.RendezvousResponse:
+        rendezvous = self._require_rendezvous(context)
+        if request.worker_id < 0 or not request.address:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "worker_id >= 0 and an address are required")
+        current = rendezvous.rendezvous(request.worker_id, request.address)
+        return master_pb2.RendezvousResponse(
+            round_id=current.round_id,
+            rank=current.rank_of(request.worker_id),
+            members=[
+                master_pb2.RendezvousMember(worker_id=m.worker_id, address=m.address) for m in current.members
+            ],
+        )
+
+    def ReportCollectiveFailure(
+        self, request: master_pb2.ReportCollectiveFailureRequest, context: grpc.ServicerContext
+    ) -> tensor_pb2.Empty:
+        self._require_rendezvous(context).report_failure(
+            request.worker_id, request.round_id, request.suspect_worker_id, request.message
+        )
+        return tensor_pb2.Empty()
+
+
+def _check_worker_id(context: grpc.ServicerContext, rpc: str, worker_id: int) -> None:
+    if worker_id < 0:
+        reject_request(context, rpc, _INVALID, f"worker_id must be >= 0, got {worker_id}")

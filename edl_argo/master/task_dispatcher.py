@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -346,6 +346,28 @@ class TaskDispatcher:
             self._notify_evaluation_complete(completed_version)
         return True
 
+    def fail_task(self, task_id: int, worker_id: int, error: str) -> bool:
+        """A fatal failure of a task that ``worker_id`` holds, one that no retry can cure (the training
+        loss became NaN): the job fails at once, with ``error`` as its message (see :attr:`failure`). A
+        report for a task the worker does not hold changes nothing and returns False, as for :meth:`report`.
+        """
+        with self._lock:
+            running = self._doing.get(task_id)
+            if running is None or running.worker_id != worker_id:
+                self._log_ignored(task_id, worker_id, running)
+                return False
+            self._stop(task_id)
+            if self._failure is None:
+                self._failure = JobFailedError(error or f"{running.task.describe()} failed")
+                log.error("job_failed", task=task_id, shard=running.task.shard, fatal=True, error=error)
+        return True
+
+    def held_task(self, task_id: int, worker_id: int) -> Task | None:
+        """Task ``task_id`` if ``worker_id`` holds it now, else None (unknown, done, or someone else's)."""
+        with self._lock:
+            running = self._doing.get(task_id)
+            return running.task if running is not None and running.worker_id == worker_id else None
+
     def recover_tasks(self, worker_id: int) -> list[Task]:
         """``worker_id`` died: requeue every task it held at the front of its queue, in the order it got
         them (this is not a retry of the task). Returns those tasks; unknown workers hold none."""
@@ -473,12 +495,15 @@ class TaskDispatcher:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_evaluation_complete: Callable[[int], None] | None = None,
+        live_workers: Collection[int] = (),
     ) -> TaskDispatcher:
         """Rebuild a dispatcher from :meth:`snapshot` data (e.g. after a master restart).
 
-        Every task that was held goes back to the front of its queue (requeue reason
-        ``master_restarted``): its worker's report, if it ever comes, is ignored. Raises
-        :class:`DataFormatError` if ``snapshot`` is not a snapshot this version can read.
+        ``live_workers``: the workers that outlived the old master (the new master re-adopted them).
+        Tasks they held stay held by them, with their age, so their reports are accepted. Every other
+        held task goes back to the front of its queue (requeue reason ``master_restarted``): its
+        worker's report, if it ever comes, is ignored. Raises :class:`DataFormatError` if ``snapshot``
+        is not a snapshot this version can read.
         """
         if not isinstance(snapshot, Mapping) or snapshot.get("format") != SNAPSHOT_FORMAT:
             found = snapshot.get("format") if isinstance(snapshot, Mapping) else type(snapshot).__name__
@@ -493,7 +518,7 @@ class TaskDispatcher:
                 clock=clock,
                 on_evaluation_complete=on_evaluation_complete,
             )
-            dispatcher._load(snapshot)
+            dispatcher._load(snapshot, frozenset(live_workers))
         except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as exc:
             raise DataFormatError(
                 f"task dispatcher snapshot is corrupt ({type(exc).__name__}: {exc})"
@@ -502,7 +527,7 @@ class TaskDispatcher:
 
     # ------------------------------------------------------------------ internals (lock held)
 
-    def _load(self, snapshot: Mapping[str, Any]) -> None:
+    def _load(self, snapshot: Mapping[str, Any], live_workers: frozenset[int]) -> None:
         with self._lock:
             now = self._clock()
             self._epochs_created = int(snapshot["epochs_created"])
@@ -526,7 +551,8 @@ class TaskDispatcher:
             doing = sorted(snapshot["doing"], key=lambda entry: -float(entry["age"]))  # oldest first
             for entry in doing:
                 self._start(Task.from_json(entry["task"]), int(entry["worker_id"]), now - float(entry["age"]))
-            self._requeue(list(self._doing.values()), "master_restarted")
+            orphans = [r for r in self._doing.values() if r.worker_id not in live_workers]
+            self._requeue(orphans, "master_restarted")
 
     def _create_epoch(self) -> None:
         epoch = self._epochs_created

@@ -13,6 +13,11 @@ Lifecycle of one pod, as reported by :meth:`PodBackend.events`::
 
 Brackets mark events that may be missing (a local process is never PENDING; a pod that cannot be
 scheduled or created goes straight to a terminal event).
+
+**Master restarts.** Pods outlive a master that dies without :meth:`PodBackend.close` (killed, node
+lost): a new master of the same job takes them over with :meth:`PodBackend.adopt` instead of starting
+afresh, and reaches them, and they it, at the same addresses (:meth:`PodBackend.address`,
+:meth:`PodBackend.expose_master`).
 """
 
 from __future__ import annotations
@@ -273,6 +278,33 @@ class PodBackend(abc.ABC):
         listed phase may already be terminal; a backend over a cluster also lists the pods of the job
         that an earlier master started. Events of listed pods keep arriving through :meth:`events`.
         """
+
+    @abc.abstractmethod
+    def adopt(self) -> list[PodStatus]:
+        """Take over the pods of this job that an earlier backend left running; returns them, sorted.
+
+        An earlier backend is the one of a master of the same job that ended without :meth:`close`
+        (killed, or lost with its node). Each of its pods that still runs (or is still pending) is
+        tracked from now on exactly as if this backend had started it: :meth:`list_pods` lists it,
+        :meth:`delete` and :meth:`close` remove it, :meth:`address` of an adopted PS is the address it
+        listens on, and its events -- its terminal event, and RUNNING if it was pending or not reported
+        yet -- arrive through :meth:`events`. Pods of the job that have already ended are removed
+        (with whatever the backend kept of them) and are neither returned nor reported. Pods this
+        backend started itself are not returned.
+
+        Call it before the first :meth:`start` of a pod it might return; calling it again returns
+        ``[]`` unless more pods appeared. Raises :class:`BackendClosedError` after :meth:`close`.
+        """
+
+    def expose_master(self, address: str) -> str:
+        """The address pods should use to reach the master serving at ``address`` (``"host:port"``).
+
+        The answer is the same for every master of the job that serves on the same port, so the
+        ``--master-addr`` of running pods stays valid when a restarted master (possibly on another
+        host) rebinds the port. By default ``address`` itself (the same host: the local backend);
+        a cluster backend may put a stable virtual address (a Service) in front of the master.
+        """
+        return address
 
     @abc.abstractmethod
     def close(self, *, grace_seconds: float = 5.0) -> None:

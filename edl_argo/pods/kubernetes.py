@@ -3,7 +3,13 @@
 The master talks to the API server with the official ``kubernetes`` client (in-cluster service account,
 else ``KUBECONFIG``; ``EDL_KUBERNETES_API=http://host:port`` points it at any API server, for tests),
 through :class:`~edl_argo.pods.kubernetes_api.JobApi`: it needs exactly what ``templates/rbac.yaml``
-grants, pods and services (create, get, list, watch, delete) and pods/log (get) in its namespace.
+grants, pods and services (create, get, list, watch, delete), pods/log (get) and networkpolicies (create,
+delete) in its namespace.
+
+**Network.** On construction the backend creates the job's NetworkPolicy
+(:func:`~edl_argo.pods.manifests.network_policy_manifest`, owned like the pods): only the job's own pods
+reach its gRPC ports. One that exists (made by an earlier master of the job) is kept; :meth:`close`
+deletes it with the pods and Services.
 
 **Objects.** :meth:`KubernetesBackend.start` creates a Pod per :class:`~edl_argo.pods.base.PodSpec` (see
 :mod:`edl_argo.pods.manifests`) and, for a PS, first a ClusterIP Service of the same name that selects it
@@ -31,16 +37,25 @@ after a DisruptionTarget condition, else DELETED/Deleted). A deleted pod's termi
 container has stopped (phase Succeeded/Failed, or the object is gone), so a relaunched PS never races its
 predecessor for the port or the checkpoint.
 
-**Adoption.** On construction the backend lists the job's pods and Services by label: running pods that an
-earlier master of the job started (one that crashed and that Argo restarted) are tracked like its own --
-:meth:`~KubernetesBackend.list_pods` lists them, their events arrive, :meth:`~KubernetesBackend.delete`
-and :meth:`~KubernetesBackend.close` remove them -- and PS addresses come from the existing Services.
-Finished pods (of earlier incarnations) stay, for ``kubectl logs``, until :meth:`~KubernetesBackend.close`
-deletes every pod and Service of the job and waits until they are gone.
+**Adoption.** On construction the backend lists the job's pods and Services by label: running and
+pending pods that an earlier master of the job started (one that crashed and that Argo restarted) are
+tracked like its own -- :meth:`~KubernetesBackend.list_pods` lists them, their events arrive (the watch
+selects by label, not by creator), :meth:`~KubernetesBackend.delete` and :meth:`~KubernetesBackend.close`
+remove them -- and PS addresses come from the existing Services. :meth:`~KubernetesBackend.adopt` returns
+them and deletes the finished pods of earlier incarnations (until then they stay, for ``kubectl logs``);
+:meth:`~KubernetesBackend.close` deletes every pod and Service of the job and waits until they are gone.
+
+**The master's address.** :meth:`~KubernetesBackend.expose_master` puts a ClusterIP Service ``<job>-master``
+(:func:`~edl_argo.pods.manifests.master_service_manifest`) in front of the master when its own pod
+(``EDL_POD_NAME``) carries :func:`~edl_argo.pods.manifests.master_labels`, as the elastic-train step's pod
+does: the Service selects whichever pod of the step runs, so a master that Argo retried in a new pod (with
+a new IP) is reached at the same ``<clusterIP>:<port>``. The master's own pod is never listed, watched or
+deleted as one of the job's pods (its role is ``master``).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -56,6 +71,7 @@ from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.pods import manifests
 from edl_argo.pods.base import (
+    BackendClosedError,
     PodBackend,
     PodEvent,
     PodPhase,
@@ -98,9 +114,10 @@ _PodKey = tuple[PodRole, int]
 
 
 def render_job_manifests(job_name: str, config: KubernetesConfig, specs: Sequence[PodSpec]) -> str:
-    """The Services and Pods that starting ``specs`` creates, as multi-document YAML (for ``--yaml``)."""
+    """The NetworkPolicy, Services and Pods that a backend starting ``specs`` creates, as multi-document
+    YAML (for ``--yaml``)."""
     manifests.validate_job_name(job_name)
-    documents: list[dict[str, Any]] = []
+    documents: list[dict[str, Any]] = [manifests.network_policy_manifest(job_name, config)]
     for spec in specs:
         if spec.role is PodRole.PS:
             assert spec.port is not None
@@ -154,6 +171,7 @@ class KubernetesBackend(PodBackend):
         self._lock = threading.Lock()
         self._pods: dict[_PodKey, _Pod] = {}
         self._stale_uids: dict[_PodKey, deque[str]] = {}
+        self._leftovers: list[tuple[str, str]] = []  # (name, uid) of finished pods of earlier incarnations
         self._ports: dict[_PodKey, int] = {}
         self._addresses: dict[int, str] = {}
         self._queue = EventQueue()
@@ -173,6 +191,7 @@ class KubernetesBackend(PodBackend):
             ) from None
         except CONNECTION_ERRORS as error:
             raise JobFailedError(f"--backend kubernetes: cannot reach the Kubernetes API: {error}") from None
+        self._create_network_policy()
         self._watcher = threading.Thread(
             target=self._watch, args=(resource_version,), name=f"{job_name}-watch", daemon=True
         )
@@ -198,6 +217,53 @@ class KubernetesBackend(PodBackend):
         with self._lock:
             self._creators.add(creator)
         creator.start()
+
+    def adopt(self) -> list[PodStatus]:
+        with self._lock:
+            if self._closed:
+                raise BackendClosedError("cannot adopt pods: the backend is closed")
+            adopted = [
+                PodStatus(pod.role, pod.pod_id, pod.phase)
+                for pod in self._pods.values()
+                if pod.spec is None and not pod.terminal
+            ]
+            leftovers, self._leftovers = self._leftovers, []
+        for name, uid in leftovers:
+            log.info("pod_leftover_removed", job=self.job_name, pod=name, uid=uid)
+            self._delete_pod(name, uid, 0)
+        return sorted(adopted, key=lambda status: (status.role.value, status.pod_id))
+
+    def expose_master(self, address: str) -> str:
+        port = int(address.rpartition(":")[2])
+        own_pod, labels = os.environ.get("EDL_POD_NAME", ""), {}
+        if own_pod:
+            try:
+                labels = self._api.read_pod(own_pod)["metadata"].get("labels") or {}
+            except (ApiException, *CONNECTION_ERRORS) as error:
+                log.warning("master_pod_unreadable", job=self.job_name, pod=own_pod, error=str(error))
+        wanted = manifests.master_labels(self.job_name)
+        if any(labels.get(key) != value for key, value in wanted.items()):
+            log.info(
+                "master_service_skipped",
+                job=self.job_name,
+                pod=own_pod or "none",
+                reason="the master's pod does not carry " + ",".join(f"{k}={v}" for k, v in wanted.items()),
+            )
+            return address
+        body = manifests.master_service_manifest(self.job_name, self.config, port)
+        service, problem = self._ensure_service(body)
+        if service is not None and service["spec"]["ports"][0]["port"] != port:  # a fresh start's port
+            try:
+                self._api.delete_service(body["metadata"]["name"])
+                service, problem = self._ensure_service(body)
+            except (ApiException, *CONNECTION_ERRORS) as error:
+                service, problem = None, str(error)
+        if service is None:
+            log.warning("master_service_failed", job=self.job_name, error=problem)
+            return address
+        stable = f"{service['spec']['clusterIP']}:{port}"
+        log.info("master_service", job=self.job_name, service=body["metadata"]["name"], address=stable)
+        return stable
 
     def delete(
         self, role: PodRole, pod_id: int, *, reason: str = PodReason.DELETED, grace_seconds: float = 5.0
@@ -366,28 +432,35 @@ class KubernetesBackend(PodBackend):
     def _create_service(self, ps_id: int, port: int) -> str:
         """Create (or find) PS ``ps_id``'s Service and remember its address; returns a problem or ``""``."""
         body = manifests.service_manifest(self.job_name, self.config, ps_id, port)
+        service, problem = self._ensure_service(body)
+        if service is None:
+            return problem
+        existing = service["spec"]["ports"][0]["port"]
+        if existing != port:
+            return f"its Service {body['metadata']['name']} exists with port {existing}, not {port}"
+        self._remember_service(service)
+        return ""
+
+    def _ensure_service(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """Create the Service ``body``, or take the one of its name an earlier master created, retrying
+        like a pod's creation for at most a minute; returns ``(service, "")`` or ``(None, problem)``."""
         name = body["metadata"]["name"]
         deadline = time.monotonic() + min(self.config.pod_creation_timeout, 60.0)
         delay = RETRY_FIRST_SECONDS
         while True:
             try:
                 try:
-                    service = self._api.create_service(body)
+                    return self._api.create_service(body), ""
                 except ApiException as error:
                     if error.status != 409:
                         raise
-                    service = self._api.read_service(name)  # created by an earlier master: keep it
-                existing = service["spec"]["ports"][0]["port"]
-                if existing != port:
-                    return f"its Service {name} exists with port {existing}, not {port}"
-                self._remember_service(service)
-                return ""
+                    return self._api.read_service(name), ""  # created by an earlier master: keep it
             except ApiException as error:
                 retry, problem = error.status in RETRYABLE_STATUSES, api_message(error)
             except CONNECTION_ERRORS as error:
                 retry, problem = True, str(error)
             if not retry or time.monotonic() + delay > deadline or self._closing.wait(delay):
-                return f"cannot create Service {name}: {problem}"
+                return None, f"cannot create Service {name}: {problem}"
             delay = min(delay * 2, RETRY_MAX_SECONDS)
 
     def _remember_service(self, service: dict[str, Any]) -> str | None:
@@ -419,21 +492,42 @@ class KubernetesBackend(PodBackend):
             log.warning("pod_delete_failed", job=self.job_name, pod=name, attempt=attempt + 1, error=problem)
             time.sleep(RETRY_FIRST_SECONDS * 2**attempt)
 
-    def _delete_everything(self, grace_seconds: float) -> list[str]:
-        """Delete every pod and Service of the job; returns ``kind/name`` of those that still exist."""
+    def _create_network_policy(self) -> None:
+        """Create the job's NetworkPolicy (see the module docstring); a refusal is a one-line error."""
+        body = manifests.network_policy_manifest(self.job_name, self.config)
         try:
-            for pod in self._api.list_pods()["items"]:
+            self._api.create_network_policy(body)
+        except ApiException as error:
+            raise ConfigError(
+                f"--backend kubernetes: cannot create NetworkPolicy {body['metadata']['name']} in namespace"
+                f" {self.config.namespace}: {api_message(error)} (the master's service account needs"
+                " templates/rbac.yaml)"
+            ) from None
+        except CONNECTION_ERRORS as error:
+            raise JobFailedError(f"--backend kubernetes: cannot reach the Kubernetes API: {error}") from None
+
+    def _delete_everything(self, grace_seconds: float) -> list[str]:
+        """Delete every pod and Service of the job, and its NetworkPolicy; returns ``kind/name`` of the pods
+        and Services that still exist."""
+        try:
+            for pod in self._job_pods():
                 self._delete_pod(pod["metadata"]["name"], pod["metadata"]["uid"], grace_seconds)
             for service in self._api.list_services():
                 self._api.delete_service(service["metadata"]["name"])
+            self._api.delete_network_policy(manifests.network_policy_name(self.job_name))
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("job_delete_failed", job=self.job_name, error=str(error))
         return self._list_everything()
 
+    def _job_pods(self) -> list[dict[str, Any]]:
+        """The job's worker and PS pods (not the master's own pod, which carries the job's labels too)."""
+        pods: list[dict[str, Any]] = self._api.list_pods()["items"]
+        return [pod for pod in pods if manifests.pod_key(pod["metadata"].get("labels")) is not None]
+
     def _list_everything(self) -> list[str]:
         """``kind/name`` of every pod and Service of the job (``["?"]`` if the API cannot tell)."""
         try:
-            pods = [f"pod/{p['metadata']['name']}" for p in self._api.list_pods()["items"]]
+            pods = [f"pod/{p['metadata']['name']}" for p in self._job_pods()]
             return pods + [f"service/{s['metadata']['name']}" for s in self._api.list_services()]
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("job_list_failed", job=self.job_name, error=str(error))
@@ -511,7 +605,8 @@ class KubernetesBackend(PodBackend):
                 return
             if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 self._stale_uids.setdefault(key, deque(maxlen=_STALE_UIDS)).append(meta["uid"])
-                return  # a finished incarnation: kept for its logs until close
+                self._leftovers.append((meta["name"], meta["uid"]))
+                return  # a finished incarnation: kept for its logs until adopt() or close
             self._pods[key] = _Pod(key[0], key[1], meta["name"], uid=meta["uid"])
         log.info("pod_adopted", job=self.job_name, pod=meta["name"], uid=meta["uid"])
 

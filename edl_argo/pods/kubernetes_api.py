@@ -2,9 +2,10 @@
 
 :class:`JobApi` binds a ``kubernetes.client.ApiClient`` to a namespace and a job's label selector and
 exposes exactly the calls the backend makes -- the ones ``templates/rbac.yaml`` grants: pods and services
-(create, get, list, watch, delete) and pods/log (get). Every call but the watch has a client-side timeout
-of :data:`REQUEST_SECONDS`. Errors are the client's: ``kubernetes.client.ApiException`` for an API
-refusal (:func:`api_message` quotes it), ``urllib3`` or ``OSError`` errors for a lost connection.
+(create, get, list, watch, delete), pods/log (get) and networkpolicies (create, delete). Every call but
+the watch has a client-side timeout of :data:`REQUEST_SECONDS`. Errors are the client's:
+``kubernetes.client.ApiException`` for an API refusal (:func:`api_message` quotes it), ``urllib3`` or
+``OSError`` errors for a lost connection.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class JobApi:
         self.namespace = namespace
         self.selector = selector
         self._core = k8s.CoreV1Api(api)
+        self._networking = k8s.NetworkingV1Api(api)
         self._stream_lock = threading.Lock()
         self._stream: Any = None
 
@@ -124,6 +126,23 @@ class JobApi:
         """Delete Service ``name``; one that is gone is fine."""
         try:
             self._call(self._core.delete_namespaced_service, name, self.namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def create_network_policy(self, body: Json) -> None:
+        """Create the job's NetworkPolicy; one of that name that exists already (an earlier master of
+        the job made it) is fine."""
+        try:
+            self._call(self._networking.create_namespaced_network_policy, self.namespace, body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    def delete_network_policy(self, name: str) -> None:
+        """Delete NetworkPolicy ``name``; one that is gone is fine."""
+        try:
+            self._call(self._networking.delete_namespaced_network_policy, name, self.namespace)
         except ApiException as error:
             if error.status != 404:
                 raise

@@ -104,6 +104,8 @@ class KubernetesConfig:
     owner: Owner | None = None
     ps_port: int = 2222
     """PS ``i`` listens on ``ps_port + i`` (distinct ports, so PSes may share a host, as in tests)."""
+    collective_port: int = 2230
+    """AllreduceStrategy: the port of every worker's collective service (each pod has its own address)."""
     pod_creation_timeout: float = 300.0
     """How long creating a pod is retried (quota, admission errors) before it is reported FAILED."""
 

@@ -1,35 +1,61 @@
-"""Pods as child processes of the master: the backend for ``make demo``, laptops and tests.
+"""Pods as local processes: the backend for ``make demo``, laptops and tests.
 
-Each pod is its command run by :class:`subprocess.Popen` in a new session, so the pod is a process
-group (its main process and everything that process starts) that one signal reaches. Per pod, two
-threads copy the child's stdout and stderr line by line to a log sink, each line prefixed with the
-pod's name (``[worker-3] ...``), and a waiter thread reports the exit. When the main process exits,
-the waiter SIGKILLs what is left of the group, as a container runtime does when a container's first
-process exits, and reports the exit once the log threads have copied everything (the pipes close when
-the last process of the group has exited, or after a few seconds). Processes that leave the group
-(``setsid``) are neither killed nor waited for. The lines of a pod's stdout and of its stderr each
-keep their order; how the two streams interleave is not defined.
+**Process groups.** Each pod is its command run under a tiny supervisor (:data:`SUPERVISOR`, a
+``python -I -S -c`` program of a few lines) in a new session, so the pod is a process group -- the
+supervisor, the command, and everything the command starts -- that one signal reaches. The supervisor
+forks and execs the command, waits for it, writes its exit status to a file and exits with it. It
+ignores SIGTERM, SIGINT and SIGHUP itself (they reach the command directly, as members of the group);
+SIGKILL of the group kills it too, which is how a killed pod is told from one that exited.
 
-If the master dies without :meth:`LocalProcessBackend.close`, its pods keep running.
+**Files, not pipes.** Each incarnation of a pod has a folder ``<pods dir>/<pod>.<token>/``, the pods dir
+being ``<run dir>/pods/<job>`` (run dir: :func:`edl_argo.master.registry.run_dir`). It holds:
+
+* ``pod.json``: role, id, command, environment, port and start time, written before the pod starts;
+* ``supervisor``: the supervisor's pid (the group's id) and its start time in clock ticks since boot (so
+  that a later process that got the same pid is not mistaken for it), written by the supervisor first;
+* ``stdout`` and ``stderr``: everything the pod writes;
+* ``exit``: the command's exit status (``-N``: killed by signal N), written by the supervisor last.
+
+A tail thread per pod copies the new lines of ``stdout`` and ``stderr`` to the log sink, each line
+prefixed with the pod's name (``[worker-3] ...``), and keeps the last stderr lines for a FAILED
+event's message. The lines of each stream keep their order; how the two interleave is not defined. A
+waiter thread per pod waits for the supervisor to exit, SIGKILLs what is left of the group (as a
+container runtime does when a container's first process exits), copies the rest of the output and
+reports the terminal event; the folder is then removed. Processes that leave the group (``setsid``) are
+neither killed nor waited for.
+
+**Master restarts.** Nothing of a pod depends on the master process, so when the master dies without
+:meth:`LocalProcessBackend.close` (killed, crashed) its pods keep running. A new backend of the same
+job takes them over with :meth:`LocalProcessBackend.adopt`: it reads the folders, adopts each pod whose
+supervisor is still the same live process, tails its output from where the files end at adoption
+(what the pod wrote while no master watched stays in its files until it ends), and watches it by
+polling its supervisor (it is not this process's child, so it cannot be waited for) every
+:data:`ADOPTED_POLL_SECONDS`. The folders of pods that ended meanwhile are removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from edl_argo.log import get_logger
+from edl_argo.master.registry import run_dir
 from edl_argo.pods.base import (
+    BackendClosedError,
     PodBackend,
     PodEvent,
     PodPhase,
@@ -47,9 +73,54 @@ log = get_logger(__name__)
 STDERR_TAIL_LINES = 10
 """How many of its last stderr lines a FAILED event's message quotes."""
 
+ADOPTED_POLL_SECONDS = 0.2
+"""How often the waiter of an adopted pod checks whether its supervisor still runs."""
+
 _MESSAGE_MAX_CHARS = 2000
 _MAX_LINE_BYTES = 64 * 1024  # a longer line is logged in pieces of this size
-_PIPE_DRAIN_SECONDS = 2.0  # how long an exited pod's log threads may take to copy what is left
+_READ_BYTES = 1024 * 1024  # what a tail reads at most at once
+_TAIL_POLL_SECONDS = 0.05  # how often a pod's output files are checked for new lines
+_STDERR_TAIL_BYTES = 16 * 1024  # how much of an adopted pod's stderr is read back for its tail
+
+#: Names of the files in a pod's folder (see the module docstring).
+RECORD_FILE, SUPERVISOR_FILE, EXIT_FILE = "pod.json", "supervisor", "exit"
+STDOUT_FILE, STDERR_FILE = "stdout", "stderr"
+
+#: The supervisor of every pod: ``python -I -S -c SUPERVISOR <pod folder> <program> <args>...``. Only the
+#: standard library, no site packages: it starts in milliseconds.
+SUPERVISOR = """
+import json, os, signal, sys
+folder, argv = sys.argv[1], sys.argv[2:]
+def write(name, text):
+    try:
+        temporary = os.path.join(folder, "." + name + ".tmp")
+        with open(temporary, "w") as f:
+            f.write(text)
+        os.replace(temporary, os.path.join(folder, name))
+    except OSError:
+        pass
+try:
+    with open("/proc/self/stat") as f:
+        ticks = f.read().rsplit(")", 1)[1].split()[19]
+except (OSError, IndexError):
+    ticks = ""
+write("supervisor", json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "start_ticks": ticks}))
+child = os.fork()
+if child == 0:
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(number, signal.SIG_DFL)
+    try:
+        os.execv(argv[0], argv)
+    except OSError as error:
+        sys.stderr.write(f"cannot start {argv[0]}: {error}\\n")
+        os._exit(127)
+for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(number, lambda *_: None)
+_, status = os.waitpid(child, 0)
+code = os.waitstatus_to_exitcode(status)
+write("exit", str(code))
+os._exit(code if code >= 0 else 128 - code)
+"""
 
 _PodKey = tuple[PodRole, int]
 
@@ -59,40 +130,56 @@ class _LocalPod:
     """The backend's record of one incarnation of a pod. Mutable fields are guarded by the backend lock."""
 
     spec: PodSpec
+    folder: Path
     process: subprocess.Popen[bytes] | None = None
+    """The supervisor, if this backend started it (None for an adopted pod)."""
+    pgid: int | None = None
+    """The supervisor's pid, which is the pod's process group id; None until it started."""
+    start_ticks: str = ""
+    """An adopted pod's supervisor's start time (``/proc/<pid>/stat``), to tell it from a reused pid."""
     phase: PodPhase = PodPhase.PENDING
     returncode: int | None = None
     delete_reason: str | None = None
     kill_deadline: float = float("inf")
     kill_timer: threading.Timer | None = None
-    log_threads: list[threading.Thread] = field(default_factory=list)
+    output_done: threading.Event = field(default_factory=threading.Event)
+    tail_thread: threading.Thread | None = None
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
 
     @property
     def alive(self) -> bool:
         """Whether the main process was started and has not been seen to exit."""
-        return self.process is not None and self.returncode is None
+        return self.pgid is not None and self.returncode is None
 
 
 class LocalProcessBackend(PodBackend):
-    """Runs each pod's command as a child process of this one (see the module docstring).
+    """Runs each pod's command as a process group of this machine (see the module docstring).
 
     Args:
-        job_name: passed to every pod as ``EDL_JOB_NAME``.
+        job_name: passed to every pod as ``EDL_JOB_NAME``; names the pods dir.
         log_sink: where the pods' output goes, one prefixed line per ``write`` call (default: the
             ``sys.stderr`` of the moment the backend is created).
         host: the host part of PS addresses.
+        pods_dir: the folder of the job's pod folders (default ``<run dir>/pods/<job_name>``); a
+            backend adopts the pods found there.
 
     A pod's environment is this process's environment, then ``PYTHONUNBUFFERED=1`` unless already set
     (so Python pods' logs arrive as they are written), then ``spec.env``, then ``EDL_POD_NAME``,
     ``EDL_POD_ROLE``, ``EDL_POD_ID`` and ``EDL_JOB_NAME``. A bare program name in ``spec.command[0]``
     (like ``edl-argo``) is looked up first in the directory of ``sys.executable`` (this virtualenv's
-    ``bin``), so pods run the same installation as the master, then on ``PATH``.
+    ``bin``), so pods run the same installation as the master, then on the pod's ``PATH``.
     """
 
-    def __init__(self, job_name: str, log_sink: TextIO | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        job_name: str,
+        log_sink: TextIO | None = None,
+        host: str = "127.0.0.1",
+        pods_dir: Path | None = None,
+    ) -> None:
         self.job_name = job_name
         self.host = host
+        self.pods_dir = pods_dir if pods_dir is not None else run_dir() / "pods" / job_name
         self._sink = log_sink if log_sink is not None else sys.stderr
         self._sink_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -108,20 +195,47 @@ class LocalProcessBackend(PodBackend):
         key = (spec.role, spec.pod_id)
         with self._lock:
             admit_start(spec, closed=self._closed, live=self._pods, ports=self._ports)
-            pod = self._pods[key] = _LocalPod(spec)
+            folder = self.pods_dir / f"{spec.name}.{uuid.uuid4().hex[:12]}"
+            pod = self._pods[key] = _LocalPod(spec, folder)
             try:
-                pod.process = self._popen(spec)
+                pod.process = self._launch(spec, folder)
             except (OSError, ValueError) as error:
                 log.warning("pod_start_failed", job=self.job_name, pod=spec.name, error=str(error))
                 self._finish(pod, PodPhase.FAILED, PodReason.ERROR, None, f"cannot start: {error}")
                 return
+            pod.pgid = pod.process.pid
             pod.phase = PodPhase.RUNNING
             self._queue.put(_event(spec, PodPhase.RUNNING, PodReason.STARTED))
-            log.info("pod_started", job=self.job_name, pod=spec.name, pid=pod.process.pid)
-            for stream, tail in ((pod.process.stdout, None), (pod.process.stderr, pod.stderr_tail)):
-                assert stream is not None
-                pod.log_threads.append(self._spawn(self._copy_lines, f"{spec.name}-log", pod, stream, tail))
-            self._waiters.add(self._spawn(self._wait, f"{spec.name}-wait", pod))
+            log.info("pod_started", job=self.job_name, pod=spec.name, pid=pod.pgid)
+            self._watch(pod, self._wait_child, (0, 0))
+
+    def adopt(self) -> list[PodStatus]:
+        with self._lock:
+            if self._closed:
+                raise BackendClosedError("cannot adopt pods: the backend is closed")
+            known = {pod.folder for pod in self._pods.values()}
+        adopted: list[PodStatus] = []
+        for folder in self._pod_folders():
+            if folder in known:
+                continue
+            spec, supervisor = _read_record(folder), _read_supervisor(folder)
+            running = (
+                spec is not None
+                and supervisor is not None
+                and _read_exit(folder) is None
+                and _start_ticks(supervisor[0]) == supervisor[1]
+            )
+            with self._lock:
+                if running and spec is not None and (spec.role, spec.pod_id) not in self._pods:
+                    assert supervisor is not None
+                    self._adopt(spec, folder, *supervisor)
+                    adopted.append(PodStatus(spec.role, spec.pod_id, PodPhase.RUNNING))
+                    continue
+            if running and supervisor is not None:  # a second incarnation of one pod: cannot be ours
+                _signal_group(supervisor[0], signal.SIGKILL)
+            log.info("pod_leftover_removed", job=self.job_name, folder=folder.name)
+            shutil.rmtree(folder, ignore_errors=True)
+        return sorted(adopted, key=lambda status: _sort_key((status.role, status.pod_id)))
 
     def delete(
         self, role: PodRole, pod_id: int, *, reason: str = PodReason.DELETED, grace_seconds: float = 5.0
@@ -130,14 +244,14 @@ class LocalProcessBackend(PodBackend):
             pod = self._pods.get((role, pod_id))
             if pod is None or not pod.alive:
                 return
-            assert pod.process is not None
+            assert pod.pgid is not None
             if pod.delete_reason is None:
                 pod.delete_reason = reason
                 log.info(
                     "pod_delete", job=self.job_name, pod=pod.spec.name, reason=reason, grace_s=grace_seconds
                 )
-                _signal_group(pod.process.pid, signal.SIGTERM)
-                _signal_group(pod.process.pid, signal.SIGCONT)  # a paused pod must see its SIGTERM
+                _signal_group(pod.pgid, signal.SIGTERM)
+                _signal_group(pod.pgid, signal.SIGCONT)  # a paused pod must see its SIGTERM
             self._schedule_kill(pod, grace_seconds)
 
     def events(self, timeout: float | None = None) -> list[PodEvent]:
@@ -174,6 +288,8 @@ class LocalProcessBackend(PodBackend):
         for waiter in waiters:
             waiter.join()
         self._queue.close()
+        with contextlib.suppress(OSError):  # other backends of the job may still have pods there
+            self.pods_dir.rmdir()
 
     # -- tests and chaos ---------------------------------------------------------------------------
 
@@ -198,12 +314,13 @@ class LocalProcessBackend(PodBackend):
             pod = self._pods.get((role, pod_id))
             if pod is None or not pod.alive:
                 raise KeyError(f"{pod_name(role, pod_id)} is not running")
-            assert pod.process is not None
-            _signal_group(pod.process.pid, sig)
+            assert pod.pgid is not None
+            _signal_group(pod.pgid, sig)
 
     # -- internals -----------------------------------------------------------------------------------
 
-    def _popen(self, spec: PodSpec) -> subprocess.Popen[bytes]:
+    def _launch(self, spec: PodSpec, folder: Path) -> subprocess.Popen[bytes]:
+        """Create the pod's folder and start its supervisor; OSError if the command cannot run."""
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(spec.env)
@@ -213,45 +330,114 @@ class LocalProcessBackend(PodBackend):
             EDL_POD_ID=str(spec.pod_id),
             EDL_JOB_NAME=self.job_name,
         )
-        return subprocess.Popen(
-            [_resolve_program(spec.command[0]), *spec.command[1:]],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+        program = _resolve_program(spec.command[0], env.get("PATH"))
+        folder.mkdir(parents=True)
+        record = {
+            "job": self.job_name,
+            "role": spec.role.value,
+            "pod_id": spec.pod_id,
+            "command": list(spec.command),
+            "env": dict(spec.env),
+            "port": spec.port,
+            "started": time.time(),
+        }
+        _write_atomically(folder / RECORD_FILE, json.dumps(record))
+        try:
+            with open(folder / STDOUT_FILE, "ab") as stdout, open(folder / STDERR_FILE, "ab") as stderr:
+                return subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", SUPERVISOR, str(folder), program, *spec.command[1:]],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=stdout,
+                    stderr=stderr,
+                    start_new_session=True,
+                )
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+    def _adopt(self, spec: PodSpec, folder: Path, pgid: int, start_ticks: str) -> None:
+        """Track a running pod of an earlier backend (with the lock held)."""
+        key = (spec.role, spec.pod_id)
+        pod = self._pods[key] = _LocalPod(
+            spec, folder, pgid=pgid, start_ticks=start_ticks, phase=PodPhase.RUNNING
         )
+        if spec.port is not None:
+            self._ports[key] = spec.port
+        offsets = (_size(folder / STDOUT_FILE), _size(folder / STDERR_FILE))
+        pod.stderr_tail.extend(_last_lines(folder / STDERR_FILE, offsets[1]))
+        log.info("pod_adopted", job=self.job_name, pod=spec.name, pid=pgid)
+        self._watch(pod, self._wait_adopted, offsets)
+
+    def _pod_folders(self) -> list[Path]:
+        try:
+            return sorted(entry for entry in self.pods_dir.iterdir() if entry.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def _watch(self, pod: _LocalPod, wait: Callable[[_LocalPod], int], offsets: tuple[int, int]) -> None:
+        """Start the tail and waiter threads of a running pod (with the lock held)."""
+        name = pod.spec.name
+        pod.tail_thread = _spawn(self._tail, f"{name}-log", pod, offsets)
+        self._waiters.add(_spawn(self._wait, f"{name}-wait", pod, wait))
+
+    def _tail(self, pod: _LocalPod, offsets: tuple[int, int]) -> None:
+        """Copy the pod's new output lines to the sink until its waiter says the output is complete."""
+        prefix = f"[{pod.spec.name}] "
+        with contextlib.ExitStack() as files:
+            tails = [
+                _FileTail(files.enter_context(open(pod.folder / STDOUT_FILE, "rb")), offsets[0]),
+                _FileTail(files.enter_context(open(pod.folder / STDERR_FILE, "rb")), offsets[1]),
+            ]
+            while True:
+                final = pod.output_done.is_set()
+                for tail, keep in zip(tails, (None, pod.stderr_tail), strict=True):
+                    for line in tail.lines(final):
+                        if keep is not None:
+                            keep.append(line)
+                        self._emit(prefix + line)
+                if final:
+                    return
+                pod.output_done.wait(_TAIL_POLL_SECONDS)
+
+    def _emit(self, line: str) -> None:
+        with self._sink_lock:
+            try:
+                self._sink.write(line + "\n")
+                self._sink.flush()
+            except (OSError, ValueError):  # a closed sink: the pod's output stays in its files
+                pass
 
     @staticmethod
-    def _spawn(target: Callable[..., None], name: str, *args: object) -> threading.Thread:
-        thread = threading.Thread(target=target, name=name, args=args, daemon=True)
-        thread.start()
-        return thread
-
-    def _copy_lines(self, pod: _LocalPod, stream: IO[bytes], tail: deque[str] | None) -> None:
-        """Copy one output stream of a pod to the sink, a whole prefixed line per write."""
-        prefix = f"[{pod.spec.name}] "
-        with stream:
-            for chunk in iter(lambda: stream.readline(_MAX_LINE_BYTES), b""):
-                line = chunk.decode("utf-8", errors="replace").rstrip("\r\n")
-                if tail is not None:
-                    tail.append(line)
-                with self._sink_lock:
-                    try:
-                        self._sink.write(prefix + line + "\n")
-                        self._sink.flush()
-                    except (OSError, ValueError):  # a closed sink: keep draining so the pod never blocks
-                        pass
-
-    def _wait(self, pod: _LocalPod) -> None:
-        """Wait for a pod's main process to exit, clean up its group and report the terminal event."""
+    def _wait_child(pod: _LocalPod) -> int:
+        """The exit status of a pod this backend started (its supervisor is our child)."""
         assert pod.process is not None
-        returncode = pod.process.wait()
+        supervisor_status = pod.process.wait()
+        code = _read_exit(pod.folder)
+        return supervisor_status if code is None else code  # no file: the supervisor was killed
+
+    @staticmethod
+    def _wait_adopted(pod: _LocalPod) -> int:
+        """The exit status of an adopted pod, by polling its supervisor (not our child)."""
+        assert pod.pgid is not None
+        while True:
+            code = _read_exit(pod.folder)
+            if code is not None:
+                return code
+            if _start_ticks(pod.pgid) != pod.start_ticks:
+                code = _read_exit(pod.folder)  # written just before the supervisor exits
+                return -signal.SIGKILL if code is None else code  # killed with its whole group
+            time.sleep(ADOPTED_POLL_SECONDS)
+
+    def _wait(self, pod: _LocalPod, wait: Callable[[_LocalPod], int]) -> None:
+        """Wait for a pod's main process to end, clean up its group and report the terminal event."""
+        assert pod.pgid is not None and pod.tail_thread is not None
+        returncode = wait(pod)
         with self._lock:
             pod.returncode = returncode
-        _signal_group(pod.process.pid, signal.SIGKILL)  # whatever the main process left behind
-        for thread in pod.log_threads:
-            thread.join(_PIPE_DRAIN_SECONDS)
+        _signal_group(pod.pgid, signal.SIGKILL)  # whatever the main process left behind
+        pod.output_done.set()
+        pod.tail_thread.join()
         exit_code = returncode if returncode >= 0 else 128 - returncode
         how = _describe_exit(returncode)
         if pod.delete_reason is not None:
@@ -261,7 +447,7 @@ class LocalProcessBackend(PodBackend):
         else:
             phase = PodPhase.FAILED
             reason = PodReason.KILLED if exit_code == 128 + signal.SIGKILL else PodReason.ERROR
-            message = _with_tail(how, list(pod.stderr_tail))  # a copy: a log thread may still append
+            message = _with_tail(how, list(pod.stderr_tail))
         with self._lock:
             self._finish(pod, phase, reason, exit_code, message)
             self._waiters.discard(threading.current_thread())
@@ -269,7 +455,7 @@ class LocalProcessBackend(PodBackend):
     def _finish(
         self, pod: _LocalPod, phase: PodPhase, reason: str, exit_code: int | None, message: str
     ) -> None:
-        """Record and report a pod's terminal event. Called with the lock held."""
+        """Record and report a pod's terminal event and remove its folder. Called with the lock held."""
         if pod.kill_timer is not None:
             pod.kill_timer.cancel()
         pod.phase = phase
@@ -282,11 +468,12 @@ class LocalProcessBackend(PodBackend):
             reason=reason,
             exit_code=exit_code,
         )
+        shutil.rmtree(pod.folder, ignore_errors=True)
         self._queue.put(_event(pod.spec, phase, reason, exit_code, message))
 
     def _schedule_kill(self, pod: _LocalPod, grace_seconds: float) -> None:
         """SIGKILL the pod's group ``grace_seconds`` from now, unless that is already due sooner."""
-        assert pod.process is not None
+        assert pod.pgid is not None
         deadline = time.monotonic() + max(grace_seconds, 0.0)
         if deadline >= pod.kill_deadline:
             return
@@ -294,11 +481,48 @@ class LocalProcessBackend(PodBackend):
         if pod.kill_timer is not None:
             pod.kill_timer.cancel()
         if grace_seconds <= 0:
-            _signal_group(pod.process.pid, signal.SIGKILL)
+            _signal_group(pod.pgid, signal.SIGKILL)
             return
-        pod.kill_timer = threading.Timer(grace_seconds, _signal_group, (pod.process.pid, signal.SIGKILL))
+        pod.kill_timer = threading.Timer(grace_seconds, _signal_group, (pod.pgid, signal.SIGKILL))
         pod.kill_timer.daemon = True
         pod.kill_timer.start()
+
+
+class _FileTail:
+    """The complete lines appended to a file since the last call (a partial last line waits)."""
+
+    def __init__(self, file: BinaryIO, offset: int) -> None:
+        self._file = file
+        self._file.seek(offset)
+        self._partial = b""
+
+    def lines(self, final: bool) -> Iterator[str]:
+        """New whole lines (longer ones in pieces of ``_MAX_LINE_BYTES``); ``final``: the partial too."""
+        while data := self._file.read(_READ_BYTES):
+            *whole, self._partial = (self._partial + data).split(b"\n")
+            for line in whole:
+                yield from _pieces(line)
+            while len(self._partial) >= _MAX_LINE_BYTES:
+                yield _decode(self._partial[:_MAX_LINE_BYTES])
+                self._partial = self._partial[_MAX_LINE_BYTES:]
+        if final and self._partial:
+            yield from _pieces(self._partial)
+            self._partial = b""
+
+
+def _pieces(line: bytes) -> Iterator[str]:
+    for start in range(0, max(len(line), 1), _MAX_LINE_BYTES):
+        yield _decode(line[start : start + _MAX_LINE_BYTES])
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _spawn(target: Callable[..., None], name: str, *args: object) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, args=args, daemon=True)
+    thread.start()
+    return thread
 
 
 def _event(
@@ -313,12 +537,97 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _resolve_program(program: str) -> str:
-    """``program`` from this interpreter's ``bin`` directory if it is a bare name found there."""
+def _start_ticks(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from /proc), ``""`` where there is no /proc,
+    or None if it does not exist or is a zombie (dead, not yet reaped)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return ""
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _read_record(folder: Path) -> PodSpec | None:
+    """The spec a pod folder's ``pod.json`` describes; None if it is missing or unreadable."""
+    try:
+        record: dict[str, Any] = json.loads((folder / RECORD_FILE).read_text())
+        return PodSpec(
+            PodRole(record["role"]),
+            int(record["pod_id"]),
+            tuple(record["command"]),
+            env=record["env"],
+            port=record["port"],
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _read_supervisor(folder: Path) -> tuple[int, str] | None:
+    """``(pid, start ticks)`` of a pod's supervisor; None if it never wrote them."""
+    try:
+        record = json.loads((folder / SUPERVISOR_FILE).read_text())
+        return int(record["pgid"]), str(record["start_ticks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _read_exit(folder: Path) -> int | None:
+    """The exit status the supervisor recorded (``-N``: signal N); None while there is none."""
+    try:
+        return int((folder / EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _last_lines(path: Path, end: int) -> list[str]:
+    """The last :data:`STDERR_TAIL_LINES` whole lines of the file before byte ``end``."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(0, end - _STDERR_TAIL_BYTES))
+            data = file.read(min(end, _STDERR_TAIL_BYTES))
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if end > _STDERR_TAIL_BYTES:
+        lines = lines[1:]  # probably cut
+    return [_decode(line) for line in lines if line][-STDERR_TAIL_LINES:]
+
+
+def _resolve_program(program: str, path: str | None) -> str:
+    """The executable file ``program`` names: from this interpreter's ``bin`` directory if it is a bare
+    name found there, else ``program`` itself or its match on ``path``. FileNotFoundError if none."""
     if os.sep in program or (os.altsep and os.altsep in program):
-        return program
-    beside = Path(sys.executable).parent / program
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else program
+        found: str | None = program if os.path.isfile(program) and os.access(program, os.X_OK) else None
+    else:
+        beside = Path(sys.executable).parent / program
+        found = str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+        found = found or shutil.which(program, path=path)
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "no such executable file", program)
+    return found
 
 
 def _describe_exit(returncode: int) -> str:

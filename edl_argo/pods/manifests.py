@@ -8,14 +8,21 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
   ``edl-argo/id``, and ``workflows.argoproj.io/workflow=<workflow>`` inside Argo (``argo logs`` finds the
   pods by it). :func:`job_selector` selects every pod and Service of a job.
 * Every object has the config's owner (the Workflow, else the master's pod) as ownerReference.
+* The master: the elastic-train step labels its pod :func:`master_labels` (the job's two labels and
+  ``edl-argo/role=master``), and the master puts a ClusterIP Service ``<job>-master`` selecting them in
+  front of itself (:func:`master_service_manifest`), so workers keep its address when Argo replaces its pod.
+* Network: one NetworkPolicy per job (``<job>-grpc``, :func:`network_policy_manifest`) admits the job's own
+  pods, and nobody else, to the job's gRPC ports.
 * Pods: one container ``main`` (the name ``argo logs`` reads) running ``spec.command``,
   ``restartPolicy: Never`` (the master relaunches, Kubernetes does not), no service-account token (pods
-  never call the API), non-root without privilege escalation. Storage credentials come from the
-  ``--storage-secret`` Secret via ``secretKeyRef``, never as values.
+  never call the API), non-root (uid and gid 1000, seccomp ``RuntimeDefault``) without privilege
+  escalation or capabilities (:data:`POD_SECURITY_CONTEXT`, :data:`CONTAINER_SECURITY_CONTEXT`). Storage
+  credentials come from the ``--storage-secret`` Secret via ``secretKeyRef``, never as values.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -29,8 +36,28 @@ ROLE_LABEL = "edl-argo/role"
 ID_LABEL = "edl-argo/id"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
 APP = "edl-argo"
+#: ``edl-argo/role`` of the master's pod and Service (not a worker nor a PS: :func:`pod_key` is None).
+MASTER_ROLE = "master"
 CONTAINER = "main"
 PORT_NAME = "grpc"
+
+#: The user, group and volume group (fsGroup) every edl-argo container runs as: not root. The image must
+#: let uid 1000 read the project and write its working folders (/tmp).
+RUN_AS_ID = 1000
+#: The pod-level securityContext of every edl-argo pod (the job's pods and the Argo steps): non-root,
+#: the runtime's default seccomp profile.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS_ID,
+    "runAsGroup": RUN_AS_ID,
+    "fsGroup": RUN_AS_ID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+#: The securityContext of every edl-argo container: no privilege escalation, no Linux capabilities.
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 #: Seconds between SIGTERM and SIGKILL when a pod is deleted: a PS stops serving and saves a checkpoint.
 GRACE_SECONDS = {PodRole.WORKER: 10, PodRole.PS: 30}
@@ -102,17 +129,21 @@ def metadata(job_name: str, config: KubernetesConfig, role: PodRole, pod_id: int
         "namespace": config.namespace,
         "labels": pod_labels(job_name, config, role, pod_id),
     }
-    if config.owner is not None:
-        # No blockOwnerDeletion: that would need permission on the owner's finalizers.
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": config.owner.api_version,
-                "kind": config.owner.kind,
-                "name": config.owner.name,
-                "uid": config.owner.uid,
-            }
+    return meta | owner_references(config)
+
+
+def owner_references(config: KubernetesConfig) -> dict[str, Any]:
+    """``{"ownerReferences": [the config's owner]}``, or ``{}`` without an owner: metadata of every
+    object of the job, so that deleting the owner deletes the job."""
+    if config.owner is None:
+        return {}
+    # No blockOwnerDeletion: that would need permission on the owner's finalizers.
+    owner = config.owner
+    return {
+        "ownerReferences": [
+            {"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name, "uid": owner.uid}
         ]
-    return meta
+    }
 
 
 def pod_manifest(job_name: str, config: KubernetesConfig, spec: PodSpec) -> dict[str, Any]:
@@ -124,7 +155,7 @@ def pod_manifest(job_name: str, config: KubernetesConfig, spec: PodSpec) -> dict
         "imagePullPolicy": config.image_pull_policy,
         "command": list(spec.command),
         "env": _env(job_name, config, spec),
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     resources = {k: dict(v) for k, v in (("requests", settings.requests), ("limits", settings.limits)) if v}
     if resources:
@@ -136,7 +167,7 @@ def pod_manifest(job_name: str, config: KubernetesConfig, spec: PodSpec) -> dict
         "terminationGracePeriodSeconds": GRACE_SECONDS[spec.role],
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
         "containers": [container],
     }
     if settings.priority_class:
@@ -185,6 +216,79 @@ def service_manifest(job_name: str, config: KubernetesConfig, ps_id: int, port: 
             "type": "ClusterIP",
             "selector": selector,
             "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def master_labels(job_name: str) -> dict[str, str]:
+    """The labels of the master's pod (the elastic-train step sets them), which its Service selects."""
+    return {NAME_LABEL: APP, INSTANCE_LABEL: job_name, ROLE_LABEL: MASTER_ROLE}
+
+
+def master_service_name(job_name: str) -> str:
+    """``<job>-master``: the name of the master's Service."""
+    return f"{job_name}-{MASTER_ROLE}"
+
+
+def master_service_manifest(job_name: str, config: KubernetesConfig, port: int) -> dict[str, Any]:
+    """The ClusterIP Service in front of the master serving on ``port``: its address stays when Argo
+    replaces the master's pod, so the workers' ``--master-addr`` stays valid."""
+    labels = master_labels(job_name)
+    if config.workflow_name:
+        labels[WORKFLOW_LABEL] = config.workflow_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": master_service_name(job_name),
+            "namespace": config.namespace,
+            "labels": labels,
+            **owner_references(config),
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": master_labels(job_name),
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def network_policy_name(job_name: str) -> str:
+    """The name of the job's NetworkPolicy: ``<job>-grpc``."""
+    return f"{job_name}-{PORT_NAME}"
+
+
+def network_policy_manifest(job_name: str, config: KubernetesConfig) -> dict[str, Any]:
+    """The NetworkPolicy that lets the job's own pods, and only them, reach the job's gRPC ports.
+
+    It selects every pod labelled with the job (``app.kubernetes.io/name=edl-argo``,
+    ``app.kubernetes.io/instance=<job>``: its workers and parameter servers, and its master when the Argo
+    step labels its pod so) and admits TCP to their container port named ``grpc`` (the port a PS or the
+    master serves on, whatever its number) from pods with the same two labels. NetworkPolicies are
+    additive: under the namespace's default-deny-ingress for edl-argo pods
+    (``templates/network-policy.yaml``) this is the only way in; on a cluster whose network plugin does not
+    enforce policies it changes nothing.
+    """
+    job_labels = {NAME_LABEL: APP, INSTANCE_LABEL: job_name}
+    labels = job_labels | ({WORKFLOW_LABEL: config.workflow_name} if config.workflow_name else {})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(job_name),
+            "namespace": config.namespace,
+            "labels": labels,
+            **owner_references(config),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": dict(job_labels)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": dict(job_labels)}}],
+                    "ports": [{"protocol": "TCP", "port": PORT_NAME}],
+                }
+            ],
         },
     }
 

@@ -64,7 +64,7 @@ class GetTaskResponse(_message.Message):
     def __init__(self, kind: _Optional[_Union[GetTaskResponse.Kind, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class ReportTaskResultRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters", "mean_loss")
+    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters", "mean_loss", "fatal")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,13 +78,15 @@ class ReportTaskResultRequest(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    FATAL_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     success: bool
     error_message: str
     counters: _containers.ScalarMap[str, int]
     mean_loss: float
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., mean_loss: _Optional[float] = ...) -> None: ...
+    fatal: bool
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., mean_loss: _Optional[float] = ..., fatal: _Optional[bool] = ...) -> None: ...
 
 class ReportTaskResultResponse(_message.Message):
     __slots__ = ("accepted",)
@@ -125,3 +127,41 @@ class ScaleWorkersResponse(_message.Message):
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     num_workers: int
     def __init__(self, num_workers: _Optional[int] = ...) -> None: ...
+
+class RendezvousRequest(_message.Message):
+    __slots__ = ("worker_id", "address")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    address: str
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+
+class RendezvousMember(_message.Message):
+    __slots__ = ("worker_id", "address")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    address: str
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+
+class RendezvousResponse(_message.Message):
+    __slots__ = ("round_id", "rank", "members")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    rank: int
+    members: _containers.RepeatedCompositeFieldContainer[RendezvousMember]
+    def __init__(self, round_id: _Optional[int] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RendezvousMember, _Mapping]]] = ...) -> None: ...
+
+class ReportCollectiveFailureRequest(_message.Message):
+    __slots__ = ("worker_id", "round_id", "suspect_worker_id", "message")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    round_id: int
+    suspect_worker_id: int
+    message: str
+    def __init__(self, worker_id: _Optional[int] = ..., round_id: _Optional[int] = ..., suspect_worker_id: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...

@@ -60,6 +60,16 @@ class MasterStub:
                 request_serializer=edl__argo_dot_proto_dot_master__pb2.ScaleWorkersRequest.SerializeToString,
                 response_deserializer=edl__argo_dot_proto_dot_master__pb2.ScaleWorkersResponse.FromString,
                 _registered_method=True)
+        self.Rendezvous = channel.unary_unary(
+                '/edl_argo.Master/Rendezvous',
+                request_serializer=edl__argo_dot_proto_dot_master__pb2.RendezvousRequest.SerializeToString,
+                response_deserializer=edl__argo_dot_proto_dot_master__pb2.RendezvousResponse.FromString,
+                _registered_method=True)
+        self.ReportCollectiveFailure = channel.unary_unary(
+                '/edl_argo.Master/ReportCollectiveFailure',
+                request_serializer=edl__argo_dot_proto_dot_master__pb2.ReportCollectiveFailureRequest.SerializeToString,
+                response_deserializer=edl__argo_dot_proto_dot_tensor__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -100,6 +110,22 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rendezvous(self, request, context):
+        """AllreduceStrategy: join the workers' group (first call) and learn the current membership round.
+        Workers call it before every step; a new round id means members joined or left.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportCollectiveFailure(self, request, context):
+        """AllreduceStrategy: a collective operation of a round failed; the suspect member leaves the group
+        (it joins again on its next Rendezvous call if it is alive).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +153,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ScaleWorkers,
                     request_deserializer=edl__argo_dot_proto_dot_master__pb2.ScaleWorkersRequest.FromString,
                     response_serializer=edl__argo_dot_proto_dot_master__pb2.ScaleWorkersResponse.SerializeToString,
+            ),
+            'Rendezvous': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rendezvous,
+                    request_deserializer=edl__argo_dot_proto_dot_master__pb2.RendezvousRequest.FromString,
+                    response_serializer=edl__argo_dot_proto_dot_master__pb2.RendezvousResponse.SerializeToString,
+            ),
+            'ReportCollectiveFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCollectiveFailure,
+                    request_deserializer=edl__argo_dot_proto_dot_master__pb2.ReportCollectiveFailureRequest.FromString,
+                    response_serializer=edl__argo_dot_proto_dot_tensor__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +300,60 @@ class Master:
             '/edl_argo.Master/ScaleWorkers',
             edl__argo_dot_proto_dot_master__pb2.ScaleWorkersRequest.SerializeToString,
             edl__argo_dot_proto_dot_master__pb2.ScaleWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rendezvous(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edl_argo.Master/Rendezvous',
+            edl__argo_dot_proto_dot_master__pb2.RendezvousRequest.SerializeToString,
+            edl__argo_dot_proto_dot_master__pb2.RendezvousResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCollectiveFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edl_argo.Master/ReportCollectiveFailure',
+            edl__argo_dot_proto_dot_master__pb2.ReportCollectiveFailureRequest.SerializeToString,
+            edl__argo_dot_proto_dot_tensor__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,7 +16,8 @@ A push's ``learning_rate_scale`` (1 when unset) multiplies the learning rate of 
 in synchronous mode the step uses the mean scale of the pushes it averages.
 
 Every request is validated before anything changes. A malformed or mismatched request (unknown variable or
-table, wrong dtype or shape, undecodable tensor, id of another server) ends with ``INVALID_ARGUMENT``;
+table, wrong dtype or shape, undecodable tensor, id of another server, negative id) ends with
+``INVALID_ARGUMENT``;
 a request the server cannot serve yet (a push or pull before the first PushModel, a learning-rate scale
 with a learning-rate schedule) with ``FAILED_PRECONDITION``; both with a one-line reason naming the
 variable or table. The server keeps serving either way.
@@ -32,7 +33,7 @@ import functools
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -49,17 +50,12 @@ from edl_argo.ps.parameters import (
     Parameters,
     ParametersState,
 )
+from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor, to_indexed_slices, to_tensor
 
 log = get_logger(__name__)
 
 _Response = TypeVar("_Response")
-
-
-def _abort(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCode, reason: str) -> NoReturn:
-    log.warning("request_rejected", rpc=rpc, code=code.name, reason=reason)
-    context.abort(code, reason)
-    raise AssertionError("unreachable: context.abort raises")
 
 
 def _rpc(
@@ -73,16 +69,28 @@ def _rpc(
         try:
             return method(self, request, context)
         except (InvalidRequestError, TensorDecodeError) as error:
-            _abort(context, name, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            reject_request(context, name, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except (NotInitializedError, LearningRateScaleError, EdlError) as error:
-            _abort(context, name, grpc.StatusCode.FAILED_PRECONDITION, str(error))
+            reject_request(context, name, grpc.StatusCode.FAILED_PRECONDITION, str(error))
         except Exception as error:
             log.error("request_failed", exc_info=True, rpc=name)
-            _abort(
+            reject_request(
                 context, name, grpc.StatusCode.INTERNAL, f"parameter server failed: {type(error).__name__}"
             )
 
     return handle
+
+
+def _non_negative_ids(table: str, ids: np.ndarray) -> np.ndarray:
+    """``ids`` of embedding table ``table``, unless one is negative (:class:`InvalidRequestError`): ids
+    index the rows of a Keras ``Embedding`` layer, from 0, and rows of negative ids would be trained but
+    never make it into the exported model."""
+    if ids.size and ids.dtype.kind == "i" and int(ids.min()) < 0:
+        raise InvalidRequestError(
+            f"embedding table {table!r}: id {int(ids.min())} is negative; ids index the rows of an"
+            " Embedding layer, from 0"
+        )
+    return ids
 
 
 class _Accumulator:
@@ -212,7 +220,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PullEmbeddingVectors(
         self, request: ps_pb2.PullEmbeddingVectorsRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.Tensor:
-        ids = from_tensor(request.ids)
+        ids = _non_negative_ids(request.name, from_tensor(request.ids))
         with self._lock:
             rows = self.parameters.pull_embeddings(request.name, ids)
         return to_tensor(rows, request.name)
@@ -221,7 +229,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PullEmbeddingVectorsBatch(
         self, request: ps_pb2.PullEmbeddingVectorsBatchRequest, context: grpc.ServicerContext
     ) -> ps_pb2.PullEmbeddingVectorsBatchResponse:
-        lookups = [(lookup.name, from_tensor(lookup.ids)) for lookup in request.lookups]
+        lookups = [(r.name, _non_negative_ids(r.name, from_tensor(r.ids))) for r in request.lookups]
         with self._lock:
             rows = [self.parameters.pull_embeddings(name, ids) for name, ids in lookups]
         return ps_pb2.PullEmbeddingVectorsBatchResponse(
@@ -246,6 +254,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         with self._lock:
             params = self.parameters
             gradients = params.decode_gradients(request.gradients)
+            for name, (ids, _) in gradients.embeddings.items():
+                _non_negative_ids(name, ids)
             if lr_scale != 1.0 and not params.lr_scalable:
                 raise LearningRateScaleError(
                     f"learning_rate_scale {lr_scale:g} asked, but the model's optimizer uses a "

@@ -6,7 +6,7 @@ import random
 import time
 from collections.abc import Callable
 from concurrent import futures
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
 
@@ -33,6 +33,14 @@ def make_channel(address: str) -> grpc.Channel:
 def make_server(max_workers: int = 8) -> grpc.Server:
     """A server with the same message limits as :func:`make_channel`."""
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+
+
+def reject_request(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCode, reason: str) -> NoReturn:
+    """End the request being served with ``code`` and the one-line ``reason`` (logged as
+    ``request_rejected``); the server goes on serving other requests."""
+    log.warning("request_rejected", rpc=rpc, code=code.name, reason=reason)
+    context.abort(code, reason)
+    raise AssertionError("unreachable: context.abort raises")
 
 
 def call_with_retry(

@@ -27,7 +27,7 @@ def fill_tensor(message: tensor_pb2.Tensor, array: np.ndarray | object, name: st
     Filling a field of the message being built (``request.tensors.add()``) instead of building a tensor and
     copying it in saves a copy of the bytes per level of nesting: megabytes per push for a dense model.
     """
-    value = np.ascontiguousarray(array)
+    value = np.asarray(array, order="C")  # not ascontiguousarray: it turns a scalar into shape (1,)
     if value.dtype.name not in ALLOWED_DTYPES:
         raise TypeError(f"tensor {name!r}: dtype {value.dtype} cannot travel on the wire")
     if value.dtype.byteorder == ">":

@@ -3,6 +3,11 @@
 Loop: ask the master for a task → read its records (one ranged read) → ``feed`` → train, evaluate or
 predict batch by batch → report. WAIT means "ask again shortly"; DONE means exit 0. A task that raises is
 reported failed with the error (the master retries it elsewhere, up to a bound) and the worker goes on.
+
+A minibatch whose loss is NaN or infinite is never pushed. With ``--nan-loss skip`` the worker goes on
+with the next one and reports how many it skipped (``nan_batches_skipped``); with ``--nan-loss fail`` (the
+default) it reports the task as fatally failed, naming the model version, task and shard, and the master
+fails the job at once: retrying elsewhere would meet the same NaN.
 """
 
 from __future__ import annotations
@@ -10,20 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from edl_argo.errors import JobFailedError
-from edl_argo.flags import add_flag, non_negative_int, positive_int
+from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
+from edl_argo.errors import ConfigError, JobFailedError
+from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
 from edl_argo.log import get_logger
+from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.proto import master_pb2
 from edl_argo.storage import open_storage
+from edl_argo.worker.allreduce_replica import AllreduceReplica
 from edl_argo.worker.data import RecordSource, make_batches
 from edl_argo.worker.master_client import MasterClient
 from edl_argo.worker.ps_client import ParameterServerClient
-from edl_argo.worker.replica import ModelReplica
+from edl_argo.worker.replica import ModelReplica, NonFiniteLossError
 
 log = get_logger(__name__)
 
@@ -38,7 +46,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("worker", help="run one worker of a job (started by the master)")
     add_flag(parser, "--worker-id", type=non_negative_int, required=True)
     add_flag(parser, "--master-addr", required=True, help="host:port of the master")
-    add_flag(parser, "--ps-addrs", required=True, help="comma-separated host:port, in PS id order")
+    add_flag(
+        parser,
+        "--ps-addrs",
+        default="",
+        help="comma-separated host:port, in PS id order (ParameterServerStrategy)",
+    )
+    add_flag(parser, "--distribution-strategy", choices=STRATEGIES, default=PARAMETER_SERVER)
+    add_flag(
+        parser,
+        "--collective-port",
+        type=non_negative_int,
+        default=0,
+        help="AllreduceStrategy: port of this worker's collective service (0: any free port)",
+    )
+    add_collective_flags(parser)
     add_flag(parser, "--model-def", required=True)
     add_flag(parser, "--minibatch-size", type=positive_int, required=True)
     add_flag(
@@ -51,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_flag(parser, "--prediction-output", default="", help="URL to write predictions to")
     add_flag(
         parser,
+        "--nan-loss",
+        choices=NAN_LOSS_POLICIES,
+        default="fail",
+        help="a minibatch whose loss is NaN: fail the job (default), or skip the minibatch",
+    )
+    add_flag(
+        parser,
         "--pipelined",
         action="store_true",
         help="asynchronous SGD: push and pull in the background while computing the next minibatch",
@@ -59,24 +88,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_worker)
 
 
+class Replica(Protocol):
+    """The model as a worker trains it: :class:`ModelReplica` (parameter servers) or
+    :class:`AllreduceReplica` (a group of full replicas)."""
+
+    @property
+    def version(self) -> int: ...
+
+    def ensure_built(self, features: Any) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def train_minibatch(self, features: Any, labels: Any) -> float: ...
+
+    def flush(self) -> None: ...
+
+    def predict(self, features: Any) -> Any: ...
+
+    def idle_step(self) -> bool: ...
+
+
 class Worker:
-    """Runs tasks from the master until it says DONE."""
+    """Runs tasks from the master until it says DONE.
+
+    While the master has no task for it (WAIT), the worker gives its replica an :meth:`Replica.idle_step`
+    (a member of an allreduce group keeps the group's steps going) and backs off only when that did no work.
+    """
 
     def __init__(
         self,
         worker_id: int,
         spec: ModelSpec,
         master: MasterClient,
-        ps: ParameterServerClient,
+        replica: Replica,
         minibatch_size: int,
         evaluation_steps: int = 0,
         prediction_output: str = "",
-        pipelined: bool = False,
+        nan_loss: str = "fail",
     ) -> None:
         self.worker_id = worker_id
+        self._nan_loss = nan_loss
         self._spec = spec
         self._master = master
-        self._replica = ModelReplica(spec, ps, pipelined=pipelined)
+        self._replica = replica
         self._source = RecordSource()
         self._minibatch_size = minibatch_size
         self._evaluation_steps = evaluation_steps
@@ -92,6 +146,9 @@ class Worker:
                 log.info("worker_done", worker=self.worker_id)
                 return
             if response.kind != master_pb2.GetTaskResponse.TASK:
+                if self._replica.idle_step():
+                    wait = 0.05
+                    continue
                 time.sleep(wait)
                 wait = min(1.0, wait * 2)
                 continue
@@ -104,11 +161,19 @@ class Worker:
             records = self._source.read(task.data_url, task.shard, task.start, task.end)
             batches = make_batches(self._spec, records, _MODES[task.type], self._minibatch_size)
             if task.type == master_pb2.TRAINING:
-                counters = self._train(batches, task.epoch)
+                counters = self._train(batches, task)
             elif task.type == master_pb2.EVALUATION:
                 counters = self._evaluate(task, batches)
             else:
                 counters = self._predict(task, batches)
+        except NonFiniteLossError as error:
+            message = (
+                f"{error} (task {task.task_id}, shard {task.shard}); lower the learning rate or use"
+                " --nan-loss skip"
+            )
+            log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
+            self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
+            return
         except JobFailedError:
             raise
         except Exception as error:  # a task-level failure: the master requeues the task
@@ -120,11 +185,19 @@ class Worker:
         mean_loss = counters.pop("mean_loss", 0.0)
         self._master.report_task_result(task.task_id, success=True, counters=counters, mean_loss=mean_loss)
 
-    def _train(self, batches: Any, epoch: int) -> dict[str, Any]:
+    def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
         steps = 0
+        skipped = 0
         total_loss = 0.0
         for features, labels in batches:
-            total_loss += self._replica.train_minibatch(features, labels)
+            try:
+                total_loss += self._replica.train_minibatch(features, labels)
+            except NonFiniteLossError as error:
+                if self._nan_loss != "skip":
+                    raise
+                skipped += 1
+                log.warning("nan_batch_skipped", task=task.task_id, shard=task.shard, error=str(error))
+                continue
             steps += 1
             self._maybe_report_version()
         self._replica.flush()  # the task's last gradients are applied before it is reported done
@@ -132,7 +205,8 @@ class Worker:
         log.debug("task_trained", steps=steps, loss=mean_loss, version=self._replica.version)
         return {
             "steps": steps,
-            "epoch": epoch,
+            "nan_batches_skipped": skipped,
+            "epoch": task.epoch,
             "model_version": self._replica.version,
             "mean_loss": mean_loss,
         }
@@ -194,17 +268,36 @@ def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> 
 def run_worker(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def)
     master = MasterClient(args.master_addr, args.worker_id)
-    ps = ParameterServerClient([a for a in args.ps_addrs.split(",") if a])
-    log.info("worker_started", worker=args.worker_id, master=args.master_addr, ps=args.ps_addrs)
+    replica: ModelReplica | AllreduceReplica
+    if args.distribution_strategy == ALLREDUCE:
+        replica = AllreduceReplica(
+            spec,
+            master,
+            pod_host(),
+            args.collective_port,
+            collective_timeout=args.collective_timeout_seconds,
+            scale_lr_by_world_size=args.scale_lr_by_world_size,
+        )
+        log.info("worker_started", worker=args.worker_id, master=args.master_addr, collective=replica.address)
+    else:
+        ps_addresses = [a for a in args.ps_addrs.split(",") if a]
+        if not ps_addresses:
+            raise ConfigError("--ps-addrs is required with --distribution-strategy ParameterServerStrategy")
+        replica = ModelReplica(spec, ParameterServerClient(ps_addresses), pipelined=args.pipelined)
+        log.info("worker_started", worker=args.worker_id, master=args.master_addr, ps=args.ps_addrs)
     worker = Worker(
         args.worker_id,
         spec,
         master,
-        ps,
+        replica,
         args.minibatch_size,
         evaluation_steps=args.evaluation_steps,
         prediction_output=args.prediction_output,
-        pipelined=args.pipelined,
+        nan_loss=args.nan_loss,
     )
-    worker.run()
+    try:
+        worker.run()
+    finally:
+        if isinstance(replica, AllreduceReplica):
+            replica.close()
     return 0

@@ -34,7 +34,9 @@ class MasterClient:
         error: str = "",
         counters: Mapping[str, int] | None = None,
         mean_loss: float = 0.0,
+        fatal: bool = False,
     ) -> bool:
+        """Report a task's outcome; ``fatal``: a failure no retry can cure, which fails the job."""
         request = master_pb2.ReportTaskResultRequest(
             worker_id=self.worker_id,
             task_id=task_id,
@@ -42,6 +44,7 @@ class MasterClient:
             error_message=error,
             counters=dict(counters or {}),
             mean_loss=mean_loss,
+            fatal=fatal,
         )
         return bool(self._call("ReportTaskResult", request).accepted)
 
@@ -60,3 +63,17 @@ class MasterClient:
     def report_version(self, model_version: int) -> None:
         request = master_pb2.ReportVersionRequest(worker_id=self.worker_id, model_version=model_version)
         self._call("ReportVersion", request)
+
+    def rendezvous(self, address: str) -> master_pb2.RendezvousResponse:
+        """Join the AllreduceStrategy group (first call) and return the current membership round."""
+        request = master_pb2.RendezvousRequest(worker_id=self.worker_id, address=address)
+        return self._call("Rendezvous", request)
+
+    def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:
+        request = master_pb2.ReportCollectiveFailureRequest(
+            worker_id=self.worker_id,
+            round_id=round_id,
+            suspect_worker_id=suspect_worker_id,
+            message=message,
+        )
+        self._call("ReportCollectiveFailure", request)

@@ -32,6 +32,24 @@ log = get_logger(__name__)
 MAX_STALE_RETRIES = 100
 
 
+class NonFiniteLossError(JobFailedError):
+    """The loss of a minibatch is NaN or infinite; raised before anything of that minibatch is pushed.
+
+    Retrying the task elsewhere cannot help: the worker skips the minibatch (``--nan-loss skip``) or
+    reports the task as fatally failed, and the master fails the job (``--nan-loss fail``).
+    """
+
+    def __init__(self, loss: float, model_version: int) -> None:
+        self.loss = loss
+        self.model_version = model_version
+        super().__init__(f"training loss became {self.loss_text} at model version {model_version}")
+
+    @property
+    def loss_text(self) -> str:
+        """``NaN``, ``inf`` or ``-inf``."""
+        return "NaN" if np.isnan(self.loss) else str(self.loss)
+
+
 def build_model(spec: ModelSpec, sample_features: Any | None = None) -> keras.Model:
     """A fresh model from the model file, built, with the same variable names in every process."""
     keras.utils.clear_session()
@@ -166,7 +184,7 @@ class ModelReplica:
         loss, dense_grads, row_grads = self._compute(features, labels, rows)
         loss_value = float(loss)
         if not np.isfinite(loss_value):
-            raise JobFailedError(f"the loss is {loss_value} at model version {self.version}")
+            raise NonFiniteLossError(loss_value, self.version)
         dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True)}
         return loss_value, dense, _merge_rows(tables, ids, [g.numpy() for g in row_grads])
 
@@ -209,6 +227,10 @@ class ModelReplica:
         if self._in_flight is not None:
             in_flight, self._in_flight = self._in_flight, None
             self._install(*in_flight.result())
+
+    def idle_step(self) -> bool:
+        """Workers of a PS job do nothing without a task: the caller backs off."""
+        return False
 
     def predict(self, features: Any) -> Any:
         """The model's outputs with the latest parameters (no gradients)."""

@@ -13,29 +13,33 @@ one repeat.
 
 How ours is timed: the job's :class:`TaskDispatcher` is wrapped (:class:`ControlledDispatcher`, bench code
 only, installed before ``run()`` so the master service and pod manager use it). It timestamps every
-successful training-task report; with one worker, tasks run strictly one after another, so the records of
-the tasks reported in a window divided by the time from the report just before the window to the last
-report in it is the training rate with everything included: asking for a task, the ranged read, ``feed``,
-every pull / compute / push step and the report. To pause, the wrapper answers ``WAIT`` to ``GetTask`` (the
-task in flight finishes first); the first task after a resume is not timed (it includes the worker's
-polling delay). Warm-up: the first window starts only after two tasks and three seconds of reports, which
-covers process start-up, the TensorFlow import, the model build, the first PushModel, ``tf.function``
-tracing and the PS's first (XLA-compiled) update. At the end the wrapper answers ``DONE`` and reports the
+successful training-task report; a worker runs its tasks strictly one after another, so the records of
+the tasks it reported in a window divided by the time from its report just before the window to its last
+report in it is its training rate with everything included: asking for a task, the ranged read, ``feed``,
+every pull / compute / push step and the report. With several workers (the AllreduceStrategy benchmark),
+tasks run concurrently and the job's rate is the sum of the workers' rates, each timed that way. To pause,
+the wrapper answers ``WAIT`` to ``GetTask`` (the tasks in flight finish first); a worker's first task after
+a resume is not timed (it includes the worker's polling delay). Warm-up: the first window starts only
+after two tasks of every worker and three seconds of reports, which covers process start-up, the
+TensorFlow import, the model build, the first PushModel, ``tf.function`` tracing and the PS's first
+(XLA-compiled) update. At the end the wrapper answers ``DONE`` and reports the
 job finished, so the job stops early and cleanly; publishing the model is skipped (not training).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import select
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
@@ -107,6 +111,15 @@ DIGITS = ModelCase(
 # ------------------------------------------------------------------------------------------ our job
 
 
+class TaskReport(NamedTuple):
+    """One successful training-task report, as :class:`ControlledDispatcher` saw it."""
+
+    #: ``time.perf_counter()`` when the report arrived.
+    at: float
+    records: int
+    worker_id: int
+
+
 class ControlledDispatcher:
     """Stands in for a job's :class:`TaskDispatcher` (see the module docstring): everything passes through,
     successful training reports are timestamped, and the benchmark can pause, resume and stop the job."""
@@ -118,8 +131,8 @@ class ControlledDispatcher:
         self._stopped = False
         self._sizes: dict[int, int] = {}
         self._in_flight: set[int] = set()
-        #: ``(time.perf_counter(), records)`` of every successful training report.
-        self.reports: list[tuple[float, int]] = []
+        #: Every successful training report, in arrival order.
+        self.reports: list[TaskReport] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -146,7 +159,7 @@ class ControlledDispatcher:
         with self._lock:
             self._in_flight.discard(task_id)
             if accepted and success and task_id in self._sizes:
-                self.reports.append((time.perf_counter(), self._sizes[task_id]))
+                self.reports.append(TaskReport(time.perf_counter(), self._sizes[task_id], worker_id))
         return accepted
 
     def resume(self) -> None:
@@ -179,9 +192,42 @@ class _BenchJob(TrainingJob):
 class Window:
     """One timed stretch of our job."""
 
+    #: The sum of every worker's rate (records of its timed tasks ÷ the time they took).
     examples_per_s: float
+    #: The longest worker's timed stretch.
     seconds: float
     records: int
+
+
+def _latest_report_per_worker(reports: Sequence[TaskReport], start: int = 0) -> dict[int, int]:
+    """The index of each worker's last report in ``reports[start:]``."""
+    return {report.worker_id: start + i for i, report in enumerate(reports[start:])}
+
+
+def _first_report_per_worker(reports: Sequence[TaskReport], start: int) -> dict[int, int]:
+    """The index of each worker's first report in ``reports[start:]``."""
+    first: dict[int, int] = {}
+    for i, report in enumerate(reports[start:]):
+        first.setdefault(report.worker_id, start + i)
+    return first
+
+
+def timed_window(reports: Sequence[TaskReport], starts: dict[int, int]) -> Window:
+    """Each worker's rate from its report at ``starts[worker]`` to its last one, summed over the workers.
+
+    A worker runs its tasks one after another, so the records of the tasks it reported after its start
+    report, divided by the time from that report to its last one, is its training rate; workers train at
+    the same time, so the job's rate is the sum.
+    """
+    rate, longest, records = 0.0, 0.0, 0
+    for worker, start in starts.items():
+        mine = [report for report in reports[start:] if report.worker_id == worker]
+        elapsed = mine[-1].at - mine[0].at
+        done = sum(report.records for report in mine[1:])
+        rate += done / elapsed
+        longest = max(longest, elapsed)
+        records += done
+    return Window(rate, longest, records)
 
 
 @dataclass
@@ -191,7 +237,13 @@ class OurJob:
     case: ModelCase
     data: Path
     workdir: Path
+    #: The backend's log sink (every pod's output lines).
     log: IO[str]
+    #: :class:`TrainConfig` fields that differ from the PS job of the module docstring (e.g. more workers,
+    #: AllreduceStrategy).
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: The job's name (default: ``bench-`` and the case's name).
+    name: str = ""
     job: TrainingJob = field(init=False)
     control: ControlledDispatcher = field(init=False)
     error: BaseException | None = None
@@ -200,7 +252,7 @@ class OurJob:
     first_report: float = 0.0
 
     def __post_init__(self) -> None:
-        name = f"bench-{self.case.name.replace('_', '-')}"
+        name = self.name or f"bench-{self.case.name.replace('_', '-')}"
         config = TrainConfig(
             model_def=str(self.case.model_def),
             training_data=str(self.data),
@@ -214,6 +266,7 @@ class OurJob:
             job_name=name,
             log_level="WARNING",
         )
+        config = dataclasses.replace(config, **self.overrides)
         self.job = _BenchJob(config, backend=LocalProcessBackend(name, log_sink=self.log))
         self.control = ControlledDispatcher(self.job.dispatcher)
         self.job.dispatcher = self.control  # type: ignore[assignment]
@@ -228,7 +281,8 @@ class OurJob:
     def start(self) -> None:
         self._thread.start()
 
-    def _wait(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+    def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """Return once ``condition()`` holds; raise if the job ends first or ``timeout`` seconds pass."""
         deadline = time.monotonic() + timeout
         while not condition():
             if self.error is not None or not self._thread.is_alive():
@@ -238,31 +292,47 @@ class OurJob:
             time.sleep(0.05)
 
     def window(self, seconds: float, first: bool, timeout: float = 900.0) -> Window:
-        """Resume, time at least ``seconds`` of training (after the warm-up or the first task), pause."""
+        """Resume, time at least ``seconds`` of every worker's training (after the warm-up or each worker's
+        first task), pause; see :func:`timed_window`."""
         reports = self.control.reports
+        workers = self.job.config.num_workers
         mark = len(reports)
         self.control.resume()
         if first:
             self.first_resume = time.perf_counter()
-            self._wait(lambda: len(reports) >= WARMUP_TASKS, timeout, "the first task reports")
-            self.first_report = reports[0][0]
-            self._wait(
-                lambda: reports[-1][0] - self.first_report >= WARMUP_SECONDS, timeout, "the warm-up tasks"
+
+            def warmed_up() -> bool:
+                counts = Counter(report.worker_id for report in list(reports))
+                return len(counts) >= workers and min(counts.values()) >= WARMUP_TASKS
+
+            self.wait_until(warmed_up, timeout, "the first task reports")
+            self.first_report = reports[0].at
+            self.wait_until(
+                lambda: reports[-1].at - self.first_report >= WARMUP_SECONDS, timeout, "the warm-up tasks"
             )
-            mark = len(reports) - 1
+            starts = _latest_report_per_worker(list(reports))  # each worker's last warm-up report
         else:
-            self._wait(lambda: len(reports) > mark, timeout, "the first task after resuming")
-        self._wait(lambda: reports[-1][0] - reports[mark][0] >= seconds, timeout, "a timed window")
+            self.wait_until(
+                lambda: len(_first_report_per_worker(list(reports), mark)) >= workers,
+                timeout,
+                "every worker's first task after resuming",
+            )
+            starts = _first_report_per_worker(list(reports), mark)
+
+        def long_enough() -> bool:
+            latest = _latest_report_per_worker(list(reports))
+            return all(reports[latest[w]].at - reports[i].at >= seconds for w, i in starts.items())
+
+        self.wait_until(long_enough, timeout, "a timed window")
         self.control.pause()
-        self._wait(lambda: self.control.idle, timeout, "the task in flight")
-        window = reports[mark:]
-        elapsed = window[-1][0] - window[0][0]
-        records = sum(n for _, n in window[1:])
-        return Window(records / elapsed, elapsed, records)
+        self.wait_until(lambda: self.control.idle, timeout, "the tasks in flight")
+        return timed_window(list(reports), starts)
 
     def stop(self, timeout: float = 120.0) -> None:
-        """End the job (DONE to the worker) and wait for its clean-up."""
+        """End the job (DONE to the workers) and wait for its clean-up."""
         self.control.stop()
+        if self._thread.ident is None:  # never started
+            return
         self._thread.join(timeout)
         if self._thread.is_alive():
             self.job.backend.close(grace_seconds=2.0)
@@ -315,43 +385,81 @@ class BaselineChild:
 # ---------------------------------------------------------------------------------------- benchmark
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How long the windows of :func:`take_turns` last."""
+
+    #: Seconds of each baseline measurement.
+    baseline_seconds: float
+    #: At least this many seconds of every job window.
+    target_seconds: float
+    #: Untimed steps of each baseline child before it reports ready.
+    baseline_warmup_steps: int
+
+    @classmethod
+    def of(cls, ctx: BenchContext) -> Timing:
+        return cls(1.5, 3.0, 5) if ctx.quick else cls(6.0, 22.0, 20)
+
+
+def take_turns(
+    ctx: BenchContext,
+    label: str,
+    jobs: dict[str, OurJob],
+    children: dict[str, BaselineChild],
+    timing: Timing,
+) -> tuple[dict[str, list[Window]], dict[str, list[float]]]:
+    """Start ``jobs`` paused (their start-up overlaps the baselines' warm-up, their training does not),
+    wait for ``children``, then per repeat: one timed window of each job, then each baseline's measurement,
+    one after the other. Returns the windows by job and the baselines' examples/s by kind; stops the jobs
+    and closes the children in any case."""
+    repeats = 1 if ctx.quick else ctx.repeats
+    windows: dict[str, list[Window]] = {name: [] for name in jobs}
+    rates: dict[str, list[float]] = {kind: [] for kind in children}
+    try:
+        for job in jobs.values():
+            job.start()
+        ctx.log(f"  {label}: warming up the baselines")
+        for child in children.values():
+            child.wait_ready()
+        for repeat in range(repeats):
+            for name, job in jobs.items():
+                ctx.log(f"  {label} repeat {repeat + 1}/{repeats}: {name}")
+                windows[name].append(job.window(timing.target_seconds, first=repeat == 0))
+            ctx.log(f"  {label} repeat {repeat + 1}/{repeats}: baselines")
+            for kind, child in children.items():
+                rates[kind].append(child.measure(timing.baseline_seconds)["examples_per_s"])
+            ctx.log(
+                "    "
+                + "  ".join(
+                    f"{name} {measured[-1].examples_per_s:,.0f} ex/s ({measured[-1].seconds:.1f} s)"
+                    for name, measured in windows.items()
+                )
+                + "".join(f"  {kind} {measured[-1]:,.0f}" for kind, measured in rates.items())
+            )
+    finally:
+        for job in jobs.values():
+            job.stop()
+        for child in children.values():
+            child.close()
+    return windows, rates
+
+
 def run_case(ctx: BenchContext, case: ModelCase) -> BenchResult:
     """Measure ``case`` (see the module docstring) and tabulate the ratios."""
     folder = ctx.folder(case.name)
     records = case.records(ctx.quick)
     data = Path(write_records(folder / "data", records))
-    repeats = 1 if ctx.quick else ctx.repeats
-    baseline_seconds = 1.5 if ctx.quick else 6.0
-    target_seconds = 3.0 if ctx.quick else 22.0
-    ours: list[Window] = []
-    fit: list[float] = []
-    tf_ps: list[float] = []
-    warmup = 5 if ctx.quick else 20
+    timing = Timing.of(ctx)
     children = {
-        kind: BaselineChild(kind, case, data, warmup, folder / f"{kind}.log") for kind in ("fit", "tf_ps")
+        kind: BaselineChild(kind, case, data, timing.baseline_warmup_steps, folder / f"{kind}.log")
+        for kind in ("fit", "tf_ps")
     }
     with (folder / "job.log").open("a") as job_log:
         job = OurJob(case, data, folder, job_log)
-        try:
-            job.start()  # paused: its start-up overlaps the baselines' warm-up, its training does not
-            ctx.log(f"  {case.name}: warming up the baselines")
-            for child in children.values():
-                child.wait_ready()
-            for repeat in range(repeats):
-                ctx.log(f"  {case.name} repeat {repeat + 1}/{repeats}: our job")
-                ours.append(job.window(target_seconds, first=repeat == 0))
-                ctx.log(f"  {case.name} repeat {repeat + 1}/{repeats}: baselines")
-                fit.append(children["fit"].measure(baseline_seconds)["examples_per_s"])
-                tf_ps.append(children["tf_ps"].measure(baseline_seconds)["examples_per_s"])
-                ctx.log(
-                    f"    ours {ours[-1].examples_per_s:,.0f} ex/s ({ours[-1].seconds:.1f} s)  "
-                    f"fit {fit[-1]:,.0f}  tf_ps {tf_ps[-1]:,.0f}"
-                )
-        finally:
-            job.stop()
-            for child in children.values():
-                child.close()
-    return _tabulate(case, records, ours, fit, tf_ps, job, baseline_seconds)
+        windows, rates = take_turns(ctx, case.name, {"ours": job}, children, timing)
+    return _tabulate(
+        case, records, windows["ours"], rates["fit"], rates["tf_ps"], job, timing.baseline_seconds
+    )
 
 
 def _tabulate(

@@ -1,9 +1,11 @@
 """TEST-ONLY: what the stand-in's API server, scheduler, kubelet and garbage collector do to objects.
 
-Resources: ``pods``, ``services``, ``secrets`` (core/v1) and ``workflows`` (argoproj.io/v1alpha1, stored
-only so that owner references to a Workflow cascade). One node, ``stand-in-node``, runs every pod's
-container as a local process group (its ``command`` + ``args``, ``edl-argo`` resolved to this
-interpreter's console script) with ``status.podIP`` 127.0.0.1, so pods share the loopback address.
+Resources: ``pods``, ``services``, ``secrets`` (core/v1), ``networkpolicies`` (networking.k8s.io/v1,
+stored and checked for shape, not enforced: pods share the loopback address) and ``workflows``
+(argoproj.io/v1alpha1, stored only so that owner references to a Workflow cascade). One node,
+``stand-in-node``, runs every pod's container as a local process group (its ``command`` + ``args``,
+``edl-argo`` resolved to this interpreter's console script) with ``status.podIP`` 127.0.0.1, so pods
+share the loopback address.
 
 Pod lifecycle: created Pending -> scheduled (unless held: then PodScheduled=False/Unschedulable until
 :meth:`Cluster.release`) -> Running once its process started (or Pending with a waiting container:
@@ -214,6 +216,15 @@ class Cluster:
             spec["clusterIP"] = POD_IP
             spec["clusterIPs"] = [POD_IP]
 
+    def _admit_networkpolicies(self, policy: dict[str, Any]) -> None:
+        spec = policy.get("spec") or {}
+        if not isinstance(spec.get("podSelector"), dict):
+            raise ApiError(422, "Invalid", "spec.podSelector: Required value")
+        for rule in spec.get("ingress") or []:
+            for port in rule.get("ports") or []:
+                if port.get("protocol", "TCP") not in ("TCP", "UDP", "SCTP") or not port.get("port"):
+                    raise ApiError(422, "Invalid", f"spec.ingress.ports: invalid port {port}")
+
     def _admit_secrets(self, secret: dict[str, Any]) -> None:
         data = secret.setdefault("data", {})
         for key, value in (secret.pop("stringData", None) or {}).items():
@@ -402,7 +413,7 @@ class Cluster:
         if removed is None:
             return None
         uid = removed["metadata"]["uid"]
-        for resource in ("pods", "services", "secrets", "workflows"):
+        for resource in ("pods", "services", "secrets", "networkpolicies", "workflows"):
             for dependent_key, obj in self.store.items(resource, key[1]):
                 if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
                     if resource == "pods":

@@ -8,6 +8,8 @@ Routes (JSON; errors are ``Status`` objects with the real reasons and codes):
   watch_max_seconds`; a version older than the history gets an ERROR event with a 410 Status).
 * ``.../{resource}/{name}``: GET, DELETE (``gracePeriodSeconds``, ``preconditions.uid``);
   ``.../pods/{name}/status``: GET; ``.../pods/{name}/log``: GET (``tailLines``), text.
+* ``/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies[/{name}]``: the same verbs; stored, not
+  enforced.
 * ``/apis/argoproj.io/v1alpha1/namespaces/{ns}/workflows[/{name}]``: the same verbs, no behaviour.
 
 Every request is logged as an :class:`ApiCall` (the authorization verb and resource, as RBAC sees them).
@@ -43,6 +45,7 @@ KINDS = {
     ("", "pods"): "Pod",
     ("", "services"): "Service",
     ("", "secrets"): "Secret",
+    ("networking.k8s.io", "networkpolicies"): "NetworkPolicy",
     ("argoproj.io", "workflows"): "Workflow",
 }
 

@@ -1,0 +1,112 @@
+"""Membership of an AllreduceStrategy job's worker group, owned by the master.
+
+The group lives in *rounds*. A round is an id and the ordered list of its members (worker id and the
+address of its Collective service); a member's rank is its index, and the members form a ring in rank
+order. Any change of membership starts a new round with a larger id:
+
+* a worker **joins** with its first :meth:`RendezvousManager.rendezvous` call (a new pod, a replacement,
+  a pod placed after being Pending, a scale-up);
+* a worker **leaves** when its pod stops (:meth:`remove`, from the pod events the master sees) or when a
+  member reports that it did not answer a collective operation in time (:meth:`report_failure`). A worker
+  that was reported but is alive joins again on its next call, in yet another round.
+
+Workers call :meth:`rendezvous` before every step, so they learn of a new round at the next step; a
+collective operation already in progress sees the new round through the same call while it waits (see
+:mod:`edl_argo.collective`). What a round does with its members (broadcast of the state, rank order) is the
+workers' business: the manager only keeps the list.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from edl_argo.log import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Member:
+    worker_id: int
+    address: str
+
+
+@dataclass(frozen=True)
+class Round:
+    """One membership round: its id and its members in rank order."""
+
+    round_id: int
+    members: tuple[Member, ...]
+
+    def rank_of(self, worker_id: int) -> int:
+        """The worker's rank in this round, or -1 if it is not a member."""
+        for rank, member in enumerate(self.members):
+            if member.worker_id == worker_id:
+                return rank
+        return -1
+
+
+class RendezvousManager:
+    """Thread-safe membership bookkeeping: join, leave, and the current :class:`Round`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._members: dict[int, str] = {}  # worker id -> address, in join order
+        self._round = Round(0, ())
+        self._departed: set[int] = set()  # pods that stopped: a late call from them is not a join
+
+    @property
+    def current(self) -> Round:
+        with self._lock:
+            return self._round
+
+    def rendezvous(self, worker_id: int, address: str) -> Round:
+        """The current round, after adding ``worker_id`` at ``address`` if it is not a member yet."""
+        with self._lock:
+            if worker_id in self._departed or self._members.get(worker_id) == address:
+                return self._round
+            changed = "address" if worker_id in self._members else "joined"
+            self._members[worker_id] = address
+            self._next_round_locked(f"worker {worker_id} {changed}")
+            return self._round
+
+    def remove(self, worker_id: int, reason: str) -> None:
+        """The worker's pod stopped: it leaves the group for good."""
+        with self._lock:
+            self._departed.add(worker_id)
+            if self._members.pop(worker_id, None) is not None:
+                self._next_round_locked(f"worker {worker_id} left ({reason})")
+
+    def report_failure(self, reporter: int, round_id: int, suspect: int, message: str) -> None:
+        """A member of round ``round_id`` could not complete an operation because of ``suspect``.
+
+        Reports about an old round are ignored: the group has already moved on. The suspect leaves the
+        group; if it is alive it joins again on its next call.
+        """
+        with self._lock:
+            if round_id != self._round.round_id:
+                return
+            log.warning(
+                "collective_failure_reported",
+                reporter=reporter,
+                round=round_id,
+                suspect=suspect,
+                message=message[:300],
+            )
+            if self._members.pop(suspect, None) is not None:
+                self._next_round_locked(f"worker {suspect} did not answer worker {reporter}")
+            else:
+                # The suspect is unknown or already gone: still make every member start over together.
+                self._next_round_locked(f"worker {reporter} could not complete round {round_id}")
+
+    def _next_round_locked(self, why: str) -> None:
+        members = tuple(Member(w, a) for w, a in sorted(self._members.items()))
+        self._round = Round(self._round.round_id + 1, members)
+        log.info(
+            "rendezvous_round",
+            round=self._round.round_id,
+            world_size=len(members),
+            members=",".join(str(m.worker_id) for m in members),
+            why=why,
+        )

@@ -1,0 +1,342 @@
+"""The master's state, kept in the job's storage so that a restarted master continues the job.
+
+**What is kept.** ``<output>/master/state.json`` (:data:`STATE_KEY`, written through the ``--output``
+storage, so on S3 too) holds everything a new master needs to continue where the old one stopped:
+
+* the dispatcher's :meth:`~edl_argo.master.task_dispatcher.TaskDispatcher.snapshot` (tasks to do, held,
+  done, record accounting), then the evaluation service's (history, open rounds with what they
+  aggregated), the newest model version, the training loss per epoch, and the pod manager's (next
+  worker id, live workers, target, relaunches);
+* the job's start time, the master's port (a restarted master serves on it again, so the workers'
+  ``--master-addr`` stays valid) and the PS ports;
+* the job name and a :func:`job_fingerprint` of the settings a job cannot change while it runs.
+
+**When it is written: group commit.** A :class:`GroupCommit` thread writes the newest state whenever
+something changed, one write at a time, and never from the dispatcher (which stays pure bookkeeping).
+:class:`DurableMasterServicer` answers a worker only once a write that *started after* the worker's
+change has completed: handing out a task, accepting a task report, evaluation outputs, a scaling request.
+Concurrent requests share writes, so a busy master makes about one write per write's duration, whatever
+the number of workers; each request waits for one to two writes. Pod events (a worker died, its tasks
+requeued, a replacement started) ask for a write without waiting. Hence nothing a worker was told is
+unknown to a restarted master: an accepted report is never repeated, and a task a worker holds is held
+by it in the saved state, so a restart repeats at most the tasks that were in flight on workers that did
+not survive it.
+
+**Restore.** :meth:`MasterStateStore.load` returns the saved state, or None when there is none (a new
+job). State of another job name, or of settings that differ from this run's, is a
+:class:`~edl_argo.errors.ConfigError` naming the file and what differs; an unreadable file a
+:class:`~edl_argo.errors.DataFormatError` naming it. The master removes the file once the model is
+published (or the job failed for good), so a finished job never restores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import grpc
+
+from edl_argo.errors import ConfigError, DataFormatError, StorageError
+from edl_argo.log import get_logger
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.servicer import MasterServicer
+from edl_argo.master.task_dispatcher import TaskDispatcher
+from edl_argo.proto import master_pb2, tensor_pb2
+from edl_argo.storage import Storage
+
+log = get_logger(__name__)
+
+#: Where the state lives, relative to the job's ``--output``.
+STATE_KEY = "master/state.json"
+#: Version of the state file's layout; a file of another version is not restored.
+STATE_FORMAT = 1
+#: The parts of the state (besides format, job name and fingerprint) every state file has.
+STATE_PARTS = (
+    "started_at",
+    "master_port",
+    "ps_ports",
+    "dispatcher",
+    "evaluation",
+    "model_version",
+    "training_loss",
+    "pods",
+)
+#: The :class:`~edl_argo.master.config.TrainConfig` fields a job cannot change while it runs: how tasks
+#: are cut and ordered, what model is trained how, where the data is.
+FINGERPRINT_FIELDS = (
+    "model_def",
+    "training_data",
+    "validation_data",
+    "num_epochs",
+    "minibatch_size",
+    "num_minibatches_per_task",
+    "shuffle",
+    "seed",
+    "num_ps",
+    "use_async",
+    "grads_to_wait",
+    "evaluation_steps",
+    "backend",
+)
+#: How long a request waits for its change to be saved before it is answered anyway (storage trouble).
+COMMIT_WAIT_SECONDS = 60.0
+#: Backoff of a failed write: first delay, doubled up to the maximum.
+RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 10.0
+
+
+def job_fingerprint(
+    config: TrainConfig, training_shards: Mapping[str, int], validation_shards: Mapping[str, int]
+) -> dict[str, Any]:
+    """The settings of :data:`FINGERPRINT_FIELDS` plus the records per task and a digest of the shards
+    (key and record count of each), as JSON data: a job restores only a state with the same."""
+    fingerprint: dict[str, Any] = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
+    fingerprint["records_per_task"] = config.records_per_task
+    fingerprint["training_shards"] = _digest(training_shards)
+    fingerprint["validation_shards"] = _digest(validation_shards)
+    return fingerprint
+
+
+def _digest(shards: Mapping[str, int]) -> str:
+    text = json.dumps(sorted(shards.items()))
+    return f"{len(shards)} shards, sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+class MasterStateStore:
+    """Reads, writes and removes the state of job ``job_name`` at :data:`STATE_KEY` of ``storage``."""
+
+    def __init__(self, storage: Storage, job_name: str, fingerprint: Mapping[str, Any]) -> None:
+        self.storage = storage
+        self.job_name = job_name
+        self.fingerprint = json.loads(json.dumps(fingerprint))  # as it reads back
+        self.url = storage.describe(STATE_KEY)
+
+    def load(self) -> dict[str, Any] | None:
+        """The saved state of this job (every part of :data:`STATE_PARTS`), or None if there is none.
+
+        Raises:
+            ConfigError: the state is of another job name, or of different settings.
+            DataFormatError: the file is not a state this version can read.
+            StorageError: the file cannot be read.
+        """
+        if not self.storage.exists(STATE_KEY):
+            return None
+        try:
+            state = json.loads(self.storage.read(STATE_KEY))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise self.corrupt(f"not JSON: {error}") from None
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise self.corrupt(f"format {found!r}, expected {STATE_FORMAT}")
+        missing = [part for part in ("job_name", "fingerprint", *STATE_PARTS) if part not in state]
+        if missing:
+            raise self.corrupt(f"no {', '.join(missing)}")
+        if state["job_name"] != self.job_name:
+            raise ConfigError(
+                f"{self.url} holds the state of job {state['job_name']!r}, not of {self.job_name!r}: run"
+                f" with --job-name {state['job_name']} to continue that job, or delete the file (or choose"
+                " another --output) to start a new one"
+            )
+        saved = state["fingerprint"] if isinstance(state["fingerprint"], dict) else {}
+        changed = [
+            f"{name} {saved.get(name)!r} then, {self.fingerprint.get(name)!r} now"
+            for name in sorted(set(saved) | set(self.fingerprint))
+            if saved.get(name) != self.fingerprint.get(name)
+        ]
+        if changed:
+            raise ConfigError(
+                f"{self.url}: job {self.job_name} was started with other settings ({'; '.join(changed)});"
+                " rerun it with the same settings to continue it, or delete the file (or choose another"
+                " --output) to start it afresh"
+            )
+        return state
+
+    def save(self, parts: Mapping[str, Any]) -> None:
+        """Atomically replace the state by ``parts`` (every part of :data:`STATE_PARTS`)."""
+        state = {
+            "format": STATE_FORMAT,
+            "job_name": self.job_name,
+            "fingerprint": self.fingerprint,
+            "saved_at": time.time(),
+            **parts,
+        }
+        self.storage.write(STATE_KEY, json.dumps(state, separators=(",", ":")).encode())
+
+    def remove(self) -> None:
+        """Delete the state (the job is over); deleting none is fine."""
+        self.storage.delete(STATE_KEY)
+
+    def corrupt(self, problem: str) -> DataFormatError:
+        """The error for a state file that cannot be restored."""
+        return DataFormatError(
+            f"master state {self.url} cannot be restored ({problem}); delete it to start the job afresh"
+        )
+
+
+class GroupCommit:
+    """A thread that saves the newest state whenever something changed, one save at a time.
+
+    ``snapshot()`` makes the state (taken on this thread, just before each save), ``save(state)`` writes
+    it. :meth:`commit` records a change and waits until a save that started after it has completed;
+    :meth:`changed` records one without waiting. A save that fails with a storage error is logged and
+    retried with backoff; a waiting caller gives up after ``wait_seconds`` and goes on. Any other error
+    (a bug) stops the thread: it is kept in :attr:`failure` and waiting callers are released.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Mapping[str, Any]],
+        save: Callable[[Mapping[str, Any]], None],
+        *,
+        wait_seconds: float = COMMIT_WAIT_SECONDS,
+    ) -> None:
+        self._snapshot = snapshot
+        self._save = save
+        self._wait_seconds = wait_seconds
+        self._ready = threading.Condition()
+        self._requested = 0  # the number of the newest change
+        self._saved = 0  # every change up to this number is saved
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="master-state", daemon=True)
+        self.saves = 0
+        """How many saves completed (for logs and tests)."""
+        self.failure: BaseException | None = None
+
+    def start(self) -> None:
+        """Start saving; :meth:`commit` calls made before wait for the first save."""
+        self._thread.start()
+
+    def changed(self) -> None:
+        """Record a change; the next save includes it."""
+        with self._ready:
+            self._requested += 1
+            self._ready.notify_all()
+
+    def commit(self) -> bool:
+        """Record a change and wait until it is saved; False if that took longer than ``wait_seconds``
+        (or saving stopped)."""
+        with self._ready:
+            self._requested += 1
+            ticket = self._requested
+            self._ready.notify_all()
+            self._ready.wait_for(lambda: self._saved >= ticket or self._closed, self._wait_seconds)
+            saved = self._saved >= ticket
+        if not saved:
+            log.warning("master_state_not_saved", waited_s=self._wait_seconds)
+        return saved
+
+    def close(self) -> None:
+        """Stop saving (changes not saved yet stay unsaved) and release waiting callers. Idempotent."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        delay = RETRY_FIRST_SECONDS
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._requested > self._saved or self._closed)
+                if self._closed:
+                    return
+                target = self._requested
+            try:
+                self._save(self._snapshot())
+            except StorageError as error:
+                log.warning("master_state_save_failed", error=str(error), retry_in_s=delay)
+                with self._ready:
+                    self._ready.wait_for(lambda: self._closed, delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                continue
+            except BaseException as error:  # a bug: surfaced by the master's main loop
+                log.error("master_state_writer_failed", error=f"{type(error).__name__}: {error}")
+                with self._ready:
+                    self.failure = error
+                    self._closed = True
+                    self._ready.notify_all()
+                return
+            delay = RETRY_FIRST_SECONDS
+            with self._ready:
+                self.saves += 1
+                self._saved = max(self._saved, target)
+                self._ready.notify_all()
+
+
+class DurableMasterServicer(MasterServicer):
+    """The master's service, answering a request that changed the job's state once that is saved.
+
+    GetTask (when it hands out a task), ReportTaskResult, ReportEvaluationOutputs and ScaleWorkers wait
+    for ``commit.commit()``; ReportVersion (which may queue an evaluation round) only calls
+    ``commit.changed()``. Everything else is :class:`~edl_argo.master.servicer.MasterServicer`'s.
+
+    ``restored_holders``: after a restart, the re-adopted workers that hold tasks in the restored state.
+    Workers run one task at a time, so one of them that asks for a task before reporting one has lost
+    the answer to its last GetTask (the old master saved the assignment, then died before answering):
+    what it held goes back to the queue at once rather than after a timeout.
+    """
+
+    def __init__(
+        self,
+        dispatcher: TaskDispatcher,
+        *args: Any,
+        commit: GroupCommit,
+        restored_holders: Collection[int] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dispatcher, *args, **kwargs)
+        self._tasks = dispatcher
+        self._commit = commit
+        self._holders_lock = threading.Lock()
+        self._restored_holders = set(restored_holders)
+
+    def GetTask(
+        self, request: master_pb2.GetTaskRequest, context: grpc.ServicerContext
+    ) -> master_pb2.GetTaskResponse:
+        if self._first_call_since_restore(request.worker_id):
+            lost = self._tasks.recover_tasks(request.worker_id)
+            log.warning("assignment_lost", worker=request.worker_id, tasks_requeued=len(lost))
+        response = super().GetTask(request, context)
+        if response.kind == master_pb2.GetTaskResponse.TASK:
+            self._commit.commit()
+        return response
+
+    def ReportTaskResult(
+        self, request: master_pb2.ReportTaskResultRequest, context: grpc.ServicerContext
+    ) -> master_pb2.ReportTaskResultResponse:
+        self._first_call_since_restore(request.worker_id)
+        response = super().ReportTaskResult(request, context)
+        self._commit.commit()
+        return response
+
+    def ReportEvaluationOutputs(
+        self, request: master_pb2.ReportEvaluationOutputsRequest, context: grpc.ServicerContext
+    ) -> tensor_pb2.Empty:
+        response = super().ReportEvaluationOutputs(request, context)
+        self._commit.commit()
+        return response
+
+    def ReportVersion(
+        self, request: master_pb2.ReportVersionRequest, context: grpc.ServicerContext
+    ) -> tensor_pb2.Empty:
+        response = super().ReportVersion(request, context)
+        self._commit.changed()
+        return response
+
+    def ScaleWorkers(
+        self, request: master_pb2.ScaleWorkersRequest, context: grpc.ServicerContext
+    ) -> master_pb2.ScaleWorkersResponse:
+        response = super().ScaleWorkers(request, context)
+        self._commit.commit()
+        return response
+
+    def _first_call_since_restore(self, worker_id: int) -> bool:
+        """Whether ``worker_id`` is a restored holder calling for the first time (and it is not any more)."""
+        with self._holders_lock:
+            if worker_id not in self._restored_holders:
+                return False
+            self._restored_holders.discard(worker_id)
+            return True

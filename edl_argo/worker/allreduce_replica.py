@@ -1,0 +1,253 @@
+"""The worker's model under AllreduceStrategy: a full replica, kept identical on every member by averaging
+gradients with a ring allreduce every step (synchronous SGD, no parameter servers).
+
+One *group step* (:meth:`AllreduceReplica.train_minibatch`, or :meth:`~AllreduceReplica.idle_step` for a
+member that has no data right now): make sure this member is in the master's current round
+(:class:`~edl_argo.collective.membership.ElasticMember`), compute the gradients of its minibatch, allreduce
+``[gradients × examples, examples, loss × examples]`` (so members with different batch sizes, or none, are
+weighted by their examples), divide by the group's examples and apply with the model file's optimizer.
+A member without data contributes zeros, so members whose tasks ran out keep the others' steps going.
+
+A step interrupted by a lost member is abandoned: the suspect is reported, the next round is formed (which
+makes every member hold the newest state) and the step is retried in it — unless the state adopted in the
+new round already contains this step (its last steps' rounds are part of the state), in which case the
+minibatch is not applied twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from edl_argo.collective import CollectiveAborted
+from edl_argo.collective.membership import ElasticMember, RendezvousClient
+from edl_argo.errors import JobFailedError
+from edl_argo.log import get_logger
+from edl_argo.model import ModelSpec
+from edl_argo.worker.replica import build_model
+
+log = get_logger(__name__)
+
+#: How many times in a row one step may be abandoned before the worker gives up.
+MAX_STEP_ATTEMPTS = 50
+#: How many recent steps' rounds a state carries.
+RECENT_STEPS = 8
+
+
+class AllreduceReplica:
+    """A full model replica trained in lockstep with the other members of the group.
+
+    Args:
+        master: the worker's master client (rendezvous and failure reports).
+        host, port: where this member's Collective service listens (port 0: any free port).
+        collective_timeout: seconds any single collective wait may take before the peer is blamed.
+        scale_lr_by_world_size: multiply the optimizer's learning rate by the number of members (the
+            group's batch is that many minibatches), updated whenever the group changes size.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        master: RendezvousClient,
+        host: str,
+        port: int = 0,
+        collective_timeout: float = 60.0,
+        scale_lr_by_world_size: bool = False,
+    ) -> None:
+        self._spec = spec
+        self._scale_lr = scale_lr_by_world_size
+        self._model: keras.Model | None = None
+        self._optimizer: Any = None
+        self._base_lr = 0.0
+        self._lr_world_size = 0
+        self._sizes: list[int] = []
+        self._state_lock = threading.Lock()
+        self._recent_rounds: deque[int] = deque(maxlen=RECENT_STEPS)
+        self._version = -1
+        self._member = ElasticMember(master, self, host, port, collective_timeout)
+
+    # -- ReplicaState (what the group keeps identical) ----------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _state_variables(self) -> list[Any]:
+        assert self._model is not None
+        return [*self._model.variables, *self._optimizer.variables]
+
+    def export_state(self) -> tuple[list[np.ndarray], list[int]]:
+        with self._state_lock:
+            if self._model is None:
+                raise RuntimeError("the replica is built on its first batch")
+            return [np.array(v.numpy()) for v in self._state_variables()], list(self._recent_rounds)
+
+    def import_state(self, values: list[np.ndarray], version: int, recent_step_rounds: list[int]) -> None:
+        with self._state_lock:
+            variables = self._state_variables()
+            mismatches = [
+                f"{v.path} {tuple(v.shape)} vs {value.shape}"
+                for v, value in zip(variables, values, strict=False)
+                if tuple(v.shape) != value.shape
+            ]
+            if len(values) != len(variables) or mismatches:
+                raise JobFailedError(
+                    f"the group's state ({len(values)} variables) does not fit this model "
+                    f"({len(variables)} variables; {', '.join(mismatches[:2])}): "
+                    "do all workers run the same --model-def?"
+                )
+            for variable, value in zip(variables, values, strict=True):
+                variable.assign(value)
+            self._version = version
+            self._recent_rounds = deque(recent_step_rounds, maxlen=RECENT_STEPS)
+
+    # -- the replica interface the worker uses -------------------------------------------------------
+
+    @property
+    def model(self) -> keras.Model:
+        if self._model is None:
+            raise RuntimeError("the replica is built on its first batch")
+        return self._model
+
+    @property
+    def address(self) -> str:
+        """host:port of this member's Collective service."""
+        return self._member.address
+
+    def ensure_built(self, features: Any) -> None:
+        if self._model is not None:
+            return
+        model = build_model(self._spec, features)
+        optimizer = self._spec.optimizer()
+        optimizer.build(model.trainable_variables)
+        not_float32 = [v.path for v in model.trainable_variables if v.dtype != "float32"]
+        if not_float32:
+            raise JobFailedError(f"AllreduceStrategy averages float32 variables only; not: {not_float32[:3]}")
+        self._sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
+        self._optimizer = optimizer
+        self._base_lr = float(np.asarray(optimizer.learning_rate))
+        with self._state_lock:
+            self._model = model
+        self._contribute = tf.function(self._contribution, reduce_retracing=True)
+        self._apply = tf.function(self._apply_mean_gradients)
+        self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
+        log.info("replica_built", variables=len(model.variables), parameters=sum(self._sizes))
+
+    def sync(self) -> None:
+        """Hold the group's current state (join or re-form the round if needed)."""
+        self._run_step(None)
+
+    def flush(self) -> None:
+        """Nothing is in flight between steps."""
+
+    def predict(self, features: Any) -> Any:
+        self.ensure_built(features)
+        return self._forward(features)
+
+    def train_minibatch(self, features: Any, labels: Any) -> float:
+        """One group step with this minibatch; returns its loss."""
+        self.ensure_built(features)
+        loss, _ = self._run_step((features, labels), step=True)
+        return loss
+
+    def idle_step(self) -> bool:
+        """A group step without data (the master has no task for this worker now).
+
+        Returns whether the group did any work: False means every member was idle, and the caller
+        should back off before asking again.
+        """
+        if self._model is None:
+            return False  # not a member yet: a worker joins with its first training batch
+        _, group_examples = self._run_step(None, step=True)
+        return group_examples > 0
+
+    def close(self) -> None:
+        self._member.close()
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _contribution(self, features: Any, labels: Any) -> tf.Tensor:
+        model = self.model
+        with tf.GradientTape() as tape:
+            outputs = model(features, training=True)
+            loss = self._spec.loss(labels, outputs)
+            if model.losses:
+                loss = loss + tf.add_n(model.losses)
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        examples = tf.cast(tf.shape(tf.nest.flatten(outputs)[0])[0], tf.float32)
+        flat = [
+            tf.reshape(tf.zeros_like(v) if g is None else tf.convert_to_tensor(g), [-1])
+            for v, g in zip(variables, grads, strict=True)
+        ]
+        loss = tf.cast(loss, tf.float32)
+        return tf.concat([tf.concat(flat, 0) * examples, tf.stack([examples, loss * examples])], 0)
+
+    def _apply_mean_gradients(self, mean: tf.Tensor) -> None:
+        variables = self.model.trainable_variables
+        pieces = tf.split(mean, self._sizes)
+        grads = [tf.reshape(p, v.shape) for p, v in zip(pieces, variables, strict=True)]
+        self._optimizer.apply_gradients(zip(grads, variables, strict=True))
+
+    def _run_step(self, batch: tuple[Any, Any] | None, step: bool = False) -> tuple[float, float]:
+        """Form the round if needed, then (``step``) one group step; returns (loss, group examples)."""
+        interrupted: tuple[int, int] | None = None  # (version before, round) of an abandoned attempt
+        loss_value = 0.0
+        for _ in range(MAX_STEP_ATTEMPTS):
+            try:
+                group = self._member.group()
+            except CollectiveAborted as error:
+                self._member.abandon(error)
+                continue
+            self._scale_learning_rate(group.size)
+            if not step:
+                return 0.0, 0.0
+            if interrupted is not None and self._contains_step(*interrupted):
+                log.info("interrupted_step_already_applied", version=self._version)
+                return loss_value, 1.0
+            before = self._version
+            if batch is None:
+                contribution = np.zeros(sum(self._sizes) + 2, dtype=np.float32)
+            else:
+                contribution = self._contribute(*batch).numpy()
+                loss_value = float(contribution[-1] / contribution[-2])
+                if not np.isfinite(loss_value):
+                    raise JobFailedError(f"the loss is {loss_value} at model version {self._version}")
+            try:
+                total = group.allreduce(contribution)
+            except CollectiveAborted as error:
+                self._member.abandon(error)
+                interrupted = (before, group.round_id)
+                continue
+            examples = float(total[-2])
+            if examples > 0:
+                with self._state_lock:
+                    self._apply(tf.constant(total[:-2] / examples))
+                    self._version += 1
+                    first_of_round = not self._recent_rounds or self._recent_rounds[-1] != group.round_id
+                    self._recent_rounds.append(group.round_id)
+                if first_of_round:  # training goes on in this round (after a join, a loss, a scale)
+                    log.info(
+                        "round_first_step", round=group.round_id, version=self._version, world_size=group.size
+                    )
+            return loss_value, examples
+        raise JobFailedError(f"a synchronous step was abandoned {MAX_STEP_ATTEMPTS} times in a row")
+
+    def _contains_step(self, version_before: int, round_id: int) -> bool:
+        """Whether the state now held includes the step attempted at ``version_before`` in ``round_id``."""
+        steps_after = self._version - version_before
+        if steps_after <= 0 or steps_after > len(self._recent_rounds):
+            return False
+        return self._recent_rounds[-steps_after] == round_id
+
+    def _scale_learning_rate(self, world_size: int) -> None:
+        if not self._scale_lr or world_size == self._lr_world_size:
+            return
+        self._optimizer.learning_rate = self._base_lr * world_size
+        self._lr_world_size = world_size
+        log.info("learning_rate_scaled", world_size=world_size, learning_rate=self._base_lr * world_size)

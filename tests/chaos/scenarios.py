@@ -1,0 +1,602 @@
+"""Chaos scenarios: one real digits job per trial, with faults injected while it trains.
+
+Every scenario function takes a :class:`ChaosEnv` (the dataset, a folder for the trials, the S3 stand-in)
+and a :class:`random.Random`, runs ONE trial and returns a :class:`TrialResult`: whether the job completed,
+its final accuracy, the record accounting of its ``metrics.json`` (every epoch's ``records_done_per_epoch``
+must equal ``records_per_epoch``) and the faults it injected. A trial that fails (the job fails, hangs or
+an injection step times out) is a result with ``completed=False`` and the reason in ``notes``, never an
+exception, so a runner can count it and go on.
+
+The master runs in this process (:class:`~edl_argo.master.job.TrainingJob` in a
+:class:`~tests.engine_helpers.JobThread`) and the pods are local processes
+(:class:`~edl_argo.pods.LocalProcessBackend`, which can kill, pause and resume them), except in
+:func:`master_restart`, where the master itself is the victim and runs as an ``edl-argo train``
+subprocess. Faults are injected at random *progress points* (fractions of the job's training tasks done)
+rather than at random times, so "the middle of training" means the same on a quiet and on a loaded
+machine. Each trial writes its log (the pods' lines and the master's events) to ``trial.log`` in its own
+folder under :attr:`ChaosEnv.workdir`, and keeps the lines in :attr:`TrialResult.log`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edl_argo import log
+from edl_argo.data.commands import digits_records, write_dataset
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.job import TrainingJob
+from edl_argo.pods import LocalProcessBackend, PodRole
+from edl_argo.recordio import Compressor
+from edl_argo.storage import open_storage
+from edl_argo.storage.base import Storage, join_url
+from edl_argo.storage.retry import RETRY_SECONDS_ENV
+from tests.engine_helpers import DIGITS_JOB, DIGITS_MODEL, JobThread
+
+if TYPE_CHECKING:
+    from tests.s3_stand_in import S3StandIn
+
+#: The job every trial runs: the engine tests' digits job, 6 epochs instead of 8 (measured on this
+#: 2-core machine: 0.955-0.975 accuracy fault-free, about 25 s).
+CHAOS_JOB: dict[str, Any] = {**DIGITS_JOB, "num_epochs": 6}
+ACCURACY_TARGET = 0.95
+#: PS checkpoint interval (model versions) where a scenario needs checkpoints.
+CHECKPOINT_STEPS = 10
+#: ``--min-task-timeout-seconds`` of :func:`hung_worker`: the learnt timeout (5x the longest recent task)
+#: then decides, instead of the default 60 s floor.
+HUNG_TASK_TIMEOUT_SECONDS = 5
+#: ``EDL_STORAGE_RETRY_SECONDS`` of :func:`s3_outage`; its outages last at most a fifth of it.
+S3_RETRY_SECONDS = 60
+S3_OUTAGE_SECONDS = (3.0, 8.0)
+#: Limits of one trial: the whole job, and each wait inside it (for a progress point, a log line...).
+JOB_TIMEOUT_SECONDS = 600.0
+STEP_TIMEOUT_SECONDS = 300.0
+
+
+@dataclass
+class TrialResult:
+    """The outcome of one trial.
+
+    ``records_lost`` is the sum over the job's epochs of ``|records_per_epoch - records_done|`` from
+    ``metrics.json`` (0 iff no record was lost nor counted twice); ``records_trained_twice`` is the
+    job's own count of records handed out again after a fault. Both are None when the job did not
+    complete. ``versions_lost`` is set by :func:`ps_kill`: the model version before the kill minus the
+    version the PS restored. ``metrics`` is the published ``metrics.json``; ``log`` the trial's log lines.
+    """
+
+    scenario: str
+    completed: bool = False
+    accuracy: float | None = None
+    records_lost: int | None = None
+    records_trained_twice: int | None = None
+    wall_seconds: float = 0.0
+    faults: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    versions_lost: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict, repr=False)
+    log: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        """Completed, nothing lost, and at least :data:`ACCURACY_TARGET` accuracy."""
+        return (
+            self.completed
+            and self.records_lost == 0
+            and self.accuracy is not None
+            and self.accuracy >= ACCURACY_TARGET
+        )
+
+    def logged(self, pattern: str) -> list[re.Match[str]]:
+        """The matches of ``pattern`` (a regular expression) in the trial's log, one per matching line."""
+        compiled = re.compile(pattern)
+        return [match for line in self.log if (match := compiled.search(line))]
+
+    def summary(self) -> str:
+        """One line for a progress display or an assertion message."""
+        state = "passed" if self.passed else "FAILED"
+        text = f"{self.scenario}: {state} in {self.wall_seconds:.0f} s, accuracy {self.accuracy}"
+        text += f", records lost {self.records_lost}, trained twice {self.records_trained_twice}"
+        text += "; faults: " + ("; ".join(self.faults) or "none")
+        return text + ("; notes: " + "; ".join(self.notes) if self.notes else "")
+
+
+@dataclass
+class ChaosEnv:
+    """Where trials run. ``data`` holds the digits dataset (``train/``, ``test/``, see
+    :func:`write_digits_dataset`); each trial gets a folder of its own under ``workdir``. ``s3`` is
+    needed by :func:`s3_outage` only. With ``echo``, trial logs are also copied to ``sys.stderr``."""
+
+    data: Path
+    workdir: Path
+    s3: S3StandIn | None = None
+    echo: bool = False
+
+    def new_trial(self, scenario: str) -> tuple[Path, str]:
+        """A fresh folder for one trial of ``scenario`` and the job name to use (the folder's name)."""
+        job_name = f"chaos-{scenario.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
+        folder = self.workdir / job_name
+        folder.mkdir(parents=True)
+        return folder, job_name
+
+
+def write_digits_dataset(storage: Storage) -> None:
+    """scikit-learn's digits as ``train/`` (4 snappy shards) and ``test/`` (2 gzip shards) in ``storage``."""
+    train, test = digits_records(test_fraction=0.2, seed=0)
+    write_dataset(storage, "train", train, 4, Compressor.SNAPPY, overwrite=False)
+    write_dataset(storage, "test", test, 2, Compressor.GZIP, overwrite=False)
+
+
+def chaos_config(data: str, output: str, job_name: str, **overrides: Any) -> TrainConfig:
+    """The :data:`CHAOS_JOB` on the dataset at URL ``data``, with ``overrides``."""
+    settings = {**CHAOS_JOB, **overrides}
+    return TrainConfig(
+        model_def=DIGITS_MODEL,
+        training_data=join_url(data, "train"),
+        validation_data=join_url(data, "test"),
+        output=output,
+        job_name=job_name,
+        **settings,
+    )
+
+
+# --------------------------------------------------------------------------------------------- logs
+
+
+class LogTap:
+    """A trial's log: the backend's pod lines (it is the backend's ``log_sink``) and, inside
+    :meth:`master_events`, the in-process master's events. Lines go to ``path`` (and to ``sys.stderr``
+    with ``echo``) and are kept for :meth:`search`. Thread-safe."""
+
+    def __init__(self, path: Path, *, echo: bool = False) -> None:
+        self._file = path.open("a", encoding="utf-8")
+        self._echo = echo
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        self._record(text, echo=self._echo)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._file.flush()
+
+    def _record(self, text: str, *, echo: bool) -> None:
+        with self._lock:
+            self._lines.extend(text.splitlines())
+            self._file.write(text if text.endswith("\n") else text + "\n")
+            if echo:
+                sys.stderr.write(text)
+
+    @property
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self._lines)
+
+    def search(self, pattern: str, start: int = 0) -> re.Match[str] | None:
+        """The last match of ``pattern`` in lines ``start`` onwards, or None."""
+        compiled = re.compile(pattern)
+        for line in reversed(self.lines[start:]):
+            if match := compiled.search(line):
+                return match
+        return None
+
+    @contextlib.contextmanager
+    def master_events(self) -> Iterator[None]:
+        """Also record the events this process logs (the in-process master's), formatted as on stderr.
+        They are not echoed: :func:`edl_argo.log.configure` already sends them to stderr."""
+        log.configure()
+        logger = logging.getLogger("edl_argo")
+        handler = _TapHandler(self)
+        handler.setFormatter(next((h.formatter for h in logger.handlers if h.formatter), None))
+        logger.addHandler(handler)
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class _TapHandler(logging.Handler):
+    def __init__(self, tap: LogTap) -> None:
+        super().__init__()
+        self._tap = tap
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._tap._record(self.format(record), echo=False)
+
+
+# --------------------------------------------------------------------------------------------- trials
+
+
+def wait_for(condition: Callable[[], bool], what: str, *, alive: Callable[[], bool] = lambda: True) -> None:
+    """Poll ``condition`` until it holds; AssertionError after :data:`STEP_TIMEOUT_SECONDS` or once
+    ``alive()`` is false (the thing that should bring the condition about has ended)."""
+    deadline = time.monotonic() + STEP_TIMEOUT_SECONDS
+    while not condition():
+        if not alive():
+            raise AssertionError(f"the job ended before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class Trial:
+    """A running in-process trial, as its fault injector sees it."""
+
+    job: TrainingJob
+    thread: JobThread
+    tap: LogTap
+    rng: random.Random
+    result: TrialResult
+
+    @property
+    def backend(self) -> LocalProcessBackend:
+        assert isinstance(self.job.backend, LocalProcessBackend)
+        return self.job.backend
+
+    def live_workers(self) -> list[int]:
+        assert self.job.pods is not None
+        return self.job.pods.live_workers
+
+    def progress(self) -> float:
+        return self.thread.progress_fraction()
+
+    def wait_for(self, condition: Callable[[], bool], what: str) -> None:
+        self.thread.wait_until(condition, STEP_TIMEOUT_SECONDS, what)
+
+    def wait_for_progress(self, fraction: float) -> None:
+        self.wait_for(lambda: self.progress() >= fraction, f"{fraction:.0%} of the training tasks")
+
+    def wait_for_log(self, pattern: str, what: str, start: int = 0) -> re.Match[str]:
+        """The last line of the log matching ``pattern`` from line ``start`` on, once there is one."""
+        self.wait_for(lambda: self.tap.search(pattern, start) is not None, what)
+        match = self.tap.search(pattern, start)
+        assert match is not None
+        return match
+
+    def fault(self, description: str) -> None:
+        """Record an injected fault (``at NN%`` of the tasks is added)."""
+        self.result.faults.append(f"{description} at {self.progress():.0%}")
+
+    def signal_worker(self, sig: int, pick: Callable[[int], bool] = lambda _worker: True) -> int:
+        """Send ``sig`` to a random running worker; returns its id. With ``pick``, the worker must also
+        satisfy ``pick(worker_id)`` *after* the signal (e.g. a paused worker holding a task); workers
+        that do not are sent SIGCONT and another draw is made."""
+        deadline = time.monotonic() + STEP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            workers = self.live_workers()
+            if workers:
+                worker = self.rng.choice(workers)
+                try:
+                    self.backend.kill(PodRole.WORKER, worker, sig)
+                except KeyError:  # started a moment ago, or just exited: draw again
+                    pass
+                else:
+                    if pick(worker):
+                        return worker
+                    self.backend.resume(PodRole.WORKER, worker)
+            time.sleep(0.05)
+        raise AssertionError(f"found no worker to send {signal.Signals(sig).name}")
+
+
+Injector = Callable[[Trial], None]
+
+
+def run_in_process(
+    scenario: str,
+    env: ChaosEnv,
+    rng: random.Random,
+    inject: Injector,
+    *,
+    data: str = "",
+    output: str = "",
+    **overrides: Any,
+) -> TrialResult:
+    """Run one :data:`CHAOS_JOB` (with ``overrides``) on ``data`` (default: :attr:`ChaosEnv.data`) into
+    ``output`` (default: the trial's folder), the master in this process, calling ``inject`` while it
+    trains; see the module docstring."""
+    folder, job_name = env.new_trial(scenario)
+    config = chaos_config(data or str(env.data), output or str(folder / "output"), job_name, **overrides)
+    result = TrialResult(scenario)
+    tap = LogTap(folder / "trial.log", echo=env.echo)
+    backend = LocalProcessBackend(job_name, log_sink=tap)
+    thread: JobThread | None = None
+    started = time.monotonic()
+    try:
+        with tap.master_events():
+            try:
+                thread = JobThread(TrainingJob(config, backend)).start()
+                inject(Trial(thread.job, thread, tap, rng, result))
+                thread.join(JOB_TIMEOUT_SECONDS)
+                result.wall_seconds = time.monotonic() - started
+                _read_outcome(result, config)
+            except Exception as error:
+                result.wall_seconds = time.monotonic() - started
+                result.notes.append(f"{type(error).__name__}: {error}")
+                _stop(backend, thread)
+    finally:
+        result.log = tap.lines
+        tap.close()
+    return result
+
+
+def _stop(backend: LocalProcessBackend, thread: JobThread | None) -> None:
+    """End a failed trial: its pods are deleted, so its master fails to replace them and returns."""
+    backend.close(grace_seconds=0)
+    if thread is not None:
+        with contextlib.suppress(Exception):
+            thread.join(60)
+
+
+def _read_outcome(result: TrialResult, config: TrainConfig) -> None:
+    """Fill ``result`` from the job's published ``metrics.json``."""
+    metrics = json.loads(open_storage(config.output).read("model/metrics.json"))
+    per_epoch = metrics["records_per_epoch"]
+    done = metrics["records_done_per_epoch"]
+    result.metrics = metrics
+    result.completed = metrics.get("status") == "succeeded"
+    result.accuracy = metrics["final_metrics"]["accuracy"]
+    result.records_lost = sum(abs(per_epoch - done.get(str(e), 0)) for e in range(config.num_epochs))
+    result.records_trained_twice = metrics["records_trained_twice"]
+
+
+# --------------------------------------------------------------------------------------------- scenarios
+
+
+def baseline(env: ChaosEnv, rng: random.Random) -> TrialResult:
+    """No fault: the reference wall time."""
+    return run_in_process("baseline", env, rng, lambda _trial: None)
+
+
+def worker_kills(env: ChaosEnv, rng: random.Random) -> TrialResult:
+    """1-3 random workers SIGKILLed, each at a random point between 10% and 85% of the tasks."""
+
+    def inject(trial: Trial) -> None:
+        for point in sorted(rng.uniform(0.10, 0.85) for _ in range(rng.randint(1, 3))):
+            trial.wait_for_progress(point)
+            worker = trial.signal_worker(signal.SIGKILL)
+            trial.fault(f"SIGKILL worker-{worker}")
+
+    return run_in_process("worker_kills", env, rng, inject)
+
+
+def ps_kill(env: ChaosEnv, rng: random.Random) -> TrialResult:
+    """The PS SIGKILLed at a random point between 20% and 80% of the tasks; it restarts from its newest
+    checkpoint (every :data:`CHECKPOINT_STEPS` versions). ``versions_lost`` = the newest version before the
+    kill (reported by a worker or checkpointed by the PS) minus the version in its ``ps_restored`` line."""
+    saved = r"\[ps-0\] .* checkpoint_saved .*version=(\d+)"
+
+    def inject(trial: Trial) -> None:
+        trial.wait_for_progress(rng.uniform(0.20, 0.80))
+        trial.backend.pause(PodRole.PS, 0)  # its version stops moving while it is read
+        time.sleep(0.5)  # lets the PS's last log lines through the pipe (not a wait for a result)
+        checkpointed = trial.tap.search(saved)
+        before = max(trial.job.versions.version, int(checkpointed[1]) if checkpointed else 0)
+        kill_line = len(trial.tap.lines)
+        trial.backend.kill(PodRole.PS, 0, signal.SIGKILL)
+        trial.fault(f"SIGKILL ps-0 at version {before}")
+        restored = trial.wait_for_log(r"\[ps-0\] .* ps_restored version=(\d+)", "ps-0 to restore", kill_line)
+        trial.result.versions_lost = before - int(restored[1])
+
+    return run_in_process("ps_kill", env, rng, inject, checkpoint_steps=CHECKPOINT_STEPS)
+
+
+def s3_outage(env: ChaosEnv, rng: random.Random) -> TrialResult:
+    """Dataset, checkpoints and model on the S3 stand-in, which is stopped for 3-8 s (within
+    ``EDL_STORAGE_RETRY_SECONDS`` = :data:`S3_RETRY_SECONDS`) at a random point between 20% and 70% of the
+    tasks, then restarted on the same port with the same data."""
+    s3 = env.s3
+    if s3 is None:
+        raise ValueError("the s3_outage scenario needs the S3 stand-in (ChaosEnv.s3)")
+    s3.start()
+    bucket = f"chaos-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(bucket)
+    data, output = f"s3://{bucket}/data", f"s3://{bucket}/output"
+
+    def inject(trial: Trial) -> None:
+        trial.wait_for_progress(rng.uniform(0.20, 0.70))
+        outage = rng.uniform(*S3_OUTAGE_SECONDS)
+        trial.fault(f"S3 stand-in down for {outage:.1f} s")
+        s3.stop()
+        try:
+            time.sleep(outage)  # the length of the fault, not a wait for a result
+        finally:
+            s3.start()
+
+    with _environment({**s3.env(), RETRY_SECONDS_ENV: str(S3_RETRY_SECONDS), "AWS_SESSION_TOKEN": None}):
+        write_digits_dataset(open_storage(data))
+        return run_in_process(
+            "s3_outage", env, rng, inject, data=data, output=output, checkpoint_steps=CHECKPOINT_STEPS
+        )
+
+
+def scale_1_4_1(env: ChaosEnv, rng: random.Random) -> TrialResult:
+    """One worker, scaled to 4 at a random point between 10% and 30% of the tasks, and back to 1 at a
+    random point between 50% and 75% (and at least 10% of the tasks after the added workers started)."""
+
+    def inject(trial: Trial) -> None:
+        pods = trial.job.pods
+        assert pods is not None
+        trial.wait_for_progress(rng.uniform(0.10, 0.30))
+        before = set(trial.live_workers())
+        pods.scale_workers(4)
+        added = sorted(set(trial.live_workers()) - before)
+        trial.fault(f"scaled 1 -> 4 (added workers {added})")
+        for worker in added:
+            trial.wait_for_log(rf"worker_started worker={worker}\b", f"worker-{worker} to start")
+        trial.wait_for_progress(min(0.90, max(rng.uniform(0.50, 0.75), trial.progress() + 0.10)))
+        pods.scale_workers(1)
+        trial.fault("scaled 4 -> 1")
+        trial.wait_for(lambda: len(trial.live_workers()) == 1, "one worker again")
+
+    return run_in_process("scale_1_4_1", env, rng, inject, num_workers=1)
+
+
+def hung_worker(env: ChaosEnv, rng: random.Random) -> TrialResult:
+    """A random worker holding a task SIGSTOPped at a random point between 20% and 70% of the tasks and
+    left stopped: the dispatcher must reclaim its task on timeout (``--min-task-timeout-seconds``
+    :data:`HUNG_TASK_TIMEOUT_SECONDS`) and the master replace it."""
+
+    def inject(trial: Trial) -> None:
+        trial.wait_for_progress(rng.uniform(0.20, 0.70))
+        dispatcher = trial.job.dispatcher
+
+        def holds_a_task(worker: int) -> bool:
+            return any(entry["worker_id"] == worker for entry in dispatcher.snapshot()["doing"])
+
+        worker = trial.signal_worker(signal.SIGSTOP, holds_a_task)
+        trial.fault(f"SIGSTOP worker-{worker}")
+        trial.wait_for(lambda: dispatcher.accounting().requeues["timeout"] > 0, "the task to time out")
+
+    return run_in_process("hung_worker", env, rng, inject, min_task_timeout_seconds=HUNG_TASK_TIMEOUT_SECONDS)
+
+
+def master_restart(env: ChaosEnv, rng: random.Random) -> TrialResult:
+    """The master (``edl-argo train`` as a subprocess) SIGKILLed at a random point between 20% and 70% of
+    the tasks, and the same command run again after 0-3 s, as Argo's retry would: the new master restores
+    the state of ``OUTPUT/master/state.json`` and adopts the running pods."""
+    folder, job_name = env.new_trial("master_restart")
+    config = chaos_config(str(env.data), str(folder / "output"), job_name)
+    progress_file = folder / "progress"
+    command = [str(Path(sys.executable).parent / "edl-argo"), "train", *_train_flags(config)]
+    environ = {**os.environ, "ARGO_PROGRESS_FILE": str(progress_file), "EDL_NO_PROGRESS_BAR": "1"}
+    log_path = folder / "trial.log"
+    result = TrialResult("master_restart")
+    masters: list[subprocess.Popen[bytes]] = []
+
+    def start_master() -> subprocess.Popen[bytes]:
+        with log_path.open("ab") as sink:
+            masters.append(
+                subprocess.Popen(command, env=environ, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
+            )
+        return masters[-1]
+
+    started = time.monotonic()
+    try:
+        first = start_master()
+        point = rng.uniform(0.20, 0.70)
+        wait_for(
+            lambda: _progress(progress_file) >= point,
+            f"{point:.0%} of the tasks",
+            alive=lambda: first.poll() is None,
+        )
+        first.kill()
+        first.wait()
+        result.faults.append(f"SIGKILL master at {_progress(progress_file):.0%}")
+        time.sleep(rng.uniform(0.0, 3.0))  # the restart delay being simulated, not a wait for a result
+        second = start_master()
+        status = second.wait(JOB_TIMEOUT_SECONDS)
+        result.wall_seconds = time.monotonic() - started
+        if status != 0:
+            raise AssertionError(f"the restarted master exited with status {status}")
+        _read_outcome(result, config)
+    except Exception as error:
+        result.wall_seconds = time.monotonic() - started
+        result.notes.append(f"{type(error).__name__}: {error}")
+        tail = log_path.read_text(errors="replace").splitlines()[-5:] if log_path.exists() else []
+        result.notes += tail
+    finally:
+        for master in masters:
+            if master.poll() is None:
+                master.kill()
+                master.wait()
+        _kill_pods_of(job_name)
+        result.log = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+    return result
+
+
+#: Every fault scenario, in report order.
+SCENARIOS: dict[str, Callable[[ChaosEnv, random.Random], TrialResult]] = {
+    "worker_kills": worker_kills,
+    "ps_kill": ps_kill,
+    "master_restart": master_restart,
+    "s3_outage": s3_outage,
+    "scale_1_4_1": scale_1_4_1,
+    "hung_worker": hung_worker,
+}
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (or, for None, remove) environment variables, for this process and the pods it starts."""
+    saved = {name: os.environ.get(name) for name in values}
+    _apply(values)
+    try:
+        yield
+    finally:
+        _apply(saved)
+
+
+def _apply(values: Mapping[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _train_flags(config: TrainConfig) -> list[str]:
+    """The ``edl-argo train`` flags of ``config``'s job (those :data:`CHAOS_JOB` and the paths set)."""
+    values = {
+        "model_def": config.model_def,
+        "training_data": config.training_data,
+        "validation_data": config.validation_data,
+        "output": config.output,
+        "job_name": config.job_name,
+        **{name: getattr(config, name) for name in CHAOS_JOB},
+    }
+    flags: list[str] = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _progress(progress_file: Path) -> float:
+    """The fraction of training tasks done, from the master's ``ARGO_PROGRESS_FILE`` (``N/M``)."""
+    try:
+        done, total = progress_file.read_text().split("/")
+        return int(done) / int(total) if int(total) else 0.0
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _kill_pods_of(job_name: str) -> None:
+    """SIGKILL the pod processes a killed master of ``job_name`` may have left (found by the
+    ``EDL_JOB_NAME`` the local backend gives its pods)."""
+    marker = f"\0EDL_JOB_NAME={job_name}\0".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = b"\0" + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)

@@ -1,0 +1,363 @@
+"""Master failover: the state store, its group commit, and a real job whose master is killed and restarted."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edl_argo.data.commands import digits_records, write_dataset
+from edl_argo.errors import ConfigError, DataFormatError, StorageError
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.job import TrainingJob, dataset_shards
+from edl_argo.master.state_store import STATE_KEY, STATE_PARTS, GroupCommit, MasterStateStore, job_fingerprint
+from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.recordio import Compressor
+from edl_argo.storage import LocalStorage
+from tests.engine_helpers import DIGITS_JOB, DIGITS_MODEL, assert_no_record_lost, digits_config, read_metrics
+
+SHARDS = {"a": 100, "b": 60}
+
+
+@pytest.fixture(scope="module")
+def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("digits")
+    train, test = digits_records(test_fraction=0.2, seed=0)
+    write_dataset(LocalStorage(root), "train", train, 4, Compressor.SNAPPY, overwrite=False)
+    write_dataset(LocalStorage(root), "test", test, 2, Compressor.GZIP, overwrite=False)
+    return root
+
+
+def store_for(root: Path, job_name: str = "job", **overrides: Any) -> MasterStateStore:
+    config = TrainConfig(model_def="m.py", training_data="data/train", output=str(root), **overrides)
+    return MasterStateStore(LocalStorage(root), job_name, job_fingerprint(config, SHARDS, {}))
+
+
+def parts(marker: int = 0) -> dict[str, Any]:
+    return {part: {"marker": marker} for part in STATE_PARTS}
+
+
+# -- the state file -------------------------------------------------------------------------------------
+
+
+def test_a_saved_state_loads_back_and_is_removed(tmp_path: Path) -> None:
+    store = store_for(tmp_path)
+    assert store.load() is None
+    store.save(parts(7))
+    state = store.load()
+    assert state is not None
+    assert {part: state[part] for part in STATE_PARTS} == parts(7)
+    assert state["job_name"] == "job"
+    assert (tmp_path / STATE_KEY).is_file()
+    store.remove()
+    assert store.load() is None
+    store.remove()  # removing none is fine
+
+
+def test_other_settings_or_another_job_name_are_config_errors_naming_the_file(tmp_path: Path) -> None:
+    store_for(tmp_path, num_epochs=3).save(parts())
+    url = str(tmp_path / STATE_KEY)
+    with pytest.raises(ConfigError, match="num_epochs 3 then, 4 now") as changed:
+        store_for(tmp_path, num_epochs=4).load()
+    assert url in str(changed.value) and "delete the file" in str(changed.value)
+    with pytest.raises(ConfigError, match="records_per_task 512 then, 256 now"):
+        store_for(tmp_path, num_epochs=3, num_minibatches_per_task=4).load()
+    with pytest.raises(ConfigError, match="--job-name job to continue") as other_job:
+        store_for(tmp_path, "other", num_epochs=3).load()
+    assert url in str(other_job.value)
+    assert store_for(tmp_path, num_epochs=3, num_workers=7, max_task_retries=9).load() is not None  # elastic
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"\xff\xfe",
+        b"[]",
+        b'{"format": 99}',
+        json.dumps({"format": 1, "job_name": "job"}).encode(),
+    ],
+    ids=["truncated", "binary", "list", "other-format", "missing-parts"],
+)
+def test_an_unreadable_state_is_a_data_format_error_naming_the_file(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / STATE_KEY).parent.mkdir(parents=True)
+    (tmp_path / STATE_KEY).write_bytes(content)
+    with pytest.raises(DataFormatError, match="delete it to start the job afresh") as error:
+        store_for(tmp_path).load()
+    assert str(tmp_path / STATE_KEY) in str(error.value)
+
+
+def test_a_job_whose_saved_dispatcher_is_corrupt_fails_naming_the_file(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    config = digits_config(digits_data, tmp_path / "job")
+    fingerprint = job_fingerprint(
+        config,
+        dataset_shards(config.training_data, "--training-data"),
+        dataset_shards(config.validation_data, "--validation-data"),
+    )
+    store = MasterStateStore(LocalStorage(tmp_path / "job"), config.job_name, fingerprint)
+    store.save({part: {} for part in STATE_PARTS} | {"dispatcher": {"format": 1, "doing": []}})
+    with pytest.raises(DataFormatError, match=r"cannot be restored \(dispatcher: ") as error:
+        TrainingJob(config)
+    assert str(tmp_path / "job" / STATE_KEY) in str(error.value)
+
+
+def test_saves_are_atomic_for_a_concurrent_reader(tmp_path: Path) -> None:
+    store = store_for(tmp_path)
+    big = {part: list(range(20_000)) for part in STATE_PARTS}
+    store.save(big)
+    done, problems = threading.Event(), []
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                state = store.load()
+                assert state is not None and state["dispatcher"] == big["dispatcher"]
+            except (AssertionError, DataFormatError) as error:
+                problems.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for _ in range(30):
+        store.save(big)
+    done.set()
+    reader.join()
+    assert not problems
+
+
+# -- group commit -----------------------------------------------------------------------------------------
+
+
+def test_a_commit_waits_for_a_save_that_started_after_it_and_commits_share_saves() -> None:
+    changes, saved = 0, []
+    lock = threading.Lock()
+    first_save_started, release_first_save = threading.Event(), threading.Event()
+
+    def snapshot() -> Mapping[str, Any]:
+        with lock:
+            return {"changes": changes}
+
+    def save(state: Mapping[str, Any]) -> None:
+        saved.append(state["changes"])
+        if len(saved) == 1:
+            first_save_started.set()
+            assert release_first_save.wait(10)
+
+    writer = GroupCommit(snapshot, save)
+    writer.start()
+    seen: list[tuple[int, int]] = []  # (my change, newest change saved when my commit returned)
+
+    def change_and_commit() -> None:
+        nonlocal changes
+        with lock:
+            changes += 1
+            mine = changes
+        assert writer.commit()
+        seen.append((mine, max(saved)))
+
+    threads = [threading.Thread(target=change_and_commit) for _ in range(21)]
+    threads[0].start()
+    assert first_save_started.wait(10)
+    for thread in threads[1:]:  # all change while the first save is being written
+        thread.start()
+    while True:
+        with lock:
+            if changes == 21:
+                break
+        time.sleep(0.001)
+    assert [mine for mine, _ in seen] == []  # nobody is answered before a save that includes them
+    release_first_save.set()
+    for thread in threads:
+        thread.join(10)
+    writer.close()
+    assert len(seen) == 21
+    assert all(newest >= mine for mine, newest in seen)
+    assert 2 <= len(saved) <= 3  # 21 commits, grouped
+    assert writer.saves == len(saved)
+
+
+def test_changed_does_not_wait_and_a_failed_save_is_retried() -> None:
+    attempts, saved = [], []
+
+    def save(state: Mapping[str, Any]) -> None:
+        attempts.append(state)
+        if len(attempts) == 1:
+            raise StorageError("s3://bucket/job/master/state.json: 503 slow down")
+        saved.append(state)
+
+    writer = GroupCommit(lambda: {"n": len(attempts)}, save)
+    writer.changed()  # before start: nothing blocks
+    writer.start()
+    assert writer.commit()
+    writer.close()
+    assert len(attempts) >= 2 and saved
+    assert writer.failure is None
+
+
+def test_a_bug_in_the_snapshot_stops_the_writer_and_releases_waiters() -> None:
+    def snapshot() -> Mapping[str, Any]:
+        raise TypeError("not serialisable")
+
+    writer = GroupCommit(snapshot, lambda state: None)
+    writer.start()
+    assert not writer.commit()
+    assert isinstance(writer.failure, TypeError)
+    writer.close()
+
+
+# -- evaluation state -----------------------------------------------------------------------------------
+
+
+def test_an_open_evaluation_round_continues_after_a_restore_and_counts_each_task_once() -> None:
+    import keras
+
+    def metrics() -> dict[str, Any]:
+        return {
+            "auc": keras.metrics.AUC(num_thresholds=50),
+            "hit": lambda labels, outputs: np.asarray(labels) == (np.asarray(outputs) > 0.5),
+        }
+
+    rng = np.random.default_rng(0)
+    labels, outputs = rng.integers(0, 2, 40), rng.random(40)
+
+    def service() -> tuple[EvaluationService, TaskDispatcher]:
+        evaluation = EvaluationService(metrics, {"v": 40}, evaluation_steps=0)
+        dispatcher = TaskDispatcher(
+            {"t": 8},
+            DispatcherConfig(records_per_task=10, num_epochs=1),
+            on_evaluation_complete=evaluation.round_complete,
+        )
+        evaluation.dispatcher = dispatcher
+        return evaluation, dispatcher
+
+    def report(evaluation: EvaluationService, dispatcher: TaskDispatcher, worker: int) -> None:
+        task = dispatcher.get_task(worker).task
+        assert task is not None and task.type is TaskType.EVALUATION
+        evaluation.report_outputs(
+            task.task_id, 5, outputs[task.start : task.end], labels[task.start : task.end]
+        )
+        assert dispatcher.report(task.task_id, worker, success=True)
+
+    whole, whole_dispatcher = service()
+    assert whole.start_final_round(5)
+    for _ in range(4):
+        report(whole, whole_dispatcher, 0)
+
+    before, dispatcher = service()
+    assert before.start_final_round(5)
+    report(before, dispatcher, 0)
+    held = dispatcher.get_task(1).task  # its outputs arrive, its report is lost with the master
+    assert held is not None
+    before.report_outputs(held.task_id, 5, outputs[held.start : held.end], labels[held.start : held.end])
+    snapshots = json.loads(json.dumps({"dispatcher": dispatcher.snapshot(), "evaluation": before.snapshot()}))
+
+    after, _ = service()
+    restored = TaskDispatcher.restore(snapshots["dispatcher"], on_evaluation_complete=after.round_complete)
+    after.dispatcher = restored
+    after.restore(snapshots["evaluation"])
+    for _ in range(3):  # the held task again (its outputs count once), then the last two
+        report(after, restored, 2)
+    assert after.final_done
+    assert after.final_metrics == pytest.approx(whole.final_metrics)
+    assert after.history[-1].records == 40
+
+
+# -- a real job whose master is killed --------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def no_pods_left_behind(run_dir: Path) -> Iterator[None]:
+    """Kill whatever pods a failed test leaves (their supervisors' process groups)."""
+    try:
+        yield
+    finally:
+        for record in run_dir.glob("pods/*/*/supervisor"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
+
+
+def train_command(data: Path, output: Path) -> list[str]:
+    flags = {
+        "--job-name": "failover",
+        "--output": str(output),
+        "--model-def": DIGITS_MODEL,
+        "--training-data": str(data / "train"),
+        "--validation-data": str(data / "test"),
+        "--num-epochs": str(DIGITS_JOB["num_epochs"]),
+        "--minibatch-size": str(DIGITS_JOB["minibatch_size"]),
+        "--num-minibatches-per-task": str(DIGITS_JOB["num_minibatches_per_task"]),
+        "--num-workers": str(DIGITS_JOB["num_workers"]),
+        "--num-ps": str(DIGITS_JOB["num_ps"]),
+    }
+    command = [str(Path(sys.executable).parent / "edl-argo"), "train", "--shuffle"]
+    return command + [token for pair in flags.items() for token in pair]
+
+
+def saved_state(output: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((output / STATE_KEY).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def training_progress(state: dict[str, Any] | None) -> float:
+    if state is None:
+        return 0.0
+    return state["dispatcher"]["tasks_done"]["training"] / state["dispatcher"]["tasks_created"]["training"]
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_master_started_again_adopts_its_pods_and_finishes_the_job(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    output, run_dir = tmp_path / "job", tmp_path / "run"
+    env = {**os.environ, "EDL_RUN_DIR": str(run_dir), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = train_command(digits_data, output)
+    with no_pods_left_behind(run_dir):
+        with open(tmp_path / "first.log", "w") as first_log:
+            first = subprocess.Popen(command, env=env, stdout=first_log, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 240
+                while training_progress(saved_state(output)) < 0.3:
+                    assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+                    assert time.monotonic() < deadline, "the first master never reached 30% of the tasks"
+                    time.sleep(0.1)
+            finally:
+                first.kill()  # SIGKILL: no clean-up of any kind
+                first.wait()
+        at_kill = saved_state(output)
+        assert at_kill is not None
+        in_flight = [entry["task"] for entry in at_kill["dispatcher"]["doing"]]
+        in_flight_records = sum(t["end"] - t["start"] for t in in_flight if t["type"] == "training")
+
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    log = second.stderr
+    assert second.returncode == 0, log[-3000:]
+
+    metrics = read_metrics(output)
+    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert_no_record_lost(metrics)
+    assert metrics["records_trained_twice"] <= in_flight_records
+    assert metrics["relaunches"]["worker"] == metrics["relaunches"]["ps"] == 0
+    assert log.count("master_state_restored") == 1
+    for pod in ("worker-0", "worker-1", "ps-0"):
+        assert f"pod_adopted job=failover pod={pod} " in log, pod
+    assert "pod_started" not in log and "worker_relaunched" not in log  # the same pods carried on
+    for worker in (0, 1):  # and the adopted workers worked until the end
+        assert any(
+            line.startswith(f"[worker-{worker}] ") and "worker_done" in line for line in log.splitlines()
+        )
+    assert not (output / STATE_KEY).exists(), "the state is removed once the model is published"

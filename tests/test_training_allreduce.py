@@ -1,0 +1,81 @@
+"""AllreduceStrategy end to end: digits trained by a group of full replicas (local pod backend)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from edl_argo import log
+from edl_argo.master.job import TrainingJob
+from edl_argo.pods import PodRole
+from tests.engine_helpers import JobThread, assert_no_record_lost, digits_config
+
+ALLREDUCE = {"distribution_strategy": "AllreduceStrategy", "num_ps": 0, "collective_timeout_seconds": 30}
+
+
+@pytest.fixture(autouse=True)
+def master_logs_to_stderr() -> None:
+    log.configure("INFO")
+
+
+def test_three_workers_train_digits_and_end_with_identical_replicas(
+    digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=3, **ALLREDUCE))
+    metrics = JobThread(job).start().join(400)
+
+    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert_no_record_lost(metrics)
+    replicas = metrics["allreduce_replicas"]
+    assert replicas["members_compared"] == 3
+    assert replicas["max_abs_difference"] == 0.0  # bit-identical: each segment's sum is computed once
+    assert len(replicas["versions"]) == 1
+    assert (tmp_path / "job" / "model" / "saved_model").is_dir()
+    err = capfd.readouterr().err
+    assert "ps-0" not in err  # no parameter server was started
+    assert re.search(r"group_formed round=\d+ rank=2 world_size=3", err)
+
+
+def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(
+    digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """1 worker → 3 (new members receive the state) → one SIGKILLed mid-step (the others neither hang nor
+    crash; the group re-forms without it) → scaled down to 2; the job completes with nothing lost."""
+    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=1, num_epochs=12, **ALLREDUCE))
+    running = JobThread(job).start()
+    assert job.rendezvous is not None
+    running.wait_until(lambda: job.rendezvous.current.round_id >= 1, 240, "worker 0 to start training")
+    assert job.pods is not None
+    job.pods.scale_workers(3)  # new pods take seconds to start: they join a group that is training
+    running.wait_until(lambda: len(job.rendezvous.current.members) == 3, 240, "a group of three")
+    progress = running.progress_fraction()
+    running.wait_until(lambda: running.progress_fraction() >= progress + 0.05, 240, "training by three")
+
+    victim = job.rendezvous.current.members[1].worker_id
+    job.backend.kill(PodRole.WORKER, victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    running.wait_until(
+        lambda: all(m.worker_id != victim for m in job.rendezvous.current.members), 30, "the group to re-form"
+    )
+    reformed_after = time.monotonic() - killed_at
+    job.pods.scale_workers(2)  # the surplus removed is the newest worker: the victim's replacement
+    running.wait_until(lambda: len(job.pods.live_workers) == 2, 60, "two workers")
+    running.wait_until(lambda: len(job.rendezvous.current.members) == 2, 60, "a group of two")
+    metrics = running.join(400)
+
+    assert reformed_after < 10.0
+    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert_no_record_lost(metrics)
+    assert metrics["relaunches"]["worker"] == 1
+    assert metrics["allreduce_replicas"]["members_compared"] == 2
+    assert metrics["allreduce_replicas"]["max_abs_difference"] == 0.0
+    err = capfd.readouterr().err
+    # New members took the state of a surviving member (worker 0 trained alone first).
+    formed = r"\[worker-(\d+)\].*group_formed round=\d+ rank=\d+ world_size=[2-9] state_from=(\d+)"
+    joined = re.findall(formed, err)
+    assert any(member != source for member, source in joined), joined
+    assert "rendezvous_round" in err and f"worker {victim} left" in err
