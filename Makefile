@@ -13,13 +13,14 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv test-servers test lint format demo templates bench proto clean
+.PHONY: help venv test-servers test lint format demo templates bench chaos proto clean
 
 help:
 	@echo "make demo   - run the digits pipeline here: prepare the dataset, train, evaluate, predict"
 	@echo "make templates - render templates/ (Argo WorkflowTemplates, RBAC, ...) from components/"
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
+	@echo "make chaos  - run the chaos suite: training jobs with injected faults (docs/reliability.md)"
 	@echo "make lint   - ruff check and format check"
 	@echo "make proto  - regenerate the gRPC/protobuf code from edl_argo/proto/*.proto"
 
@@ -58,6 +59,9 @@ templates: $(STAMP)
 
 bench: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md
+
+chaos: $(STAMP) $(S3SERVER_STAMP)
+	$(BIN)/python -m tests.chaos.run --trials 20 --output docs/reliability.md
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. edl_argo/proto/*.proto

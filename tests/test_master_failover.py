@@ -24,9 +24,12 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.job import TrainingJob, dataset_shards
 from edl_argo.master.state_store import STATE_KEY, STATE_PARTS, GroupCommit, MasterStateStore, job_fingerprint
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.pods import find_free_port
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import DIGITS_JOB, DIGITS_MODEL, assert_no_record_lost, digits_config, read_metrics
+from tests.k8s_helpers import job_selector, role_rules
+from tests.k8s_stand_in import KubernetesStandIn
 
 SHARDS = {"a": 100, "b": 60}
 
@@ -289,8 +292,9 @@ def no_pods_left_behind(run_dir: Path) -> Iterator[None]:
                 os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
 
 
-def train_command(data: Path, output: Path) -> list[str]:
-    flags = {
+def train_command(data: Path, output: Path, *flags: str) -> list[str]:
+    """``edl-argo train`` of the digits job (:data:`DIGITS_JOB`) named ``failover``, plus ``flags``."""
+    settings = {
         "--job-name": "failover",
         "--output": str(output),
         "--model-def": DIGITS_MODEL,
@@ -302,8 +306,8 @@ def train_command(data: Path, output: Path) -> list[str]:
         "--num-workers": str(DIGITS_JOB["num_workers"]),
         "--num-ps": str(DIGITS_JOB["num_ps"]),
     }
-    command = [str(Path(sys.executable).parent / "edl-argo"), "train", "--shuffle"]
-    return command + [token for pair in flags.items() for token in pair]
+    command = [str(Path(sys.executable).parent / "edl-argo"), "train", "--shuffle", *flags]
+    return command + [token for pair in settings.items() for token in pair]
 
 
 def saved_state(output: Path) -> dict[str, Any] | None:
@@ -319,45 +323,95 @@ def training_progress(state: dict[str, Any] | None) -> float:
     return state["dispatcher"]["tasks_done"]["training"] / state["dispatcher"]["tasks_created"]["training"]
 
 
-@pytest.mark.timeout(400)
-def test_a_killed_master_started_again_adopts_its_pods_and_finishes_the_job(
-    digits_data: Path, tmp_path: Path
-) -> None:
-    output, run_dir = tmp_path / "job", tmp_path / "run"
-    env = {**os.environ, "EDL_RUN_DIR": str(run_dir), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    command = train_command(digits_data, output)
-    with no_pods_left_behind(run_dir):
-        with open(tmp_path / "first.log", "w") as first_log:
-            first = subprocess.Popen(command, env=env, stdout=first_log, stderr=subprocess.STDOUT)
-            try:
-                deadline = time.monotonic() + 240
-                while training_progress(saved_state(output)) < 0.3:
-                    assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-                    assert time.monotonic() < deadline, "the first master never reached 30% of the tasks"
-                    time.sleep(0.1)
-            finally:
-                first.kill()  # SIGKILL: no clean-up of any kind
-                first.wait()
-        at_kill = saved_state(output)
-        assert at_kill is not None
-        in_flight = [entry["task"] for entry in at_kill["dispatcher"]["doing"]]
-        in_flight_records = sum(t["end"] - t["start"] for t in in_flight if t["type"] == "training")
+def kill_the_master_and_start_it_again(
+    command: list[str], env: dict[str, str], output: Path, first_log: Path
+) -> tuple[str, int]:
+    """Run ``command``, SIGKILL it once 30% of the training tasks are done, run it again to the end.
 
-        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    log = second.stderr
-    assert second.returncode == 0, log[-3000:]
+    Returns the second run's output and the records of the training tasks in flight at the kill (held
+    by workers in the state the first run saved last)."""
+    with open(first_log, "w") as log:
+        first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while training_progress(saved_state(output)) < 0.3:
+                assert first.poll() is None, first_log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the first master never reached 30% of the tasks"
+                time.sleep(0.1)
+        finally:
+            first.kill()  # SIGKILL: no clean-up of any kind
+            first.wait()
+    at_kill = saved_state(output)
+    assert at_kill is not None
+    in_flight = [entry["task"] for entry in at_kill["dispatcher"]["doing"]]
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    return second.stderr, sum(t["end"] - t["start"] for t in in_flight if t["type"] == "training")
 
+
+def assert_the_job_continued(output: Path, log: str, in_flight_records: int) -> None:
+    """The restarted master finished the job with the pods of the first: nothing lost, at most the
+    tasks in flight trained again, nothing relaunched, the state removed."""
     metrics = read_metrics(output)
     assert metrics["final_metrics"]["accuracy"] >= 0.95
     assert_no_record_lost(metrics)
     assert metrics["records_trained_twice"] <= in_flight_records
     assert metrics["relaunches"]["worker"] == metrics["relaunches"]["ps"] == 0
     assert log.count("master_state_restored") == 1
+    assert "worker_relaunched" not in log and "ps_relaunched" not in log
+    assert not (output / STATE_KEY).exists(), "the state is removed once the model is published"
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_master_started_again_adopts_its_pods_and_finishes_the_job(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    output, run_dir = tmp_path / "job", tmp_path / "run"
+    env = {**os.environ, "EDL_RUN_DIR": str(run_dir), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with no_pods_left_behind(run_dir):
+        log, in_flight_records = kill_the_master_and_start_it_again(
+            train_command(digits_data, output), env, output, tmp_path / "first.log"
+        )
+    assert_the_job_continued(output, log, in_flight_records)
     for pod in ("worker-0", "worker-1", "ps-0"):
         assert f"pod_adopted job=failover pod={pod} " in log, pod
-    assert "pod_started" not in log and "worker_relaunched" not in log  # the same pods carried on
-    for worker in (0, 1):  # and the adopted workers worked until the end
+    assert "pod_started" not in log  # the same pods carried on ...
+    for worker in (0, 1):  # ... and the adopted workers worked until the end
         assert any(
             line.startswith(f"[worker-{worker}] ") and "worker_done" in line for line in log.splitlines()
         )
-    assert not (output / STATE_KEY).exists(), "the state is removed once the model is published"
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_master_on_kubernetes_started_again_adopts_its_pods(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "job"
+    with KubernetesStandIn(tmp_path / "k8s", echo_logs=False) as cluster:
+        cluster.enforce_rules(role_rules())
+        env = {
+            **os.environ,
+            "EDL_RUN_DIR": str(tmp_path / "run"),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "EDL_KUBERNETES_API": cluster.url,
+        }
+        for name in ("EDL_POD_NAME", "EDL_POD_UID", "EDL_WORKFLOW_NAME", "EDL_WORKFLOW_UID", "POD_IP"):
+            env.pop(name, None)
+        kubernetes = [
+            "--backend",
+            "kubernetes",
+            "--image",
+            "edl-argo:test",
+            "--ps-port",
+            str(find_free_port()),
+        ]
+        log, in_flight_records = kill_the_master_and_start_it_again(
+            train_command(digits_data, output, *kubernetes), env, output, tmp_path / "first.log"
+        )
+        assert cluster.objects("pods", job_selector("failover")) == []  # cleaned up at the end
+    assert_the_job_continued(output, log, in_flight_records)
+    for pod in ("worker-0", "worker-1", "ps-0"):
+        assert f"pod_adopted job=failover pod=failover-{pod} " in log, pod
+    assert "pod_created" not in log  # the same pods carried on ...
+    for worker in (0, 1):  # ... to the end
+        assert f"pod_exited job=failover pod=failover-worker-{worker} phase=Succeeded" in log

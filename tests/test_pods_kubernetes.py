@@ -568,6 +568,7 @@ def test_a_new_backend_adopts_the_pods_of_its_predecessor(
     running = [("ps-0", PodPhase.RUNNING), ("worker-4", PodPhase.RUNNING)]
     assert [(p.name, p.phase) for p in successor.list_pods()] == running
     assert [(p.name, p.phase) for p in successor.adopt()] == running
+    assert successor.adopt() == []  # nothing new
     stand_in.wait_for(lambda: stand_in.pod(finished) is None, what="the finished leftover to be deleted")
     assert successor.address(PS, 0) == crashed.address(PS, 0)
     with pytest.raises(PodExistsError):

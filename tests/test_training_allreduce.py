@@ -25,7 +25,9 @@ def master_logs_to_stderr() -> None:
 def test_three_workers_train_digits_and_end_with_identical_replicas(
     digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=3, **ALLREDUCE))
+    job = TrainingJob(
+        digits_config(digits_data, tmp_path / "job", num_workers=3, scale_lr_by_world_size=True, **ALLREDUCE)
+    )
     metrics = JobThread(job).start().join(400)
 
     assert metrics["final_metrics"]["accuracy"] >= 0.95
@@ -38,6 +40,7 @@ def test_three_workers_train_digits_and_end_with_identical_replicas(
     err = capfd.readouterr().err
     assert "ps-0" not in err  # no parameter server was started
     assert re.search(r"group_formed round=\d+ rank=2 world_size=3", err)
+    assert "learning_rate_scaled world_size=3 learning_rate=0.15" in err  # the model file's 0.05 x 3
 
 
 def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(
@@ -48,7 +51,7 @@ def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(
     job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=1, num_epochs=12, **ALLREDUCE))
     running = JobThread(job).start()
     assert job.rendezvous is not None
-    running.wait_until(lambda: job.rendezvous.current.round_id >= 1, 240, "worker 0 to start training")
+    running.wait_until(lambda: len(job.rendezvous.current.members) == 1, 240, "worker 0 to start training")
     assert job.pods is not None
     job.pods.scale_workers(3)  # new pods take seconds to start: they join a group that is training
     running.wait_until(lambda: len(job.rendezvous.current.members) == 3, 240, "a group of three")

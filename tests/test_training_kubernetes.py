@@ -135,7 +135,7 @@ def test_digits_job_trains_on_kubernetes_pods(
     assert_job_cleaned_up(cluster, name)
     calls = [c for c in cluster.calls if c.user_agent.startswith(MASTER_USER_AGENT)]
     assert all(rules_allow(role_rules(), c) for c in calls)
-    assert {("", c.resource, c.verb) for c in calls} <= MASTER_RULES
+    assert {(c.api_group, c.resource, c.verb) for c in calls} <= MASTER_RULES
 
 
 def test_allreduce_job_trains_on_worker_pods_only(

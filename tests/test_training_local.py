@@ -1,9 +1,11 @@
-"""End-to-end training jobs with the local pod backend: the engine's acceptance tests."""
+"""End-to-end training jobs with the local pod backend: the engine's acceptance tests.
+
+Jobs with faults (killed workers and PS, scaling, a hung worker, ...) are in tests/test_chaos.py.
+"""
 
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import keras
@@ -14,13 +16,11 @@ from edl_argo import cli, log
 from edl_argo.data.commands import ctr_records, write_dataset
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
-from edl_argo.pods import PodRole
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import (
     CTR_MODEL,
     DIGITS_MODEL,
-    JobThread,
     assert_no_record_lost,
     digits_config,
     read_metrics,
@@ -67,54 +67,6 @@ def test_async_job_trains_digits(digits_data: Path, tmp_path: Path) -> None:
     metrics = TrainingJob(digits_config(digits_data, tmp_path / "job", use_async=True)).run()
     assert metrics["final_metrics"]["accuracy"] >= 0.95
     assert_no_record_lost(metrics)
-
-
-def test_worker_killed_mid_training_is_replaced_and_nothing_is_lost(
-    digits_data: Path, tmp_path: Path, capfd
-) -> None:
-    job = TrainingJob(digits_config(digits_data, tmp_path / "job"))
-    running = JobThread(job).start()
-    running.wait_until(lambda: running.progress_fraction() >= 0.3, 240, "30% of the tasks")
-    job.backend.kill(PodRole.WORKER, 0, signal.SIGKILL)
-    metrics = running.join(300)
-
-    assert metrics["relaunches"]["worker"] >= 1
-    assert metrics["relaunches"]["events"][0]["old_id"] == 0
-    assert metrics["task_requeues"]["worker_died"] >= 1
-    assert_no_record_lost(metrics)
-    assert metrics["final_metrics"]["accuracy"] >= 0.95
-    assert read_metrics(tmp_path / "job")["relaunches"]["worker"] >= 1
-    assert "worker_relaunched old_worker=0" in capfd.readouterr().err
-
-
-def test_ps_killed_mid_training_restores_from_checkpoint(digits_data: Path, tmp_path: Path, capfd) -> None:
-    job = TrainingJob(digits_config(digits_data, tmp_path / "job", checkpoint_steps=10))
-    running = JobThread(job).start()
-    running.wait_until(lambda: running.progress_fraction() >= 0.4, 240, "40% of the tasks")
-    job.backend.kill(PodRole.PS, 0, signal.SIGKILL)
-    metrics = running.join(300)
-
-    assert metrics["relaunches"]["ps"] == 1
-    assert_no_record_lost(metrics)
-    assert metrics["final_metrics"]["accuracy"] >= 0.95
-    assert "ps_restored" in capfd.readouterr().err
-
-
-def test_scaling_one_to_three_to_one_worker(digits_data: Path, tmp_path: Path) -> None:
-    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=1, num_epochs=8))
-    running = JobThread(job).start()
-    running.wait_until(lambda: running.progress_fraction() >= 0.2, 240, "20% of the tasks")
-    assert job.pods is not None
-    job.pods.scale_workers(3)
-    running.wait_until(lambda: len(job.pods.live_workers) == 3, 60, "three workers")
-    running.wait_until(lambda: running.progress_fraction() >= 0.6, 240, "60% of the tasks")
-    job.pods.scale_workers(1)
-    running.wait_until(lambda: len(job.pods.live_workers) == 1, 60, "one worker again")
-    metrics = running.join(300)
-
-    assert_no_record_lost(metrics)
-    assert metrics["final_metrics"]["accuracy"] >= 0.95
-    assert metrics["relaunches"]["worker"] == 0
 
 
 def test_ctr_model_trains_with_two_parameter_servers(tmp_path: Path) -> None:

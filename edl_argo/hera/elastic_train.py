@@ -8,7 +8,9 @@ by the workflow (see :mod:`edl_argo.pods.kubernetes_config`). It writes ``N/M`` 
 
 A master that is killed or loses its node (an exit by signal, an ``Error`` node) is retried; a job that
 fails on its own (exit 1) or is misconfigured (exit 2) is not. The job name stays the same across
-retries (the workflow's name by default), so a retried master adopts the pods of the one before.
+retries (the workflow's name by default), so a retried master adopts the pods of the one before. The
+step's pod carries :func:`~edl_argo.pods.manifests.master_labels` of the job, which the master's
+``<job>-master`` Service selects: the workers reach a retried master, in its new pod, at the same address.
 
 Outputs: the ``model`` artifact, the model tree the job publishes (``saved_model/``, ``model.keras``,
 ``metrics.json``, ``flags.json``), and the ``metrics`` parameter, the job's final metrics as a JSON object
@@ -26,6 +28,7 @@ from edl_argo.collective.flags import PARAMETER_SERVER, STRATEGIES
 from edl_argo.hera.container import IMAGE, STORAGE_SECRET, ModelDef, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.step import Step, StepTask
+from edl_argo.pods.manifests import master_labels
 
 WORKFLOW_TEMPLATE = "edl-argo-elastic-train"
 #: The Kubernetes service account the master runs under (``templates/rbac.yaml``).
@@ -123,6 +126,7 @@ def _template(inputs: StepInputs) -> Container:
         resources=ResourceRequirements(
             requests={"cpu": inputs.ref("master-cpu"), "memory": inputs.ref("master-memory")}
         ),
+        labels=master_labels(inputs.ref("job-name")),
         service_account_name=SERVICE_ACCOUNT,
         priority_class_name=inputs.ref("master-pod-priority"),
         active_deadline_seconds=inputs.ref("active-deadline-seconds"),

@@ -23,7 +23,8 @@ from edl_argo.pods.kubernetes_config import (
 #: ``nan_batches_skipped`` in metrics.json counts it.
 NAN_LOSS_POLICIES = ("fail", "skip")
 MAX_PORT = 65535
-#: What any job name must look like: it names files (the job registry) and pods, so no '/' and no spaces.
+#: What a local job's name must look like: it names files (the job registry), so no '/' and no spaces. On
+#: Kubernetes, where it names pods, the backend requires a DNS label (``manifests.validate_job_name``).
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
@@ -192,10 +193,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ConfigError("--evaluation-steps needs --validation-data")
     if args.master_port > MAX_PORT:
         raise ConfigError(f"--master-port {args.master_port}: a port is at most {MAX_PORT}")
-    if args.job_name and not _JOB_NAME.match(args.job_name):
+    if args.backend == "local" and args.job_name and not _JOB_NAME.match(args.job_name):
         raise ConfigError(
             f"--job-name {args.job_name!r}: at most 63 letters, digits, '-', '_' and '.', starting with a"
-            " letter or digit (it names files and pods)"
+            " letter or digit (it names the job's files)"
         )
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}

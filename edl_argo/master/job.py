@@ -39,7 +39,7 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.registry import register_master, unregister_master
-from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
 from edl_argo.master.state_store import DurableMasterServicer, GroupCommit, MasterStateStore, job_fingerprint
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
@@ -130,7 +130,7 @@ class TrainingJob:
         )
         self.pods: PodManager | None = None
         # AllreduceStrategy: the workers' group, and the trained state fetched from it before they exit.
-        self.rendezvous = RendezvousManager() if config.allreduce else None
+        self.rendezvous = RendezvousManager(clock_round_base()) if config.allreduce else None
         self._group_state: Any = None
         self._replicas: dict[str, Any] = {}
         self._server: Any = None

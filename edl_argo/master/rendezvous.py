@@ -19,6 +19,7 @@ workers' business: the manager only keeps the list.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from edl_argo.log import get_logger
@@ -47,13 +48,26 @@ class Round:
         return -1
 
 
-class RendezvousManager:
-    """Thread-safe membership bookkeeping: join, leave, and the current :class:`Round`."""
+def clock_round_base() -> int:
+    """A first round id larger than any round of an earlier master of the job: now in milliseconds.
 
-    def __init__(self) -> None:
+    Round ids must only grow, also across a master restart (a worker drops pieces of rounds older than
+    its own); a master creates far fewer than one round per millisecond, so a restarted master's clock
+    is ahead of every round its predecessor numbered.
+    """
+    return int(time.time() * 1000)
+
+
+class RendezvousManager:
+    """Thread-safe membership bookkeeping: join, leave, and the current :class:`Round`.
+
+    ``first_round``: the id before the first round (:func:`clock_round_base` for a job's master).
+    """
+
+    def __init__(self, first_round: int = 0) -> None:
         self._lock = threading.Lock()
         self._members: dict[int, str] = {}  # worker id -> address, in join order
-        self._round = Round(0, ())
+        self._round = Round(first_round, ())
         self._departed: set[int] = set()  # pods that stopped: a late call from them is not a join
 
     @property

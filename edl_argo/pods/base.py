@@ -287,13 +287,15 @@ class PodBackend(abc.ABC):
         (killed, or lost with its node). Each of its pods that still runs (or is still pending) is
         tracked from now on exactly as if this backend had started it: :meth:`list_pods` lists it,
         :meth:`delete` and :meth:`close` remove it, :meth:`address` of an adopted PS is the address it
-        listens on, and its events -- its terminal event, and RUNNING if it was pending or not reported
-        yet -- arrive through :meth:`events`. Pods of the job that have already ended are removed
-        (with whatever the backend kept of them) and are neither returned nor reported. Pods this
-        backend started itself are not returned.
+        listens on, and its events arrive through :meth:`events`: at least its terminal event (a
+        backend may first report the phase it finds it in, e.g. RUNNING). Pods of the job that have
+        already ended are removed (with whatever the backend kept of them) and are neither returned
+        nor reported. Pods this backend started itself are not returned, nor pods an earlier call
+        returned: calling it again returns ``[]`` unless more pods appeared.
 
-        Call it before the first :meth:`start` of a pod it might return; calling it again returns
-        ``[]`` unless more pods appeared. Raises :class:`BackendClosedError` after :meth:`close`.
+        Call it before the first :meth:`start` of a pod it might return. The master calls it once at
+        start: to continue the job with the pods it returns, or else to delete them and start afresh.
+        Raises :class:`BackendClosedError` after :meth:`close`.
         """
 
     def expose_master(self, address: str) -> str:

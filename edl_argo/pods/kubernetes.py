@@ -172,6 +172,7 @@ class KubernetesBackend(PodBackend):
         self._pods: dict[_PodKey, _Pod] = {}
         self._stale_uids: dict[_PodKey, deque[str]] = {}
         self._leftovers: list[tuple[str, str]] = []  # (name, uid) of finished pods of earlier incarnations
+        self._returned_uids: set[str] = set()  # of the adopted pods adopt() returned
         self._ports: dict[_PodKey, int] = {}
         self._addresses: dict[int, str] = {}
         self._queue = EventQueue()
@@ -222,11 +223,13 @@ class KubernetesBackend(PodBackend):
         with self._lock:
             if self._closed:
                 raise BackendClosedError("cannot adopt pods: the backend is closed")
-            adopted = [
-                PodStatus(pod.role, pod.pod_id, pod.phase)
+            fresh = [
+                pod
                 for pod in self._pods.values()
-                if pod.spec is None and not pod.terminal
+                if pod.spec is None and not pod.terminal and pod.uid not in self._returned_uids
             ]
+            self._returned_uids.update(pod.uid for pod in fresh if pod.uid)
+            adopted = [PodStatus(pod.role, pod.pod_id, pod.phase) for pod in fresh]
             leftovers, self._leftovers = self._leftovers, []
         for name, uid in leftovers:
             log.info("pod_leftover_removed", job=self.job_name, pod=name, uid=uid)

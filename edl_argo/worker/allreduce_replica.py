@@ -29,7 +29,7 @@ from edl_argo.collective.membership import ElasticMember, RendezvousClient
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
-from edl_argo.worker.replica import build_model
+from edl_argo.worker.replica import NonFiniteLossError, build_model
 
 log = get_logger(__name__)
 
@@ -217,7 +217,8 @@ class AllreduceReplica:
                 contribution = self._contribute(*batch).numpy()
                 loss_value = float(contribution[-1] / contribution[-2])
                 if not np.isfinite(loss_value):
-                    raise JobFailedError(f"the loss is {loss_value} at model version {self._version}")
+                    # Before this member's step: it contributes nothing; skipped or fatal (--nan-loss).
+                    raise NonFiniteLossError(loss_value, self._version)
             try:
                 total = group.allreduce(contribution)
             except CollectiveAborted as error:

@@ -2,11 +2,12 @@
 
 Usage: ``python -m tests.bench.run --output docs/benchmarks.md [--only NAME[,NAME...]] [--quick]``.
 
-Options: ``--only NAME[,NAME...]`` runs a subset (names below; ``recordio`` and ``training`` name groups),
-``--quick`` is a short smoke mode with tiny sizes and one repeat (without ``--only`` it leaves out the
-CNN and CTR training cases, which take minutes even when tiny), ``--keep-workdir`` keeps the temporary
-folder with the data and the child processes' logs. A benchmark that fails is reported as failed and the
-others still run; the exit status is then 1. The report is written atomically (temporary file + rename).
+Options: ``--only NAME[,NAME...]`` runs a subset (names below; ``recordio``, ``training`` and ``allreduce``
+name groups), ``--quick`` is a short smoke mode with tiny sizes and one repeat (without ``--only`` it leaves
+out the CNN and CTR training cases and the AllreduceStrategy training jobs, which take minutes even when
+tiny), ``--keep-workdir`` keeps the temporary folder with the data and the child processes' logs. A
+benchmark that fails is reported as failed and the others still run; the exit status is then 1. The report
+is written atomically (temporary file + rename).
 """
 
 from __future__ import annotations
@@ -41,13 +42,21 @@ NAMES = (
     "training_cnn",
     "training_ctr",
     "training_digits",
+    "allreduce_throughput",
+    "allreduce_cnn",
+    "allreduce_recovery",
     "k8s_relaunch",
 )
-GROUPS = {"recordio": NAMES[:2], "training": NAMES[3:6]}
+GROUPS = {
+    "recordio": NAMES[:2],
+    "training": NAMES[3:6],
+    "allreduce": tuple(name for name in NAMES if name.startswith("allreduce_")),
+}
 
 
 def benchmarks() -> dict[str, Benchmark]:
     """Every benchmark by name, in report order (imported here: training imports TensorFlow)."""
+    from tests.bench.allreduce import allreduce_cnn, allreduce_recovery, allreduce_throughput
     from tests.bench.dispatch import dispatch
     from tests.bench.k8s_relaunch import k8s_relaunch
     from tests.bench.recordio_bench import recordio_local, recordio_s3
@@ -60,13 +69,17 @@ def benchmarks() -> dict[str, Benchmark]:
         "training_cnn": training_cnn,
         "training_ctr": training_ctr,
         "training_digits": training_digits,
+        "allreduce_throughput": allreduce_throughput,
+        "allreduce_cnn": allreduce_cnn,
+        "allreduce_recovery": allreduce_recovery,
         "k8s_relaunch": k8s_relaunch,
     }
 
 
 #: What ``--quick`` runs without ``--only``: the CNN and CTR cases need minutes even when tiny (TensorFlow
-#: start-up and model builds in four processes), the digits case exercises the same harness in one.
-QUICK_DEFAULT = ("recordio_local", "recordio_s3", "dispatch", "training_digits")
+#: start-up and model builds in four processes), the digits case exercises the same harness in one; so do
+#: the AllreduceStrategy jobs, while the allreduce bandwidth needs no TensorFlow.
+QUICK_DEFAULT = ("recordio_local", "recordio_s3", "dispatch", "training_digits", "allreduce_throughput")
 
 
 def select(only: str | None, quick: bool = False) -> list[str]:
@@ -204,7 +217,7 @@ def render(
         out += _table(result.columns, result.rows)
         if result.notes:
             out += [""] + [f"- {note}" for note in result.notes]
-    if any(result.name.startswith("training_") for result in results):
+    if any(result.name.startswith("training_") or result.name == "allreduce_cnn" for result in results):
         from tests.bench import train_baselines, training
 
         out += ["", "## How the training benchmarks measure", ""]

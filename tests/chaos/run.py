@@ -155,7 +155,7 @@ def render(
         f"{HUNG_TASK_TIMEOUT_SECONDS}` in `hung_worker`.",
         "",
         f"Baseline (no fault, same invocation): {reference.wall_seconds:.0f} s, accuracy "
-        f"{reference.accuracy}"
+        + (f"{reference.accuracy:.3f}" if reference.accuracy is not None else "none")
         + ("" if reference.passed else f" — **failed**: {'; '.join(reference.notes)}"),
         "",
         "| " + " | ".join(COLUMNS) + " |",
@@ -165,7 +165,8 @@ def render(
     out += ["", "## Scenarios", ""]
     for run in runs:
         doc = rst_to_markdown(SCENARIOS[run.name].__doc__ or "").replace("\n", " ")
-        out.append(f"- **{run.name}** ({len(run.results)} trials): {' '.join(doc.split())}")
+        trials = f"{len(run.results)} trial" + ("s" if len(run.results) > 1 else "")
+        out.append(f"- **{run.name}** ({trials}): {' '.join(doc.split())}")
     if any(run.name == "master_restart" for run in runs):
         out += [
             "",
