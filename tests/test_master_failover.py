@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.errors import ConfigError, DataFormatError, StorageError
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
@@ -25,22 +24,12 @@ from edl_argo.master.job import TrainingJob, dataset_shards
 from edl_argo.master.state_store import STATE_KEY, STATE_PARTS, GroupCommit, MasterStateStore, job_fingerprint
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.pods import find_free_port
-from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import DIGITS_JOB, DIGITS_MODEL, assert_no_record_lost, digits_config, read_metrics
 from tests.k8s_helpers import job_selector, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 
 SHARDS = {"a": 100, "b": 60}
-
-
-@pytest.fixture(scope="module")
-def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("digits")
-    train, test = digits_records(test_fraction=0.2, seed=0)
-    write_dataset(LocalStorage(root), "train", train, 4, Compressor.SNAPPY, overwrite=False)
-    write_dataset(LocalStorage(root), "test", test, 2, Compressor.GZIP, overwrite=False)
-    return root
 
 
 def store_for(root: Path, job_name: str = "job", **overrides: Any) -> MasterStateStore:
@@ -363,17 +352,24 @@ def assert_the_job_continued(output: Path, log: str, in_flight_records: int) -> 
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("strategy", ["ParameterServerStrategy", "AllreduceStrategy"])
 def test_a_killed_master_started_again_adopts_its_pods_and_finishes_the_job(
-    digits_data: Path, tmp_path: Path
+    digits_data: Path, tmp_path: Path, strategy: str
 ) -> None:
+    """With AllreduceStrategy the model lives in the workers: the adopted workers re-form their group under
+    the new master (its round ids are larger) and go on from the state they hold."""
     output, run_dir = tmp_path / "job", tmp_path / "run"
     env = {**os.environ, "EDL_RUN_DIR": str(run_dir), "TF_CPP_MIN_LOG_LEVEL": "2"}
     with no_pods_left_behind(run_dir):
         log, in_flight_records = kill_the_master_and_start_it_again(
-            train_command(digits_data, output), env, output, tmp_path / "first.log"
+            train_command(digits_data, output, "--distribution-strategy", strategy),
+            env,
+            output,
+            tmp_path / "first.log",
         )
     assert_the_job_continued(output, log, in_flight_records)
-    for pod in ("worker-0", "worker-1", "ps-0"):
+    pods = ("worker-0", "worker-1") if strategy == "AllreduceStrategy" else ("worker-0", "worker-1", "ps-0")
+    for pod in pods:
         assert f"pod_adopted job=failover pod={pod} " in log, pod
     assert "pod_started" not in log  # the same pods carried on ...
     for worker in (0, 1):  # ... and the adopted workers worked until the end

@@ -22,13 +22,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from hera.workflows import Artifact, Container, Env, FieldEnv, Parameter, RetryPolicy, RetryStrategy
-from hera.workflows.models import Backoff, IntOrString, ResourceRequirements, ValueFrom
+from hera.workflows.models import Backoff, ContainerPort, IntOrString, ResourceRequirements, ValueFrom
 
 from edl_argo.collective.flags import PARAMETER_SERVER, STRATEGIES
 from edl_argo.hera.container import IMAGE, STORAGE_SECRET, ModelDef, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.step import Step, StepTask
-from edl_argo.pods.manifests import master_labels
+from edl_argo.pods.manifests import PORT_NAME, master_labels
 
 WORKFLOW_TEMPLATE = "edl-argo-elastic-train"
 #: The Kubernetes service account the master runs under (``templates/rbac.yaml``).
@@ -39,6 +39,9 @@ JOB_DIR = "/tmp/edl-job"
 MODEL_DIR = f"{JOB_DIR}/model"
 #: The ``metrics`` output parameter: the final metrics, written by ``--metrics-output``.
 METRICS_FILE = f"{JOB_DIR}/final-metrics.json"
+#: The master's gRPC port, declared as the container port named ``grpc`` so the job's NetworkPolicy admits
+#: the job's workers to it, and fixed so a retried master serves where the workers look (its Service).
+MASTER_PORT = 2221
 #: How often a master that was killed or lost is started again.
 MASTER_RETRIES = 2
 #: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed.
@@ -57,6 +60,13 @@ def elastic_train(
     ] = "{{workflow.name}}",
     training_data: Annotated[Text, Input("URL of the training shards (s3://bucket/prefix)")],
     validation_data: Annotated[Text, Input("URL of the validation shards; empty: no evaluation")] = "",
+    master_state: Annotated[
+        Text,
+        Input(
+            "URL (s3://...) where the master keeps the job's state, so a master retried by Argo continues "
+            "the job; empty: the pod's own disk, and a retried master starts the job afresh"
+        ),
+    ] = "",
     num_epochs: Annotated[Int, Input("passes over the training data")] = 1,
     minibatch_size: Annotated[Int, Input("records per minibatch")] = 64,
     num_minibatches_per_task: Annotated[Int, Input("minibatches per task (the unit of work)")] = 8,
@@ -114,7 +124,10 @@ def _template(inputs: StepInputs) -> Container:
             "--metrics-output",
             METRICS_FILE,
             "--shuffle",
+            "--master-port",
+            str(MASTER_PORT),
         ],
+        ports=[ContainerPort(name=PORT_NAME, container_port=MASTER_PORT, protocol="TCP")],
         outputs=[
             Artifact(name="model", path=MODEL_DIR),
             Parameter(name="metrics", value_from=ValueFrom(path=METRICS_FILE)),

@@ -60,6 +60,8 @@ class TrainConfig:
     backend: str = "local"
     master_port: int = 0
     log_level: str = "INFO"
+    master_state: str = ""
+    """URL of the master's saved state (:mod:`edl_argo.master.state_store`); empty: ``output``."""
     distribution_strategy: str = "ParameterServerStrategy"
     collective_timeout_seconds: int = 60
     scale_lr_by_world_size: bool = False
@@ -94,6 +96,14 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         job, "--output", required=True, metavar="URL", help="where the model, metrics and checkpoints go"
     )
     add_flag(job, "--job-name", default="", help="name of the job (default: a random edl-XXXXXXXX)")
+    add_flag(
+        job,
+        "--master-state",
+        default="",
+        metavar="URL",
+        help="where the master keeps the job's state, so that a master started again with the same job name "
+        "continues the job (default: --output; use durable storage when --output is a pod's own disk)",
+    )
     add_flag(job, "--backend", choices=["local", "kubernetes"], default="local", help="where pods run")
     add_flag(job, "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 

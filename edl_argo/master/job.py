@@ -6,15 +6,17 @@ It wires the parts together and owns no policy of its own: tasks come from the
 :class:`~edl_argo.master.evaluation.EvaluationService`, the model from
 :mod:`~edl_argo.master.export`.
 
-**Failover.** The job's state is saved in its ``--output`` as it goes (:mod:`edl_argo.master.state_store`).
+**Failover.** The job's state is saved in its ``--master-state`` (default ``--output``) as it goes (:mod:`edl_argo.master.state_store`).
 A master started again for the same job (same ``--job-name`` and ``--output``, e.g. by Argo's
 retryStrategy, or by hand after it was killed) finds it and continues: it adopts the pods the old master
 left running (:meth:`~edl_argo.pods.PodBackend.adopt`), restores the dispatcher (tasks held by adopted
 workers stay theirs; only those of workers that did not survive are requeued), the evaluations, the model
 version, the training loss and the pod bookkeeping, and serves on the same port, so running workers
 carry on. PSes that did not survive are started again and restore their checkpoints; without
-``--checkpoint-steps`` their parameters would be lost, so the job starts afresh instead, as an AllReduce
-job does. Without a saved state, pods left by an earlier master are removed and the job starts afresh.
+``--checkpoint-steps`` their parameters would be lost, so the job starts afresh instead. With
+AllreduceStrategy the model lives in the workers: the job continues if any worker survived (the group
+re-forms around it; round ids come from the clock, so they only grow across masters) and starts afresh if
+none did. Without a saved state, pods left by an earlier master are removed and the job starts afresh.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ class TrainingJob:
         )
         self.evaluation.dispatcher = self.dispatcher
         fingerprint = job_fingerprint(config, self.training_shards, self.validation_shards)
-        self.state_store = MasterStateStore(self.output, config.job_name, fingerprint)
+        state_storage = open_storage(config.master_state) if config.master_state else self.output
+        self.state_store = MasterStateStore(state_storage, config.job_name, fingerprint)
         self._saved = self.state_store.load()  # what an earlier master of this job saved, if anything
         if self._saved is not None:
             self._restored_dispatcher(None)  # a corrupt state fails here, before any pod starts
@@ -337,14 +340,20 @@ class TrainingJob:
             return [], set()
         surviving_ps = {pod.pod_id for pod in adopted if pod.role is PodRole.PS}
         lost_ps = sorted(set(range(c.num_ps)) - surviving_ps)
-        if c.allreduce or (lost_ps and not c.checkpoint_steps):
-            reason = "allreduce" if c.allreduce else f"PS {lost_ps} lost without --checkpoint-steps"
+        workers = {pod.pod_id for pod in adopted if pod.role is PodRole.WORKER}
+        # The model lives in the PSes (restorable from checkpoints) or, with AllreduceStrategy, in the
+        # workers: any surviving worker holds it and hands it to the others when the group re-forms.
+        reason = ""
+        if c.allreduce and not workers:
+            reason = "AllreduceStrategy: no worker survived to hold the model"
+        elif lost_ps and not c.checkpoint_steps:
+            reason = f"PS {lost_ps} lost without --checkpoint-steps"
+        if reason:
             log.warning("master_state_discarded", job=c.job_name, state=self.state_store.url, reason=reason)
             self._saved = None
             self._started = time.time()
             self._remove_leftover_pods(adopted)
             return [], set()
-        workers = {pod.pod_id for pod in adopted if pod.role is PodRole.WORKER}
         try:
             self.dispatcher = self._restored_dispatcher(workers)
             self.evaluation.dispatcher = self.dispatcher
@@ -361,7 +370,8 @@ class TrainingJob:
             state=self.state_store.url,
             tasks_done=accounting.tasks_done,
             tasks_total=accounting.tasks_total,
-            tasks_requeued=accounting.requeues["master_restarted"],
+            tasks_requeued=accounting.requeues["master_restarted"]
+            - int(saved["dispatcher"]["requeues"]["master_restarted"]),
             workers_adopted=len(workers),
             ps_adopted=len(surviving_ps),
             workers_holding_tasks=len(holders),

@@ -14,13 +14,13 @@ storage, so on S3 too) holds everything a new master needs to continue where the
 **When it is written: group commit.** A :class:`GroupCommit` thread writes the newest state whenever
 something changed, one write at a time, and never from the dispatcher (which stays pure bookkeeping).
 :class:`DurableMasterServicer` answers a worker only once a write that *started after* the worker's
-change has completed: handing out a task, accepting a task report, evaluation outputs, a scaling request.
-Concurrent requests share writes, so a busy master makes about one write per write's duration, whatever
-the number of workers; each request waits for one to two writes. Pod events (a worker died, its tasks
-requeued, a replacement started) ask for a write without waiting. Hence nothing a worker was told is
-unknown to a restarted master: an accepted report is never repeated, and a task a worker holds is held
-by it in the saved state, so a restart repeats at most the tasks that were in flight on workers that did
-not survive it.
+change has completed: accepting a task report, evaluation outputs, a scaling request. Concurrent requests
+share writes, so a busy master makes about one write per write's duration, whatever the number of
+workers; each such request waits for one to two writes. Handing out a task and pod events (a worker died,
+its tasks requeued, a replacement started) ask for a write without waiting. Hence an accepted report is
+never repeated, and a restart repeats at most the tasks that were in flight: a task a worker holds is
+usually held by it in the saved state (and stays its task if the worker survives); one handed out just
+before the master died goes back to the queue.
 
 **Restore.** :meth:`MasterStateStore.load` returns the saved state, or None when there is none (a new
 job). State of another job name, or of settings that differ from this run's, is a
@@ -269,9 +269,11 @@ class GroupCommit:
 class DurableMasterServicer(MasterServicer):
     """The master's service, answering a request that changed the job's state once that is saved.
 
-    GetTask (when it hands out a task), ReportTaskResult, ReportEvaluationOutputs and ScaleWorkers wait
-    for ``commit.commit()``; ReportVersion (which may queue an evaluation round) only calls
-    ``commit.changed()``. Everything else is :class:`~edl_argo.master.servicer.MasterServicer`'s.
+    ReportTaskResult, ReportEvaluationOutputs and ScaleWorkers wait for ``commit.commit()``; GetTask
+    (when it hands out a task) and ReportVersion (which may queue an evaluation round) only call
+    ``commit.changed()``: a task handed out but not saved yet is in flight, and in flight is what a restart
+    may repeat, so the worker need not wait (every task would otherwise cost two saves instead of one).
+    Everything else is :class:`~edl_argo.master.servicer.MasterServicer`'s.
 
     ``restored_holders``: after a restart, the re-adopted workers that hold tasks in the restored state.
     Workers run one task at a time, so one of them that asks for a task before reporting one has lost
@@ -301,7 +303,7 @@ class DurableMasterServicer(MasterServicer):
             log.warning("assignment_lost", worker=request.worker_id, tasks_requeued=len(lost))
         response = super().GetTask(request, context)
         if response.kind == master_pb2.GetTaskResponse.TASK:
-            self._commit.commit()
+            self._commit.changed()
         return response
 
     def ReportTaskResult(

@@ -37,6 +37,7 @@ with (
         model_def=MODEL,
         training_data=f"{data}/train",
         validation_data=f"{data}/test",
+        master_state=f"{data}/jobs/{{{{workflow.name}}}}",  # durable: a retried master continues the job
         num_epochs=workflow.get_parameter("epochs"),
         num_workers=workflow.get_parameter("workers"),
         num_ps=workflow.get_parameter("ps"),

@@ -46,6 +46,7 @@ with (
     train = elastic_train(
         model_def=MODEL,
         training_data=f"{DATA}/train",
+        master_state=f"{DATA}/jobs/{{{{workflow.name}}}}",  # durable: a retried master continues the job
         validation_data=f"{DATA}/test",
         num_epochs=parameter("epochs"),
         minibatch_size=parameter("minibatch-size"),

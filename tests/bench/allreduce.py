@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from edl_argo.collective import CollectiveGroup, CollectiveServer
+from edl_argo.collective.flags import ALLREDUCE
 from edl_argo.collective.group import PeerChannels
 from edl_argo.pods import PodRole
 from tests.bench.common import BenchContext, BenchResult, Stat, ratio_stat
@@ -56,7 +57,10 @@ MB = 1e6
 CALIBRATION_OPERATIONS = 3
 #: How long the parent waits for a member process's answer, and a member for a collective piece.
 MEMBER_TIMEOUT = 300.0
-ALLREDUCE, COPY = "allreduce", "copy"
+#: Target seconds of each timed run of the throughput benchmark (quick mode, full mode).
+RING_SECONDS = {True: 1.0, False: 5.0}
+#: The two kinds of ring operation the throughput benchmark times.
+KIND_ALLREDUCE, KIND_COPY = "allreduce", "copy"
 #: ``allreduce_cnn --quick``: minibatches per task (the timed windows and the warm-up are whole tasks).
 QUICK_MINIBATCHES_PER_TASK = 2
 
@@ -68,7 +72,7 @@ def _method(benchmark: Callable[..., Any]) -> str:
 
 def _allreduce_job(workers: int, **extra: Any) -> dict[str, Any]:
     """The :class:`TrainConfig` fields of an AllreduceStrategy job with ``workers`` workers."""
-    return {"distribution_strategy": "AllreduceStrategy", "num_ps": 0, "num_workers": workers, **extra}
+    return {"distribution_strategy": ALLREDUCE, "num_ps": 0, "num_workers": workers, **extra}
 
 
 # ------------------------------------------------------------------------------- allreduce_throughput
@@ -134,13 +138,13 @@ def _serve_member(rank: int, size: int, pipe: Connection, barrier: Barrier) -> N
             _, kind, count = request
             barrier.wait(MEMBER_TIMEOUT)
             started = time.perf_counter()
-            if kind == ALLREDUCE:
+            if kind == KIND_ALLREDUCE:
                 for _ in range(count):
                     total = group.allreduce(vector)
             else:
                 _copy_around_ring(right, left, payload, buffer, count)
             elapsed = time.perf_counter() - started
-            if kind == ALLREDUCE and not np.all(total == expected):
+            if kind == KIND_ALLREDUCE and not np.all(total == expected):
                 raise RuntimeError(f"the allreduce returned a wrong sum (expected {expected} everywhere)")
             pipe.send(("elapsed", elapsed))
     finally:
@@ -218,12 +222,12 @@ class RingMembers:
 
 def _measure_ring(ctx: BenchContext, size: int) -> tuple[dict[str, list[float]], dict[str, int]]:
     """MB/s per member (mean over the members) of each kind, per repeat; and the operations per repeat."""
-    seconds = 1.0 if ctx.quick else 5.0
+    seconds = RING_SECONDS[ctx.quick]
     repeats = 1 if ctx.quick else ctx.repeats
     members = RingMembers(size)
     try:
         counts: dict[str, int] = {}
-        for kind in (ALLREDUCE, COPY):
+        for kind in (KIND_ALLREDUCE, KIND_COPY):
             members.run(kind, CALIBRATION_OPERATIONS)  # warm-up: connections, buffers, TCP windows
             per_operation = max(members.run(kind, CALIBRATION_OPERATIONS)) / CALIBRATION_OPERATIONS
             counts[kind] = max(CALIBRATION_OPERATIONS, math.ceil(seconds / per_operation))
@@ -233,8 +237,8 @@ def _measure_ring(ctx: BenchContext, size: int) -> tuple[dict[str, list[float]],
                 elapsed = members.run(kind, count)
                 rates[kind].append(statistics.mean(VECTOR_BYTES * count / e / MB for e in elapsed))
             ctx.log(
-                f"  {size} members, repeat {repeat + 1}/{repeats}: allreduce {rates[ALLREDUCE][-1]:,.0f} MB/s"
-                f"  copy {rates[COPY][-1]:,.0f} MB/s"
+                f"  {size} members, repeat {repeat + 1}/{repeats}: "
+                + "  ".join(f"{kind} {rates[kind][-1]:,.0f} MB/s" for kind in counts)
             )
     finally:
         members.close()
@@ -269,25 +273,25 @@ def allreduce_throughput(ctx: BenchContext) -> BenchResult:
             {
                 "members": str(size),
                 "transfer": "copy: plain TCP ring, `sendall` right, `recv_into` from the left",
-                "MB/s per member": Stat.of(rates[COPY]),
+                "MB/s per member": Stat.of(rates[KIND_COPY]),
                 "÷ copy": "1",
                 "copy bound": "1",
-                "operations per repeat": str(counts[COPY]),
+                "operations per repeat": str(counts[KIND_COPY]),
             },
             {
                 "members": str(size),
                 "transfer": "ours: `CollectiveGroup.allreduce` (gRPC), vector MB per second",
-                "MB/s per member": Stat.of(rates[ALLREDUCE]),
-                "÷ copy": ratio_stat(rates[ALLREDUCE], rates[COPY]),
+                "MB/s per member": Stat.of(rates[KIND_ALLREDUCE]),
+                "÷ copy": ratio_stat(rates[KIND_ALLREDUCE], rates[KIND_COPY]),
                 "copy bound": f"{size / (2 * (size - 1)):.2f}",
-                "operations per repeat": str(counts[ALLREDUCE]),
+                "operations per repeat": str(counts[KIND_ALLREDUCE]),
             },
         ]
     repeats = 1 if ctx.quick else ctx.repeats
     result.notes.append(
-        f"{repeats} repeat(s) of about {1.0 if ctx.quick else 5.0:g} s per kind and member count; "
-        f"{VECTOR_BYTES / MB:.1f} MB per operation. The member processes share the machine's cores with "
-        "each other (and with whatever else runs), so both figures are CPU-bound."
+        f"{repeats} repeat(s) of about {RING_SECONDS[ctx.quick]:g} s per kind and member count; "
+        f"{VECTOR_BYTES / MB:.1f} MB per operation. The member processes share this machine's "
+        f"{os.cpu_count()} cores with each other and with whatever else runs."
     )
     return result
 

@@ -199,9 +199,9 @@ class Window:
     records: int
 
 
-def _latest_report_per_worker(reports: Sequence[TaskReport], start: int = 0) -> dict[int, int]:
-    """The index of each worker's last report in ``reports[start:]``."""
-    return {report.worker_id: start + i for i, report in enumerate(reports[start:])}
+def _latest_report_per_worker(reports: Sequence[TaskReport]) -> dict[int, int]:
+    """The index of each worker's last report in ``reports``."""
+    return {report.worker_id: i for i, report in enumerate(reports)}
 
 
 def _first_report_per_worker(reports: Sequence[TaskReport], start: int) -> dict[int, int]:

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -255,8 +256,7 @@ class Trial:
         return self.job.backend
 
     def live_workers(self) -> list[int]:
-        assert self.job.pods is not None
-        return self.job.pods.live_workers
+        return self.job.pods.live_workers if self.job.pods is not None else []
 
     def progress(self) -> float:
         return self.thread.progress_fraction()
@@ -332,7 +332,7 @@ def run_in_process(
                 _read_outcome(result, config)
             except Exception as error:
                 result.wall_seconds = time.monotonic() - started
-                result.notes.append(f"{type(error).__name__}: {error}")
+                result.notes.append(_describe(error))
                 _stop(backend, thread)
     finally:
         result.log = tap.lines
@@ -435,9 +435,9 @@ def scale_1_4_1(env: ChaosEnv, rng: random.Random) -> TrialResult:
     random point between 50% and 75% (and at least 10% of the tasks after the added workers started)."""
 
     def inject(trial: Trial) -> None:
-        pods = trial.job.pods
-        assert pods is not None
         trial.wait_for_progress(rng.uniform(0.10, 0.30))
+        pods = trial.job.pods
+        assert pods is not None, "the job runs but has no pod manager"
         before = set(trial.live_workers())
         pods.scale_workers(4)
         added = sorted(set(trial.live_workers()) - before)
@@ -512,7 +512,7 @@ def master_restart(env: ChaosEnv, rng: random.Random) -> TrialResult:
         _read_outcome(result, config)
     except Exception as error:
         result.wall_seconds = time.monotonic() - started
-        result.notes.append(f"{type(error).__name__}: {error}")
+        result.notes.append(_describe(error))
         tail = log_path.read_text(errors="replace").splitlines()[-5:] if log_path.exists() else []
         result.notes += tail
     finally:
@@ -556,6 +556,13 @@ def _apply(values: Mapping[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message (at file:line)``, the line where it was raised, for a trial's notes."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 def _train_flags(config: TrainConfig) -> list[str]:
