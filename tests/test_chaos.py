@@ -8,14 +8,17 @@ These replace the engine tests' worker-killed, PS-killed and 1 -> 3 -> 1 scaling
 
 from __future__ import annotations
 
+import argparse
 import random
 import re
 from pathlib import Path
 
 import pytest
 
+from edl_argo.master.config import add_train_flags, config_from_args
+from edl_argo.master.job import TrainingJob
 from tests.chaos.scenarios import CHECKPOINT_STEPS, SCENARIOS, ChaosEnv, TrialResult
-from tests.engine_helpers import assert_no_record_lost
+from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost
 from tests.s3_stand_in import S3StandIn
 
 
@@ -84,3 +87,18 @@ def test_hung_worker_task_is_reclaimed_on_timeout(chaos_env: ChaosEnv) -> None:
     assert result.metrics["task_requeues"]["timeout"] >= 1
     events = result.metrics["relaunches"]["events"]
     assert [(e["old_id"], e["reason"]) for e in events] == [(paused, "Stuck")]
+
+
+def test_min_task_timeout_flag_sets_the_dispatcher_timeout_floor(digits_data: Path, tmp_path: Path) -> None:
+    """hung_worker relies on ``--min-task-timeout-seconds`` reaching the dispatcher (default: 60 s)."""
+    parser = argparse.ArgumentParser()
+    add_train_flags(parser)
+    flags = ["--model-def", DIGITS_MODEL, "--training-data", str(digits_data / "train")]
+    flags += ["--output", str(tmp_path / "job")]
+    default = config_from_args(parser.parse_args(flags))
+    chosen = config_from_args(parser.parse_args([*flags, "--min-task-timeout-seconds", "5"]))
+
+    assert TrainingJob(default).dispatcher.snapshot()["config"]["task_timeout_floor"] == 60
+    assert TrainingJob(chosen).dispatcher.snapshot()["config"]["task_timeout_floor"] == 5
+    with pytest.raises(SystemExit):
+        parser.parse_args([*flags, "--min-task-timeout-seconds", "0"])

@@ -30,9 +30,14 @@ def make_channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=_OPTIONS)
 
 
+#: Servers never share a port: gRPC's default SO_REUSEPORT would let a second process bind a port in use
+#: (pods sharing a host, a leftover process) and split the connections between the two.
+_SERVER_OPTIONS = [*_OPTIONS, ("grpc.so_reuseport", 0)]
+
+
 def make_server(max_workers: int = 8) -> grpc.Server:
-    """A server with the same message limits as :func:`make_channel`."""
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    """A server with the same message limits as :func:`make_channel`, owning its port alone."""
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS)
 
 
 def reject_request(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCode, reason: str) -> NoReturn:

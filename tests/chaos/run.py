@@ -78,7 +78,8 @@ class ScenarioRun:
 # --------------------------------------------------------------------------------------------- report
 
 
-def _stat(values: Sequence[float], digits: int = 0) -> str:
+def _stat(values: Sequence[float], digits: int | None = 0) -> str:
+    """``median [min–max]`` with ``digits`` decimals (None: by magnitude), or a dash for no values."""
     return Stat.of(values).format(digits) if values else "–"
 
 
@@ -99,7 +100,7 @@ def scenario_row(run: ScenarioRun, baseline_seconds: float) -> list[str]:
         str(sum(r.passed for r in run.results)),
         str(lost) if lost == 0 else f"**{lost}**",
         _mean_max([r.records_trained_twice or 0 for r in done]),
-        _stat(extra),
+        _stat(extra, None),
         _stat([r.accuracy for r in done if r.accuracy is not None], 3),
         _mean_max(versions),
         _stat(run.loads, 1),

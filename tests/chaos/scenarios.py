@@ -394,7 +394,7 @@ def ps_kill(env: ChaosEnv, rng: random.Random) -> TrialResult:
         before = max(trial.job.versions.version, int(checkpointed[1]) if checkpointed else 0)
         kill_line = len(trial.tap.lines)
         trial.backend.kill(PodRole.PS, 0, signal.SIGKILL)
-        trial.fault(f"SIGKILL ps-0 at version {before}")
+        trial.fault(f"SIGKILL ps-0 (model version {before})")
         restored = trial.wait_for_log(r"\[ps-0\] .* ps_restored version=(\d+)", "ps-0 to restore", kill_line)
         trial.result.versions_lost = before - int(restored[1])
 
