@@ -3,7 +3,9 @@
 of every epoch trained exactly once in a successful task; each test then checks that its fault really
 happened and was handled the intended way (relaunch, checkpoint restore, retry, timeout, adoption).
 
-These replace the engine tests' worker-killed, PS-killed and 1 -> 3 -> 1 scaling jobs.
+These replace the engine tests' worker-killed, PS-killed and 1 -> 3 -> 1 scaling jobs. The master_restart
+scenario runs in ``make chaos`` only: ``make test`` covers the same fault, a master SIGKILLed and run again,
+in tests/test_master_failover.py, with stricter checks (which pods were adopted, which tasks trained twice).
 """
 
 from __future__ import annotations
@@ -57,13 +59,6 @@ def test_killed_ps_restarts_from_its_latest_checkpoint(chaos_env: ChaosEnv) -> N
     # Restored from the newest checkpoint (one every CHECKPOINT_STEPS versions, saved in the background).
     assert result.versions_lost is not None
     assert 0 <= result.versions_lost <= 2 * CHECKPOINT_STEPS, result.versions_lost
-
-
-def test_restarted_master_resumes_the_job_with_its_pods(chaos_env: ChaosEnv) -> None:
-    result = run_trial("master_restart", chaos_env)
-
-    assert result.logged(r"master_state_restored"), "the second master started afresh"
-    assert result.metrics["relaunches"]["worker"] == 0, "the workers were not adopted"
 
 
 def test_job_rides_out_an_s3_outage(chaos_env: ChaosEnv) -> None:

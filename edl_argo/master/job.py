@@ -6,7 +6,8 @@ It wires the parts together and owns no policy of its own: tasks come from the
 :class:`~edl_argo.master.evaluation.EvaluationService`, the model from
 :mod:`~edl_argo.master.export`.
 
-**Failover.** The job's state is saved in its ``--master-state`` (default ``--output``) as it goes (:mod:`edl_argo.master.state_store`).
+**Failover.** The job's state is saved in its ``--master-state`` (default ``--output``) as it goes
+(:mod:`edl_argo.master.state_store`).
 A master started again for the same job (same ``--job-name`` and ``--output``, e.g. by Argo's
 retryStrategy, or by hand after it was killed) finds it and continues: it adopts the pods the old master
 left running (:meth:`~edl_argo.pods.PodBackend.adopt`), restores the dispatcher (tasks held by adopted

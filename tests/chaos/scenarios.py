@@ -389,7 +389,7 @@ def ps_kill(env: ChaosEnv, rng: random.Random) -> TrialResult:
     def inject(trial: Trial) -> None:
         trial.wait_for_progress(rng.uniform(0.20, 0.80))
         trial.backend.pause(PodRole.PS, 0)  # its version stops moving while it is read
-        time.sleep(0.5)  # lets the PS's last log lines through the pipe (not a wait for a result)
+        time.sleep(0.5)  # lets the backend copy the PS's last log lines (not a wait for a result)
         checkpointed = trial.tap.search(saved)
         before = max(trial.job.versions.version, int(checkpointed[1]) if checkpointed else 0)
         kill_line = len(trial.tap.lines)
