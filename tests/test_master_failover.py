@@ -25,7 +25,14 @@ from edl_argo.master.state_store import STATE_KEY, STATE_PARTS, GroupCommit, Mas
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.pods import find_free_port
 from edl_argo.storage import LocalStorage
-from tests.engine_helpers import DIGITS_JOB, DIGITS_MODEL, assert_no_record_lost, digits_config, read_metrics
+from tests.engine_helpers import (
+    DIGITS_ACCURACY_FLOOR,
+    DIGITS_JOB,
+    DIGITS_MODEL,
+    assert_no_record_lost,
+    digits_config,
+    read_metrics,
+)
 from tests.k8s_helpers import job_selector, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 
@@ -342,7 +349,7 @@ def assert_the_job_continued(output: Path, log: str, in_flight_records: int) -> 
     """The restarted master finished the job with the pods of the first: nothing lost, at most the
     tasks in flight trained again, nothing relaunched, the state removed."""
     metrics = read_metrics(output)
-    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
     assert metrics["records_trained_twice"] <= in_flight_records
     assert metrics["relaunches"]["worker"] == metrics["relaunches"]["ps"] == 0

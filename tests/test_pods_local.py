@@ -191,6 +191,29 @@ def test_find_free_port_gives_distinct_bindable_ports() -> None:
         sock.bind(("127.0.0.1", ports[-1]))
 
 
+def test_find_free_port_stays_out_of_the_range_outgoing_connections_draw_from() -> None:
+    """Otherwise a client's connection could take the port between its choice and the PS binding it."""
+    from pathlib import Path
+
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert all(not low <= find_free_port() <= high for _ in range(50))
+
+
+def test_find_free_port_skips_a_port_something_listens_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from edl_argo.pods import ports
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        free = find_free_port()
+        monkeypatch.setattr(ports, "_handed_out", set())
+        monkeypatch.setattr(ports, "_candidate_ports", lambda: [busy, busy, free])
+        assert ports.find_free_port() == free
+
+
 # -- lifecycle and events -----------------------------------------------------------------------------
 
 

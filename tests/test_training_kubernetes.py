@@ -25,7 +25,13 @@ from edl_argo.master.task_dispatcher import TaskAssignment
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner, RoleSettings
-from tests.engine_helpers import DIGITS_MODEL, JobThread, assert_no_record_lost, digits_config
+from tests.engine_helpers import (
+    DIGITS_ACCURACY_FLOOR,
+    DIGITS_MODEL,
+    JobThread,
+    assert_no_record_lost,
+    digits_config,
+)
 from tests.k8s_helpers import MASTER_RULES, MASTER_USER_AGENT, job_selector, role_rules
 from tests.k8s_stand_in import KubernetesStandIn, rules_allow
 
@@ -129,7 +135,7 @@ def test_digits_job_trains_on_kubernetes_pods(
         assert not [v for v in SECRET.values() if v in json.dumps(pod)]
     metrics = thread.join(300)
 
-    assert metrics["final_metrics"]["accuracy"] >= 0.95  # as with the local backend
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR  # as with the local backend
     assert_no_record_lost(metrics)
     assert metrics["relaunches"]["worker"] == metrics["relaunches"]["ps"] == 0
     assert_job_cleaned_up(cluster, name)
@@ -155,7 +161,7 @@ def test_allreduce_job_trains_on_worker_pods_only(
         assert [p["containerPort"] for p in container["ports"]] == [job.config.kubernetes.collective_port]
     metrics = thread.join(300)
 
-    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
     assert metrics["allreduce_replicas"]["max_abs_difference"] == 0.0
     assert cluster.objects("services", job_selector(name, "ps")) == []
@@ -178,7 +184,7 @@ def test_worker_pod_deleted_through_the_api_is_replaced_and_nothing_is_lost(
     assert (first["old_id"], first["new_id"], first["reason"]) == (0, 2, "Deleted")
     assert any(c.verb == "create" and c.resource == "pods" and c.name == "" for c in cluster.calls)
     assert_no_record_lost(metrics)
-    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert "worker_relaunched old_worker=0 new_worker=2 reason=Deleted" in capfd.readouterr().err
     assert_job_cleaned_up(cluster, name)
 
@@ -206,7 +212,7 @@ def test_preempted_worker_replacement_waits_for_capacity_while_the_job_goes_on(
 
     assert metrics["relaunches"]["events"][0]["reason"] == "Preempted"
     assert_no_record_lost(metrics)
-    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert "pod_phase pod=worker-2 phase=Pending reason=Unschedulable" in capfd.readouterr().err
     assert_job_cleaned_up(cluster, name)
 
@@ -232,7 +238,7 @@ def test_ps_pod_deleted_is_recreated_with_its_address_and_restores(
 
     assert metrics["relaunches"]["ps"] == 1
     assert_no_record_lost(metrics)
-    assert metrics["final_metrics"]["accuracy"] >= 0.95
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert "ps_restored" in capfd.readouterr().err
     assert_job_cleaned_up(cluster, name)
 
