@@ -272,3 +272,25 @@ def test_yaml_prints_the_manifests_without_touching_anything(
         == "preview-ps-0.default.svc:2222,preview-ps-1.default.svc:2223"
     )
     assert len(cluster.calls) == calls  # no API call, no data read (the URLs do not exist)
+
+
+def test_yaml_with_a_master_port_includes_the_master_service_the_workers_reach(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As the elastic-train step runs the master (``--master-port 2221``): workers get the Service's name."""
+    argv = [
+        "train", "--model-def", DIGITS_MODEL, "--training-data", "s3://nowhere/train",
+        "--output", "/nonexistent", "--job-name", "preview", "--backend", "kubernetes",
+        "--image", "edl-argo:1", "--master-port", "2221", "--yaml",
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [(d["kind"], d["metadata"]["name"]) for d in documents[:3]] == [
+        ("NetworkPolicy", "preview-grpc"),
+        ("Service", "preview-master"),
+        ("Service", "preview-ps-0"),
+    ]
+    master = documents[1]["spec"]
+    assert master["ports"][0]["port"] == 2221 and master["selector"]["edl-argo/role"] == "master"
+    worker = documents[-1]["spec"]["containers"][0]["command"]
+    assert worker[worker.index("--master-addr") + 1] == "preview-master.default.svc:2221"

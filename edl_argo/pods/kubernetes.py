@@ -113,11 +113,15 @@ _MESSAGE_MAX_CHARS = 2000
 _PodKey = tuple[PodRole, int]
 
 
-def render_job_manifests(job_name: str, config: KubernetesConfig, specs: Sequence[PodSpec]) -> str:
+def render_job_manifests(
+    job_name: str, config: KubernetesConfig, specs: Sequence[PodSpec], *, master_port: int = 0
+) -> str:
     """The NetworkPolicy, Services and Pods that a backend starting ``specs`` creates, as multi-document
-    YAML (for ``--yaml``)."""
+    YAML (for ``--yaml``); with a ``master_port``, the master's Service too."""
     manifests.validate_job_name(job_name)
     documents: list[dict[str, Any]] = [manifests.network_policy_manifest(job_name, config)]
+    if master_port:
+        documents.append(manifests.master_service_manifest(job_name, config, master_port))
     for spec in specs:
         if spec.role is PodRole.PS:
             assert spec.port is not None

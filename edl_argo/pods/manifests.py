@@ -230,6 +230,11 @@ def master_service_name(job_name: str) -> str:
     return f"{job_name}-{MASTER_ROLE}"
 
 
+def master_service_dns_address(job_name: str, config: KubernetesConfig, port: int) -> str:
+    """``<job>-master.<namespace>.svc:<port>``: the DNS form of the master's Service address."""
+    return f"{master_service_name(job_name)}.{config.namespace}.svc:{port}"
+
+
 def master_service_manifest(job_name: str, config: KubernetesConfig, port: int) -> dict[str, Any]:
     """The ClusterIP Service in front of the master serving on ``port``: its address stays when Argo
     replaces the master's pod, so the workers' ``--master-addr`` stays valid."""
