@@ -217,6 +217,35 @@ def test_a_bug_in_the_snapshot_stops_the_writer_and_releases_waiters() -> None:
     writer.close()
 
 
+def test_a_report_asking_for_the_next_task_is_answered_once_both_changes_are_saved() -> None:
+    from edl_argo.master.state_store import DurableMasterServicer
+    from edl_argo.proto import master_pb2
+
+    dispatcher = TaskDispatcher(SHARDS, DispatcherConfig(records_per_task=40, num_epochs=1))
+    saved: list[dict[str, Any]] = []
+    writer = GroupCommit(dispatcher.snapshot, lambda state: saved.append(dict(state)))
+    evaluation = EvaluationService(lambda: {}, {}, 1)
+    evaluation.dispatcher = dispatcher
+    urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    servicer = DurableMasterServicer(dispatcher, evaluation, urls, lambda: 0, commit=writer)
+    writer.start()
+    first = servicer.GetTask(master_pb2.GetTaskRequest(worker_id=0), None)
+    writer.commit()
+    before = len(saved)
+    request = master_pb2.ReportTaskResultRequest(
+        worker_id=0, task_id=first.task.task_id, success=True, get_next_task=True
+    )
+    response = servicer.ReportTaskResult(request, None)
+    writer.close()
+
+    assert response.accepted and response.next_task.kind == master_pb2.GetTaskResponse.TASK
+    assert response.next_task.task.task_id != first.task.task_id
+    assert before < len(saved) <= before + 2  # one wait: a save of both (two if one had just started)
+    doing = saved[-1]["doing"]
+    assert [(d["task"]["task_id"], d["worker_id"]) for d in doing] == [(response.next_task.task.task_id, 0)]
+    assert saved[-1]["tasks_done"]["training"] == 1
+
+
 # -- evaluation state -----------------------------------------------------------------------------------
 
 

@@ -109,7 +109,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             )
         if request.fatal and not request.success:
             accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, request.error_message)
-            return master_pb2.ReportTaskResultResponse(accepted=accepted)
+            return master_pb2.ReportTaskResultResponse(accepted=accepted)  # the job failed: no next task
         accepted = self._dispatcher.report(
             request.task_id, request.worker_id, request.success, request.error_message
         )
@@ -121,7 +121,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self._training_loss.skip_nan_batches(request.counters.get("nan_batches_skipped", 0))
         if "model_version" in request.counters and self._on_version is not None:
             self._on_version(request.counters["model_version"])
-        return master_pb2.ReportTaskResultResponse(accepted=accepted)
+        response = master_pb2.ReportTaskResultResponse(accepted=accepted)
+        if request.get_next_task:
+            next_request = master_pb2.GetTaskRequest(worker_id=request.worker_id)
+            response.next_task.CopyFrom(self.GetTask(next_request, context))
+        return response
 
     def ReportEvaluationOutputs(
         self, request: master_pb2.ReportEvaluationOutputsRequest, context: grpc.ServicerContext

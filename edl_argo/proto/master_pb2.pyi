@@ -64,7 +64,7 @@ class GetTaskResponse(_message.Message):
     def __init__(self, kind: _Optional[_Union[GetTaskResponse.Kind, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class ReportTaskResultRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters", "mean_loss", "fatal")
+    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters", "mean_loss", "fatal", "get_next_task")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class ReportTaskResultRequest(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
     FATAL_FIELD_NUMBER: _ClassVar[int]
+    GET_NEXT_TASK_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     success: bool
@@ -86,13 +87,16 @@ class ReportTaskResultRequest(_message.Message):
     counters: _containers.ScalarMap[str, int]
     mean_loss: float
     fatal: bool
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., mean_loss: _Optional[float] = ..., fatal: _Optional[bool] = ...) -> None: ...
+    get_next_task: bool
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., mean_loss: _Optional[float] = ..., fatal: _Optional[bool] = ..., get_next_task: _Optional[bool] = ...) -> None: ...
 
 class ReportTaskResultResponse(_message.Message):
-    __slots__ = ("accepted",)
+    __slots__ = ("accepted", "next_task")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TASK_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
-    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+    next_task: GetTaskResponse
+    def __init__(self, accepted: _Optional[bool] = ..., next_task: _Optional[_Union[GetTaskResponse, _Mapping]] = ...) -> None: ...
 
 class ReportEvaluationOutputsRequest(_message.Message):
     __slots__ = ("worker_id", "task_id", "model_version", "outputs", "labels")

@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edl_argo.collective import CollectiveAborted
+from edl_argo.collective import CollectiveAborted, CollectiveGroup
 from edl_argo.collective.membership import ElasticMember, RendezvousClient
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
@@ -140,7 +140,7 @@ class AllreduceReplica:
 
     def sync(self) -> None:
         """Hold the group's current state (join or re-form the round if needed)."""
-        self._run_step(None)
+        self._current_group()
 
     def flush(self) -> None:
         """Nothing is in flight between steps."""
@@ -152,7 +152,7 @@ class AllreduceReplica:
     def train_minibatch(self, features: Any, labels: Any) -> float:
         """One group step with this minibatch; returns its loss."""
         self.ensure_built(features)
-        loss, _ = self._run_step((features, labels), step=True)
+        loss, _ = self._group_step((features, labels))
         return loss
 
     def idle_step(self) -> bool:
@@ -163,10 +163,11 @@ class AllreduceReplica:
         """
         if self._model is None:
             return False  # not a member yet: a worker joins with its first training batch
-        _, group_examples = self._run_step(None, step=True)
+        _, group_examples = self._group_step(None)
         return group_examples > 0
 
     def close(self) -> None:
+        """Leave: stop this member's collective server."""
         self._member.close()
 
     # -- internals ------------------------------------------------------------------------------------
@@ -194,10 +195,8 @@ class AllreduceReplica:
         grads = [tf.reshape(p, v.shape) for p, v in zip(pieces, variables, strict=True)]
         self._optimizer.apply_gradients(zip(grads, variables, strict=True))
 
-    def _run_step(self, batch: tuple[Any, Any] | None, step: bool = False) -> tuple[float, float]:
-        """Form the round if needed, then (``step``) one group step; returns (loss, group examples)."""
-        interrupted: tuple[int, int] | None = None  # (version before, round) of an abandoned attempt
-        loss_value = 0.0
+    def _current_group(self) -> CollectiveGroup:
+        """The group of the current round, joining or re-forming it first if needed."""
         for _ in range(MAX_STEP_ATTEMPTS):
             try:
                 group = self._member.group()
@@ -205,8 +204,19 @@ class AllreduceReplica:
                 self._member.abandon(error)
                 continue
             self._scale_learning_rate(group.size)
-            if not step:
-                return 0.0, 0.0
+            return group
+        raise JobFailedError(f"forming a round was abandoned {MAX_STEP_ATTEMPTS} times in a row")
+
+    def _group_step(self, batch: tuple[Any, Any] | None) -> tuple[float, float]:
+        """One group step with ``batch`` (None: an idle member's zeros); returns (loss, group examples).
+
+        A step a lost peer interrupts is retried in the next round, unless the state adopted when that
+        round formed already contains it.
+        """
+        interrupted: tuple[int, int] | None = None  # (version before, round) of an abandoned attempt
+        loss_value = 0.0
+        for _ in range(MAX_STEP_ATTEMPTS):
+            group = self._current_group()
             if interrupted is not None and self._contains_step(*interrupted):
                 log.info("interrupted_step_already_applied", version=self._version)
                 return loss_value, 1.0

@@ -107,6 +107,8 @@ class Replica(Protocol):
 
     def idle_step(self) -> bool: ...
 
+    def close(self) -> None: ...
+
 
 class Worker:
     """Runs tasks from the master until it says DONE.
@@ -140,22 +142,24 @@ class Worker:
 
     def run(self) -> None:
         wait = 0.05
+        response = self._master.get_task()
         while True:
-            response = self._master.get_task()
             if response.kind == master_pb2.GetTaskResponse.DONE:
                 log.info("worker_done", worker=self.worker_id)
                 return
-            if response.kind != master_pb2.GetTaskResponse.TASK:
-                if self._replica.idle_step():
-                    wait = 0.05
-                    continue
+            if response.kind == master_pb2.GetTaskResponse.TASK:
+                wait = 0.05
+                response = self._run_task(response.task)
+                continue
+            if not self._replica.idle_step():
                 time.sleep(wait)
                 wait = min(1.0, wait * 2)
-                continue
-            wait = 0.05
-            self._run_task(response.task)
+            else:
+                wait = 0.05
+            response = self._master.get_task()
 
-    def _run_task(self, task: master_pb2.Task) -> None:
+    def _run_task(self, task: master_pb2.Task) -> master_pb2.GetTaskResponse:
+        """Run ``task``, report its outcome, and return the master's next answer (given with the report)."""
         started = time.monotonic()
         try:
             records = self._source.read(task.data_url, task.shard, task.start, task.end)
@@ -173,17 +177,19 @@ class Worker:
             )
             log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
             self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
-            return
+            return self._master.get_task()  # the job failed: the master says DONE
         except JobFailedError:
             raise
         except Exception as error:  # a task-level failure: the master requeues the task
             message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
             log.error("task_failed", task=task.task_id, shard=task.shard, error=message)
-            self._master.report_task_result(task.task_id, success=False, error=message)
-            return
+            return self._master.report_task_result(task.task_id, success=False, error=message).next_task
         counters["millis"] = int((time.monotonic() - started) * 1000)
         mean_loss = counters.pop("mean_loss", 0.0)
-        self._master.report_task_result(task.task_id, success=True, counters=counters, mean_loss=mean_loss)
+        report = self._master.report_task_result(
+            task.task_id, success=True, counters=counters, mean_loss=mean_loss
+        )
+        return report.next_task
 
     def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
         steps = 0
@@ -268,7 +274,7 @@ def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> 
 def run_worker(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def)
     master = MasterClient(args.master_addr, args.worker_id)
-    replica: ModelReplica | AllreduceReplica
+    replica: Replica
     if args.distribution_strategy == ALLREDUCE:
         replica = AllreduceReplica(
             spec,
@@ -298,6 +304,5 @@ def run_worker(args: argparse.Namespace) -> int:
     try:
         worker.run()
     finally:
-        if isinstance(replica, AllreduceReplica):
-            replica.close()
+        replica.close()
     return 0

@@ -35,8 +35,9 @@ class MasterClient:
         counters: Mapping[str, int] | None = None,
         mean_loss: float = 0.0,
         fatal: bool = False,
-    ) -> bool:
-        """Report a task's outcome; ``fatal``: a failure no retry can cure, which fails the job."""
+    ) -> master_pb2.ReportTaskResultResponse:
+        """Report a task's outcome and ask for the next task (the response's ``next_task``, absent when
+        ``fatal``: a failure no retry can cure, which fails the job)."""
         request = master_pb2.ReportTaskResultRequest(
             worker_id=self.worker_id,
             task_id=task_id,
@@ -45,8 +46,9 @@ class MasterClient:
             counters=dict(counters or {}),
             mean_loss=mean_loss,
             fatal=fatal,
+            get_next_task=not fatal,
         )
-        return bool(self._call("ReportTaskResult", request).accepted)
+        return self._call("ReportTaskResult", request)
 
     def report_evaluation_outputs(
         self, task_id: int, model_version: int, outputs: Mapping[str, np.ndarray], labels: np.ndarray

@@ -232,6 +232,13 @@ class ModelReplica:
         """Workers of a PS job do nothing without a task: the caller backs off."""
         return False
 
+    def close(self) -> None:
+        """Release this replica's threads and the PS client's (call :meth:`flush` first to wait for a push
+        in flight)."""
+        if self._pipeline is not None:
+            self._pipeline.shutdown(wait=False)
+        self._ps.close()
+
     def predict(self, features: Any) -> Any:
         """The model's outputs with the latest parameters (no gradients)."""
         self.ensure_built(features)
