@@ -1,8 +1,8 @@
 """The example pipelines, run end to end on this machine by ``edl-argo pipeline run``'s runner.
 
-Small settings keep them at a minute or two each: the digits pipeline with its defaults (8 epochs, the
-settings of ``tests/engine_helpers.DIGITS_JOB``), data and artifacts in the S3 stand-in; the CTR
-pipeline with 1,000 records and one epoch, in local folders.
+Small settings keep them at a minute or two each: the digits pipeline with its defaults (8 epochs),
+data and artifacts in the S3 stand-in; the CTR pipeline with 2,500 records and two epochs, in local
+folders (it also checks what only a sparse model shows: embedding rows trained on both PS shards).
 """
 
 from __future__ import annotations
@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import keras
+import numpy as np
+
 from edl_argo.pipeline.loader import load_workflow, with_parameters
 from edl_argo.pipeline.runner import LocalRunner, Phase, RunResult
 from edl_argo.pipeline.summary import summary
 from edl_argo.storage import open_storage
-from tests.engine_helpers import DIGITS_ACCURACY_FLOOR
+from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, assert_no_record_lost
 from tests.manifests import ROOT
 
 PIPELINES = ROOT / "examples" / "pipelines"
@@ -28,7 +31,7 @@ def run_pipeline(name: str, workdir: Path, artifacts: str | None = None, **param
     return result
 
 
-def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, tmp_path: Path) -> None:
+def test_digits_pipeline_trains_with_data_and_artifacts_in_s3(s3_env: str, tmp_path: Path) -> None:
     result = run_pipeline("digits_pipeline.py", tmp_path, f"{s3_env}/artifacts", data=f"{s3_env}/digits")
 
     assert [(s.name, s.phase) for s in result.steps] == [
@@ -56,15 +59,26 @@ def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, 
     assert f"pipeline {result.workflow} succeeded" in text and f"artifact  model: {model}" in text
 
 
-def test_ctr_pipeline_trains_with_two_parameter_servers(tmp_path: Path) -> None:
+def test_ctr_pipeline_trains_embeddings_sharded_over_two_parameter_servers(tmp_path: Path) -> None:
     data = tmp_path / "ctr"
     result = run_pipeline(
-        "ctr_pipeline.py", tmp_path / "runs", data=str(data), records="1000", epochs="1", workers="1"
+        "ctr_pipeline.py", tmp_path / "runs", data=str(data), records="2500", epochs="2", workers="1"
     )
 
     assert [s.phase for s in result.steps] == [Phase.SUCCEEDED] * 3
     evaluation = json.loads(result.step("evaluate").parameters["metrics"])
-    assert set(evaluation) == {"auc", "log_loss", "accuracy", "records"} and evaluation["records"] == 200
-    flags = json.loads(Path(result.step("elastic-train").artifacts["model"], "flags.json").read_text())
+    assert set(evaluation) == {"auc", "log_loss", "accuracy", "records"} and evaluation["records"] == 500
+    model_dir = Path(result.step("elastic-train").artifacts["model"])
+    flags = json.loads((model_dir / "flags.json").read_text())
     assert flags["num_ps"] == 2 and flags["backend"] == "local"  # the runner's pods are local processes
     assert flags["training_data"] == f"{data}/train"
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert_no_record_lost(metrics)
+    losses = metrics["training_loss_per_epoch"]
+    assert losses["1"] < losses["0"], losses
+    model = keras.models.load_model(model_dir / "model.keras", compile=False)
+    tables = [layer.embeddings.numpy() for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
+    assert len(tables) == 26
+    # Rows the job trained were exported from both parameter servers (even and odd ids).
+    changed = np.flatnonzero(np.abs(tables[0]).max(axis=1) > 0.06)
+    assert {0, 1} <= set(changed % 2)

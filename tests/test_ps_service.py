@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import pytest
 
 from edl_argo.cli import build_parser
 from edl_argo.errors import ConfigError
+from edl_argo.pods import find_free_port
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
 from edl_argo.ps.checkpoint import Checkpointer, checkpoint_key, list_checkpoints, restore_latest
 from edl_argo.ps.parameters import ParametersState
@@ -82,13 +82,6 @@ def loss(labels, predictions): return 0.0
 def optimizer(): return keras.optimizers.SGD(0.1)
 def eval_metrics_fn(): return {}
 """
-
-
-def free_port() -> int:
-    """A port that was free a moment ago."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def model(version: int = 0, w: np.ndarray = W) -> ps_pb2.Model:
@@ -380,7 +373,7 @@ def test_cli_flags_and_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         parser.parse_args(["ps", "--model-def", "m.py", "--grads-to-wait", "0"])
     assert parser.parse_args(["ps", "--model_def", "m.py", "--use_async"]).use_async  # ElasticDL spelling
 
-    port = free_port()
+    port = find_free_port()
     config = PSConfig(model_def=str(model_file), host="127.0.0.1", port=port, checkpoint_dir=str(tmp_path))
     server = serve(config)
     try:
@@ -413,7 +406,7 @@ def test_concurrent_async_pushes_each_apply_once(connect: Any) -> None:
 def test_ps_command_stops_gracefully_on_sigterm_with_a_last_checkpoint(tmp_path: Path) -> None:
     model_file = tmp_path / "model.py"
     model_file.write_text(MODEL_FILE)
-    port = free_port()
+    port = find_free_port()
     flags = ["ps", "--model-def", str(model_file), "--port", str(port), "--use-async"]
     flags += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-steps", "100"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "POD_IP": "127.0.0.1"}

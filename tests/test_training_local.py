@@ -8,18 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import keras
-import numpy as np
 import pytest
 
 from edl_argo import cli, log
-from edl_argo.data.commands import ctr_records, write_dataset
-from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
-from edl_argo.recordio import Compressor
-from edl_argo.storage import LocalStorage
 from tests.engine_helpers import (
-    CTR_MODEL,
     DIGITS_ACCURACY_FLOOR,
     DIGITS_MODEL,
     assert_no_record_lost,
@@ -68,30 +61,3 @@ def test_async_job_trains_digits(digits_data: Path, tmp_path: Path) -> None:
     metrics = TrainingJob(digits_config(digits_data, tmp_path / "job", use_async=True)).run()
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
-
-
-def test_ctr_model_trains_with_two_parameter_servers(tmp_path: Path) -> None:
-    data = LocalStorage(tmp_path / "ctr")
-    write_dataset(data, "train", ctr_records(3000, 100_000, seed=0), 2, Compressor.SNAPPY, overwrite=False)
-    config = TrainConfig(
-        model_def=CTR_MODEL,
-        training_data=str(tmp_path / "ctr" / "train"),
-        output=str(tmp_path / "job"),
-        job_name="test-ctr",
-        num_epochs=2,
-        minibatch_size=64,
-        num_minibatches_per_task=8,
-        num_workers=2,
-        num_ps=2,
-    )
-    metrics = TrainingJob(config).run()
-
-    assert_no_record_lost(metrics)
-    losses = metrics["training_loss_per_epoch"]
-    assert losses["1"] < losses["0"], losses
-    model = keras.models.load_model(tmp_path / "job" / "model" / "model.keras", compile=False)
-    tables = [layer.embeddings.numpy() for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
-    assert len(tables) == 26
-    # Rows the job trained were exported from both parameter servers (even and odd ids).
-    changed = np.flatnonzero(np.abs(tables[0]).max(axis=1) > 0.06)
-    assert {0, 1} <= set(changed % 2)
