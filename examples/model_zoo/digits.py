@@ -25,16 +25,18 @@ _FEATURES = {"image": tf.io.FixedLenFeature([64], tf.float32)}
 _LABEL = {"label": tf.io.FixedLenFeature([1], tf.int64)}
 
 
-def feed(dataset: tf.data.Dataset, mode: str, _metadata: object) -> tf.data.Dataset:
-    def parse(record: tf.Tensor):
-        spec = _FEATURES if mode == Mode.PREDICTION else {**_FEATURES, **_LABEL}
-        parsed = tf.io.parse_single_example(record, spec)
-        image = parsed["image"] / 16.0
-        if mode == Mode.PREDICTION:
-            return image
-        return image, tf.cast(parsed["label"], tf.int32)
+def parse(record: tf.Tensor, mode: str):
+    """One record as the model takes it: the image scaled to 0-1 (and, except to predict, the label)."""
+    spec = _FEATURES if mode == Mode.PREDICTION else {**_FEATURES, **_LABEL}
+    parsed = tf.io.parse_single_example(record, spec)
+    image = parsed["image"] / 16.0
+    if mode == Mode.PREDICTION:
+        return image
+    return image, tf.cast(parsed["label"], tf.int32)
 
-    dataset = dataset.map(parse)
+
+def feed(dataset: tf.data.Dataset, mode: str, _metadata: object) -> tf.data.Dataset:
+    dataset = dataset.map(lambda record: parse(record, mode))
     if mode == Mode.TRAINING:
         dataset = dataset.shuffle(buffer_size=512)
     return dataset
