@@ -20,7 +20,7 @@ from edl_argo.cli import build_parser
 from edl_argo.errors import ConfigError
 from edl_argo.pods import find_free_port
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
-from edl_argo.ps.checkpoint import Checkpointer, checkpoint_key, list_checkpoints, restore_latest
+from edl_argo.ps.checkpoint import ps_checkpointer, ps_checkpoints, restore_latest
 from edl_argo.ps.parameters import ParametersState
 from edl_argo.ps.server import PSConfig, create_servicer, serve, start_server
 from edl_argo.ps.servicer import ParameterServerServicer
@@ -322,9 +322,9 @@ def test_checkpoints_restore_identical_state_that_continues_identically(connect:
     for version in range(7):
         step(stub, version)
         original._checkpointer.wait()  # type: ignore[union-attr]
-    assert [v for v, _ in list_checkpoints(storage, 0)] == [2, 4, 6]
+    assert [v for v, _ in ps_checkpoints(storage, 0).list()] == [2, 4, 6]
     assert original.save_checkpoint(timeout=30)  # the graceful-stop save: version 7
-    assert [v for v, _ in list_checkpoints(storage, 0)] == [4, 6, 7]
+    assert [v for v, _ in ps_checkpoints(storage, 0).list()] == [4, 6, 7]
 
     restored = create_servicer(config, optimizer_factory=adam, storage=storage)
     assert restored.version == 7
@@ -348,13 +348,13 @@ def test_checkpoints_restore_identical_state_that_continues_identically(connect:
 def test_unreadable_checkpoints_are_skipped_and_saves_are_spaced() -> None:
     storage = MemoryStorage()
     assert restore_latest(storage, 0) is None
-    ps = servicer(use_async=True, factory=adam, checkpointer=Checkpointer(storage, 0, every=3))
+    ps = servicer(use_async=True, factory=adam, checkpointer=ps_checkpointer(storage, 0, every=3))
     ps.parameters.init_from_model(model())
     checkpointer = ps._checkpointer
     assert checkpointer is not None and not checkpointer.due(2) and checkpointer.due(3)
     checkpointer.submit(ps.parameters.snapshot())
     checkpointer.wait()
-    storage.write(checkpoint_key(0, 9), b"not a checkpoint")
+    storage.write(ps_checkpoints(storage, 0).key(9), b"not a checkpoint")
     restored = restore_latest(storage, 0)
     assert restored is not None and restored.version == 0
     assert restore_latest(storage, 1) is None

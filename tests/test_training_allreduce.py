@@ -82,3 +82,33 @@ def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(
     joined = re.findall(formed, err)
     assert any(member != source for member, source in joined), joined
     assert "rendezvous_round" in err and f"worker {victim} left" in err
+
+
+def test_a_group_that_loses_every_member_at_once_restarts_from_its_checkpoint(
+    digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Both workers SIGKILLed together: nobody holds the model, so the replacements start from the
+    checkpoint rank 0 saved (not from a fresh model). A checkpoint an earlier run left is removed first."""
+    stale = tmp_path / "job" / "checkpoints" / "allreduce" / "version-0009999999.ckpt"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"left by an earlier run")
+    job = TrainingJob(digits_config(digits_data, tmp_path / "job", checkpoint_steps=10, **ALLREDUCE))
+    running = JobThread(job).start()
+    running.wait_until(lambda: running.progress_fraction() >= 0.4, 240, "40% of the tasks")
+    assert job.pods is not None and not stale.exists()
+    for worker in sorted(job.pods.live_workers):
+        job.backend.kill(PodRole.WORKER, worker, signal.SIGKILL)
+    metrics = running.join(400)
+
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
+    assert_no_record_lost(metrics)
+    assert metrics["relaunches"]["worker"] == 2
+    err = capfd.readouterr().err
+    assert "stale_checkpoints_removed" in err
+    restored = [int(v) for v in re.findall(r"\[worker-[23]\].*replica_restored version=(\d+)", err)]
+    assert restored and min(restored) >= 10, restored
+    # The replacements' group formed at the checkpoint's version, not at a fresh model's 0.
+    formed = [int(v) for v in re.findall(r"\[worker-[23]\].*group_formed .*version=(\d+)", err)]
+    assert formed and formed[0] >= min(restored), formed
+    saved = sorted((tmp_path / "job" / "checkpoints" / "allreduce").iterdir())
+    assert saved and len(saved) <= 3 and stale not in saved  # the newest three are kept

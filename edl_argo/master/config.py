@@ -128,7 +128,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-steps",
         type=non_negative_int,
         default=0,
-        help="PS checkpoint every N versions",
+        help="checkpoint the model every N versions (each PS, or with AllreduceStrategy the group)",
     )
 
     cluster = parser.add_argument_group("workers and parameter servers")

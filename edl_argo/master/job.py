@@ -16,8 +16,10 @@ version, the training loss and the pod bookkeeping, and serves on the same port,
 carry on. PSes that did not survive are started again and restore their checkpoints; without
 ``--checkpoint-steps`` their parameters would be lost, so the job starts afresh instead. With
 AllreduceStrategy the model lives in the workers: the job continues if any worker survived (the group
-re-forms around it; round ids come from the clock, so they only grow across masters) and starts afresh if
-none did. Without a saved state, pods left by an earlier master are removed and the job starts afresh.
+re-forms around it; round ids come from the clock, so they only grow across masters) or, when none did,
+from the group's newest checkpoint; without ``--checkpoint-steps`` it starts afresh. Without a saved
+state, pods left by an earlier master are removed and the job starts afresh: checkpoints an earlier run
+left in ``<output>/checkpoints`` are removed too, so a new run never restores them.
 """
 
 from __future__ import annotations
@@ -192,6 +194,13 @@ class TrainingJob:
             )  # fmt: skip
             if c.scale_lr_by_world_size:
                 command += ("--scale-lr-by-world-size",)
+            if c.checkpoint_steps:
+                command += (
+                    "--checkpoint-steps",
+                    str(c.checkpoint_steps),
+                    "--checkpoint-dir",
+                    c.checkpoint_dir,
+                )
         else:
             command += ("--ps-addrs", self._ps_addresses())
         if c.pipelined:
@@ -338,15 +347,17 @@ class TrainingJob:
         adopted = self.backend.adopt()
         if saved is None:
             self._remove_leftover_pods(adopted)
+            self._remove_stale_checkpoints()
             return [], set()
         surviving_ps = {pod.pod_id for pod in adopted if pod.role is PodRole.PS}
         lost_ps = sorted(set(range(c.num_ps)) - surviving_ps)
         workers = {pod.pod_id for pod in adopted if pod.role is PodRole.WORKER}
         # The model lives in the PSes (restorable from checkpoints) or, with AllreduceStrategy, in the
-        # workers: any surviving worker holds it and hands it to the others when the group re-forms.
+        # workers: any surviving worker holds it and hands it to the others when the group re-forms, and
+        # without one the group starts from its newest checkpoint.
         reason = ""
-        if c.allreduce and not workers:
-            reason = "AllreduceStrategy: no worker survived to hold the model"
+        if c.allreduce and not workers and not c.checkpoint_steps:
+            reason = "AllreduceStrategy: no worker survived to hold the model, and no --checkpoint-steps"
         elif lost_ps and not c.checkpoint_steps:
             reason = f"PS {lost_ps} lost without --checkpoint-steps"
         if reason:
@@ -354,6 +365,7 @@ class TrainingJob:
             self._saved = None
             self._started = time.time()
             self._remove_leftover_pods(adopted)
+            self._remove_stale_checkpoints()
             return [], set()
         try:
             self.dispatcher = self._restored_dispatcher(workers)
@@ -380,6 +392,20 @@ class TrainingJob:
             evaluations=len(self.evaluation.history),
         )
         return adopted, holders
+
+    def _remove_stale_checkpoints(self) -> None:
+        """A job that starts afresh never restores the checkpoints an earlier run of it left."""
+        c = self.config
+        if not c.checkpoint_steps:
+            return
+        storage = open_storage(c.checkpoint_dir)
+        stale = [info.key for info in storage.list("")]
+        for key in stale:
+            storage.delete(key)
+        if stale:
+            log.warning(
+                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoint_dir, objects=len(stale)
+            )
 
     def _forget_state(self) -> None:
         """The job is over: stop saving its state and remove it."""

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from edl_argo import log
+from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
 from edl_argo.proto import ps_pb2_grpc
-from edl_argo.ps.checkpoint import Checkpointer, restore_latest
+from edl_argo.ps.checkpoint import ps_checkpointer, restore_latest
 from edl_argo.ps.optimizer import OptimizerFactory
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.channel import make_server
@@ -70,12 +71,8 @@ def create_servicer(
         from edl_argo.model.loader import load_model_spec
 
         optimizer_factory = load_model_spec(config.model_def).optimizer
-    if storage is None and config.checkpoint_dir:
-        from edl_argo.storage import open_storage
-
-        storage = open_storage(config.checkpoint_dir)
-    if storage is None and config.checkpoint_steps > 0:
-        raise ConfigError("--checkpoint-steps needs --checkpoint-dir: where should checkpoints go?")
+    if storage is None:
+        storage = open_checkpoint_storage(config.checkpoint_dir, config.checkpoint_steps)
     state = None
     checkpointer = None
     if storage is not None:
@@ -84,7 +81,7 @@ def create_servicer(
             _log.info(
                 "ps_restored", version=state.version, checkpoint=storage.describe(f"ps-{config.ps_id}/")
             )
-        checkpointer = Checkpointer(storage, config.ps_id, config.checkpoint_steps)
+        checkpointer = ps_checkpointer(storage, config.ps_id, config.checkpoint_steps)
     return ParameterServerServicer(
         optimizer_factory,
         ps_id=config.ps_id,
@@ -155,14 +152,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="synchronous SGD: accept pushes up to this many versions old (default 0)",
     )
-    add_flag(parser, "--checkpoint-dir", metavar="URL", help="folder or s3://bucket/prefix of checkpoints")
-    add_flag(
-        parser,
-        "--checkpoint-steps",
-        type=non_negative_int,
-        default=0,
-        help="save a checkpoint every N versions (default 0: never)",
-    )
+    add_checkpoint_flags(parser)
     add_flag(parser, "--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.set_defaults(run=run_ps)
 

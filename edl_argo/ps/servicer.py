@@ -38,10 +38,10 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
+from edl_argo.checkpoint import Checkpointer
 from edl_argo.errors import ConfigError, EdlError
 from edl_argo.log import get_logger
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
-from edl_argo.ps.checkpoint import Checkpointer
 from edl_argo.ps.optimizer import LearningRateScaleError, OptimizerFactory, check_optimizer_factory
 from edl_argo.ps.parameters import (
     Gradients,
@@ -137,7 +137,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         grads_to_wait: int = 1,
         lr_staleness_modulation: bool = False,
         sync_version_tolerance: int = 0,
-        checkpointer: Checkpointer | None = None,
+        checkpointer: Checkpointer[ParametersState] | None = None,
         initial_state: ParametersState | None = None,
         jit_compile: bool = True,
     ) -> None:

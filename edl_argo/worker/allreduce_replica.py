@@ -12,6 +12,10 @@ A step interrupted by a lost member is abandoned: the suspect is reported, the n
 makes every member hold the newest state) and the step is retried in it — unless the state adopted in the
 new round already contains this step (its last steps' rounds are part of the state), in which case the
 minibatch is not applied twice.
+
+With a checkpoint series (``--checkpoint-dir``), a replica starts from the newest checkpoint, and with
+``--checkpoint-steps N`` the member of rank 0 saves the group's state every N versions
+(:mod:`edl_argo.collective.checkpoint`): a group that lost every member at once re-forms from it.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from edl_argo.checkpoint import Checkpointer, CheckpointSeries
 from edl_argo.collective import CollectiveAborted, CollectiveGroup
+from edl_argo.collective.checkpoint import GroupSnapshot, decode_state, group_checkpointer, group_checkpoints
 from edl_argo.collective.membership import ElasticMember, RendezvousClient
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
+from edl_argo.rpc.tensors import from_tensor
+from edl_argo.storage.base import Storage
 from edl_argo.worker.replica import NonFiniteLossError, build_model
 
 log = get_logger(__name__)
@@ -37,6 +45,8 @@ log = get_logger(__name__)
 MAX_STEP_ATTEMPTS = 50
 #: How many recent steps' rounds a state carries.
 RECENT_STEPS = 8
+#: How long closing waits for a checkpoint being written.
+CHECKPOINT_CLOSE_SECONDS = 60.0
 
 
 class AllreduceReplica:
@@ -48,6 +58,9 @@ class AllreduceReplica:
         collective_timeout: seconds any single collective wait may take before the peer is blamed.
         scale_lr_by_world_size: multiply the optimizer's learning rate by the number of members (the
             group's batch is that many minibatches), updated whenever the group changes size.
+        checkpoint_storage: where the group's checkpoints are (the newest is loaded when the model is
+            built); None: no checkpoints.
+        checkpoint_steps: as the member of rank 0, save a checkpoint every this many versions (0: never).
     """
 
     def __init__(
@@ -58,8 +71,16 @@ class AllreduceReplica:
         port: int = 0,
         collective_timeout: float = 60.0,
         scale_lr_by_world_size: bool = False,
+        checkpoint_storage: Storage | None = None,
+        checkpoint_steps: int = 0,
     ) -> None:
         self._spec = spec
+        self._checkpoints: CheckpointSeries | None = None
+        self._checkpointer: Checkpointer[GroupSnapshot] | None = None
+        if checkpoint_storage is not None:
+            self._checkpoints = group_checkpoints(checkpoint_storage)
+            if checkpoint_steps:
+                self._checkpointer = group_checkpointer(checkpoint_storage, checkpoint_steps)
         self._scale_lr = scale_lr_by_world_size
         self._model: keras.Model | None = None
         self._optimizer: Any = None
@@ -137,6 +158,7 @@ class AllreduceReplica:
         self._apply = tf.function(self._apply_mean_gradients)
         self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
         log.info("replica_built", variables=len(model.variables), parameters=sum(self._sizes))
+        self._restore_checkpoint()
 
     def sync(self) -> None:
         """Hold the group's current state (join or re-form the round if needed)."""
@@ -167,7 +189,9 @@ class AllreduceReplica:
         return group_examples > 0
 
     def close(self) -> None:
-        """Leave: stop this member's collective server."""
+        """Leave: stop this member's collective server (after a checkpoint being saved is written)."""
+        if self._checkpointer is not None and not self._checkpointer.wait(CHECKPOINT_CLOSE_SECONDS):
+            log.warning("checkpoint_unfinished", waited_s=CHECKPOINT_CLOSE_SECONDS)
         self._member.close()
 
     # -- internals ------------------------------------------------------------------------------------
@@ -246,8 +270,34 @@ class AllreduceReplica:
                     log.info(
                         "round_first_step", round=group.round_id, version=self._version, world_size=group.size
                     )
+                if group.rank == 0:
+                    self._maybe_checkpoint(group.round_id)
             return loss_value, examples
         raise JobFailedError(f"a synchronous step was abandoned {MAX_STEP_ATTEMPTS} times in a row")
+
+    def _restore_checkpoint(self) -> None:
+        """Start from the group's newest checkpoint, if there is one (before joining any round)."""
+        if self._checkpoints is None:
+            return
+        state = self._checkpoints.newest(decode_state)
+        if state is None:
+            return
+        where = self._checkpoints.storage.describe(self._checkpoints.key(state.version))
+        try:
+            values = [np.array(from_tensor(t)) for t in state.variables]
+            self.import_state(values, state.version, list(state.recent_step_rounds))
+        except JobFailedError as error:
+            raise JobFailedError(f"checkpoint {where}: {error}") from None
+        if self._checkpointer is not None:
+            self._checkpointer.mark(state.version)
+        log.info("replica_restored", version=state.version, checkpoint=where)
+
+    def _maybe_checkpoint(self, round_id: int) -> None:
+        """As the member of rank 0: submit the group's state when a checkpoint is due."""
+        if self._checkpointer is None or not self._checkpointer.due(self._version):
+            return
+        values, rounds = self.export_state()
+        self._checkpointer.submit(GroupSnapshot(self._version, round_id, values, rounds))
 
     def _contains_step(self, version_before: int, round_id: int) -> bool:
         """Whether the state now held includes the step attempted at ``version_before`` in ``round_id``."""

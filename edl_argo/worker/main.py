@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
 from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
 from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="AllreduceStrategy: port of this worker's collective service (0: any free port)",
     )
     add_collective_flags(parser)
+    add_checkpoint_flags(parser)  # AllreduceStrategy: the group's checkpoints
     add_flag(parser, "--model-def", required=True)
     add_flag(parser, "--minibatch-size", type=positive_int, required=True)
     add_flag(
@@ -283,6 +285,8 @@ def run_worker(args: argparse.Namespace) -> int:
             args.collective_port,
             collective_timeout=args.collective_timeout_seconds,
             scale_lr_by_world_size=args.scale_lr_by_world_size,
+            checkpoint_storage=open_checkpoint_storage(args.checkpoint_dir, args.checkpoint_steps),
+            checkpoint_steps=args.checkpoint_steps,
         )
         log.info("worker_started", worker=args.worker_id, master=args.master_addr, collective=replica.address)
     else:

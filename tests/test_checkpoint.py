@@ -1,0 +1,65 @@
+"""Checkpoint series (shared by parameter servers and the AllreduceStrategy group) and the group's format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edl_argo.checkpoint import Checkpointer, CheckpointSeries, open_checkpoint_storage
+from edl_argo.collective.checkpoint import (
+    GroupSnapshot,
+    decode_state,
+    encode_snapshot,
+    group_checkpointer,
+    group_checkpoints,
+)
+from edl_argo.errors import ConfigError, DataFormatError
+from edl_argo.rpc.tensors import from_tensor
+from edl_argo.storage import LocalStorage
+
+
+def snapshot(version: int) -> GroupSnapshot:
+    values = [np.full((2, 3), version, np.float32), np.arange(4, dtype=np.int64)]
+    return GroupSnapshot(version=version, round_id=7, values=values, recent_step_rounds=[6, 7])
+
+
+def test_a_group_snapshot_round_trips_and_garbage_is_a_format_error_naming_the_source() -> None:
+    state = decode_state(encode_snapshot(snapshot(12)), "s3://b/ckpt")
+    assert (state.version, state.round_id, list(state.recent_step_rounds)) == (12, 7, [6, 7])
+    values = [from_tensor(t) for t in state.variables]
+    assert values[0].dtype == np.float32 and np.all(values[0] == 12) and values[1].tolist() == [0, 1, 2, 3]
+    for garbage in (b"\xff\xfe not a message", b""):
+        with pytest.raises(DataFormatError, match="s3://b/ckpt"):
+            decode_state(garbage, "s3://b/ckpt")
+
+
+def test_the_series_keeps_the_newest_three_and_newest_skips_an_unreadable_one(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    series = group_checkpoints(storage)
+    for version in (5, 10, 15, 20):
+        series.save(version, encode_snapshot(snapshot(version)))
+    storage.write("allreduce/notes.txt", b"not a checkpoint name: ignored")
+    assert [v for v, _ in series.list()] == [10, 15, 20]
+    assert series.newest(decode_state).version == 20  # type: ignore[union-attr]
+    storage.write(series.key(25), b"truncated")
+    assert series.newest(decode_state).version == 20  # type: ignore[union-attr]
+    assert CheckpointSeries(storage, "ps-0").newest(decode_state) is None
+
+
+def test_a_checkpointer_is_due_once_per_interval_and_saves_in_the_background(tmp_path: Path) -> None:
+    checkpointer: Checkpointer[GroupSnapshot] = group_checkpointer(LocalStorage(tmp_path), every=10)
+    checkpointer.mark(10)  # restored at version 10
+    assert [v for v in (11, 19) if checkpointer.due(v)] == []
+    assert checkpointer.due(20)
+    checkpointer.submit(snapshot(21))
+    assert checkpointer.wait(30) and not checkpointer.due(29) and checkpointer.due(30)
+    assert [v for v, _ in checkpointer.series.list()] == [21]
+
+
+def test_checkpoint_steps_without_a_checkpoint_dir_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--checkpoint-steps needs --checkpoint-dir"):
+        open_checkpoint_storage(None, 5)
+    assert open_checkpoint_storage(None, 0) is None
+    assert open_checkpoint_storage(str(tmp_path), 5) is not None
