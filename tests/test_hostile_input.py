@@ -97,6 +97,7 @@ def model_file(directory: Path, name: str, code: str) -> str:
         (["--job-name", "two words"], "--job-name"),
         (["--backend", "kubernetes", "--image", "img", "--ps-port", "70000"], "--ps-port"),
         (["--backend", "kubernetes", "--image", "img", "--namespace", "Not_A_Namespace"], "--namespace"),
+        (["--backend", "kubernetes", "--image", "img", "--checkpoint-steps", "5"], "--checkpoint-dir s3://"),
     ],
 )
 def test_out_of_range_train_flags_fail_with_one_line_naming_the_flag(

@@ -82,6 +82,16 @@ def elastic_train(
         ),
     ] = PARAMETER_SERVER,
     evaluation_steps: Annotated[Int, Input("evaluate every N model versions (0: at the end only)")] = 0,
+    checkpoint_steps: Annotated[
+        Int, Input("checkpoint the model every N versions (0: never); needs checkpoint-dir")
+    ] = 0,
+    checkpoint_dir: Annotated[
+        Text,
+        Input(
+            "URL (s3://...) of the checkpoints that replaced PS pods, or AllreduceStrategy workers that all "
+            "died, restore"
+        ),
+    ] = "",
     image: Annotated[Text, Input("container image of the master, workers and parameter servers")] = IMAGE,
     worker_resource_request: Annotated[Text, Input("resources of each worker pod")] = "cpu=1,memory=1024Mi",
     ps_resource_request: Annotated[

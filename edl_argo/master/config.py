@@ -48,6 +48,8 @@ class TrainConfig:
     sync_version_tolerance: int = 0
     evaluation_steps: int = 0
     checkpoint_steps: int = 0
+    checkpoint_dir: str = ""
+    """URL of the checkpoints (:attr:`checkpoints_url`); empty: ``<output>/checkpoints``."""
     shuffle: bool = False
     seed: int = 0
     max_task_retries: int = 3
@@ -78,8 +80,9 @@ class TrainConfig:
         return self.minibatch_size * self.num_minibatches_per_task
 
     @property
-    def checkpoint_dir(self) -> str:
-        return self.output.rstrip("/") + "/checkpoints"
+    def checkpoints_url(self) -> str:
+        """Where the PSes (or the AllreduceStrategy group) keep their checkpoints."""
+        return self.checkpoint_dir or self.output.rstrip("/") + "/checkpoints"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -130,6 +133,13 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="checkpoint the model every N versions (each PS, or with AllreduceStrategy the group)",
     )
+    add_flag(
+        training,
+        "--checkpoint-dir",
+        default="",
+        metavar="URL",
+        help="where checkpoints go (default OUTPUT/checkpoints); with --backend kubernetes an s3:// URL",
+    )
 
     cluster = parser.add_argument_group("workers and parameter servers")
     add_flag(
@@ -179,7 +189,6 @@ def _check_allreduce(args: argparse.Namespace) -> None:
         "--grads-to-wait": args.grads_to_wait > 1,
         "--pipelined": args.pipelined,
         "--lr-staleness-modulation": args.lr_staleness_modulation,
-        "--checkpoint-steps": args.checkpoint_steps > 0,
     }
     for flag, used in conflicts.items():
         if used:
@@ -201,6 +210,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ConfigError("--pipelined needs --use-async: synchronous SGD cannot compute ahead of its pushes")
     if args.evaluation_steps and not args.validation_data:
         raise ConfigError("--evaluation-steps needs --validation-data")
+    checkpoints = args.checkpoint_dir or args.output.rstrip("/") + "/checkpoints"
+    if args.backend == "kubernetes" and args.checkpoint_steps and not checkpoints.startswith("s3://"):
+        raise ConfigError(
+            f"--checkpoint-steps with --backend kubernetes: {checkpoints} would be each pod's own disk;"
+            " set --checkpoint-dir s3://bucket/prefix"
+        )
     if args.master_port > MAX_PORT:
         raise ConfigError(f"--master-port {args.master_port}: a port is at most {MAX_PORT}")
     if args.backend == "local" and args.job_name and not _JOB_NAME.match(args.job_name):

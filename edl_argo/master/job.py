@@ -163,7 +163,7 @@ class TrainingJob:
             "--log-level", c.log_level,
         ]  # fmt: skip
         if c.checkpoint_steps:
-            command += ["--checkpoint-dir", c.checkpoint_dir]
+            command += ["--checkpoint-dir", c.checkpoints_url]
         if c.use_async:
             command.append("--use-async")
         if c.lr_staleness_modulation:
@@ -199,7 +199,7 @@ class TrainingJob:
                     "--checkpoint-steps",
                     str(c.checkpoint_steps),
                     "--checkpoint-dir",
-                    c.checkpoint_dir,
+                    c.checkpoints_url,
                 )
         else:
             command += ("--ps-addrs", self._ps_addresses())
@@ -398,13 +398,13 @@ class TrainingJob:
         c = self.config
         if not c.checkpoint_steps:
             return
-        storage = open_storage(c.checkpoint_dir)
+        storage = open_storage(c.checkpoints_url)
         stale = [info.key for info in storage.list("")]
         for key in stale:
             storage.delete(key)
         if stale:
             log.warning(
-                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoint_dir, objects=len(stale)
+                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=len(stale)
             )
 
     def _forget_state(self) -> None:
