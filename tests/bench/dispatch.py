@@ -9,10 +9,11 @@ prints ``PORT <n>`` and serves until killed.
   the project's :func:`make_server` (ThreadPoolExecutor of 8).
 * ``trivial``: the baseline, a generic Python gRPC handler ``Empty → Empty`` on the same kind of server.
 
-Clients: N threads in this process, each with its own channel (as separate workers have), loop over
-``GetTask`` then ``ReportTaskResult(success)`` for the task received; against the trivial server a pair is
-two ``Empty`` calls. Pairs completed in a timed window (after a warm-up) give pairs/s. The two servers are
-measured in alternating windows, so each ratio compares neighbours in time. CPU per pair: the server
+Clients: N threads in this process, each with its own channel (as separate workers have), loop as workers
+do: one ``GetTask`` at the start, then per task a ``ReportTaskResult(success, get_next_task)`` whose
+answer carries the next task; a *pair* is one task handed out and reported, one call. Against the trivial
+server a pair is one ``Empty`` call. Pairs completed in a timed window (after a warm-up) give pairs/s. The
+two servers are measured in alternating windows, so each ratio compares neighbours in time. CPU per pair: the server
 process's user + system time (``/proc``) and this process's (the clients') over the window, per pair; on
 two cores, their sum near 2 × 10⁶ / pairs/s means the machine, not waiting, is the limit.
 """
@@ -117,7 +118,7 @@ class Window:
 
 
 def _pair_function(kind: str, channel: grpc.Channel, worker_id: int) -> Callable[[], None]:
-    """One get-task + report pair (master) or two Empty calls (trivial) on ``channel``."""
+    """One task reported with the next one fetched (master) or one Empty call (trivial) on ``channel``."""
     if kind == "trivial":
         call = channel.unary_unary(
             _TRIVIAL_METHOD,
@@ -128,22 +129,23 @@ def _pair_function(kind: str, channel: grpc.Channel, worker_id: int) -> Callable
 
         def trivial_pair() -> None:
             call(empty)
-            call(empty)
 
         return trivial_pair
 
     stub = master_pb2_grpc.MasterStub(channel)
-    get_request = master_pb2.GetTaskRequest(worker_id=worker_id)
+    held = [stub.GetTask(master_pb2.GetTaskRequest(worker_id=worker_id))]
 
     def master_pair() -> None:
-        response = stub.GetTask(get_request)
+        response = held[0]
         if response.kind != master_pb2.GetTaskResponse.TASK:
             raise RuntimeError(f"the master answered {response.kind}, not TASK: out of tasks?")
         report = master_pb2.ReportTaskResultRequest(
-            worker_id=worker_id, task_id=response.task.task_id, success=True
+            worker_id=worker_id, task_id=response.task.task_id, success=True, get_next_task=True
         )
-        if not stub.ReportTaskResult(report).accepted:
+        answer = stub.ReportTaskResult(report)
+        if not answer.accepted:
             raise RuntimeError(f"the master refused the report of task {response.task.task_id}")
+        held[0] = answer.next_task
 
     return master_pair
 
