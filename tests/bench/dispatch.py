@@ -13,9 +13,9 @@ Clients: N threads in this process, each with its own channel (as separate worke
 do: one ``GetTask`` at the start, then per task a ``ReportTaskResult(success, get_next_task)`` whose
 answer carries the next task; a *pair* is one task handed out and reported, one call. Against the trivial
 server a pair is one ``Empty`` call. Pairs completed in a timed window (after a warm-up) give pairs/s. The
-two servers are measured in alternating windows, so each ratio compares neighbours in time. CPU per pair: the server
-process's user + system time (``/proc``) and this process's (the clients') over the window, per pair; on
-two cores, their sum near 2 × 10⁶ / pairs/s means the machine, not waiting, is the limit.
+two servers are measured in alternating windows, so each ratio compares neighbours in time. CPU per pair:
+the server process's user + system time (``/proc``) and this process's (the clients') over the window, per
+pair; on two cores, their sum near 2 × 10⁶ / pairs/s means the machine, not waiting, is the limit.
 """
 
 from __future__ import annotations
