@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS_MODEL = str(ROOT / "examples" / "model_zoo" / "digits.py")
 CTR_MODEL = str(ROOT / "examples" / "model_zoo" / "ctr.py")
 
-#: Small, quick digits settings: a healthy job reaches 0.95-0.99 accuracy (6 epochs; the chaos suite's
-#: 8 measured 0.96-0.99, docs/reliability.md).
+#: Small, quick digits settings: a healthy job reaches 0.96-0.99 accuracy (docs/reliability.md: 0.964-0.989
+#: over 55 chaos trials of these settings; 6 epochs measured 0.953-0.981, too close to the floor below).
 DIGITS_JOB = {
-    "num_epochs": 6,
+    "num_epochs": 8,
     "shuffle": True,
     "minibatch_size": 32,
     "num_minibatches_per_task": 4,
@@ -26,10 +26,8 @@ DIGITS_JOB = {
     "num_ps": 1,
 }
 
-#: The accuracy a digits job must reach to count as trained (chance is 0.1). Below the 0.95-0.99 a
-#: healthy job reaches, so the run-to-run spread of asynchronous SGD after a fault (one CI run measured
-#: 0.947) does not make tests flaky; lost records are asserted separately (``assert_no_record_lost``).
-DIGITS_ACCURACY_FLOOR = 0.90
+#: The accuracy every digits job must reach: the issues' acceptance criterion.
+DIGITS_ACCURACY_FLOOR = 0.95
 
 
 def digits_config(data: Path, output: Path, **overrides: Any) -> TrainConfig:

@@ -31,7 +31,7 @@ def run_pipeline(name: str, workdir: Path, artifacts: str | None = None, **param
     return result
 
 
-def test_digits_pipeline_trains_with_data_and_artifacts_in_s3(s3_env: str, tmp_path: Path) -> None:
+def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, tmp_path: Path) -> None:
     result = run_pipeline("digits_pipeline.py", tmp_path, f"{s3_env}/artifacts", data=f"{s3_env}/digits")
 
     assert [(s.name, s.phase) for s in result.steps] == [
