@@ -65,7 +65,7 @@ chaos: $(STAMP) $(S3SERVER_STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. edl_argo/proto/*.proto
-	rm -f edl_argo/proto/tensor_pb2_grpc.py edl_argo/proto/example_pb2_grpc.py
+	rm -f edl_argo/proto/tensor_pb2_grpc.py edl_argo/proto/example_pb2_grpc.py edl_argo/proto/collective_pb2_grpc.py
 
 clean:
 	rm -rf out .pytest_cache .ruff_cache

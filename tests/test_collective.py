@@ -1,10 +1,11 @@
-"""AllreduceStrategy's building blocks: the ring algorithm, the gRPC group with its timeouts, and the
-master's rendezvous bookkeeping. (End-to-end jobs: tests/test_training_allreduce.py.)"""
+"""AllreduceStrategy's building blocks: the ring algorithm, the group over its TCP transport with its
+timeouts, and the master's rendezvous bookkeeping. (End-to-end jobs: tests/test_training_allreduce.py.)"""
 
 from __future__ import annotations
 
 import itertools
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -14,9 +15,21 @@ import numpy as np
 import pytest
 
 from edl_argo.collective import CollectiveAborted, CollectiveGroup, CollectiveServer, ring_allreduce
-from edl_argo.collective.group import PeerChannels
+from edl_argo.collective.membership import member_states, state_message
 from edl_argo.collective.ring import segment_bounds
+from edl_argo.collective.transport import (
+    HEADER,
+    MAGIC,
+    MAX_PAYLOAD_BYTES,
+    PROTOCOL_VERSION,
+    FrameKind,
+    PeerConnections,
+    StateProvider,
+)
+from edl_argo.errors import JobFailedError
+from edl_argo.log import configure as configure_logging
 from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.proto import collective_pb2
 
 
 def _in_threads(count: int, body: Callable[[int], Any], timeout: float = 30.0) -> list[Any]:
@@ -38,11 +51,9 @@ def _in_threads(count: int, body: Callable[[int], Any], timeout: float = 30.0) -
     return results
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
-@pytest.mark.parametrize("length", [1, 2, 7, 1000])
-def test_ring_allreduce_sums_and_every_member_gets_identical_bits(size: int, length: int) -> None:
-    rng = np.random.default_rng(size * 1000 + length)
-    vectors = [rng.standard_normal(length).astype(np.float32) for _ in range(size)]
+def _ring_in_memory(vectors: list[np.ndarray]) -> list[Any]:
+    """:func:`ring_allreduce` of ``vectors`` (one per member) with the pieces passed through queues."""
+    size = len(vectors)
     inboxes: list[queue.Queue] = [queue.Queue() for _ in range(size)]
 
     def member(rank: int) -> np.ndarray:
@@ -54,7 +65,15 @@ def test_ring_allreduce_sums_and_every_member_gets_identical_bits(size: int, len
 
         return ring_allreduce(vectors[rank], rank, size, exchange)
 
-    results = _in_threads(size, member)
+    return _in_threads(size, member)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("length", [1, 2, 7, 1000])
+def test_ring_allreduce_sums_and_every_member_gets_identical_bits(size: int, length: int) -> None:
+    rng = np.random.default_rng(size * 1000 + length)
+    vectors = [rng.standard_normal(length).astype(np.float32) for _ in range(size)]
+    results = _ring_in_memory(vectors)
     np.testing.assert_allclose(results[0], np.sum(vectors, axis=0), rtol=1e-5, atol=1e-6)
     for result in results[1:]:
         assert result.tobytes() == results[0].tobytes()
@@ -69,12 +88,18 @@ def test_segments_cover_the_vector_once() -> None:
             assert max(e - s for s, e in bounds) - min(e - s for s, e in bounds) <= 1
 
 
-class _Members:
-    """``count`` Collective servers on loopback and the groups of one round over them."""
+def _no_state(_round_id: int) -> collective_pb2.ModelState | None:
+    return None
 
-    def __init__(self, count: int) -> None:
-        self.servers = [CollectiveServer("127.0.0.1", 0, lambda _round: None) for _ in range(count)]
-        self.channels = [PeerChannels() for _ in range(count)]
+
+class _Members:
+    """``count`` collective servers on loopback and the groups of one round over them; member ``i`` serves the
+    states of ``state_providers[i]`` (default: none)."""
+
+    def __init__(self, count: int, state_providers: dict[int, StateProvider] | None = None) -> None:
+        providers = state_providers or {}
+        self.servers = [CollectiveServer("127.0.0.1", 0, providers.get(i, _no_state)) for i in range(count)]
+        self.peers = [PeerConnections() for _ in range(count)]
         self.current = [True]
 
     def group(self, rank: int, timeout: float, round_id: int = 1) -> CollectiveGroup:
@@ -84,14 +109,14 @@ class _Members:
             rank,
             members,
             self.servers[rank].mailbox,
-            self.channels[rank],
+            self.peers[rank],
             lambda: self.current[0],
             timeout,
         )
 
     def close(self) -> None:
-        for server, channels in zip(self.servers, self.channels, strict=True):
-            channels.close()
+        for server, peers in zip(self.servers, self.peers, strict=True):
+            peers.close()
             server.stop()
 
 
@@ -102,7 +127,7 @@ def three_members() -> Any:
     members.close()
 
 
-def test_group_allreduces_over_grpc_with_raw_bytes(three_members: _Members) -> None:
+def test_group_allreduces_over_tcp(three_members: _Members) -> None:
     vectors = [np.full(100_003, rank + 1, dtype=np.float32) for rank in range(3)]
 
     def member(rank: int) -> list[np.ndarray]:
@@ -169,6 +194,139 @@ def test_a_piece_of_a_newer_round_ends_the_wait(three_members: _Members) -> None
     (error, seconds), _ = _in_threads(2, member)
     assert isinstance(error, CollectiveAborted) and "round 2" in str(error)
     assert seconds < 5.0
+
+
+def test_a_member_gone_since_the_last_round_is_blamed_at_once() -> None:
+    """Two members: round 1 opens the connections, then member 101's process goes away (its server closes
+    them). In round 2, member 100 finds its connection closed, cannot open a new one, and blames 101 at once:
+    a send into the stale connection would seem to succeed and leave it waiting out the timeout for 101's
+    piece."""
+    members = _Members(2)
+    try:
+        first = _in_threads(2, lambda rank: members.group(rank, 20).allreduce(np.ones(10, np.float32)))
+        assert all(np.all(total == 2.0) for total in first)
+        members.servers[1].stop()
+        started = time.monotonic()
+        with pytest.raises(CollectiveAborted) as aborted:
+            members.group(0, timeout=60, round_id=2).allreduce(np.ones(10, dtype=np.float32))
+        assert aborted.value.suspect == 101 and time.monotonic() - started < 10.0
+    finally:
+        members.close()
+
+
+def test_connections_to_members_that_left_are_closed_and_the_others_kept() -> None:
+    members = _Members(2)
+    try:
+        peers = members.peers[0]
+        kept, dropped = (peers.connection(server.address) for server in members.servers)
+        peers.retain({members.servers[0].address})
+        assert peers.connection(members.servers[0].address) is kept
+        with pytest.raises(ConnectionError, match="closed"):
+            dropped.send_piece((1, 1, 0), 0, np.ones(3, np.float32), timeout=5).result(timeout=5)
+        kept.send_piece((1, 1, 0), 0, np.ones(3, np.float32), timeout=5).result(timeout=5)
+        piece = members.servers[0].mailbox.take((1, 1, 0), 5, lambda: None)
+        assert piece is not None and piece.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        members.close()
+
+
+def _raw_header(
+    magic: bytes = MAGIC, kind: int = FrameKind.PIECE, dtype_code: int = 1, payload_bytes: int = 8
+) -> bytes:
+    """A frame header as a broken or hostile peer may send it (round 1, operation 1, step 0, sender 2)."""
+    return HEADER.pack(magic, PROTOCOL_VERSION, kind, dtype_code, 0, 1, 1, 0, 2, payload_bytes)
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the peer closes ``sock`` (a reset when it left bytes unread) rather than answering."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_malformed_frames_are_rejected_and_the_server_keeps_serving(
+    three_members: _Members, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure_logging()
+    host, port = three_members.servers[0].address.split(":")
+    malformed = {
+        "bad magic": _raw_header(magic=b"HTTP") + bytes(8),
+        "exceeds the cap": _raw_header(payload_bytes=MAX_PAYLOAD_BYTES + 4),
+        "unexpected frame kind 9": _raw_header(kind=9, payload_bytes=0),
+        "unknown dtype code 77": _raw_header(dtype_code=77) + bytes(8),
+    }
+    for reason, frame in malformed.items():
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.sendall(frame)
+            assert _closed_by_peer(raw), f"the server kept a connection that sent a frame with {reason}"
+        rejected = [
+            line for line in capsys.readouterr().err.splitlines() if "collective_frame_rejected" in line
+        ]
+        assert len(rejected) == 1 and reason in rejected[0] and "peer=127.0.0.1:" in rejected[0]
+
+    vectors = [np.full(1000, rank + 1, dtype=np.float32) for rank in range(3)]
+    totals = _in_threads(3, lambda rank: three_members.group(rank, timeout=20).allreduce(vectors[rank]))
+    assert all(np.all(total == 6.0) for total in totals)
+
+
+def test_a_large_vector_is_bit_identical_to_the_rings_sum(three_members: _Members) -> None:
+    """4.8 MB per member (the MNIST CNN's gradient): every byte arrives, in order, on every member."""
+    rng = np.random.default_rng(48)
+    vectors = [rng.standard_normal(1_199_884).astype(np.float32) for _ in range(3)]
+    expected = _ring_in_memory(vectors)[0].tobytes()
+    totals = _in_threads(3, lambda rank: three_members.group(rank, timeout=30).allreduce(vectors[rank]))
+    for total in totals:
+        assert isinstance(total, np.ndarray) and total.tobytes() == expected
+
+
+def test_a_state_is_pulled_once_its_source_publishes_it() -> None:
+    """The source answers "not yet" twice, then publishes: the pull asks again until it gets the state. A
+    state never published for a round ends the pull within the timeout, blaming the source."""
+    state = state_message(1, 7, [np.arange(5, dtype=np.float32)], [1])
+    requests: list[int] = []
+
+    def source(round_id: int) -> collective_pb2.ModelState | None:
+        requests.append(round_id)
+        return state if round_id == 1 and len(requests) >= 3 else None
+
+    members = _Members(2, {0: source})
+    try:
+        pulled = members.group(1, timeout=10).pull_state(0)
+        assert requests == [1, 1, 1] and pulled == state
+        started = time.monotonic()
+        with pytest.raises(CollectiveAborted, match="not published") as aborted:
+            members.group(1, timeout=1, round_id=2).pull_state(0)
+        assert aborted.value.suspect == 100 and time.monotonic() - started < 5.0
+    finally:
+        members.close()
+
+
+def test_member_states_reads_every_member_that_has_one() -> None:
+    """The master's export: members answer with their current state (round -1); a member without one, or
+    one that is gone, is left out and named when nobody has a state."""
+    current = state_message(-1, 12, [np.ones(3, dtype=np.float32)], [4, 5])
+    members = _Members(3, {0: lambda _round: current, 2: lambda _round: current})
+    try:
+        addresses = [server.address for server in members.servers]
+        assert member_states(addresses, timeout=10) == [current, current]
+        members.servers[2].stop()
+        assert member_states(addresses, timeout=10) == [current]
+        with pytest.raises(JobFailedError, match=f"{addresses[1]}: no state; {addresses[2]}: .*refused"):
+            member_states(addresses[1:], timeout=10)
+    finally:
+        members.close()
+
+
+def test_a_taken_port_falls_back_to_a_free_one_and_stop_releases_it() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        fallback = CollectiveServer("127.0.0.1", port, _no_state)
+        fallback.stop()
+        assert fallback.address != f"127.0.0.1:{port}" and fallback.address.startswith("127.0.0.1:")
+    rebound = CollectiveServer("127.0.0.1", int(fallback.address.split(":")[1]), _no_state)
+    rebound.stop()
+    assert rebound.address == fallback.address
 
 
 def test_rendezvous_rounds_follow_membership() -> None:

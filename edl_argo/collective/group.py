@@ -3,31 +3,31 @@
 Every operation of a :class:`CollectiveGroup` either completes or raises :class:`CollectiveAborted`
 within the group's timeout — never hangs:
 
-* a neighbour that refuses the connection or does not take a piece in time is the *suspect*;
+* a right neighbour that refuses or resets the connection, or does not take a piece in time, is the
+  *suspect*;
 * a left neighbour that sends nothing within the timeout is the suspect;
 * a round that ended meanwhile (the master's rendezvous says so, checked every half second while a wait
   lasts, or a piece of a newer round arrives) aborts with no suspect.
 
 The caller reports the suspect to the master, which starts a new round without it, and starts over in
 that round. Operations are numbered within a round; every member of a round runs the same operations in
-the same order.
+the same order. Pieces and states travel as the frames of :mod:`edl_argo.collective.transport`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 
-import grpc
 import numpy as np
 
 from edl_argo.collective.mailbox import Mailbox, RoundChanged
 from edl_argo.collective.ring import ring_allreduce
-from edl_argo.proto import collective_pb2, collective_pb2_grpc
-from edl_argo.rpc.channel import make_channel
-from edl_argo.rpc.tensors import fill_tensor
+from edl_argo.collective.transport import PeerConnections, request_state
+from edl_argo.proto import collective_pb2
+
+#: Pause between two state requests while the round's source has not published its state yet.
+STATE_POLL_SECONDS = 0.02
 
 
 class CollectiveAborted(Exception):
@@ -37,26 +37,6 @@ class CollectiveAborted(Exception):
         super().__init__(message)
         self.round_id = round_id
         self.suspect = suspect
-
-
-@dataclass
-class PeerChannels:
-    """Collective stubs by address, kept across rounds (members usually stay)."""
-
-    _stubs: dict[str, collective_pb2_grpc.CollectiveStub] = field(default_factory=dict)
-    _channels: dict[str, grpc.Channel] = field(default_factory=dict)
-
-    def stub(self, address: str) -> collective_pb2_grpc.CollectiveStub:
-        if address not in self._stubs:
-            self._channels[address] = make_channel(address)
-            self._stubs[address] = collective_pb2_grpc.CollectiveStub(self._channels[address])
-        return self._stubs[address]
-
-    def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._stubs.clear()
-        self._channels.clear()
 
 
 class CollectiveGroup:
@@ -74,7 +54,7 @@ class CollectiveGroup:
         rank: int,
         members: Sequence[tuple[int, str]],
         mailbox: Mailbox,
-        channels: PeerChannels,
+        peers: PeerConnections,
         round_is_current: Callable[[], bool],
         timeout: float,
     ) -> None:
@@ -83,7 +63,7 @@ class CollectiveGroup:
         self.members = list(members)
         self.size = len(members)
         self._mailbox = mailbox
-        self._channels = channels
+        self._peers = peers
         self._round_is_current = round_is_current
         self._timeout = timeout
         self._operation = 0
@@ -96,31 +76,33 @@ class CollectiveGroup:
         """The sum of every member's ``vector`` (same length and dtype everywhere)."""
         self._operation += 1
         operation = self._operation
-        right = self.members[(self.rank + 1) % self.size]
-        stub = self._channels.stub(right[1]) if self.size > 1 else None
+        right_id, right_address = self.members[(self.rank + 1) % self.size]
+        connection = self._peers.connection(right_address) if self.size > 1 else None
 
         def exchange(step: int, outgoing: np.ndarray) -> np.ndarray:
-            assert stub is not None
-            chunk = collective_pb2.CollectiveChunk(
-                round_id=self.round_id, operation=operation, step=step, sender_rank=self.rank
-            )
-            fill_tensor(chunk.data, outgoing)
-            sending: Future = stub.Deliver.future(chunk, timeout=self._timeout)
+            assert connection is not None
+            key = (self.round_id, operation, step)
+            sending = connection.send_piece(key, self.rank, outgoing, self._timeout)
+
+            def send_failed(reason: object) -> CollectiveAborted:
+                return CollectiveAborted(
+                    f"round {self.round_id}: worker {right_id} at {right_address} did not take step {step}: "
+                    f"{reason}",
+                    self.round_id,
+                    suspect=right_id,
+                )
 
             def check_send() -> None:
                 if sending.done() and sending.exception() is not None:
-                    raise CollectiveAborted(
-                        f"round {self.round_id}: worker {right[0]} at {right[1]} did not take step {step}: "
-                        f"{sending.exception().code().name}",  # type: ignore[union-attr]
-                        self.round_id,
-                        suspect=right[0],
-                    )
+                    raise send_failed(sending.exception())
 
-            received = self._receive((self.round_id, operation, step), check_send)
+            received = self._receive(key, check_send)
             try:
-                sending.result()
-            except grpc.RpcError:
-                check_send()
+                sending.result(timeout=self._timeout)
+            except TimeoutError:  # the future's wait, or the socket's (both TimeoutError since Python 3.11)
+                raise send_failed(f"not sent within {self._timeout:.0f} s") from None
+            except OSError as error:
+                raise send_failed(error) from None
             return received
 
         return ring_allreduce(vector, self.rank, self.size, exchange)
@@ -150,20 +132,28 @@ class CollectiveGroup:
             )
 
     def pull_state(self, source_rank: int) -> collective_pb2.ModelState:
-        """The state the member at ``source_rank`` published for this round (it publishes it first)."""
+        """The state the member at ``source_rank`` published for this round (it publishes it first).
+
+        Asks again every :data:`STATE_POLL_SECONDS` while the source has not published it yet, for up to the
+        group's timeout; a source that cannot be reached or does not answer is the suspect.
+        """
         worker_id, address = self.members[source_rank]
-        stub = self._channels.stub(address)
         deadline = time.monotonic() + self._timeout
         while True:
             try:
-                return stub.GetState(collective_pb2.GetStateRequest(round_id=self.round_id), timeout=10.0)
-            except grpc.RpcError as error:
-                if error.code() != grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
-                    raise CollectiveAborted(
-                        f"round {self.round_id}: no state from worker {worker_id} at {address}: "
-                        f"{error.code().name}",
-                        self.round_id,
-                        suspect=worker_id,
-                    ) from None
-            self._check_round()
-            time.sleep(0.02)
+                state = request_state(address, self.round_id, self._timeout)
+            except OSError as error:
+                reason: object = error
+            else:
+                if state is not None:
+                    return state
+                if time.monotonic() <= deadline:
+                    self._check_round()
+                    time.sleep(STATE_POLL_SECONDS)
+                    continue
+                reason = f"not published within {self._timeout:.0f} s"
+            raise CollectiveAborted(
+                f"round {self.round_id}: no state from worker {worker_id} at {address}: {reason}",
+                self.round_id,
+                suspect=worker_id,
+            )

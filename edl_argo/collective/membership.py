@@ -7,7 +7,7 @@ the same state, whatever happened before:
 1. an allreduce of the members' versions (steps applied; -1 for a member that never held the group's
    state, such as a new worker) tells everyone who holds the newest state — the *source*: the highest
    version, the lowest rank among equals;
-2. the source publishes its state for the round on its Collective service; every other member pulls it
+2. the source publishes its state for the round on its collective server; every other member pulls it
    (a broadcast by pull) and loads it.
 
 So a new member receives the current model and optimizer state from a surviving member before it trains,
@@ -22,11 +22,11 @@ import threading
 import time
 from typing import Protocol
 
-import grpc
 import numpy as np
 
-from edl_argo.collective.group import CollectiveAborted, CollectiveGroup, PeerChannels
+from edl_argo.collective.group import CollectiveAborted, CollectiveGroup
 from edl_argo.collective.mailbox import CollectiveServer
+from edl_argo.collective.transport import PeerConnections, request_state
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.proto import collective_pb2, master_pb2
@@ -76,7 +76,7 @@ def state_message(
 class ElasticMember:
     """One worker's side of the rendezvous (see the module docstring).
 
-    ``replica`` is the state this member contributes and receives; the Collective service this object
+    ``replica`` is the state this member contributes and receives; the collective server this object
     starts serves its published state and, for round ``-1``, its current state (for the master's export).
     """
 
@@ -94,7 +94,7 @@ class ElasticMember:
         self._published: collective_pb2.ModelState | None = None
         self._publish_lock = threading.Lock()
         self._server = CollectiveServer(host, port, self._state_for)
-        self._channels = PeerChannels()
+        self._peers = PeerConnections()
         self._group: CollectiveGroup | None = None
         self.address = self._server.address
 
@@ -117,12 +117,13 @@ class ElasticMember:
                 )
             time.sleep(0.1)
             response = self._master.rendezvous(self.address)
+        self._peers.retain({m.address for m in response.members})
         group = CollectiveGroup(
             response.round_id,
             response.rank,
             [(m.worker_id, m.address) for m in response.members],
             self._server.mailbox,
-            self._channels,
+            self._peers,
             lambda: self._master.rendezvous(self.address).round_id == response.round_id,
             self._timeout,
         )
@@ -174,26 +175,27 @@ class ElasticMember:
 
     def close(self) -> None:
         self._server.stop()
-        self._channels.close()
+        self._peers.close()
 
 
 def member_states(addresses: list[str], timeout: float = 30.0) -> list[collective_pb2.ModelState]:
-    """The current state of every member at ``addresses`` that answers (the master's export).
+    """The current state of every member at ``addresses`` that answers with one within ``timeout`` seconds
+    (the master's export); members that cannot be reached or have none are left out.
 
-    Raises :class:`JobFailedError` if none answers.
+    Raises :class:`JobFailedError` if none answers with a state.
     """
-    channels = PeerChannels()
     states: list[collective_pb2.ModelState] = []
     errors: list[str] = []
-    try:
-        for address in addresses:
-            try:
-                request = collective_pb2.GetStateRequest(round_id=-1)
-                states.append(channels.stub(address).GetState(request, timeout=timeout))
-            except grpc.RpcError as error:
-                errors.append(f"{address}: {error.code().name}")
-    finally:
-        channels.close()
+    for address in addresses:
+        try:
+            state = request_state(address, -1, timeout)
+        except OSError as error:
+            errors.append(f"{address}: {error}")
+            continue
+        if state is None:
+            errors.append(f"{address}: no state")
+        else:
+            states.append(state)
     if not states:
         raise JobFailedError(f"no worker of the group returned the trained model ({'; '.join(errors)})")
     return states

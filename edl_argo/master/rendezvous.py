@@ -1,7 +1,7 @@
 """Membership of an AllreduceStrategy job's worker group, owned by the master.
 
 The group lives in *rounds*. A round is an id and the ordered list of its members (worker id and the
-address of its Collective service); a member's rank is its index, and the members form a ring in rank
+address of its collective server); a member's rank is its index, and the members form a ring in rank
 order. Any change of membership starts a new round with a larger id:
 
 * a worker **joins** with its first :meth:`RendezvousManager.rendezvous` call (a new pod, a replacement,

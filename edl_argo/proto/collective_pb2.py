@@ -25,19 +25,13 @@ _sym_db = _symbol_database.Default()
 from edl_argo.proto import tensor_pb2 as edl__argo_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x64l_argo/proto/collective.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"y\n\x0f\x43ollectiveChunk\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x11\n\toperation\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x05\x12\x13\n\x0bsender_rank\x18\x04 \x01(\x05\x12\x1e\n\x04\x64\x61ta\x18\x05 \x01(\x0b\x32\x10.edl_argo.Tensor\"#\n\x0fGetStateRequest\x12\x10\n\x08round_id\x18\x01 \x01(\x03\"p\n\nModelState\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12#\n\tvariables\x18\x03 \x03(\x0b\x32\x10.edl_argo.Tensor\x12\x1a\n\x12recent_step_rounds\x18\x04 \x03(\x03\x32\x80\x01\n\nCollective\x12\x35\n\x07\x44\x65liver\x12\x19.edl_argo.CollectiveChunk\x1a\x0f.edl_argo.Empty\x12;\n\x08GetState\x12\x19.edl_argo.GetStateRequest\x1a\x14.edl_argo.ModelStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x64l_argo/proto/collective.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"p\n\nModelState\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12#\n\tvariables\x18\x03 \x03(\x0b\x32\x10.edl_argo.Tensor\x12\x1a\n\x12recent_step_rounds\x18\x04 \x03(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edl_argo.proto.collective_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COLLECTIVECHUNK']._serialized_start=74
-  _globals['_COLLECTIVECHUNK']._serialized_end=195
-  _globals['_GETSTATEREQUEST']._serialized_start=197
-  _globals['_GETSTATEREQUEST']._serialized_end=232
-  _globals['_MODELSTATE']._serialized_start=234
-  _globals['_MODELSTATE']._serialized_end=346
-  _globals['_COLLECTIVE']._serialized_start=349
-  _globals['_COLLECTIVE']._serialized_end=477
+  _globals['_MODELSTATE']._serialized_start=74
+  _globals['_MODELSTATE']._serialized_end=186
 # @@protoc_insertion_point(module_scope)

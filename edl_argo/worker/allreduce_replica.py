@@ -54,7 +54,7 @@ class AllreduceReplica:
 
     Args:
         master: the worker's master client (rendezvous and failure reports).
-        host, port: where this member's Collective service listens (port 0: any free port).
+        host, port: where this member's collective server listens (port 0: any free port).
         collective_timeout: seconds any single collective wait may take before the peer is blamed.
         scale_lr_by_world_size: multiply the optimizer's learning rate by the number of members (the
             group's batch is that many minibatches), updated whenever the group changes size.
@@ -137,7 +137,7 @@ class AllreduceReplica:
 
     @property
     def address(self) -> str:
-        """host:port of this member's Collective service."""
+        """host:port of this member's collective server."""
         return self._member.address
 
     def ensure_built(self, features: Any) -> None:

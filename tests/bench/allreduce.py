@@ -38,7 +38,7 @@ import numpy as np
 
 from edl_argo.collective import CollectiveGroup, CollectiveServer
 from edl_argo.collective.flags import ALLREDUCE
-from edl_argo.collective.group import PeerChannels
+from edl_argo.collective.transport import PeerConnections
 from edl_argo.pods import PodRole
 from tests.bench.common import BenchContext, BenchResult, Stat, ratio_stat
 
@@ -111,7 +111,7 @@ def _serve_member(rank: int, size: int, pipe: Connection, barrier: Barrier) -> N
     """One member process's work: listen, connect the rings, then answer ``("run", kind, count)`` requests
     with ``("elapsed", seconds)`` (timed after all members passed ``barrier``) until ``("quit",)``."""
     server = CollectiveServer("127.0.0.1", 0, lambda _round: None)
-    channels = PeerChannels()
+    peer_connections = PeerConnections()
     listener = socket.create_server(("127.0.0.1", 0))
     connections: list[socket.socket] = [listener]
     try:
@@ -126,7 +126,7 @@ def _serve_member(rank: int, size: int, pipe: Connection, barrier: Barrier) -> N
             rank=rank,
             members=[(member, address) for member, (address, _port) in enumerate(peers)],
             mailbox=server.mailbox,
-            channels=channels,
+            peers=peer_connections,
             round_is_current=lambda: True,
             timeout=MEMBER_TIMEOUT,
         )
@@ -150,7 +150,7 @@ def _serve_member(rank: int, size: int, pipe: Connection, barrier: Barrier) -> N
     finally:
         for connection in connections:
             connection.close()
-        channels.close()
+        peer_connections.close()
         server.stop()
 
 
@@ -280,7 +280,7 @@ def allreduce_throughput(ctx: BenchContext) -> BenchResult:
             },
             {
                 "members": str(size),
-                "transfer": "ours: `CollectiveGroup.allreduce` (gRPC), vector MB per second",
+                "transfer": "ours: `CollectiveGroup.allreduce` (TCP frames), vector MB per second",
                 "MB/s per member": Stat.of(rates[KIND_ALLREDUCE]),
                 "÷ copy": ratio_stat(rates[KIND_ALLREDUCE], rates[KIND_COPY]),
                 "copy bound": f"{size / (2 * (size - 1)):.2f}",

@@ -1,0 +1,499 @@
+"""The collective's wire: framed messages over plain TCP between the members of an AllreduceStrategy group.
+
+Every member listens on one port (:class:`FrameServer`; in Kubernetes the container port named ``grpc``,
+the one the job's NetworkPolicy opens). A frame is a fixed header (:data:`HEADER`, little-endian) and a
+payload of ``payload_bytes``:
+
+=========  ==========  =================================================================================
+offset     field       meaning
+=========  ==========  =================================================================================
+0          magic       ``b"EDLC"``
+4          version     :data:`PROTOCOL_VERSION`
+5          kind        :class:`FrameKind`
+6          dtype code  a piece's element type (:data:`PIECE_DTYPES`; 0 for other kinds)
+7          flags       :data:`FLAG_FOUND` on a state response that carries a state
+8          round_id    membership round (int64)
+16         operation   collective operation within the round (int64)
+24         step        ring step within the operation (int32)
+28         sender      rank of the sending member (int32)
+32         length      payload bytes (uint64), at most :data:`MAX_PAYLOAD_BYTES`
+=========  ==========  =================================================================================
+
+Kinds:
+
+* ``PIECE`` (one-way, member to its right neighbour): a 1-D array of ``length / itemsize`` elements. The
+  receiver reads it straight into a freshly allocated numpy array (``recv_into``, no intermediate copy) and
+  hands it to its mailbox; the sender's bytes leave from the array's own memory.
+* ``STATE_REQUEST`` (no payload) -> ``STATE_RESPONSE``: the state the member serves for ``round_id``
+  (``round_id < 0``: its current state), encoded as an ``edl_argo.ModelState`` message, with
+  :data:`FLAG_FOUND`; without the flag and with no payload when it has none for that round (yet).
+
+A frame this side cannot accept (wrong magic or version, unknown kind or dtype, a payload over the cap or not
+a whole number of elements) closes its connection: the server logs ``collective_frame_rejected`` naming the
+peer and the reason and goes on serving every other connection.
+
+Outgoing pieces travel on one persistent connection per peer (:class:`PeerConnection`), reused across rounds
+and reopened after any error, with a sender thread of its own, so that a member sends to its right neighbour
+while its server's reader thread drains its left one. State requests use a short-lived connection each
+(:func:`request_state`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import queue
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from edl_argo.log import get_logger
+from edl_argo.proto import collective_pb2
+from edl_argo.rpc.channel import MAX_MESSAGE_BYTES
+
+log = get_logger(__name__)
+
+MAGIC = b"EDLC"
+PROTOCOL_VERSION = 1
+#: magic, version, kind, dtype code, flags, round_id, operation, step, sender rank, payload bytes.
+HEADER = struct.Struct("<4sBBBBqqiiQ")
+#: Largest payload a frame may announce (the project's message limit, as for gRPC messages).
+MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES
+#: Element types a piece may carry; a piece's dtype code is its index here plus one.
+PIECE_DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(name).newbyteorder("<") for name in ("float32", "float64", "float16", "int32", "int64")
+)
+#: A state response carries a state.
+FLAG_FOUND = 1
+#: How long :meth:`FrameServer.stop` waits for each of its threads.
+STOP_JOIN_SECONDS = 2.0
+#: How often the accept loop looks whether the server is stopping.
+ACCEPT_POLL_SECONDS = 0.5
+
+#: ``(round_id, operation, step)``: where a piece belongs.
+PieceKey = tuple[int, int, int]
+
+#: ``state_provider(round_id)``: the :class:`ModelState` served for that round (``round_id < 0``: the
+#: current state), or None if there is none (yet).
+StateProvider = Callable[[int], "collective_pb2.ModelState | None"]
+
+
+class FrameKind(enum.IntEnum):
+    PIECE = 1
+    STATE_REQUEST = 2
+    STATE_RESPONSE = 3
+
+
+class FrameError(ConnectionError):
+    """A frame that does not follow the protocol; its connection is closed."""
+
+
+@dataclass(frozen=True)
+class FrameHeader:
+    """A frame's header fields after the magic and the version, in wire order."""
+
+    kind: int
+    dtype_code: int = 0
+    flags: int = 0
+    round_id: int = 0
+    operation: int = 0
+    step: int = 0
+    sender_rank: int = 0
+    payload_bytes: int = 0
+
+    @property
+    def key(self) -> PieceKey:
+        return (self.round_id, self.operation, self.step)
+
+    def pack(self) -> bytes:
+        return HEADER.pack(
+            MAGIC,
+            PROTOCOL_VERSION,
+            self.kind,
+            self.dtype_code,
+            self.flags,
+            self.round_id,
+            self.operation,
+            self.step,
+            self.sender_rank,
+            self.payload_bytes,
+        )
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray) -> FrameHeader:
+        """The header in ``data``; raises :class:`FrameError` for a wrong magic or version, or an oversized
+        payload (the kind and dtype are the reader's to check)."""
+        magic, version, *fields = HEADER.unpack(data)
+        header = cls(*fields)
+        if magic != MAGIC:
+            raise FrameError(f"bad magic {magic!r}")
+        if version != PROTOCOL_VERSION:
+            raise FrameError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
+        if header.payload_bytes > MAX_PAYLOAD_BYTES:
+            raise FrameError(
+                f"payload of {header.payload_bytes} bytes exceeds the cap of {MAX_PAYLOAD_BYTES}"
+            )
+        return header
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 hosts possibly in brackets) as ``(host, port)``."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (None: no deadline); raises TimeoutError once it has passed."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+def _recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None) -> int:
+    """Fill ``view`` from ``sock``; the bytes read, which is less than ``len(view)`` only when the peer closed
+    the connection before sending the first byte."""
+    # Without a deadline (a blocking socket), MSG_WAITALL lets the kernel fill the whole view in one call,
+    # without taking the GIL back for every segment; with one, each call may wait only what is left.
+    flags = socket.MSG_WAITALL if deadline is None else 0
+    received = 0
+    while received < len(view):
+        if deadline is not None:
+            sock.settimeout(_remaining(deadline))
+        got = sock.recv_into(view[received:], 0, flags)
+        if not got:
+            if received == 0:
+                return 0
+            raise ConnectionError(f"connection closed after {received} of {len(view)} bytes of a frame")
+        received += got
+    return received
+
+
+def read_header(sock: socket.socket, deadline: float | None = None) -> FrameHeader | None:
+    """The next frame's header; None when the peer closed the connection between frames."""
+    data = bytearray(HEADER.size)
+    if _recv_exact_into(sock, memoryview(data), deadline) == 0:
+        return None
+    return FrameHeader.unpack(data)
+
+
+def _read_payload(sock: socket.socket, view: memoryview, deadline: float | None) -> None:
+    if len(view) and _recv_exact_into(sock, view, deadline) == 0:
+        raise ConnectionError(f"connection closed before a payload of {len(view)} bytes")
+
+
+def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], deadline: float) -> None:
+    """Send every part in order, all of it before ``deadline`` (TimeoutError otherwise)."""
+    for part in parts:
+        sock.settimeout(_remaining(deadline))
+        sock.sendall(part)
+
+
+def _piece_dtype(code: int) -> np.dtype:
+    if not 1 <= code <= len(PIECE_DTYPES):
+        raise FrameError(f"unknown dtype code {code}")
+    return PIECE_DTYPES[code - 1]
+
+
+def _piece_code(dtype: np.dtype) -> int:
+    for code, wire in enumerate(PIECE_DTYPES, start=1):
+        if dtype.newbyteorder("<") == wire:
+            return code
+    raise TypeError(f"a collective piece cannot carry dtype {dtype}")
+
+
+def read_piece(sock: socket.socket, header: FrameHeader) -> np.ndarray:
+    """The payload of a PIECE frame, read straight into a new array of the header's dtype."""
+    dtype = _piece_dtype(header.dtype_code)
+    count, remainder = divmod(header.payload_bytes, dtype.itemsize)
+    if remainder:
+        raise FrameError(f"payload of {header.payload_bytes} bytes is not a whole number of {dtype.name}")
+    piece = np.empty(count, dtype=dtype)
+    _read_payload(sock, memoryview(piece.view(np.uint8)), None)
+    return piece
+
+
+def _connect(address: str, deadline: float) -> socket.socket:
+    sock = socket.create_connection(split_address(address), timeout=_remaining(deadline))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+# ------------------------------------------------------------------------------------------------ server
+
+
+def open_listener(host: str, port: int) -> socket.socket | None:
+    """A listening socket on ``host:port`` (port 0: any free one); None if ``port`` is taken.
+
+    SO_REUSEADDR (a restarted member may rebind a port whose old connections linger) but never SO_REUSEPORT:
+    two processes must not share a port and split its connections.
+    """
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    try:
+        return socket.create_server((host, port), family=family, reuse_port=False)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            return None
+        raise
+
+
+class FrameServer:
+    """Serves the frames of every member that connects to ``listener``, until :meth:`stop`.
+
+    An accept thread, and one reader thread per connection that hands pieces to ``on_piece(key, array)`` and
+    answers state requests from ``state_provider``.
+    """
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        on_piece: Callable[[PieceKey, np.ndarray], None],
+        state_provider: StateProvider,
+    ) -> None:
+        self._listener = listener
+        self._on_piece = on_piece
+        self._state_provider = state_provider
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self.port: int = listener.getsockname()[1]
+        listener.settimeout(ACCEPT_POLL_SECONDS)
+        self._acceptor = threading.Thread(
+            target=self._accept, name=f"collective-accept-{self.port}", daemon=True
+        )
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as error:
+                if self._stopping.is_set():
+                    return
+                log.warning("collective_accept_failed", port=self.port, error=str(error))
+                time.sleep(ACCEPT_POLL_SECONDS)
+                continue
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            name = f"{peer[0]}:{peer[1]}"
+            reader = threading.Thread(
+                target=self._serve, args=(sock, name), name=f"collective-read-{name}", daemon=True
+            )
+            with self._lock:
+                if self._stopping.is_set():
+                    sock.close()
+                    return
+                self._connections[sock] = reader
+            reader.start()
+
+    def _serve(self, sock: socket.socket, peer: str) -> None:
+        try:
+            while (header := read_header(sock)) is not None:
+                if header.kind == FrameKind.PIECE:
+                    self._on_piece(header.key, read_piece(sock, header))
+                elif header.kind == FrameKind.STATE_REQUEST:
+                    if header.payload_bytes:
+                        raise FrameError(f"state request with a payload of {header.payload_bytes} bytes")
+                    self._answer_state(sock, header.round_id)
+                else:
+                    raise FrameError(f"unexpected frame kind {header.kind}")
+        except FrameError as error:
+            log.warning("collective_frame_rejected", peer=peer, reason=str(error))
+        except OSError as error:
+            if not self._stopping.is_set():
+                log.debug("collective_connection_lost", peer=peer, error=str(error))
+        finally:
+            with self._lock:
+                self._connections.pop(sock, None)
+            sock.close()
+
+    def _answer_state(self, sock: socket.socket, round_id: int) -> None:
+        state = self._state_provider(round_id)
+        payload = b"" if state is None else state.SerializeToString()
+        header = FrameHeader(
+            FrameKind.STATE_RESPONSE,
+            round_id=round_id,
+            flags=0 if state is None else FLAG_FOUND,
+            payload_bytes=len(payload),
+        )
+        sock.sendall(header.pack())
+        if payload:
+            sock.sendall(payload)
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection, and join the threads."""
+        with self._lock:
+            self._stopping.set()
+            connections = dict(self._connections)
+        with contextlib.suppress(OSError):  # wakes the accept thread at once (Linux); the poll otherwise
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for sock in connections:
+            with contextlib.suppress(OSError):  # already closed by its reader
+                sock.shutdown(socket.SHUT_RDWR)
+        self._acceptor.join(STOP_JOIN_SECONDS + ACCEPT_POLL_SECONDS)
+        for reader in connections.values():
+            reader.join(STOP_JOIN_SECONDS)
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+
+@dataclass(frozen=True)
+class _Send:
+    """One queued frame: its header, its payload, and where to report the outcome."""
+
+    header: bytes
+    payload: memoryview
+    deadline: float
+    done: Future[None]
+
+
+class PeerConnection:
+    """The persistent connection to one member's :class:`FrameServer` that pieces travel on.
+
+    Sends run on this connection's own thread, in the order they were asked for. The connection opens on
+    the first send and reopens on the next send after any error, or when the peer closed it meanwhile (a
+    member that died between two sends is then noticed by the reconnection's refusal, not by a timeout).
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._queue: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
+        self._sock: socket.socket | None = None
+        self._closed = False
+        self._lock = threading.Lock()  # guards _sock's replacement, _closed and queueing after close
+        self._sender = threading.Thread(target=self._run, name=f"collective-send-{address}", daemon=True)
+        self._sender.start()
+
+    def send_piece(self, key: PieceKey, sender_rank: int, piece: np.ndarray, timeout: float) -> Future[None]:
+        """Send ``piece`` (1-D) as the PIECE frame ``key``; the future completes when every byte is handed to
+        the network, or fails with the OSError that stopped it (TimeoutError after ``timeout`` seconds,
+        counted from now; ConnectionError at once after :meth:`close`). ``piece`` must not change until then:
+        its own memory is sent."""
+        code = _piece_code(piece.dtype)
+        wire = np.ascontiguousarray(piece.reshape(-1), dtype=PIECE_DTYPES[code - 1])
+        header = FrameHeader(
+            FrameKind.PIECE,
+            dtype_code=code,
+            round_id=key[0],
+            operation=key[1],
+            step=key[2],
+            sender_rank=sender_rank,
+            payload_bytes=wire.nbytes,
+        )
+        done: Future[None] = Future()
+        with self._lock:
+            if self._closed:
+                done.set_exception(ConnectionError(f"the connection to {self.address} is closed"))
+            else:
+                self._queue.put(
+                    _Send(header.pack(), memoryview(wire.view(np.uint8)), time.monotonic() + timeout, done)
+                )
+        return done
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if not item.done.set_running_or_notify_cancel():
+                continue
+            try:
+                if self._closed:
+                    raise ConnectionError(f"the connection to {self.address} is closed")
+                send_parts(self._connected(item.deadline), [item.header, item.payload], item.deadline)
+            except OSError as error:
+                self._disconnect()
+                item.done.set_exception(error)
+            else:
+                item.done.set_result(None)
+        self._disconnect()
+
+    def _connected(self, deadline: float) -> socket.socket:
+        """The open connection (a new one if there is none or the peer closed it)."""
+        if self._sock is not None and select.select([self._sock], [], [], 0)[0]:
+            # A piece connection never carries data back: readable means closed or reset by the peer.
+            self._disconnect()
+        if self._sock is None:
+            sock = _connect(self.address, deadline)
+            with self._lock:
+                self._sock = sock
+        return self._sock
+
+    def _disconnect(self) -> None:
+        with self._lock:
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def close(self) -> None:
+        """Stop the sender thread; a send in progress fails, later ones fail at once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
+            if self._sock is not None:
+                with contextlib.suppress(OSError):  # the peer already closed it
+                    self._sock.shutdown(socket.SHUT_RDWR)
+        self._sender.join(STOP_JOIN_SECONDS)
+
+
+class PeerConnections:
+    """:class:`PeerConnection` by address, kept across rounds (members usually stay). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, PeerConnection] = {}
+        self._lock = threading.Lock()
+
+    def connection(self, address: str) -> PeerConnection:
+        with self._lock:
+            if address not in self._connections:
+                self._connections[address] = PeerConnection(address)
+            return self._connections[address]
+
+    def retain(self, addresses: Collection[str]) -> None:
+        """Close the connections to every address not in ``addresses`` (members that left the group)."""
+        with self._lock:
+            gone = [self._connections.pop(a) for a in list(self._connections) if a not in addresses]
+        for connection in gone:
+            connection.close()
+
+    def close(self) -> None:
+        self.retain(())
+
+
+def request_state(address: str, round_id: int, timeout: float) -> collective_pb2.ModelState | None:
+    """The state the member at ``address`` serves for ``round_id`` (``< 0``: its current state), or None if
+    it has none for that round; over a connection of its own, answered within ``timeout`` seconds.
+
+    Raises OSError when the member cannot be reached, does not answer in time, or answers with something
+    other than a state response (:class:`FrameError`).
+    """
+    deadline = time.monotonic() + timeout
+    with _connect(address, deadline) as sock:
+        send_parts(sock, [FrameHeader(FrameKind.STATE_REQUEST, round_id=round_id).pack()], deadline)
+        header = read_header(sock, deadline)
+        if header is None:
+            raise ConnectionError(f"{address} closed the connection without answering a state request")
+        if header.kind != FrameKind.STATE_RESPONSE:
+            raise FrameError(f"{address} answered a state request with a frame of kind {header.kind}")
+        payload = bytearray(header.payload_bytes)
+        _read_payload(sock, memoryview(payload), deadline)
+    if not header.flags & FLAG_FOUND:
+        return None
+    try:
+        return collective_pb2.ModelState.FromString(bytes(payload))
+    except DecodeError as error:
+        raise FrameError(f"{address} sent an undecodable state: {error}") from None
