@@ -15,10 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS_MODEL = str(ROOT / "examples" / "model_zoo" / "digits.py")
 CTR_MODEL = str(ROOT / "examples" / "model_zoo" / "ctr.py")
 
-#: Small, quick digits settings: a healthy job reaches 0.96-0.99 accuracy (docs/reliability.md: 0.964-0.989
-#: over 55 chaos trials of these settings; 6 epochs measured 0.953-0.981, too close to the floor below).
+#: Small, quick digits settings. 8 epochs measured 0.964-0.989 over 55 chaos trials, yet CI runs under load
+#: saw 0.925-0.947 (a late loss spike of SGD with momentum; one worker's loss went 0.011 -> 0.050 in its last
+#: epoch in a measured run), so the tests train 10.
 DIGITS_JOB = {
-    "num_epochs": 8,
+    "num_epochs": 10,
     "shuffle": True,
     "minibatch_size": 32,
     "num_minibatches_per_task": 4,
@@ -28,9 +29,6 @@ DIGITS_JOB = {
 
 #: The accuracy every digits job must reach: the issues' acceptance criterion.
 DIGITS_ACCURACY_FLOOR = 0.95
-#: Epochs of a digits job whose pods a test deletes: the work lost and repeated widens the accuracy spread
-#: (one CI run measured 0.947 after 8 epochs and a deleted worker), so such jobs train two epochs more.
-DISTURBED_DIGITS_EPOCHS = 10
 
 
 def digits_config(data: Path, output: Path, **overrides: Any) -> TrainConfig:

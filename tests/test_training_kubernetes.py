@@ -28,7 +28,6 @@ from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner, RoleSetting
 from tests.engine_helpers import (
     DIGITS_ACCURACY_FLOOR,
     DIGITS_MODEL,
-    DISTURBED_DIGITS_EPOCHS,
     JobThread,
     assert_no_record_lost,
     digits_config,
@@ -172,7 +171,7 @@ def test_allreduce_job_trains_on_worker_pods_only(
 def test_worker_pod_deleted_through_the_api_is_replaced_and_nothing_is_lost(
     make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    job = make_job(num_epochs=DISTURBED_DIGITS_EPOCHS)
+    job = make_job()
     name = job.config.job_name
     thread = JobThread(job).start()
     thread.wait_until(lambda: thread.progress_fraction() >= 0.3, 240, "30% of the tasks")
@@ -193,7 +192,7 @@ def test_worker_pod_deleted_through_the_api_is_replaced_and_nothing_is_lost(
 def test_preempted_worker_replacement_waits_for_capacity_while_the_job_goes_on(
     make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    job = make_job(num_epochs=DISTURBED_DIGITS_EPOCHS)
+    job = make_job()
     name = job.config.job_name
     served = record_workers_served(job)
     thread = JobThread(job).start()
@@ -221,7 +220,7 @@ def test_preempted_worker_replacement_waits_for_capacity_while_the_job_goes_on(
 def test_ps_pod_deleted_is_recreated_with_its_address_and_restores(
     make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    job = make_job(checkpoint_steps=10, num_epochs=DISTURBED_DIGITS_EPOCHS)
+    job = make_job(checkpoint_steps=10)
     name = job.config.job_name
     thread = JobThread(job).start()
     thread.wait_until(lambda: thread.progress_fraction() >= 0.4, 240, "40% of the tasks")
