@@ -381,7 +381,8 @@ def assert_the_job_continued(output: Path, log: str, in_flight_records: int) -> 
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
     assert metrics["records_trained_twice"] <= in_flight_records
-    assert metrics["relaunches"]["worker"] == metrics["relaunches"]["ps"] == 0
+    relaunches = metrics["relaunches"]
+    assert relaunches["worker"] == relaunches["ps"] == 0, (relaunches["events"], log[-3000:])
     assert log.count("master_state_restored") == 1
     assert "worker_relaunched" not in log and "ps_relaunched" not in log
     assert not (output / STATE_KEY).exists(), "the state is removed once the model is published"

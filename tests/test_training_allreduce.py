@@ -7,11 +7,15 @@ import signal
 import time
 from pathlib import Path
 
+import keras
 import pytest
+import tensorflow as tf
 
 from edl_argo import log
+from edl_argo.errors import JobFailedError
 from edl_argo.master.job import TrainingJob
 from edl_argo.pods import PodRole
+from edl_argo.worker.allreduce_replica import WorldSizeScaledSchedule, learning_rate_schedule
 from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, JobThread, assert_no_record_lost, digits_config
 
 ALLREDUCE = {"distribution_strategy": "AllreduceStrategy", "num_ps": 0, "collective_timeout_seconds": 30}
@@ -20,6 +24,25 @@ ALLREDUCE = {"distribution_strategy": "AllreduceStrategy", "num_ps": 0, "collect
 @pytest.fixture(autouse=True)
 def master_logs_to_stderr() -> None:
     log.configure("INFO")
+
+
+def test_a_scaled_learning_rate_schedule_follows_the_world_size_inside_a_traced_step() -> None:
+    optimizer = keras.optimizers.SGD(keras.optimizers.schedules.InverseTimeDecay(0.1, 1, 1.0))
+    variable = tf.Variable([1.0])
+    optimizer.build([variable])
+    world_size = tf.Variable(1.0, trainable=False)
+    optimizer.learning_rate = WorldSizeScaledSchedule(learning_rate_schedule(optimizer), world_size)
+    step = tf.function(lambda gradient: optimizer.apply_gradients([(gradient, variable)]))
+    step(tf.constant([1.0]))  # step 0: 0.1 / (1 + 0) x 1
+    world_size.assign(4.0)
+    step(tf.constant([1.0]))  # step 1: 0.1 / (1 + 1) x 4
+    assert variable.numpy()[0] == pytest.approx(1.0 - 0.1 - 0.2)
+
+
+def test_a_learning_rate_that_is_no_schedule_cannot_be_scaled() -> None:
+    optimizer = keras.optimizers.SGD(learning_rate=lambda: 0.1)
+    with pytest.raises(JobFailedError, match="--scale-lr-by-world-size needs optimizer"):
+        learning_rate_schedule(optimizer)
 
 
 def test_three_workers_train_digits_and_end_with_identical_replicas(
@@ -40,7 +63,10 @@ def test_three_workers_train_digits_and_end_with_identical_replicas(
     err = capfd.readouterr().err
     assert "ps-0" not in err  # no parameter server was started
     assert re.search(r"group_formed round=\d+ rank=2 world_size=3", err)
-    assert "learning_rate_scaled world_size=3 learning_rate=0.15" in err  # the model file's 0.05 x 3
+    scaled = re.findall(r"learning_rate_scaled world_size=3 learning_rate=(\S+) unscaled=(\S+)", err)
+    assert scaled, "no member scaled its learning rate to 3 workers"
+    for rate, unscaled in scaled:  # the model file's decaying rate (0.05 at step 0) x 3, logged to 6 digits
+        assert 0.0 < float(unscaled) <= 0.05 and float(rate) == pytest.approx(3 * float(unscaled), rel=1e-5)
 
 
 def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(

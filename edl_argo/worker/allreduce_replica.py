@@ -35,6 +35,7 @@ from edl_argo.collective.membership import ElasticMember, RendezvousClient
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
+from edl_argo.ps.optimizer import has_float_learning_rate
 from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage.base import Storage
 from edl_argo.worker.replica import NonFiniteLossError, build_model
@@ -85,6 +86,7 @@ class AllreduceReplica:
         self._model: keras.Model | None = None
         self._optimizer: Any = None
         self._base_lr = 0.0
+        self._lr_factor: tf.Variable | None = None  # the world size, when the learning rate is a schedule
         self._lr_world_size = 0
         self._sizes: list[int] = []
         self._state_lock = threading.Lock()
@@ -152,6 +154,11 @@ class AllreduceReplica:
         self._sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
         self._optimizer = optimizer
         self._base_lr = float(np.asarray(optimizer.learning_rate))
+        if self._scale_lr and not has_float_learning_rate(optimizer):
+            self._lr_factor = tf.Variable(1.0, trainable=False, name="world_size")
+            optimizer.learning_rate = WorldSizeScaledSchedule(
+                learning_rate_schedule(optimizer), self._lr_factor
+            )
         with self._state_lock:
             self._model = model
         self._contribute = tf.function(self._contribution, reduce_retracing=True)
@@ -309,6 +316,48 @@ class AllreduceReplica:
     def _scale_learning_rate(self, world_size: int) -> None:
         if not self._scale_lr or world_size == self._lr_world_size:
             return
-        self._optimizer.learning_rate = self._base_lr * world_size
+        if self._lr_factor is not None:
+            self._lr_factor.assign(float(world_size))
+        else:
+            self._optimizer.learning_rate = self._base_lr * world_size
         self._lr_world_size = world_size
-        log.info("learning_rate_scaled", world_size=world_size, learning_rate=self._base_lr * world_size)
+        scaled = float(np.asarray(self._optimizer.learning_rate))
+        log.info(
+            "learning_rate_scaled", world_size=world_size, learning_rate=scaled, unscaled=scaled / world_size
+        )
+
+
+class WorldSizeScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A model's learning-rate schedule multiplied by the group's world size (``--scale-lr-by-world-size``).
+
+    ``factor`` is a variable, so the traced optimizer step sees every change of the group's size. It is
+    not part of the group's state: every member sets it from the size of its own round.
+    """
+
+    def __init__(
+        self, schedule: keras.optimizers.schedules.LearningRateSchedule, factor: tf.Variable
+    ) -> None:
+        self.schedule = schedule
+        self.factor = factor
+
+    def __call__(self, step: Any) -> Any:
+        rate = self.schedule(step)
+        return rate * tf.cast(self.factor, rate.dtype)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule)}
+
+
+def learning_rate_schedule(optimizer: Any) -> keras.optimizers.schedules.LearningRateSchedule:
+    """A copy of the schedule an optimizer was given as its ``learning_rate`` (:class:`JobFailedError` for
+    anything else that is not a float, such as a plain callable: it cannot be scaled)."""
+    try:
+        schedule = keras.optimizers.schedules.deserialize(optimizer.get_config()["learning_rate"])
+    except (TypeError, ValueError, KeyError, OSError):
+        schedule = None
+    if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        raise JobFailedError(
+            "--scale-lr-by-world-size needs optimizer() with a float learning_rate or a "
+            "keras.optimizers.schedules.LearningRateSchedule"
+        )
+    return schedule
