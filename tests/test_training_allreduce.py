@@ -12,11 +12,17 @@ import pytest
 import tensorflow as tf
 
 from edl_argo import log
-from edl_argo.errors import JobFailedError
+from edl_argo.collective.learning_rate import WorldSizeScaling
+from edl_argo.errors import ConfigError
 from edl_argo.master.job import TrainingJob
 from edl_argo.pods import PodRole
-from edl_argo.worker.allreduce_replica import WorldSizeScaledSchedule, learning_rate_schedule
-from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, JobThread, assert_no_record_lost, digits_config
+from tests.engine_helpers import (
+    DIGITS_ACCURACY_FLOOR,
+    DIGITS_MODEL,
+    JobThread,
+    assert_no_record_lost,
+    digits_config,
+)
 
 ALLREDUCE = {"distribution_strategy": "AllreduceStrategy", "num_ps": 0, "collective_timeout_seconds": 30}
 
@@ -30,19 +36,35 @@ def test_a_scaled_learning_rate_schedule_follows_the_world_size_inside_a_traced_
     optimizer = keras.optimizers.SGD(keras.optimizers.schedules.InverseTimeDecay(0.1, 1, 1.0))
     variable = tf.Variable([1.0])
     optimizer.build([variable])
-    world_size = tf.Variable(1.0, trainable=False)
-    optimizer.learning_rate = WorldSizeScaledSchedule(learning_rate_schedule(optimizer), world_size)
+    scaling = WorldSizeScaling(optimizer)
     step = tf.function(lambda gradient: optimizer.apply_gradients([(gradient, variable)]))
     step(tf.constant([1.0]))  # step 0: 0.1 / (1 + 0) x 1
-    world_size.assign(4.0)
+    assert scaling.set(4) == pytest.approx(0.1 / 2 * 4)
     step(tf.constant([1.0]))  # step 1: 0.1 / (1 + 1) x 4
     assert variable.numpy()[0] == pytest.approx(1.0 - 0.1 - 0.2)
 
 
-def test_a_learning_rate_that_is_no_schedule_cannot_be_scaled() -> None:
-    optimizer = keras.optimizers.SGD(learning_rate=lambda: 0.1)
-    with pytest.raises(JobFailedError, match="--scale-lr-by-world-size needs optimizer"):
-        learning_rate_schedule(optimizer)
+def test_a_float_learning_rate_is_scaled_from_its_first_value() -> None:
+    optimizer = keras.optimizers.Adam(0.001)
+    scaling = WorldSizeScaling(optimizer)
+    assert scaling.set(3) == pytest.approx(0.003)
+    assert scaling.set(2) == pytest.approx(0.002)  # not 0.003 x 2
+
+
+def test_a_learning_rate_that_cannot_be_scaled_fails_the_job_before_it_starts(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    model_def = tmp_path / "callable_lr.py"
+    model_def.write_text(
+        Path(DIGITS_MODEL).read_text()
+        + "\n\ndef optimizer():\n    return tf.keras.optimizers.SGD(learning_rate=lambda: 0.1)\n"
+    )
+    config = digits_config(
+        digits_data, tmp_path / "job", model_def=str(model_def), scale_lr_by_world_size=True, **ALLREDUCE
+    )
+    with pytest.raises(ConfigError, match="--scale-lr-by-world-size needs optimizer"):
+        TrainingJob(config)
+    assert not (tmp_path / "job").exists()
 
 
 def test_three_workers_train_digits_and_end_with_identical_replicas(

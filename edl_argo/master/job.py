@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from edl_argo.collective.learning_rate import check_world_size_scaling
 from edl_argo.collective.membership import max_state_difference, member_states
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
 from edl_argo.flags import add_flag, pod_host
@@ -95,6 +96,8 @@ class TrainingJob:
     def __init__(self, config: TrainConfig, backend: PodBackend | None = None) -> None:
         self.config = config
         self.spec: ModelSpec = load_model_spec(config.model_def)
+        if config.scale_lr_by_world_size:
+            check_world_size_scaling(self.spec.optimizer)
         self.training_shards = dataset_shards(config.training_data, "--training-data")
         self.validation_shards = (
             dataset_shards(config.validation_data, "--validation-data") if config.validation_data else {}

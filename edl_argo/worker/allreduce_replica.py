@@ -31,11 +31,11 @@ import tensorflow as tf
 from edl_argo.checkpoint import Checkpointer, CheckpointSeries
 from edl_argo.collective import CollectiveAborted, CollectiveGroup
 from edl_argo.collective.checkpoint import GroupSnapshot, decode_state, group_checkpointer, group_checkpoints
+from edl_argo.collective.learning_rate import WorldSizeScaling
 from edl_argo.collective.membership import ElasticMember, RendezvousClient
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
-from edl_argo.ps.optimizer import has_float_learning_rate
 from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage.base import Storage
 from edl_argo.worker.replica import NonFiniteLossError, build_model
@@ -85,8 +85,7 @@ class AllreduceReplica:
         self._scale_lr = scale_lr_by_world_size
         self._model: keras.Model | None = None
         self._optimizer: Any = None
-        self._base_lr = 0.0
-        self._lr_factor: tf.Variable | None = None  # the world size, when the learning rate is a schedule
+        self._lr_scaling: WorldSizeScaling | None = None
         self._lr_world_size = 0
         self._sizes: list[int] = []
         self._state_lock = threading.Lock()
@@ -153,12 +152,8 @@ class AllreduceReplica:
             raise JobFailedError(f"AllreduceStrategy averages float32 variables only; not: {not_float32[:3]}")
         self._sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
         self._optimizer = optimizer
-        self._base_lr = float(np.asarray(optimizer.learning_rate))
-        if self._scale_lr and not has_float_learning_rate(optimizer):
-            self._lr_factor = tf.Variable(1.0, trainable=False, name="world_size")
-            optimizer.learning_rate = WorldSizeScaledSchedule(
-                learning_rate_schedule(optimizer), self._lr_factor
-            )
+        if self._scale_lr:
+            self._lr_scaling = WorldSizeScaling(optimizer)
         with self._state_lock:
             self._model = model
         self._contribute = tf.function(self._contribution, reduce_retracing=True)
@@ -314,50 +309,10 @@ class AllreduceReplica:
         return self._recent_rounds[-steps_after] == round_id
 
     def _scale_learning_rate(self, world_size: int) -> None:
-        if not self._scale_lr or world_size == self._lr_world_size:
+        if self._lr_scaling is None or world_size == self._lr_world_size:
             return
-        if self._lr_factor is not None:
-            self._lr_factor.assign(float(world_size))
-        else:
-            self._optimizer.learning_rate = self._base_lr * world_size
+        rate = self._lr_scaling.set(world_size)
         self._lr_world_size = world_size
-        scaled = float(np.asarray(self._optimizer.learning_rate))
         log.info(
-            "learning_rate_scaled", world_size=world_size, learning_rate=scaled, unscaled=scaled / world_size
+            "learning_rate_scaled", world_size=world_size, learning_rate=rate, unscaled=rate / world_size
         )
-
-
-class WorldSizeScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """A model's learning-rate schedule multiplied by the group's world size (``--scale-lr-by-world-size``).
-
-    ``factor`` is a variable, so the traced optimizer step sees every change of the group's size. It is
-    not part of the group's state: every member sets it from the size of its own round.
-    """
-
-    def __init__(
-        self, schedule: keras.optimizers.schedules.LearningRateSchedule, factor: tf.Variable
-    ) -> None:
-        self.schedule = schedule
-        self.factor = factor
-
-    def __call__(self, step: Any) -> Any:
-        rate = self.schedule(step)
-        return rate * tf.cast(self.factor, rate.dtype)
-
-    def get_config(self) -> dict[str, Any]:
-        return {"schedule": keras.optimizers.schedules.serialize(self.schedule)}
-
-
-def learning_rate_schedule(optimizer: Any) -> keras.optimizers.schedules.LearningRateSchedule:
-    """A copy of the schedule an optimizer was given as its ``learning_rate`` (:class:`JobFailedError` for
-    anything else that is not a float, such as a plain callable: it cannot be scaled)."""
-    try:
-        schedule = keras.optimizers.schedules.deserialize(optimizer.get_config()["learning_rate"])
-    except (TypeError, ValueError, KeyError, OSError):
-        schedule = None
-    if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-        raise JobFailedError(
-            "--scale-lr-by-world-size needs optimizer() with a float learning_rate or a "
-            "keras.optimizers.schedules.LearningRateSchedule"
-        )
-    return schedule
