@@ -246,6 +246,34 @@ def test_a_report_asking_for_the_next_task_is_answered_once_both_changes_are_sav
     assert saved[-1]["tasks_done"]["training"] == 1
 
 
+def test_a_report_retried_after_its_reply_was_lost_gets_the_same_next_task() -> None:
+    """The first master saved the report and the next task it handed out, then died before replying:
+    the worker's retry, to the restarted master, must get that task, not leave it held until it times
+    out (and the worker be replaced as stuck)."""
+    from edl_argo.master.servicer import MasterServicer
+    from edl_argo.proto import master_pb2
+
+    dispatcher = TaskDispatcher(SHARDS, DispatcherConfig(records_per_task=40, num_epochs=1))
+    evaluation = EvaluationService(lambda: {}, {}, 1)
+    evaluation.dispatcher = dispatcher
+    urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    servicer = MasterServicer(dispatcher, evaluation, urls, lambda: 0)
+    first = servicer.GetTask(master_pb2.GetTaskRequest(worker_id=0), None).task
+    request = master_pb2.ReportTaskResultRequest(
+        worker_id=0, task_id=first.task_id, success=True, get_next_task=True
+    )
+    lost = servicer.ReportTaskResult(request, None).next_task.task  # this reply never arrives
+    retried = servicer.ReportTaskResult(request, None)
+
+    assert not retried.accepted  # the report counted once
+    assert retried.next_task.task == lost
+    assert (
+        dispatcher.oldest_held_task(0) is not None and dispatcher.oldest_held_task(0).task_id == lost.task_id
+    )
+    other = servicer.GetTask(master_pb2.GetTaskRequest(worker_id=1), None).task
+    assert other.task_id not in (first.task_id, lost.task_id)
+
+
 # -- evaluation state -----------------------------------------------------------------------------------
 
 

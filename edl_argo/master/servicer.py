@@ -67,6 +67,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> master_pb2.GetTaskResponse:
         _check_worker_id(context, "GetTask", request.worker_id)
+        held = self._dispatcher.oldest_held_task(request.worker_id)
+        if held is not None and self._dispatcher.failure is None:
+            # A worker asks only when it holds no task: it never received the answer that gave it this
+            # one (a reply lost to a master restart). Without this, the task would wait for its timeout.
+            log.info("task_assigned_again", task=held.task_id, worker=request.worker_id)
+            return master_pb2.GetTaskResponse(kind=master_pb2.GetTaskResponse.TASK, task=self._to_proto(held))
         assignment = self._dispatcher.get_task(request.worker_id)
         if assignment.kind == "done" and self._dispatcher.failure is None:
             if self._evaluation.start_final_round(self._current_version()):
