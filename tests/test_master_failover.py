@@ -267,9 +267,8 @@ def test_a_report_retried_after_its_reply_was_lost_gets_the_same_next_task() -> 
 
     assert not retried.accepted  # the report counted once
     assert retried.next_task.task == lost
-    assert (
-        dispatcher.oldest_held_task(0) is not None and dispatcher.oldest_held_task(0).task_id == lost.task_id
-    )
+    held = dispatcher.oldest_held_task(0)
+    assert held is not None and held.task_id == lost.task_id
     other = servicer.GetTask(master_pb2.GetTaskRequest(worker_id=1), None).task
     assert other.task_id not in (first.task_id, lost.task_id)
 

@@ -17,7 +17,7 @@ import grpc
 from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.rendezvous import RendezvousManager
-from edl_argo.master.task_dispatcher import Task, TaskDispatcher, TaskType
+from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
 from edl_argo.rpc.channel import reject_request
@@ -72,8 +72,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             # A worker asks only when it holds no task: it never received the answer that gave it this
             # one (a reply lost to a master restart). Without this, the task would wait for its timeout.
             log.info("task_assigned_again", task=held.task_id, worker=request.worker_id)
-            return master_pb2.GetTaskResponse(kind=master_pb2.GetTaskResponse.TASK, task=self._to_proto(held))
-        assignment = self._dispatcher.get_task(request.worker_id)
+            assignment = TaskAssignment("task", held)
+        else:
+            assignment = self._dispatcher.get_task(request.worker_id)
         if assignment.kind == "done" and self._dispatcher.failure is None:
             if self._evaluation.start_final_round(self._current_version()):
                 assignment = self._dispatcher.get_task(request.worker_id)
