@@ -1,7 +1,7 @@
 """Checks of rendered manifests: Argo's JSON schema per kind, Kubernetes' own models for core kinds.
 
 Argo kinds (Workflow, WorkflowTemplate, ...) are validated against the definition of their kind in Argo's
-schema (``../shared/argo/``), with one known quirk patched in memory: ``IntOrString`` is typed as a
+schema (vendored in ``tests/argo_schema/``), with one known quirk patched in memory: ``IntOrString`` is typed as a
 string only there, so an integer ``retryStrategy.limit`` would fail. Core Kubernetes kinds (RBAC, Secret,
 ...) are not in that schema: they must survive a round trip through the official client's models, which
 drops every field the API does not know.
@@ -21,7 +21,7 @@ import yaml
 from kubernetes.client import ApiClient
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA_FILE = ROOT.parent / "shared" / "argo" / "workflow-schema-v4.0.10.json"
+SCHEMA_FILE = ROOT / "tests" / "argo_schema" / "workflow-schema-v4.0.10.json"
 ARGO = "io.argoproj.workflow.v1alpha1"
 #: Core kinds -> the kubernetes client model that must represent them exactly.
 KUBERNETES_MODELS = {
@@ -38,7 +38,7 @@ KUBERNETES_MODELS = {
 @functools.cache
 def _definitions() -> dict[str, Any]:
     if not SCHEMA_FILE.is_file():
-        pytest.fail(f"Argo's JSON schema is missing: {SCHEMA_FILE} (see ../shared/README.md)", pytrace=False)
+        pytest.fail(f"Argo's JSON schema is missing: {SCHEMA_FILE} (see tests/argo_schema/README.md)", pytrace=False)
     definitions = copy.deepcopy(json.loads(SCHEMA_FILE.read_text())["definitions"])
     definitions["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["string", "integer"]}
     return definitions
