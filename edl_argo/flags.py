@@ -7,12 +7,20 @@ import os
 from typing import Any
 
 
-def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, **kwargs: Any) -> None:
-    """Add ``--some-flag`` and its alias ``--some_flag`` (hidden from ``--help``)."""
-    names = [name]
-    alias = name.replace("-", "_").replace("__", "--", 1)
-    if alias != name:
-        names.append(alias)
+def add_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    name: str,
+    aliases: tuple[str, ...] = (),
+    **kwargs: Any,
+) -> None:
+    """Add ``--some-flag`` and its alias ``--some_flag``, plus each of ``aliases`` in both spellings (other
+    names of the same flag, e.g. ElasticDL's ``--num-ps-pods`` for ``--num-ps``)."""
+    names: list[str] = []
+    for flag in (name, *aliases):
+        for spelling in (flag, flag.replace("-", "_").replace("__", "--", 1)):
+            if spelling not in names:
+                names.append(spelling)
+    kwargs.setdefault("dest", name.lstrip("-").replace("-", "_"))
     parser.add_argument(*names, **kwargs)
 
 

@@ -20,6 +20,7 @@ from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, positive_int
 from edl_argo.log import get_logger
 from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.contract import add_model_flags, model_options_from_args
 from edl_argo.progress import ProgressReporter
 from edl_argo.recordio import ShardReader, list_shards
 from edl_argo.storage import Storage, open_storage
@@ -43,12 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             metavar="URL",
             help="the model tree written by `train` (<output>/model)",
         )
-        add_flag(
-            parser,
-            "--model-def",
-            required=True,
-            help="the model file used for training (for feed and metrics)",
-        )
+        add_model_flags(parser)  # the model file used for training (for feed and metrics)
         add_flag(
             parser, "--data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards"
         )
@@ -116,7 +112,7 @@ def evaluate(spec: ModelSpec, model: Any, storage: Storage, minibatch_size: int)
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    spec = load_model_spec(args.model_def)
+    spec = load_model_spec(args.model_def, model_options_from_args(args))
     model = load_trained_model(spec, args.model)
     results = evaluate(spec, model, open_storage(args.data), args.minibatch_size)
     log.info("evaluation_done", data=args.data, **results)
@@ -131,7 +127,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 def run_predict(args: argparse.Namespace) -> int:
     from edl_argo.worker.main import write_predictions
 
-    spec = load_model_spec(args.model_def)
+    spec = load_model_spec(args.model_def, model_options_from_args(args))
     model = load_trained_model(spec, args.model)
     processor = spec.prediction_outputs_processor() if spec.prediction_outputs_processor else None
     count = 0

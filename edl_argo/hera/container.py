@@ -52,6 +52,11 @@ ModelDef = Annotated[
     Text,
     Input(f"model definition in the image: a file such as {MODEL_ZOO}/digits.py, or package.module"),
 ]
+#: The ``model_zoo`` argument of the steps that load a model (ElasticDL's ``--model_zoo``).
+ModelZoo = Annotated[
+    Text,
+    Input("folder of model files in the image; model-def is then module.path.function inside it"),
+]
 
 
 def step_container(

@@ -25,7 +25,7 @@ from hera.workflows import Artifact, Container, Env, FieldEnv, Parameter, RetryP
 from hera.workflows.models import Backoff, ContainerPort, IntOrString, ResourceRequirements, ValueFrom
 
 from edl_argo.collective.flags import PARAMETER_SERVER, STRATEGIES
-from edl_argo.hera.container import IMAGE, STORAGE_SECRET, ModelDef, step_container
+from edl_argo.hera.container import IMAGE, STORAGE_SECRET, ModelDef, ModelZoo, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.step import Step, StepTask
 from edl_argo.pods.manifests import PORT_NAME, master_labels
@@ -55,6 +55,10 @@ def elastic_train(
     name: str = "elastic-train",
     *,
     model_def: ModelDef,
+    model_zoo: ModelZoo = "",
+    model_params: Annotated[
+        Text, Input('keyword arguments of the model function, "k=v;..." (values are Python literals)')
+    ] = "",
     job_name: Annotated[
         Text, Input("name of the job (its pods are <job>-worker-N): one per training step of a workflow")
     ] = "{{workflow.name}}",

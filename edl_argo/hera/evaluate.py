@@ -9,7 +9,15 @@ from __future__ import annotations
 from hera.workflows import Artifact, Container, Parameter
 from hera.workflows.models import ValueFrom
 
-from edl_argo.hera.container import IMAGE, STORAGE_SECRET, Image, ModelDef, StorageSecret, step_container
+from edl_argo.hera.container import (
+    IMAGE,
+    STORAGE_SECRET,
+    Image,
+    ModelDef,
+    ModelZoo,
+    StorageSecret,
+    step_container,
+)
 from edl_argo.hera.inputs import StepInputs
 from edl_argo.hera.model_input import MODEL_ARTIFACT, MODEL_PATH, Data, MinibatchSize
 from edl_argo.hera.step import Step, StepTask
@@ -25,6 +33,7 @@ def evaluate(
     *,
     model: Artifact,
     model_def: ModelDef,
+    model_zoo: ModelZoo = "",
     data: Data,
     minibatch_size: MinibatchSize = 256,
     image: Image = IMAGE,

@@ -12,6 +12,7 @@ from typing import Any
 from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int, positive_int
+from edl_argo.model.contract import ModelOptions, add_model_flags, model_options_from_args
 from edl_argo.pods.kubernetes_config import (
     KubernetesConfig,
     add_kubernetes_flags,
@@ -35,6 +36,8 @@ class TrainConfig:
     model_def: str
     training_data: str
     output: str
+    model_options: ModelOptions = dataclasses.field(default_factory=ModelOptions)
+    """ElasticDL's other model flags: model zoo, model params, renamed functions."""
     validation_data: str = ""
     num_epochs: int = 1
     minibatch_size: int = 64
@@ -90,7 +93,7 @@ class TrainConfig:
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:
     job = parser.add_argument_group("job")
-    add_flag(job, "--model-def", required=True, help="path/to/model.py[:custom_model] or package.module.fn")
+    add_model_flags(job)
     add_flag(
         job, "--training-data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards"
     )
@@ -152,7 +155,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_collective_flags(cluster)
     add_flag(cluster, "--num-workers", type=positive_int, default=2)
-    add_flag(cluster, "--num-ps", type=positive_int, default=1)
+    add_flag(cluster, "--num-ps", aliases=("--num-ps-pods",), type=positive_int, default=1)
     add_flag(
         cluster, "--grads-to-wait", type=positive_int, default=1, help="synchronous SGD: average K pushes"
     )
@@ -226,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values["job_name"] = args.job_name or f"edl-{uuid.uuid4().hex[:8]}"
+    values["model_options"] = model_options_from_args(args)
     if args.distribution_strategy == ALLREDUCE:
         values["num_ps"] = 0
     if args.yaml and args.backend != "kubernetes":

@@ -95,7 +95,7 @@ class TrainingJob:
 
     def __init__(self, config: TrainConfig, backend: PodBackend | None = None) -> None:
         self.config = config
-        self.spec: ModelSpec = load_model_spec(config.model_def)
+        self.spec: ModelSpec = load_model_spec(config.model_def, config.model_options)
         if config.scale_lr_by_world_size:
             check_world_size_scaling(self.spec.optimizer)
         self.training_shards = dataset_shards(config.training_data, "--training-data")
@@ -160,6 +160,7 @@ class TrainingJob:
             "--num-ps", str(c.num_ps),
             "--port", str(self.ps_ports[ps_id]),
             "--model-def", c.model_def,
+            *c.model_options.to_args(),
             "--grads-to-wait", str(c.grads_to_wait),
             "--sync-version-tolerance", str(c.sync_version_tolerance),
             "--checkpoint-steps", str(c.checkpoint_steps),
@@ -180,6 +181,7 @@ class TrainingJob:
             "--worker-id", str(worker_id),
             "--master-addr", self._master_address,
             "--model-def", c.model_def,
+            *c.model_options.to_args(),
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
             "--nan-loss", c.nan_loss,

@@ -31,6 +31,7 @@ published (or the job failed for good), so a finished job never restores.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -69,6 +70,7 @@ STATE_PARTS = (
 #: are cut and ordered, what model is trained how, where the data is.
 FINGERPRINT_FIELDS = (
     "model_def",
+    "model_options",
     "training_data",
     "validation_data",
     "num_epochs",
@@ -93,11 +95,15 @@ def job_fingerprint(
 ) -> dict[str, Any]:
     """The settings of :data:`FINGERPRINT_FIELDS` plus the records per task and a digest of the shards
     (key and record count of each), as JSON data: a job restores only a state with the same."""
-    fingerprint: dict[str, Any] = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
+    fingerprint: dict[str, Any] = {name: _json(getattr(config, name)) for name in FINGERPRINT_FIELDS}
     fingerprint["records_per_task"] = config.records_per_task
     fingerprint["training_shards"] = _digest(training_shards)
     fingerprint["validation_shards"] = _digest(validation_shards)
     return fingerprint
+
+
+def _json(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def _digest(shards: Mapping[str, int]) -> str:

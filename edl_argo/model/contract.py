@@ -1,9 +1,17 @@
-"""Names a model file uses: the ``mode`` passed to ``feed`` and the prediction-outputs base class."""
+"""Names a model file uses (the ``mode`` passed to ``feed``, the prediction-outputs base class), and the
+flags that say where a model definition's functions are (:class:`ModelOptions`)."""
 
 from __future__ import annotations
 
 import abc
+import argparse
+import ast
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
+
+from edl_argo.errors import ConfigError
+from edl_argo.flags import add_flag
 
 
 class Mode:
@@ -24,3 +32,110 @@ class BasePredictionOutputsProcessor(abc.ABC):
     @abc.abstractmethod
     def process(self, predictions: Any, worker_id: int) -> None:
         """Handle the outputs of one batch (a numpy array, or a dict of them for multi-output models)."""
+
+
+#: The input function's names, in the order a model file is searched for them: ElasticDL's model zoo at
+#: HEAD calls it ``feed``; files written before its rename (#2320) call it ``dataset_fn``.
+INPUT_FUNCTION_NAMES = ("feed", "dataset_fn")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Where a model definition's functions are found: ElasticDL's model flags other than ``--model-def``.
+
+    ``model_zoo``: a folder; ``--model-def`` is then ``module.path.function`` inside it (ElasticDL's
+    ``--model_zoo DIR --model_def mnist.mnist_functional_api.custom_model`` reads
+    ``DIR/mnist/mnist_functional_api.py``). ``model_params``: ``"k=v;..."`` passed as keyword arguments to
+    the model function, each value a Python literal (else the text itself), as ElasticDL parses them.
+    The other fields rename a contract function (``""`` for ``feed``: ``feed``, else ``dataset_fn``); a
+    dotted name ``module.function`` is looked up in ``module`` of the model zoo (or on ``sys.path``).
+    """
+
+    model_zoo: str = ""
+    model_params: str = ""
+    feed: str = ""
+    loss: str = "loss"
+    optimizer: str = "optimizer"
+    eval_metrics_fn: str = "eval_metrics_fn"
+    callbacks: str = "callbacks"
+    prediction_outputs_processor: str = "PredictionOutputsProcessor"
+
+    def to_args(self) -> list[str]:
+        """The flags that give these options to another edl-argo command (only those not at default)."""
+        default = ModelOptions()
+        args: list[str] = []
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value != getattr(default, item.name):
+                args += ["--" + item.name.replace("_", "-"), value]
+        return args
+
+
+def add_model_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, required: bool = True) -> None:
+    """``--model-def`` and ElasticDL's flags that say where its functions are (see :class:`ModelOptions`)."""
+    add_flag(
+        parser,
+        "--model-def",
+        required=required,
+        help="path/to/model.py[:custom_model], package.module.fn, or with --model-zoo module.path.fn",
+    )
+    add_flag(parser, "--model-zoo", default="", metavar="DIR", help="folder of model files (ElasticDL's)")
+    add_flag(
+        parser,
+        "--model-params",
+        default="",
+        metavar='"k=v;..."',
+        help="keyword arguments of the model function; values are Python literals",
+    )
+    add_flag(
+        parser,
+        "--feed",
+        aliases=("--dataset-fn",),
+        default="",
+        metavar="NAME",
+        help="name of the input function (default: feed, else dataset_fn)",
+    )
+    for name in ("loss", "optimizer", "eval_metrics_fn", "callbacks", "prediction_outputs_processor"):
+        add_flag(
+            parser,
+            "--" + name.replace("_", "-"),
+            default=getattr(ModelOptions(), name),
+            metavar="NAME",
+            help=f"name of the model file's {name} (default {getattr(ModelOptions(), name)})",
+        )
+    add_flag(
+        parser,
+        "--custom-data-reader",
+        default="",
+        metavar="NAME",
+        help="not supported: edl-argo reads RecordIO shards (convert data with `edl-argo data convert`)",
+    )
+
+
+def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
+    """The :class:`ModelOptions` of parsed :func:`add_model_flags`; :class:`ConfigError` for
+    ``--custom-data-reader``, which edl-argo does not support."""
+    if args.custom_data_reader:
+        raise ConfigError(
+            f"--custom-data-reader {args.custom_data_reader}: edl-argo reads only RecordIO shards of "
+            "tf.train.Example records; convert other data with `edl-argo data convert` and drop the flag"
+        )
+    return ModelOptions(**{item.name: getattr(args, item.name) for item in dataclasses.fields(ModelOptions)})
+
+
+def parse_model_params(text: str) -> dict[str, Any]:
+    """``"k=v;..."`` as keyword arguments, each value a Python literal or else the text itself (as
+    ElasticDL's ``get_dict_from_params_str``, without ``eval``); :class:`ConfigError` names a bad item."""
+    params: dict[str, Any] = {}
+    for item in text.split(";"):
+        if not item.strip():
+            continue
+        key, equals, value = item.strip().partition("=")
+        key = key.strip()
+        if not equals or not key.isidentifier():
+            raise ConfigError(f"--model-params {text!r}: {item.strip()!r} is not name=value")
+        try:
+            params[key] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            params[key] = value.strip()
+    return params

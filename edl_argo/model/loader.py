@@ -1,14 +1,21 @@
-"""Load and check a model definition named by ``--model-def``.
+"""Load and check a model definition named by ``--model-def`` (and ElasticDL's other model flags,
+:class:`~edl_argo.model.contract.ModelOptions`).
 
-Accepted forms: ``path/to/file.py`` (function ``custom_model``), ``path/to/file.py:factory_name``, or a
-dotted ``package.module.factory_name`` importable from ``sys.path``. Every required function is checked
-at load time so that a missing or misspelt name fails before any worker or PS starts.
+Accepted forms: ``path/to/file.py`` (function ``custom_model``), ``path/to/file.py:factory_name``, a
+dotted ``package.module.factory_name`` importable from ``sys.path``, or with ``--model-zoo DIR`` a dotted
+``module.path.factory_name`` naming ``DIR/module/path.py`` (ElasticDL's form; ``DIR`` is put on
+``sys.path`` so the file can import its neighbours). Every required function is checked at load time, and
+``--model-params`` against the factory's signature, so that a missing or misspelt name fails before any
+worker or PS starts. A model file that defines ``custom_data_reader`` is refused: edl-argo reads RecordIO
+shards only.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import inspect
 import sys
 import traceback
 from collections.abc import Callable
@@ -18,8 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from edl_argo.errors import ConfigError
-
-REQUIRED_FUNCTIONS = ("feed", "loss", "optimizer", "eval_metrics_fn")
+from edl_argo.model.contract import INPUT_FUNCTION_NAMES, ModelOptions, parse_model_params
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,7 @@ class ModelSpec:
     source: str
     module: ModuleType
     custom_model: Callable[[], Any]
+    """The model function with ``--model-params`` bound."""
     feed: Callable[..., Any]
     loss: Callable[..., Any]
     optimizer: Callable[[], Any]
@@ -37,37 +44,87 @@ class ModelSpec:
     prediction_outputs_processor: type | None
 
 
-def load_model_spec(model_def: str) -> ModelSpec:
+def load_model_spec(model_def: str, options: ModelOptions | None = None) -> ModelSpec:
     """Import the model definition and check the contract; :class:`ConfigError` names what is wrong."""
-    module, factory_name = _import(model_def)
-    missing = [n for n in (factory_name, *REQUIRED_FUNCTIONS) if not callable(getattr(module, n, None))]
+    options = options or ModelOptions()
+    module, factory_name = _import(model_def, options.model_zoo)
+    if callable(getattr(module, "custom_data_reader", None)):
+        raise ConfigError(
+            f"model definition {model_def} defines custom_data_reader: edl-argo reads only RecordIO shards "
+            "of tf.train.Example records (convert other data with `edl-argo data convert`); remove it"
+        )
+    feed_names = (options.feed,) if options.feed else INPUT_FUNCTION_NAMES
+    feed_name = next((n for n in feed_names if callable(_lookup(module, n, options))), feed_names[0])
+    names = {
+        "custom_model": factory_name,
+        "feed": feed_name,
+        "loss": options.loss,
+        "optimizer": options.optimizer,
+        "eval_metrics_fn": options.eval_metrics_fn,
+    }
+    found = {role: _lookup(module, name, options) for role, name in names.items()}
+    missing = [names[role] for role, value in found.items() if not callable(value)]
     if missing:
         raise ConfigError(
             f"model definition {model_def} lacks {', '.join(repr(n) for n in missing)}; it must define "
-            f"{factory_name}(), feed(dataset, mode, metadata), loss(labels, predictions), optimizer() "
-            "and eval_metrics_fn()"
+            f"{factory_name}(), feed(dataset, mode, metadata) (or dataset_fn), loss(labels, predictions), "
+            "optimizer() and eval_metrics_fn(); the flags --feed, --loss, --optimizer and --eval-metrics-fn "
+            "rename them"
         )
-    callbacks = getattr(module, "callbacks", None)
-    processor = getattr(module, "PredictionOutputsProcessor", None)
+    callbacks = _lookup(module, options.callbacks, options)
+    processor = _lookup(module, options.prediction_outputs_processor, options)
     if processor is not None and not isinstance(processor, type):
-        raise ConfigError(f"model definition {model_def}: PredictionOutputsProcessor must be a class")
+        raise ConfigError(
+            f"model definition {model_def}: {options.prediction_outputs_processor} must be a class"
+        )
     return ModelSpec(
         source=model_def,
         module=module,
-        custom_model=getattr(module, factory_name),
-        feed=module.feed,
-        loss=module.loss,
-        optimizer=module.optimizer,
-        eval_metrics_fn=module.eval_metrics_fn,
+        custom_model=_bind_model_params(found["custom_model"], factory_name, options.model_params),
+        feed=found["feed"],
+        loss=found["loss"],
+        optimizer=found["optimizer"],
+        eval_metrics_fn=found["eval_metrics_fn"],
         callbacks=callbacks if callable(callbacks) else None,
         prediction_outputs_processor=processor,
     )
 
 
-def _import(model_def: str) -> tuple[ModuleType, str]:
+def _bind_model_params(factory: Callable[..., Any], name: str, model_params: str) -> Callable[[], Any]:
+    """``factory`` with ``--model-params`` bound; :class:`ConfigError` if its signature does not take them."""
+    params = parse_model_params(model_params)
+    if not params:
+        return factory
+    try:
+        inspect.signature(factory).bind(**params)
+    except TypeError as error:
+        raise ConfigError(f"--model-params {model_params!r}: {name}() does not take them: {error}") from None
+    except ValueError:  # no signature to check (a builtin): the call will tell
+        pass
+    return functools.partial(factory, **params)
+
+
+def _lookup(module: ModuleType, name: str, options: ModelOptions) -> Any:
+    """The object ``name`` names (None if absent): an attribute of the model definition's module, or with
+    a dot, ``attribute`` of ``module`` in the model zoo (or on ``sys.path``), as ElasticDL resolves them."""
+    module_name, dot, attribute = name.rpartition(".")
+    if not dot:
+        return getattr(module, name, None)
+    if options.model_zoo:
+        path = Path(options.model_zoo, *module_name.split(".")).with_suffix(".py")
+        return getattr(_import_file(path, f"model function {name}"), attribute, None)
+    try:
+        return getattr(importlib.import_module(module_name), attribute, None)
+    except ImportError as error:
+        raise ConfigError(f"model function {name}: cannot import {module_name}: {error}") from None
+
+
+def _import(model_def: str, model_zoo: str = "") -> tuple[ModuleType, str]:
+    if model_zoo:
+        return _import_from_zoo(model_def, model_zoo)
     path_part, _, factory = model_def.partition(":")
     if path_part.endswith(".py") or "/" in path_part:
-        return _import_file(Path(path_part), model_def), factory or "custom_model"
+        return _import_file(Path(path_part), f"--model-def {model_def}"), factory or "custom_model"
     module_name, _, factory = model_def.rpartition(".")
     if not module_name:
         raise ConfigError(
@@ -82,15 +139,33 @@ def _import(model_def: str) -> tuple[ModuleType, str]:
         raise ConfigError(_describe_import_error(model_def, error)) from None
 
 
-def _import_file(path: Path, model_def: str) -> ModuleType:
+def _import_from_zoo(model_def: str, model_zoo: str) -> tuple[ModuleType, str]:
+    """ElasticDL's form: ``--model-def module.path.function`` is ``function`` of ``ZOO/module/path.py``."""
+    zoo = Path(model_zoo)
+    if not zoo.is_dir():
+        raise ConfigError(f"--model-zoo {model_zoo}: no such folder")
+    module_name, dot, factory = model_def.rpartition(".")
+    if not dot or not module_name or "/" in model_def or ":" in model_def:
+        raise ConfigError(
+            f"--model-def {model_def!r} with --model-zoo: use module.path.function (e.g. "
+            "mnist.mnist_functional_api.custom_model for ZOO/mnist/mnist_functional_api.py)"
+        )
+    if str(zoo.resolve()) not in sys.path:
+        sys.path.append(str(zoo.resolve()))  # the zoo's files import their neighbours, as in ElasticDL
+    path = zoo.joinpath(*module_name.split(".")).with_suffix(".py")
+    return _import_file(path, f"--model-def {model_def} in --model-zoo {model_zoo}"), factory
+
+
+def _import_file(path: Path, what: str) -> ModuleType:
+    """The module of the file at ``path``; ``what`` names it in messages (e.g. ``--model-def X``)."""
     if not path.is_file():
-        raise ConfigError(f"--model-def {model_def}: no such file {path}")
+        raise ConfigError(f"{what}: no such file {path}")
     name = f"edl_argo_model_{abs(hash(str(path.resolve())))}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ConfigError(f"--model-def {model_def}: {path} is not a Python file")
+        raise ConfigError(f"{what}: {path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:

@@ -22,6 +22,7 @@ from edl_argo import log
 from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
+from edl_argo.model.contract import ModelOptions, add_model_flags, model_options_from_args
 from edl_argo.proto import ps_pb2_grpc
 from edl_argo.ps.checkpoint import ps_checkpointer, restore_latest
 from edl_argo.ps.optimizer import OptimizerFactory
@@ -42,6 +43,7 @@ class PSConfig:
     """The settings of one parameter server (the flags of ``edl-argo ps``)."""
 
     model_def: str | None = None
+    model_options: ModelOptions = field(default_factory=ModelOptions)
     ps_id: int = 0
     num_ps: int = 1
     host: str = field(default_factory=pod_host)
@@ -70,7 +72,7 @@ def create_servicer(
             raise ConfigError("--model-def is required: the parameter server builds the model's optimizer()")
         from edl_argo.model.loader import load_model_spec
 
-        optimizer_factory = load_model_spec(config.model_def).optimizer
+        optimizer_factory = load_model_spec(config.model_def, config.model_options).optimizer
     if storage is None:
         storage = open_checkpoint_storage(config.checkpoint_dir, config.checkpoint_steps)
     state = None
@@ -126,9 +128,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a parameter server",
         description="Serve one partition of the model's parameters to the workers until SIGTERM.",
     )
-    add_flag(parser, "--model-def", required=True, help="model definition (file.py[:factory] or module.fn)")
+    add_model_flags(parser)
     add_flag(parser, "--ps-id", type=non_negative_int, default=0, help="this server's id (default 0)")
-    add_flag(parser, "--num-ps", type=positive_int, default=1, help="parameter servers (default 1)")
+    add_flag(
+        parser,
+        "--num-ps",
+        aliases=("--num-ps-pods",),
+        type=positive_int,
+        default=1,
+        help="parameter servers (default 1)",
+    )
     add_flag(parser, "--host", default=None, help="address to listen on (default: $POD_IP, else 127.0.0.1)")
     add_flag(parser, "--port", type=non_negative_int, default=2222, help="port (default 2222)")
     add_flag(
@@ -162,6 +171,7 @@ def run_ps(args: argparse.Namespace) -> int:
     log.configure(args.log_level, component=f"ps-{args.ps_id}")
     config = PSConfig(
         model_def=args.model_def,
+        model_options=model_options_from_args(args),
         ps_id=args.ps_id,
         num_ps=args.num_ps,
         host=args.host or pod_host(),

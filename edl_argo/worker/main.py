@@ -26,6 +26,7 @@ from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
 from edl_argo.log import get_logger
 from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.contract import add_model_flags, model_options_from_args
 from edl_argo.proto import master_pb2
 from edl_argo.storage import open_storage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
@@ -63,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_collective_flags(parser)
     add_checkpoint_flags(parser)  # AllreduceStrategy: the group's checkpoints
-    add_flag(parser, "--model-def", required=True)
+    add_model_flags(parser)
     add_flag(parser, "--minibatch-size", type=positive_int, required=True)
     add_flag(
         parser,
@@ -274,7 +275,7 @@ def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> 
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    spec = load_model_spec(args.model_def)
+    spec = load_model_spec(args.model_def, model_options_from_args(args))
     master = MasterClient(args.master_addr, args.worker_id)
     replica: Replica
     if args.distribution_strategy == ALLREDUCE:

@@ -1,0 +1,189 @@
+"""The model contract as ElasticDL writes it: its model-zoo files, its command line, its renaming flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edl_argo import cli, log
+from edl_argo.errors import ConfigError
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.job import TrainingJob
+from edl_argo.model import load_model_spec
+from edl_argo.model.contract import ModelOptions, model_options_from_args, parse_model_params
+from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost
+from tests.test_cli import error_lines, run_cli
+
+ZOO = Path(__file__).parent / "fixtures" / "elasticdl_zoo"
+ZOO_MODEL = "digits.digits_functional_api.custom_model"
+
+
+def dense_units(model) -> list[int]:
+    return [layer.units for layer in model.layers if hasattr(layer, "units")]
+
+
+@pytest.fixture(autouse=True)
+def master_logs_to_stderr() -> None:
+    log.configure("INFO")
+
+
+def test_elasticdl_command_line_trains_a_zoo_model(digits_data: Path, tmp_path: Path, capsys) -> None:
+    """ElasticDL's command line as its documentation writes it, with a model file in its current style."""
+    output = tmp_path / "job"
+    argv = [
+        "train",
+        "--model_zoo", str(ZOO),
+        "--model_def", ZOO_MODEL,
+        "--dataset_fn", "feed",
+        "--optimizer", "digits.optimizers.momentum_sgd",
+        "--model_params", "hidden_units=32; num_classes=10",
+        "--training_data", str(digits_data / "train"),
+        "--validation_data", str(digits_data / "test"),
+        "--output", str(output),
+        "--num_epochs", "6",
+        "--minibatch_size", "32",
+        "--num_minibatches_per_task", "4",
+        "--num_workers", "2",
+        "--num_ps_pods", "2",
+        "--job_name", "zoo-job",
+    ]  # fmt: skip
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0, err[-3000:]
+    metrics = json.loads((output / "model" / "metrics.json").read_text())
+    assert metrics["final_metrics"]["accuracy"] >= 0.9
+    assert_no_record_lost(metrics)
+    flags = json.loads((output / "model" / "flags.json").read_text())
+    assert flags["num_ps"] == 2
+    assert flags["model_options"]["model_params"] == "hidden_units=32; num_classes=10"
+    # The published model has the layer --model-params asked for (32 hidden units, not the default 64).
+    import keras
+
+    assert dense_units(keras.models.load_model(output / "model" / "model.keras", compile=False)) == [32, 10]
+
+
+def _job(tmp_path: Path, digits_data: Path, options: ModelOptions) -> TrainingJob:
+    config = TrainConfig(
+        model_def=ZOO_MODEL,
+        model_options=options,
+        training_data=str(digits_data / "train"),
+        output=str(tmp_path / "out"),
+        job_name="pods",
+    )
+    return TrainingJob(config)
+
+
+def test_model_options_reach_worker_and_ps_pods(digits_data: Path, tmp_path: Path) -> None:
+    """The pods' command lines carry the options, and their own parsers read back the same options."""
+    options = ModelOptions(
+        model_zoo=str(ZOO),
+        model_params="hidden_units=16",
+        feed="feed",
+        optimizer="digits.optimizers.momentum_sgd",
+        eval_metrics_fn="eval_metrics_fn",
+    )
+    job = _job(tmp_path, digits_data, options)
+    job._master_address = "127.0.0.1:1"
+    job._ps_addresses = lambda: "127.0.0.1:2"  # type: ignore[method-assign]  # no PS started here
+    parser = cli.build_parser()
+    for spec in (job.ps_spec(0), job.worker_spec(3)):
+        args = parser.parse_args(list(spec.command[1:]))
+        assert args.model_def == ZOO_MODEL
+        assert model_options_from_args(args) == options, spec.command
+        model = load_model_spec(args.model_def, model_options_from_args(args)).custom_model()
+        assert dense_units(model) == [16, 10]
+
+
+def test_input_function_may_be_named_dataset_fn(tmp_path: Path) -> None:
+    """Files written before ElasticDL renamed dataset_fn to feed load too; --feed/--dataset-fn pick a name."""
+    source = (ZOO / "digits" / "digits_functional_api.py").read_text()
+    old_style = tmp_path / "old_style.py"
+    old_style.write_text(source.replace("def feed(", "def dataset_fn("))
+    assert load_model_spec(str(old_style)).feed.__name__ == "dataset_fn"
+    renamed = tmp_path / "renamed.py"
+    renamed.write_text(source.replace("def feed(", "def input_records(").replace("def loss(", "def xent("))
+    spec = load_model_spec(str(renamed), ModelOptions(feed="input_records", loss="xent"))
+    assert (spec.feed.__name__, spec.loss.__name__) == ("input_records", "xent")
+    with pytest.raises(ConfigError, match=r"lacks 'feed'.*--feed"):
+        load_model_spec(str(renamed), ModelOptions(loss="xent"))
+    with pytest.raises(ConfigError, match="lacks 'no_such'"):
+        load_model_spec(str(old_style), ModelOptions(eval_metrics_fn="no_such"))
+
+
+def test_dotted_names_resolve_in_the_model_zoo() -> None:
+    spec = load_model_spec(
+        ZOO_MODEL, ModelOptions(model_zoo=str(ZOO), optimizer="digits.optimizers.momentum_sgd")
+    )
+    assert spec.optimizer().get_config()["momentum"] == pytest.approx(0.9)
+    assert spec.custom_model().name == "digits_model"
+    with pytest.raises(ConfigError, match=r"no such file .*nothing.py"):
+        load_model_spec(ZOO_MODEL, ModelOptions(model_zoo=str(ZOO), loss="digits.nothing.loss"))
+    with pytest.raises(ConfigError, match=r"in --model-zoo .* no such file .*absent.py"):
+        load_model_spec("digits.absent.custom_model", ModelOptions(model_zoo=str(ZOO)))
+    with pytest.raises(ConfigError, match=r"use module.path.function"):
+        load_model_spec(DIGITS_MODEL, ModelOptions(model_zoo=str(ZOO)))
+
+
+def test_model_params_parse_as_python_literals() -> None:
+    params = parse_model_params('units=32; rate=0.5;name="wide";flag=True;sizes=[1, 2];mode=deep; expr=a=b;')
+    assert params == {
+        "units": 32,
+        "rate": 0.5,
+        "name": "wide",
+        "flag": True,
+        "sizes": [1, 2],
+        "mode": "deep",
+        "expr": "a=b",
+    }
+    assert parse_model_params("") == {}
+    with pytest.raises(ConfigError, match=r"--model-params .*'units' is not name=value"):
+        parse_model_params("units")
+    spec = load_model_spec(ZOO_MODEL, ModelOptions(model_zoo=str(ZOO), model_params="num_classes=3"))
+    assert spec.custom_model().output_shape == (None, 3)
+
+
+@pytest.mark.parametrize(
+    ("flags", "culprit"),
+    [
+        (["--model-params", "depth=3"], "--model-params 'depth=3': custom_model() does not take them"),
+        (["--model-params", "3"], "--model-params '3'"),
+        (["--custom-data-reader", "reader"], "--custom-data-reader reader: edl-argo reads only RecordIO"),
+        (["--model-zoo", "/no/such/zoo"], "--model-zoo /no/such/zoo: no such folder"),
+        (["--loss", "nothing"], "lacks 'nothing'"),
+    ],
+)
+def test_bad_model_flags_fail_with_one_line(
+    digits_data: Path, tmp_path: Path, capsys, flags, culprit
+) -> None:
+    argv = [
+        "train",
+        "--model-zoo", str(ZOO),
+        "--model-def", ZOO_MODEL,
+        "--training-data", str(digits_data / "train"),
+        "--output", str(tmp_path / "out"),
+        *flags,
+    ]  # fmt: skip
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    lines = error_lines(err)
+    assert len(lines) == 1 and culprit in lines[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_file_defining_custom_data_reader_is_refused(tmp_path: Path) -> None:
+    model = tmp_path / "with_reader.py"
+    model.write_text(
+        (ZOO / "digits" / "digits_functional_api.py").read_text()
+        + "\n\ndef custom_data_reader(data_origin, records_per_task=None, **kwargs):\n    return None\n"
+    )
+    with pytest.raises(ConfigError, match="defines custom_data_reader: edl-argo reads only RecordIO"):
+        load_model_spec(str(model))
+
+
+def test_num_ps_pods_is_num_ps(tmp_path: Path) -> None:
+    parser = cli.build_parser()
+    common = ["--model-def", "m.py", "--training-data", "d", "--output", "o"]
+    assert parser.parse_args(["train", *common, "--num_ps_pods", "3"]).num_ps == 3
+    assert parser.parse_args(["train", *common, "--num-ps-pods", "2"]).num_ps == 2
+    assert parser.parse_args(["ps", "--model-def", "m.py", "--num_ps_pods", "4"]).num_ps == 4
