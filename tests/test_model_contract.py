@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edl_argo import cli, log
@@ -15,6 +16,7 @@ from edl_argo.model import load_model_spec
 from edl_argo.model.contract import ModelOptions, model_options_from_args, parse_model_params
 from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost
 from tests.test_cli import error_lines, run_cli
+from tests.test_ps_service import connect  # noqa: F401  (a fixture)
 
 ZOO = Path(__file__).parent / "fixtures" / "elasticdl_zoo"
 ZOO_MODEL = "digits.digits_functional_api.custom_model"
@@ -187,3 +189,83 @@ def test_num_ps_pods_is_num_ps(tmp_path: Path) -> None:
     assert parser.parse_args(["train", *common, "--num_ps_pods", "3"]).num_ps == 3
     assert parser.parse_args(["train", *common, "--num-ps-pods", "2"]).num_ps == 2
     assert parser.parse_args(["ps", "--model-def", "m.py", "--num_ps_pods", "4"]).num_ps == 4
+
+
+# -- callbacks(): a learning rate by model version ------------------------------------------------------
+
+SCHEDULED_MODEL = """
+import keras
+from edl_argo.model.callbacks import LearningRateScheduler
+def custom_model(): return keras.Sequential([keras.layers.Dense(1)])
+def feed(dataset, mode, metadata): return dataset
+def loss(labels, predictions): return 0.0
+def optimizer(): return keras.optimizers.SGD(OPTIMIZER_RATE)
+def eval_metrics_fn(): return {}
+def callbacks():
+    def _schedule(model_version):
+        return 0.5 if model_version < 2 else 0.25
+    return [CALLBACK]
+"""
+
+
+def scheduled_model(
+    tmp_path: Path, rate: str = "0.1", callback: str = "LearningRateScheduler(_schedule)"
+) -> str:
+    path = tmp_path / f"scheduled_{abs(hash((rate, callback)))}.py"
+    path.write_text(SCHEDULED_MODEL.replace("OPTIMIZER_RATE", rate).replace("CALLBACK", callback))
+    return str(path)
+
+
+def test_parameter_server_applies_the_learning_rate_of_each_version(tmp_path: Path, connect) -> None:  # noqa: F811
+    """Every update from version v uses schedule(v), on dense variables and embedding rows alike."""
+    from edl_argo.ps.server import PSConfig, create_servicer
+    from tests.test_ps_service import B, model, pull_dense, pull_rows, push
+
+    servicer = create_servicer(PSConfig(model_def=scheduled_model(tmp_path), host="127.0.0.1"))
+    stub = connect(servicer)
+    stub.PushModel(model())
+    row = pull_rows(stub, [7])[0]
+    ones = np.ones(3, np.float32)
+    for version in range(4):
+        assert push(stub, version, {"b": ones}, rows=([7], np.ones((1, 4), np.float32))).accepted
+    applied = 0.5 + 0.5 + 0.25 + 0.25  # schedule(0..3); the optimizer's own 0.1 would give 0.4
+    np.testing.assert_allclose(pull_dense(stub)["b"], B - applied, rtol=1e-6)
+    np.testing.assert_allclose(pull_rows(stub, [7])[0], row - applied, rtol=1e-6)
+
+
+def test_allreduce_learning_rate_follows_the_schedule_times_world_size() -> None:
+    import keras
+
+    from edl_argo.collective.learning_rate import WorldSizeScaling
+
+    optimizer = keras.optimizers.SGD(0.1)
+    scaling = WorldSizeScaling(optimizer)
+    scaling.set(3)
+    scaling.set_base(0.25)
+    assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.75)
+    assert scaling.set(2) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("rate", "callback", "message"),
+    [
+        ("0.1", "keras.callbacks.EarlyStopping()", "returned EarlyStopping; edl-argo runs only"),
+        (
+            "keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)",
+            "LearningRateScheduler(_schedule)",
+            r"optimizer\(\) must have a float learning_rate",
+        ),
+        ("0.1", "LearningRateScheduler(lambda v: 'fast')", r"schedule\(0\) failed"),
+        ("0.1", "LearningRateScheduler(lambda v: -1.0)", r"schedule\(0\) is -1.0, not a learning rate"),
+    ],
+)
+def test_callbacks_edl_argo_does_not_run_are_refused(tmp_path: Path, rate, callback, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_model_spec(scheduled_model(tmp_path, rate, callback))
+
+
+def test_zoo_model_callbacks_give_its_schedule() -> None:
+    spec = load_model_spec(ZOO_MODEL, ModelOptions(model_zoo=str(ZOO)))
+    assert spec.learning_rate_at is not None
+    assert [spec.learning_rate_at(v) for v in (0, 199, 200)] == [0.1, 0.1, 0.05]
+    assert load_model_spec(DIGITS_MODEL).learning_rate_at is None

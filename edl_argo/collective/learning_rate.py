@@ -47,6 +47,7 @@ class WorldSizeScaling:
         self._optimizer = optimizer
         self._factor: tf.Variable | None = None
         self._base = 0.0
+        self._world_size = 1
         if has_float_learning_rate(optimizer):
             self._base = float(np.asarray(optimizer.learning_rate))
         else:
@@ -55,11 +56,20 @@ class WorldSizeScaling:
 
     def set(self, world_size: int) -> float:
         """Scale by ``world_size``; returns the learning rate now in force."""
+        self._world_size = world_size
         if self._factor is not None:
             self._factor.assign(float(world_size))
         else:
             self._optimizer.learning_rate = self._base * world_size
         return float(np.asarray(self._optimizer.learning_rate))
+
+    def set_base(self, rate: float) -> None:
+        """Make ``rate`` the unscaled float learning rate (the model's ``LearningRateScheduler``), scaled
+        by the world size last given to :meth:`set`."""
+        if self._factor is not None:
+            raise ConfigError("a learning rate by model version needs optimizer() with a float learning_rate")
+        self._base = rate
+        self._optimizer.learning_rate = rate * self._world_size
 
 
 def check_world_size_scaling(factory: OptimizerFactory) -> None:

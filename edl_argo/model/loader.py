@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from edl_argo.errors import ConfigError
+from edl_argo.model.callbacks import Schedule, checked_rate, learning_rate_schedule
 from edl_argo.model.contract import INPUT_FUNCTION_NAMES, ModelOptions, parse_model_params
 
 
@@ -42,6 +43,18 @@ class ModelSpec:
     eval_metrics_fn: Callable[[], dict[str, Any]]
     callbacks: Callable[[], list[Any]] | None
     prediction_outputs_processor: type | None
+    learning_rate_schedule: Schedule | None = None
+    """From a :class:`~edl_argo.model.callbacks.LearningRateScheduler` that ``callbacks()`` returned:
+    ``schedule(model_version)`` is the learning rate of the update from that version."""
+
+    @property
+    def learning_rate_at(self) -> Callable[[int], float] | None:
+        """The checked learning rate of the update from a version (:class:`ConfigError` for a rate that is
+        not finite and >= 0), or None when the model has no schedule."""
+        schedule = self.learning_rate_schedule
+        if schedule is None:
+            return None
+        return functools.partial(checked_rate, schedule, source=self.source)
 
 
 def load_model_spec(model_def: str, options: ModelOptions | None = None) -> ModelSpec:
@@ -77,6 +90,9 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
         raise ConfigError(
             f"model definition {model_def}: {options.prediction_outputs_processor} must be a class"
         )
+    schedule = learning_rate_schedule(callbacks() if callable(callbacks) else None, model_def)
+    if schedule is not None:
+        _check_schedulable(found["optimizer"], model_def)
     return ModelSpec(
         source=model_def,
         module=module,
@@ -87,7 +103,20 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
         eval_metrics_fn=found["eval_metrics_fn"],
         callbacks=callbacks if callable(callbacks) else None,
         prediction_outputs_processor=processor,
+        learning_rate_schedule=schedule,
     )
+
+
+def _check_schedulable(optimizer: Callable[[], Any], model_def: str) -> None:
+    """A learning rate by model version replaces the optimizer's float learning rate; :class:`ConfigError`
+    when ``optimizer()`` has a schedule instead."""
+    from edl_argo.ps.optimizer import has_float_learning_rate, new_optimizer
+
+    if not has_float_learning_rate(new_optimizer(optimizer)):
+        raise ConfigError(
+            f"model definition {model_def}: callbacks() sets the learning rate by model version "
+            "(LearningRateScheduler), so optimizer() must have a float learning_rate, not a schedule"
+        )
 
 
 def _bind_model_params(factory: Callable[..., Any], name: str, model_params: str) -> Callable[[], Any]:

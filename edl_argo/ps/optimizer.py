@@ -91,6 +91,15 @@ class _KerasOptimizer:
         self._factory = factory
         self.optimizer = new_optimizer(factory)
 
+    def set_learning_rate(self, rate: float) -> None:
+        """Make ``rate`` the (float) learning rate of the following applies."""
+        if not has_float_learning_rate(self.optimizer):
+            raise LearningRateScaleError(
+                f"learning rate {rate:g} asked, but the model's {type(self.optimizer).__name__} uses a "
+                "learning-rate schedule"
+            )
+        self.optimizer.learning_rate.assign(rate)
+
     @contextlib.contextmanager
     def _scaled_learning_rate(self, scale: float) -> Iterator[None]:
         """Multiply the learning rate by ``scale`` inside the block, then restore it exactly."""

@@ -11,7 +11,7 @@ It is not thread-safe: :class:`~edl_argo.ps.servicer.ParameterServerServicer` se
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,14 +84,22 @@ class Parameters:
     """
 
     def __init__(
-        self, optimizer_factory: OptimizerFactory, ps_id: int = 0, num_ps: int = 1, jit_compile: bool = True
+        self,
+        optimizer_factory: OptimizerFactory,
+        ps_id: int = 0,
+        num_ps: int = 1,
+        jit_compile: bool = True,
+        learning_rate_at: Callable[[int], float] | None = None,
     ) -> None:
+        """``learning_rate_at(version)``: the learning rate of the update from ``version`` (the model's
+        ``LearningRateScheduler``); None: the optimizer's own."""
         if not 0 <= ps_id < num_ps:
             raise ValueError(f"ps_id {ps_id} is not in [0, num_ps={num_ps})")
         self.ps_id = ps_id
         self.num_ps = num_ps
         self._factory = optimizer_factory
         self._jit_compile = jit_compile
+        self._learning_rate_at = learning_rate_at
         self._reset()
         #: Whether the optimizer's learning rate is a float that ``apply_gradients(lr_scale=...)`` can scale.
         self.lr_scalable = has_float_learning_rate(new_optimizer(optimizer_factory))
@@ -253,6 +261,13 @@ class Parameters:
             raise LearningRateScaleError(
                 f"learning-rate scale {lr_scale:g} asked, but the model's optimizer uses a schedule"
             )
+        if self._learning_rate_at is not None:
+            rate = self._learning_rate_at(self.version)
+            for optimizer in {
+                id(o): o for o in (self._dense_optimizer, *self._table_optimizers.values())
+            }.values():
+                if optimizer is not None:
+                    optimizer.set_learning_rate(rate)
         if self._dense_optimizer is not None:
             self._dense_optimizer.apply(gradients.dense, lr_scale)
         by_group: dict[int, list[tuple[EmbeddingTable, np.ndarray, np.ndarray]]] = {}

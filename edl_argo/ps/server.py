@@ -61,18 +61,21 @@ def create_servicer(
 ) -> ParameterServerServicer:
     """The servicer of ``config``, restored from the newest checkpoint if there is one.
 
-    ``optimizer_factory`` defaults to ``optimizer()`` of ``config.model_def``; ``storage`` to
+    ``optimizer_factory`` defaults to ``optimizer()`` of ``config.model_def`` (with the learning rate of its
+    ``LearningRateScheduler``, if ``callbacks()`` returns one); ``storage`` to
     ``open_storage(config.checkpoint_dir)`` (None when there is no checkpoint dir).
     Raises :class:`ConfigError` for inconsistent settings.
     """
     if config.checkpoint_steps < 0:
         raise ConfigError(f"--checkpoint-steps must be at least 0, got {config.checkpoint_steps}")
+    learning_rate_at = None
     if optimizer_factory is None:
         if not config.model_def:
             raise ConfigError("--model-def is required: the parameter server builds the model's optimizer()")
         from edl_argo.model.loader import load_model_spec
 
-        optimizer_factory = load_model_spec(config.model_def, config.model_options).optimizer
+        spec = load_model_spec(config.model_def, config.model_options)
+        optimizer_factory, learning_rate_at = spec.optimizer, spec.learning_rate_at
     if storage is None:
         storage = open_checkpoint_storage(config.checkpoint_dir, config.checkpoint_steps)
     state = None
@@ -94,6 +97,7 @@ def create_servicer(
         sync_version_tolerance=config.sync_version_tolerance,
         checkpointer=checkpointer,
         initial_state=state,
+        learning_rate_at=learning_rate_at,
     )
 
 

@@ -140,12 +140,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         checkpointer: Checkpointer[ParametersState] | None = None,
         initial_state: ParametersState | None = None,
         jit_compile: bool = True,
+        learning_rate_at: Callable[[int], float] | None = None,
     ) -> None:
         """Raises :class:`ConfigError` for inconsistent settings or an optimizer the server cannot use.
 
         ``initial_state`` (from :func:`~edl_argo.ps.checkpoint.restore_latest`) makes the server start
         initialised at that state; ``checkpointer`` saves the state every ``checkpointer.every`` versions.
-        ``jit_compile`` compiles dense updates with XLA.
+        ``jit_compile`` compiles dense updates with XLA. ``learning_rate_at(version)``: the learning rate of
+        the update from ``version`` (the model's ``LearningRateScheduler``).
         """
         if not 0 <= ps_id < num_ps:
             raise ConfigError(f"--ps-id {ps_id} must be in [0, --num-ps {num_ps})")
@@ -166,7 +168,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.grads_to_wait = grads_to_wait
         self.lr_staleness_modulation = lr_staleness_modulation
         self.sync_version_tolerance = sync_version_tolerance
-        self.parameters = Parameters(optimizer_factory, ps_id, num_ps, jit_compile=jit_compile)
+        self.parameters = Parameters(
+            optimizer_factory, ps_id, num_ps, jit_compile=jit_compile, learning_rate_at=learning_rate_at
+        )
         self._checkpointer = checkpointer
         self._lock = threading.Lock()
         self._accumulator = _Accumulator()

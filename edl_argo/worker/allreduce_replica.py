@@ -264,6 +264,7 @@ class AllreduceReplica:
             examples = float(total[-2])
             if examples > 0:
                 with self._state_lock:
+                    self._schedule_learning_rate()
                     self._apply(tf.constant(total[:-2] / examples))
                     self._version += 1
                     first_of_round = not self._recent_rounds or self._recent_rounds[-1] != group.round_id
@@ -307,6 +308,18 @@ class AllreduceReplica:
         if steps_after <= 0 or steps_after > len(self._recent_rounds):
             return False
         return self._recent_rounds[-steps_after] == round_id
+
+    def _schedule_learning_rate(self) -> None:
+        """The model's ``LearningRateScheduler``: the rate of the step from the current version (every member
+        holds the same version, so all set the same rate)."""
+        learning_rate_at = self._spec.learning_rate_at
+        if learning_rate_at is None:
+            return
+        rate = learning_rate_at(max(self._version, 0))
+        if self._lr_scaling is not None:
+            self._lr_scaling.set_base(rate)
+        else:
+            self._optimizer.learning_rate = rate
 
     def _scale_learning_rate(self, world_size: int) -> None:
         if self._lr_scaling is None or world_size == self._lr_world_size:
