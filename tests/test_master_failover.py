@@ -290,9 +290,11 @@ def test_an_open_evaluation_round_continues_after_a_restore_and_counts_each_task
 
     def service() -> tuple[EvaluationService, TaskDispatcher]:
         evaluation = EvaluationService(metrics, {"v": 40}, evaluation_steps=0)
+        # Training is over (no epoch): the final round is requested only then, and a restored one counts
+        # only then.
         dispatcher = TaskDispatcher(
             {"t": 8},
-            DispatcherConfig(records_per_task=10, num_epochs=1),
+            DispatcherConfig(records_per_task=10, num_epochs=0),
             on_evaluation_complete=evaluation.round_complete,
         )
         evaluation.dispatcher = dispatcher

@@ -124,7 +124,9 @@ class EvaluationService:
             if model_version - self._last_evaluated_step < self.evaluation_steps or self._final_requested:
                 return
             self._last_evaluated_step = model_version
-        self._start_round(model_version, final=False)
+            created = self._register_round(model_version, final=False)
+        if created:
+            self._create_tasks(model_version)
 
     def start_final_round(self, model_version: int) -> bool:
         """Queue the final round once; False if it was already queued or there is nothing to evaluate."""
@@ -139,16 +141,25 @@ class EvaluationService:
                 done.final = True
                 self._final_done.set()
                 return False
-        self._start_round(model_version, final=True)
+            created = self._register_round(model_version, final=True)
+        if created:
+            self._create_tasks(model_version)
         return True
 
-    def _start_round(self, model_version: int, final: bool) -> None:
+    def _register_round(self, model_version: int, final: bool) -> bool:
+        """With the lock held: open the round of ``model_version`` (True), or mark the open one final.
+
+        The decision to evaluate and the open round it makes are one change to the state a snapshot sees:
+        a snapshot taken before the round's tasks exist holds the round, which :meth:`restore` starts
+        again (a requested final round without a round, restored, would be waited for forever)."""
+        if model_version in self._rounds:
+            self._rounds[model_version].final |= final
+            return False
+        self._rounds[model_version] = _Round(MetricsAccumulator(self.eval_metrics_fn), final)
+        return True
+
+    def _create_tasks(self, model_version: int) -> None:
         assert self.dispatcher is not None, "EvaluationService.dispatcher is set by the master"
-        with self._lock:
-            if model_version in self._rounds:
-                self._rounds[model_version].final |= final
-                return
-            self._rounds[model_version] = _Round(MetricsAccumulator(self.eval_metrics_fn), final)
         self.dispatcher.create_evaluation_tasks(self.validation_shards, model_version)
 
     def report_outputs(self, task_id: int, model_version: int, outputs: Any, labels: Any) -> bool:
@@ -162,14 +173,20 @@ class EvaluationService:
             return True
 
     def round_complete(self, model_version: int) -> None:
+        """The dispatcher completed the last task of the round of ``model_version``: record its metrics.
+
+        The round leaves the open rounds and enters the history (and the final round sets
+        :attr:`final_done`) in one step under the lock, so no snapshot sees it in neither."""
         with self._lock:
             current = self._rounds.pop(model_version, None)
-        if current is None:
-            return
-        record = EvaluationRecord(
-            model_version, current.accumulator.result(), current.accumulator.records, current.final
-        )
-        self.history.append(record)
+            if current is None:
+                return
+            record = EvaluationRecord(
+                model_version, current.accumulator.result(), current.accumulator.records, current.final
+            )
+            self.history.append(record)
+            if current.final:
+                self._final_done.set()
         log.info(
             "evaluation_done",
             model_version=model_version,
@@ -177,8 +194,6 @@ class EvaluationService:
             final=record.final,
             **{k: round(v, 6) for k, v in record.metrics.items()},
         )
-        if current.final:
-            self._final_done.set()
 
     def snapshot(self) -> dict[str, Any]:
         """History, open rounds (with what they aggregated) and scheduling state, as JSON data.
@@ -208,26 +223,42 @@ class EvaluationService:
         An open round whose tasks the dispatcher still has keeps what it aggregated (a task's outputs
         count once, by task id). An open round the dispatcher has no task of (its tasks were created
         after the dispatcher's snapshot, or all completed just before the evaluation's) is started
-        again from scratch. Raises KeyError, ValueError or TypeError on data that does not fit.
+        again from scratch.
+
+        The evaluation's snapshot may be newer than the dispatcher's (it is taken after, while workers go
+        on). A final round requested, or done, when the restored dispatcher still has training to do
+        evaluated a model that training will change again: the request is withdrawn (no round is final
+        any more), and the final round is requested again when training ends. Raises KeyError,
+        ValueError or TypeError on data that does not fit.
         """
         assert self.dispatcher is not None, "EvaluationService.dispatcher is set by the master"
         rounds = {int(version): data for version, data in snapshot["rounds"].items()}
         pending = {version for version in rounds if self.dispatcher.evaluation_pending(version)}
+        trained, training_tasks = self.dispatcher.progress()
+        final_valid = trained == training_tasks
         with self._lock:
             self.history = [EvaluationRecord(**record) for record in snapshot["history"]]
             self._last_evaluated_step = int(snapshot["last_evaluated_step"])
-            self._final_requested = bool(snapshot["final_requested"])
-            if snapshot["final_done"]:
+            self._final_requested = bool(snapshot["final_requested"]) and final_valid
+            if snapshot["final_done"] and final_valid:
                 self._final_done.set()
+            if not final_valid:
+                for record in self.history:
+                    record.final = False
             self._rounds = {}
             for version in pending:
                 accumulator = MetricsAccumulator(self.eval_metrics_fn)
                 accumulator.load_state(rounds[version]["accumulator"])
                 reported = {int(task_id) for task_id in rounds[version]["tasks_reported"]}
-                self._rounds[version] = _Round(accumulator, bool(rounds[version]["final"]), reported)
-        for version in sorted(set(rounds) - pending):
+                final = bool(rounds[version]["final"]) and final_valid
+                self._rounds[version] = _Round(accumulator, final, reported)
+            restarted = sorted(set(rounds) - pending)
+            created = [
+                v for v in restarted if self._register_round(v, bool(rounds[v]["final"]) and final_valid)
+            ]
+        for version in created:
             log.info("evaluation_restarted", model_version=version)
-            self._start_round(version, final=bool(rounds[version]["final"]))
+            self._create_tasks(version)
 
     @property
     def final_done(self) -> bool:
