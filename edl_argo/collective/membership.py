@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Protocol
 
+import grpc
 import numpy as np
 
 from edl_argo.collective.group import CollectiveAborted, CollectiveGroup
@@ -36,6 +37,10 @@ log = get_logger(__name__)
 
 #: How long a worker may go on being told it is not a member before it gives up.
 NOT_A_MEMBER_GIVE_UP_SECONDS = 120.0
+#: How long one check that a round is still current (made every half second while a wait is slow) may ask
+#: the master. A master that does not answer in time leaves the round current: the wait's own timeout
+#: (``--collective-timeout-seconds``) still bounds it.
+ROUND_CHECK_SECONDS = 2.0
 
 
 class RendezvousClient(Protocol):
@@ -43,7 +48,9 @@ class RendezvousClient(Protocol):
 
     worker_id: int
 
-    def rendezvous(self, address: str) -> master_pb2.RendezvousResponse: ...
+    def rendezvous(
+        self, address: str, budget_seconds: float | None = None
+    ) -> master_pb2.RendezvousResponse: ...
 
     def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None: ...
 
@@ -124,12 +131,22 @@ class ElasticMember:
             [(m.worker_id, m.address) for m in response.members],
             self._server.mailbox,
             self._peers,
-            lambda: self._master.rendezvous(self.address).round_id == response.round_id,
+            lambda: self._round_is_current(response.round_id),
             self._timeout,
         )
         self._agree_on_state(group)
         self._group = group
         return group
+
+    def _round_is_current(self, round_id: int) -> bool:
+        """Whether the master's current round is still ``round_id``, asked within
+        :data:`ROUND_CHECK_SECONDS`; True when the master does not answer in time (nothing says it ended)."""
+        try:
+            current = self._master.rendezvous(self.address, budget_seconds=ROUND_CHECK_SECONDS)
+        except grpc.RpcError as error:
+            log.warning("round_check_unanswered", round=round_id, code=str(error.code()))
+            return True
+        return current.round_id == round_id
 
     def _agree_on_state(self, group: CollectiveGroup) -> None:
         votes = np.zeros(group.size, dtype=np.float64)

@@ -86,6 +86,9 @@ def elastic_train(
         ),
     ] = PARAMETER_SERVER,
     evaluation_steps: Annotated[Int, Input("evaluate every N model versions (0: at the end only)")] = 0,
+    rpc_timeout_seconds: Annotated[
+        Int, Input("deadline of every call to the master or a parameter server, in seconds")
+    ] = 30,
     checkpoint_steps: Annotated[
         Int, Input("checkpoint the model every N versions (0: never); needs checkpoint-dir")
     ] = 0,

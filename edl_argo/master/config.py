@@ -11,13 +11,14 @@ from typing import Any
 
 from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
 from edl_argo.errors import ConfigError
-from edl_argo.flags import add_flag, non_negative_int, positive_int
+from edl_argo.flags import add_flag, add_rpc_timeout_flag, non_negative_int, positive_int
 from edl_argo.model.contract import ModelOptions, add_model_flags, model_options_from_args
 from edl_argo.pods.kubernetes_config import (
     KubernetesConfig,
     add_kubernetes_flags,
     kubernetes_config_from_args,
 )
+from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS
 
 #: ``--nan-loss``: what a worker does with a minibatch whose loss is NaN or infinite. ``fail``: the job
 #: fails at once, naming the model version, task and shard; ``skip``: the minibatch is not pushed, and
@@ -60,6 +61,8 @@ class TrainConfig:
     max_worker_relaunches: int = 16
     max_ps_relaunches: int = 8
     min_task_timeout_seconds: int = 60
+    rpc_timeout_seconds: int = RPC_TIMEOUT_SECONDS
+    """Deadline of every gRPC call a worker (or the master) makes; a hung peer costs at most this long."""
     """A task held longer than max(this, 5 x the longest of the last 100 task durations) is reclaimed."""
     job_name: str = ""
     backend: str = "local"
@@ -178,6 +181,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         default=60,
         help="reclaim a task held longer than max(this, 5 x the longest recent task) and replace its worker",
     )
+    add_rpc_timeout_flag(cluster)
     add_flag(cluster, "--master-port", type=non_negative_int, default=0, help="0: any free port")
     add_kubernetes_flags(parser)
 

@@ -46,7 +46,14 @@ from edl_argo.master.export import model_from_parameter_servers, model_from_stat
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
-from edl_argo.master.state_store import DurableMasterServicer, GroupCommit, MasterStateStore, job_fingerprint
+from edl_argo.master.state_store import (
+    MASTER_THREADS,
+    DurableMasterServicer,
+    GroupCommit,
+    MasterStateStore,
+    commit_wait_seconds,
+    job_fingerprint,
+)
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model import Mode, ModelSpec, load_model_spec
@@ -128,7 +135,9 @@ class TrainingJob:
         self._saved = self.state_store.load()  # what an earlier master of this job saved, if anything
         if self._saved is not None:
             self._restored_dispatcher(None)  # a corrupt state fails here, before any pod starts
-        self._state_writer = GroupCommit(self._state, self.state_store.save)
+        self._state_writer = GroupCommit(
+            self._state, self.state_store.save, wait_seconds=commit_wait_seconds(config.rpc_timeout_seconds)
+        )
         self.backend = backend or _default_backend(config)
         self.host = pod_host()
         k8s = config.kubernetes
@@ -185,6 +194,7 @@ class TrainingJob:
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
             "--nan-loss", c.nan_loss,
+            "--rpc-timeout-seconds", str(c.rpc_timeout_seconds),
             "--log-level", c.log_level,
         )  # fmt: skip
         port: int | None = None
@@ -218,7 +228,7 @@ class TrainingJob:
         self.evaluation.on_model_version(self.versions.observe(version))
 
     def _start_master_service(self, restored_holders: set[int]) -> None:
-        self._server = make_server()
+        self._server = make_server(MASTER_THREADS)
         servicer = DurableMasterServicer(
             self.dispatcher,
             self.evaluation,
@@ -529,7 +539,11 @@ class TrainingJob:
             values = [np.array(from_tensor(t)) for t in self._group_state.variables]
             model = model_from_state(self.spec, values, self._sample_features())
         else:
-            ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
+            ps = ParameterServerClient(
+                self._ps_addresses().split(","),
+                retry_budget_seconds=60,
+                rpc_timeout_seconds=self.config.rpc_timeout_seconds,
+            )
             try:
                 model = model_from_parameter_servers(self.spec, ps, self._sample_features())
             finally:

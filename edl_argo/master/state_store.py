@@ -47,6 +47,7 @@ from edl_argo.master.config import TrainConfig
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.task_dispatcher import TaskDispatcher
 from edl_argo.proto import master_pb2, tensor_pb2
+from edl_argo.rpc.channel import reject_request
 from edl_argo.storage import Storage
 
 log = get_logger(__name__)
@@ -84,10 +85,21 @@ FINGERPRINT_FIELDS = (
     "evaluation_steps",
     "backend",
 )
-#: How long a request waits for its change to be saved before it is answered anyway (storage trouble).
+#: How long a request waits for its change to be saved before it is answered anyway (storage trouble), at
+#: most: never more than half the workers' call deadline (:func:`commit_wait_seconds`).
 COMMIT_WAIT_SECONDS = 60.0
+#: Threads of the master's gRPC server, and how many of them may wait for a state save at once: the
+#: others always serve GetTask, ReportVersion and the AllreduceStrategy rendezvous, however slow a save.
+MASTER_THREADS = 16
+SAVE_WAITERS = 12
 #: Backoff of a failed write: first delay, doubled up to the maximum.
 RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 10.0
+
+
+def commit_wait_seconds(rpc_timeout_seconds: float) -> float:
+    """How long a request waits for its save: answered before the caller's deadline of
+    ``rpc_timeout_seconds`` (else the caller gives up and retries while the first one still waits)."""
+    return min(COMMIT_WAIT_SECONDS, rpc_timeout_seconds / 2)
 
 
 def job_fingerprint(
@@ -275,7 +287,10 @@ class GroupCommit:
 class DurableMasterServicer(MasterServicer):
     """The master's service, answering a request that changed the job's state once that is saved.
 
-    ReportTaskResult, ReportEvaluationOutputs and ScaleWorkers wait for ``commit.commit()``; GetTask
+    ReportTaskResult, ReportEvaluationOutputs and ScaleWorkers wait for ``commit.commit()``, at most
+    ``save_waiters`` of them at once: one more is answered UNAVAILABLE at once (its change is made and will
+    be saved; the worker retries, and the retry is answered as the first would have been), so requests
+    that wait for a slow save never take every server thread from the others. GetTask
     (when it hands out a task) and ReportVersion (which may queue an evaluation round) only call
     ``commit.changed()``: a task handed out but not saved yet is in flight, and in flight is what a restart
     may repeat, so the worker need not wait (every task would otherwise cost two saves instead of one).
@@ -293,11 +308,13 @@ class DurableMasterServicer(MasterServicer):
         *args: Any,
         commit: GroupCommit,
         restored_holders: Collection[int] = (),
+        save_waiters: int = SAVE_WAITERS,
         **kwargs: Any,
     ) -> None:
         super().__init__(dispatcher, *args, **kwargs)
         self._tasks = dispatcher
         self._commit = commit
+        self._save_waiters = threading.BoundedSemaphore(save_waiters)
         self._holders_lock = threading.Lock()
         self._restored_holders = set(restored_holders)
 
@@ -317,14 +334,14 @@ class DurableMasterServicer(MasterServicer):
     ) -> master_pb2.ReportTaskResultResponse:
         self._first_call_since_restore(request.worker_id)
         response = super().ReportTaskResult(request, context)
-        self._commit.commit()
+        self._answer_once_saved(context, "ReportTaskResult")
         return response
 
     def ReportEvaluationOutputs(
         self, request: master_pb2.ReportEvaluationOutputsRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.Empty:
         response = super().ReportEvaluationOutputs(request, context)
-        self._commit.commit()
+        self._answer_once_saved(context, "ReportEvaluationOutputs")
         return response
 
     def ReportVersion(
@@ -338,8 +355,17 @@ class DurableMasterServicer(MasterServicer):
         self, request: master_pb2.ScaleWorkersRequest, context: grpc.ServicerContext
     ) -> master_pb2.ScaleWorkersResponse:
         response = super().ScaleWorkers(request, context)
-        self._commit.commit()
+        self._answer_once_saved(context, "ScaleWorkers")
         return response
+
+    def _answer_once_saved(self, context: grpc.ServicerContext, rpc: str) -> None:
+        """Wait for the change just made to be saved, if a waiting slot is free; else UNAVAILABLE."""
+        if not self._save_waiters.acquire(blocking=False):
+            reject_request(context, rpc, grpc.StatusCode.UNAVAILABLE, "the master is saving its state; retry")
+        try:
+            self._commit.commit()
+        finally:
+            self._save_waiters.release()
 
     def _first_call_since_restore(self, worker_id: int) -> bool:
         """Whether ``worker_id`` is a restored holder calling for the first time (and it is not any more)."""

@@ -1,4 +1,12 @@
-"""Channels and servers with the project's message limits, and calls that ride out a peer's absence."""
+"""Channels and servers with the project's message limits, and calls that ride out a peer's absence.
+
+No call waits without a bound: every call made through :func:`call_with_retry` has a deadline
+(``--rpc-timeout-seconds``, default :data:`RPC_TIMEOUT_SECONDS`), so a peer that stops answering (SIGSTOP,
+a network path that drops packets without a reset) costs at most that long per attempt. Channels and
+servers send HTTP/2 keepalive pings (every :data:`KEEPALIVE_TIME_MS` without traffic, including between
+calls) and drop a connection whose ping is not answered within :data:`KEEPALIVE_TIMEOUT_MS`, so a silent
+peer is noticed within their sum even when no call is running, and the next call reconnects.
+"""
 
 from __future__ import annotations
 
@@ -21,18 +29,49 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+#: Default deadline of one gRPC call, in seconds (``--rpc-timeout-seconds``).
+RPC_TIMEOUT_SECONDS = 30
+#: Keepalive: a ping after this long without traffic, and the connection is dropped when its answer takes
+#: longer than :data:`KEEPALIVE_TIMEOUT_MS`.
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+#: A connection attempt that gets no answer is given up after this long, and attempts are at most this far
+#: apart (gRPC's defaults, 20 s and 120 s, would leave a peer that came back unused for minutes).
+RECONNECT_MS = 5_000
+_CHANNEL_OPTIONS = [
+    *_OPTIONS,
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Any ping (keepalive or gRPC's own bandwidth probes) unanswered this long drops the connection; the
+    # default, 60 s, held keepalive back while a probe sent just before the peer went silent was pending.
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.min_reconnect_backoff_ms", RECONNECT_MS),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_MS),
+]
 
 Response = TypeVar("Response")
 
 
 def make_channel(address: str) -> grpc.Channel:
-    """An insecure channel to ``host:port`` (traffic stays inside the job's network)."""
-    return grpc.insecure_channel(address, options=_OPTIONS)
+    """An insecure channel to ``host:port`` (traffic stays inside the job's network), with keepalive."""
+    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
 
 
 #: Servers never share a port: gRPC's default SO_REUSEPORT would let a second process bind a port in use
-#: (pods sharing a host, a leftover process) and split the connections between the two.
-_SERVER_OPTIONS = [*_OPTIONS, ("grpc.so_reuseport", 0)]
+#: (pods sharing a host, a leftover process) and split the connections between the two. They ping their
+#: clients as clients ping them, and accept the clients' pings at that rate.
+_SERVER_OPTIONS = [
+    *_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 def make_server(max_workers: int = 8) -> grpc.Server:
@@ -49,16 +88,19 @@ def reject_request(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCod
 
 
 def call_with_retry(
-    call: Callable[[], Response],
+    call: Callable[[float], Response],
     peer: str,
     budget_seconds: float,
+    timeout_seconds: float = RPC_TIMEOUT_SECONDS,
     first_delay: float = 0.1,
     max_delay: float = 2.0,
 ) -> Response:
-    """Run ``call`` until it succeeds, retrying while the peer is unavailable for up to ``budget_seconds``.
+    """Run ``call(timeout)`` until it succeeds, retrying while the peer is unavailable for up to
+    ``budget_seconds``.
 
-    Only UNAVAILABLE and DEADLINE_EXCEEDED are retried (a restarting master or PS); any other status is
-    raised at once. The last error is raised when the budget is spent.
+    Each attempt gets the deadline ``timeout`` = ``timeout_seconds``, or what is left of the budget if less.
+    Only UNAVAILABLE and DEADLINE_EXCEEDED are retried (a restarting or hung master or PS); any other status
+    is raised at once. The last error is raised when the budget is spent.
     """
     deadline = time.monotonic() + budget_seconds
     delay = first_delay
@@ -66,12 +108,14 @@ def call_with_retry(
     while True:
         attempt += 1
         try:
-            return call()
+            return call(max(0.1, min(timeout_seconds, deadline - time.monotonic())))
         except grpc.RpcError as error:
             code = error.code() if hasattr(error, "code") else None
             if code not in _RETRYABLE or time.monotonic() + delay > deadline:
                 raise
             if attempt == 1 or attempt % 10 == 0:
-                log.warning("peer_unavailable", peer=peer, attempt=attempt, retry_in=round(delay, 2))
+                log.warning(
+                    "peer_unavailable", peer=peer, attempt=attempt, code=code.name, retry_in=round(delay, 2)
+                )
             time.sleep(delay * (0.5 + random.random()))
             delay = min(max_delay, delay * 2)

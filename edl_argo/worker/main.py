@@ -22,7 +22,7 @@ import numpy as np
 from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
 from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
 from edl_argo.errors import ConfigError, JobFailedError
-from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
+from edl_argo.flags import add_flag, add_rpc_timeout_flag, non_negative_int, pod_host, positive_int
 from edl_argo.log import get_logger
 from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
@@ -87,6 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="asynchronous SGD: push and pull in the background while computing the next minibatch",
     )
+    add_rpc_timeout_flag(parser)
     add_flag(parser, "--log-level", default="INFO")
     parser.set_defaults(run=run_worker)
 
@@ -276,7 +277,7 @@ def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> 
 
 def run_worker(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def, model_options_from_args(args))
-    master = MasterClient(args.master_addr, args.worker_id)
+    master = MasterClient(args.master_addr, args.worker_id, rpc_timeout_seconds=args.rpc_timeout_seconds)
     replica: Replica
     if args.distribution_strategy == ALLREDUCE:
         replica = AllreduceReplica(
@@ -294,7 +295,8 @@ def run_worker(args: argparse.Namespace) -> int:
         ps_addresses = [a for a in args.ps_addrs.split(",") if a]
         if not ps_addresses:
             raise ConfigError("--ps-addrs is required with --distribution-strategy ParameterServerStrategy")
-        replica = ModelReplica(spec, ParameterServerClient(ps_addresses), pipelined=args.pipelined)
+        ps = ParameterServerClient(ps_addresses, rpc_timeout_seconds=args.rpc_timeout_seconds)
+        replica = ModelReplica(spec, ps, pipelined=args.pipelined)
         log.info("worker_started", worker=args.worker_id, master=args.master_addr, ps=args.ps_addrs)
     worker = Worker(
         args.worker_id,

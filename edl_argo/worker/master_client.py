@@ -1,4 +1,5 @@
-"""The worker's calls to the master, riding out a master restart by retrying with backoff."""
+"""The worker's calls to the master, riding out a master restart by retrying with backoff; every call has a
+deadline (``rpc_timeout_seconds``)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,34 @@ from collections.abc import Mapping
 import numpy as np
 
 from edl_argo.proto import master_pb2, master_pb2_grpc
-from edl_argo.rpc.channel import call_with_retry, make_channel
+from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import to_tensor
 
 
 class MasterClient:
     """Get tasks, report results, outputs and versions for one worker id."""
 
-    def __init__(self, address: str, worker_id: int, retry_budget_seconds: float = 300.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        worker_id: int,
+        retry_budget_seconds: float = 300.0,
+        rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS,
+    ) -> None:
         self._address = address
         self._stub = master_pb2_grpc.MasterStub(make_channel(address))
         self.worker_id = worker_id
         self._budget = retry_budget_seconds
+        self._timeout = rpc_timeout_seconds
 
-    def _call(self, method: str, request: object) -> object:
+    def _call(self, method: str, request: object, budget_seconds: float | None = None) -> object:
         rpc = getattr(self._stub, method)
-        return call_with_retry(lambda: rpc(request), f"master {self._address}", self._budget)
+        return call_with_retry(
+            lambda timeout: rpc(request, timeout=timeout),
+            f"master {self._address}",
+            self._budget if budget_seconds is None else budget_seconds,
+            self._timeout,
+        )
 
     def get_task(self) -> master_pb2.GetTaskResponse:
         return self._call("GetTask", master_pb2.GetTaskRequest(worker_id=self.worker_id))
@@ -66,10 +79,11 @@ class MasterClient:
         request = master_pb2.ReportVersionRequest(worker_id=self.worker_id, model_version=model_version)
         self._call("ReportVersion", request)
 
-    def rendezvous(self, address: str) -> master_pb2.RendezvousResponse:
-        """Join the AllreduceStrategy group (first call) and return the current membership round."""
+    def rendezvous(self, address: str, budget_seconds: float | None = None) -> master_pb2.RendezvousResponse:
+        """Join the AllreduceStrategy group (first call) and return the current membership round; within
+        ``budget_seconds`` when given (else the client's retry budget)."""
         request = master_pb2.RendezvousRequest(worker_id=self.worker_id, address=address)
-        return self._call("Rendezvous", request)
+        return self._call("Rendezvous", request, budget_seconds)
 
     def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:
         request = master_pb2.ReportCollectiveFailureRequest(

@@ -17,7 +17,7 @@ import numpy as np
 
 from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import dense_owner, embedding_owner
-from edl_argo.rpc.channel import call_with_retry, make_channel
+from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import fill_tensor, from_indexed_slices, from_tensor, to_tensor
 from edl_argo.worker.embedding import EmbeddingTableSpec
 
@@ -39,12 +39,20 @@ class PushResult:
 class ParameterServerClient:
     """Pull and push model partitions across ``addresses`` (one per PS id, in id order)."""
 
-    def __init__(self, addresses: Sequence[str], retry_budget_seconds: float = 300.0) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        retry_budget_seconds: float = 300.0,
+        rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS,
+    ) -> None:
+        """Every call has the deadline ``rpc_timeout_seconds`` and is retried for ``retry_budget_seconds``
+        while its PS is unavailable or does not answer in time."""
         if not addresses:
             raise ValueError("at least one parameter server address is needed")
         self._addresses = list(addresses)
         self._stubs = [ps_pb2_grpc.ParameterServerStub(make_channel(a)) for a in self._addresses]
         self._budget = retry_budget_seconds
+        self._timeout = rpc_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
 
     @property
@@ -59,7 +67,12 @@ class ParameterServerClient:
 
     def _call(self, ps_id: int, method: str, request: object) -> object:
         rpc = getattr(self._stubs[ps_id], method)
-        return call_with_retry(lambda: rpc(request), f"ps-{ps_id} {self._addresses[ps_id]}", self._budget)
+        return call_with_retry(
+            lambda timeout: rpc(request, timeout=timeout),
+            f"ps-{ps_id} {self._addresses[ps_id]}",
+            self._budget,
+            self._timeout,
+        )
 
     def push_model(self, dense: Mapping[str, np.ndarray], tables: Iterable[EmbeddingTableSpec]) -> bool:
         """Offer initial parameters; each PS keeps the first model it is offered. True if any took ours."""

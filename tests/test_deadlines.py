@@ -1,0 +1,185 @@
+"""No call without a deadline, no wait without a bound: a parameter server or a master that stops
+answering (a silent network path, SIGSTOP) is detected within the configured bound, a connection whose
+peer went silent is dropped by keepalive and the next call reconnects, and requests waiting for a slow
+state save never take every master thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import keras
+import numpy as np
+import pytest
+
+from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.servicer import MasterServicer
+from edl_argo.master.state_store import MASTER_THREADS, SAVE_WAITERS, DurableMasterServicer, GroupCommit
+from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.proto import master_pb2, master_pb2_grpc
+from edl_argo.ps.server import start_server
+from edl_argo.ps.servicer import ParameterServerServicer
+from edl_argo.rpc.channel import (
+    KEEPALIVE_TIME_MS,
+    KEEPALIVE_TIMEOUT_MS,
+    RECONNECT_MS,
+    make_channel,
+    make_server,
+)
+from edl_argo.worker.master_client import MasterClient
+from edl_argo.worker.ps_client import ParameterServerClient
+from tests.tcp_proxy import SilentProxy
+
+URLS = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+#: Keepalive notices a silent peer within this long (a ping after KEEPALIVE_TIME of silence, unanswered for
+#: KEEPALIVE_TIMEOUT), plus scheduling slack on a loaded machine.
+KEEPALIVE_BOUND = (KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS) / 1000 + 5
+#: A peer reachable again is used within this long after keepalive dropped the broken connection: one
+#: connection attempt given up and one backoff, each at most RECONNECT_MS.
+RECONNECT_BOUND = 2 * RECONNECT_MS / 1000
+
+
+def timed(call: Callable[[], Any], limit: float) -> tuple[float, Any]:
+    """Run ``call`` in a thread; (seconds it took, its result or the exception it raised). Fails the test if
+    it has not returned after ``limit`` seconds: it would have hung."""
+    with ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        future = pool.submit(call)
+        try:
+            error = future.exception(timeout=limit)
+        except TimeoutError:
+            pytest.fail(f"the call did not return within {limit} s: it waits without a deadline")
+        return time.monotonic() - started, error if error is not None else future.result()
+
+
+@pytest.fixture
+def parameter_server() -> Iterator[str]:
+    servicer = ParameterServerServicer(lambda: keras.optimizers.SGD(0.1), jit_compile=False)
+    server, port = start_server(servicer, "127.0.0.1", 0)
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.fixture
+def master() -> Iterator[str]:
+    dispatcher = TaskDispatcher({"s": 100}, DispatcherConfig(records_per_task=10, num_epochs=1))
+    evaluation = EvaluationService(lambda: {}, {}, 0)
+    evaluation.dispatcher = dispatcher
+    server = make_server(MASTER_THREADS)
+    master_pb2_grpc.add_MasterServicer_to_server(
+        MasterServicer(dispatcher, evaluation, URLS, lambda: 0), server
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_a_silent_parameter_server_fails_calls_within_their_deadline_and_keepalive_reconnects(
+    parameter_server: str,
+) -> None:
+    proxy = SilentProxy(parameter_server)
+    try:
+        short = ParameterServerClient([proxy.address], retry_budget_seconds=4, rpc_timeout_seconds=1)
+        patient = ParameterServerClient([proxy.address], retry_budget_seconds=60, rpc_timeout_seconds=2)
+        assert short.push_model({"w": np.ones(3, np.float32)}, [])
+        assert patient.pull_dense([-1])[2]  # both connected and initialised
+        proxy.go_silent()
+
+        took, error = timed(lambda: short.pull_dense([-1]), limit=30)
+        assert isinstance(error, grpc.RpcError), error
+        assert error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        assert took <= 4 + 1 + 3  # the budget, one more deadline, slack
+
+        # The path works again, but the connections open through it stay broken (their bytes were lost):
+        # keepalive drops them and the retried call reconnects.
+        proxy.resume()
+        took, result = timed(lambda: patient.pull_dense([-1]), limit=90)
+        assert not isinstance(result, BaseException), result
+        assert np.array_equal(result[0]["w"], np.ones(3, np.float32))
+        assert took <= KEEPALIVE_BOUND + RECONNECT_BOUND + 2
+        short.close()
+        patient.close()
+    finally:
+        proxy.close()
+
+
+def test_a_silent_master_fails_calls_within_their_deadline(master: str) -> None:
+    proxy = SilentProxy(master)
+    try:
+        client = MasterClient(proxy.address, worker_id=0, retry_budget_seconds=4, rpc_timeout_seconds=1)
+        assert client.get_task().kind == master_pb2.GetTaskResponse.TASK
+        proxy.go_silent()
+        took, error = timed(client.get_task, limit=30)
+        assert isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+        assert took <= 4 + 1 + 3
+    finally:
+        proxy.close()
+
+
+def test_keepalive_drops_an_idle_connection_whose_peer_went_silent(master: str) -> None:
+    proxy = SilentProxy(master)
+    channel = make_channel(proxy.address)
+    try:
+        stub = master_pb2_grpc.MasterStub(channel)
+        stub.GetTask(master_pb2.GetTaskRequest(worker_id=0), timeout=10)
+        states: list[grpc.ChannelConnectivity] = []
+        dropped = threading.Event()
+
+        def watch(state: grpc.ChannelConnectivity) -> None:
+            states.append(state)
+            if state is not grpc.ChannelConnectivity.READY and grpc.ChannelConnectivity.READY in states:
+                dropped.set()
+
+        channel.subscribe(watch)
+        proxy.go_silent()
+        started = time.monotonic()
+        assert dropped.wait(KEEPALIVE_BOUND + 10), f"the connection stayed {states[-1:]} with no answer"
+        assert time.monotonic() - started <= KEEPALIVE_BOUND
+        channel.unsubscribe(watch)
+    finally:
+        channel.close()
+        proxy.close()
+
+
+def test_reports_waiting_for_a_slow_save_leave_threads_for_other_calls() -> None:
+    dispatcher = TaskDispatcher({"s": 1000}, DispatcherConfig(records_per_task=10, num_epochs=1))
+    evaluation = EvaluationService(lambda: {}, {}, 0)
+    evaluation.dispatcher = dispatcher
+    storage_back = threading.Event()
+    writer = GroupCommit(dispatcher.snapshot, lambda _state: storage_back.wait(60), wait_seconds=60)
+    servicer = DurableMasterServicer(dispatcher, evaluation, URLS, lambda: 0, commit=writer)
+    server = make_server(MASTER_THREADS)
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    writer.start()
+    channel = make_channel(f"127.0.0.1:{port}")
+    stub = master_pb2_grpc.MasterStub(channel)
+    try:
+        reports = [
+            stub.ReportTaskResult.future(
+                master_pb2.ReportTaskResultRequest(worker_id=w, task_id=1, success=True), timeout=60
+            )
+            for w in range(SAVE_WAITERS + 4)
+        ]
+        time.sleep(1.0)  # every report has reached the master; the save is stuck
+        took, response = timed(
+            lambda: stub.GetTask(master_pb2.GetTaskRequest(worker_id=99), timeout=10), limit=15
+        )
+        assert not isinstance(response, BaseException), response
+        assert response.kind == master_pb2.GetTaskResponse.TASK and took < 3
+        refused = [f for f in reports if f.done() and f.exception() is not None]
+        assert len(refused) == 4 and all(f.code() == grpc.StatusCode.UNAVAILABLE for f in refused)
+        storage_back.set()
+        answered = [f.result(timeout=20) for f in reports if f not in refused]
+        assert len(answered) == SAVE_WAITERS
+    finally:
+        storage_back.set()
+        writer.close()
+        channel.close()
+        server.stop(None)
