@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,10 +18,14 @@ import keras
 import numpy as np
 import pytest
 
+from edl_argo import log
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.job import TrainingJob
+from edl_argo.master.ps_watch import PING_INTERVAL_SECONDS
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.state_store import MASTER_THREADS, SAVE_WAITERS, DurableMasterServicer, GroupCommit
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.pods import PodRole
 from edl_argo.proto import master_pb2, master_pb2_grpc
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
@@ -32,6 +38,7 @@ from edl_argo.rpc.channel import (
 )
 from edl_argo.worker.master_client import MasterClient
 from edl_argo.worker.ps_client import ParameterServerClient
+from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, JobThread, assert_no_record_lost, digits_config
 from tests.tcp_proxy import SilentProxy
 
 URLS = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
@@ -183,3 +190,42 @@ def test_reports_waiting_for_a_slow_save_leave_threads_for_other_calls() -> None
         writer.close()
         channel.close()
         server.stop(None)
+
+
+def test_a_paused_parameter_server_is_replaced_within_the_bound_and_the_job_finishes(
+    digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP of the PS: no pod event, only silence. The master notices within --rpc-timeout-seconds (plus
+    one ping interval), replaces the PS as if it had died (it restores its checkpoint) and the job ends."""
+    log.configure("INFO")
+    monkeypatch.setenv("EDL_RUN_DIR", str(tmp_path / "run"))  # pods of other jobs named alike stay apart
+    timeout = 5
+    config = digits_config(
+        digits_data,
+        tmp_path / "job",
+        job_name=f"paused-ps-{uuid.uuid4().hex[:8]}",
+        checkpoint_steps=10,
+        rpc_timeout_seconds=timeout,
+        num_epochs=8,
+    )
+    job = JobThread(TrainingJob(config)).start()
+    job.wait_until(
+        lambda: (
+            job.job._ps_watch is not None and job.job._ps_watch.answered(0) and job.progress_fraction() > 0.3
+        ),
+        timeout=300,
+        what="the PS to answer and training to be under way",
+    )
+    job.job.backend.pause(PodRole.PS, 0)
+    paused = time.monotonic()
+    job.wait_until(
+        lambda: any(r.role == "ps" and r.reason == "Stuck" for r in job.job.pods.relaunches),
+        timeout=120,
+        what="the paused PS to be replaced",
+    )
+    detected = time.monotonic() - paused
+    assert detected <= timeout + PING_INTERVAL_SECONDS + 5, detected
+    metrics = job.join(timeout=600)
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
+    assert_no_record_lost(metrics)
+    assert metrics["relaunches"]["ps"] == 1

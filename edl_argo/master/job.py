@@ -44,6 +44,7 @@ from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model
 from edl_argo.master.pod_manager import PodManager, PodPolicy
+from edl_argo.master.ps_watch import ParameterServerWatch
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
 from edl_argo.master.state_store import (
@@ -147,6 +148,7 @@ class TrainingJob:
             else [k8s.ps_port_of(i) if k8s else find_free_port(self.host) for i in range(config.num_ps)]
         )
         self.pods: PodManager | None = None
+        self._ps_watch: ParameterServerWatch | None = None
         # AllreduceStrategy: the workers' group, and the trained state fetched from it before they exit.
         self.rendezvous = RendezvousManager(clock_round_base()) if config.allreduce else None
         self._group_state: Any = None
@@ -299,6 +301,10 @@ class TrainingJob:
                 self.pods.resume(self._saved["pods"], adopted)
             self._state_writer.start()
             self._state_writer.changed()
+            if c.num_ps:
+                self._ps_watch = ParameterServerWatch(
+                    lambda ps_id: self.backend.address(PodRole.PS, ps_id), c.num_ps, c.rpc_timeout_seconds
+                )
             self._dispatch_until_done(progress)
             metrics = self._metrics(started)
             self._wait_for_workers()
@@ -316,6 +322,8 @@ class TrainingJob:
             raise
         finally:
             progress.close()
+            if self._ps_watch is not None:
+                self._ps_watch.close()
             self._state_writer.close()
             self.backend.close(grace_seconds=2.0)
             self._server.stop(grace=1.0)
@@ -455,6 +463,8 @@ class TrainingJob:
             for _task, worker_id in self.dispatcher.reclaim_timed_out_tasks():
                 self.pods.restart_stuck_worker(worker_id)
                 self._state_writer.changed()
+            for ps_id in self._ps_watch.silent() if self._ps_watch is not None else ():
+                self.pods.restart_stuck_ps(ps_id)
             progress.update(*self.dispatcher.progress())
             if self._state_writer.failure is not None:
                 raise self._state_writer.failure

@@ -162,6 +162,12 @@ class PodManager:
         log.warning("worker_stuck", worker=worker_id)
         self._remove_worker(worker_id, STUCK)
 
+    def restart_stuck_ps(self, ps_id: int) -> None:
+        """A PS stopped answering (:mod:`edl_argo.master.ps_watch`): delete it; its terminal event starts
+        it again, restoring its checkpoint, as a PS that died."""
+        log.warning("ps_stuck", ps=ps_id)
+        self.backend.delete(PodRole.PS, ps_id, reason=STUCK)
+
     def _start_worker(self) -> int:
         with self._lock:
             worker_id = self._next_worker_id

@@ -28,6 +28,7 @@ from edl_argo.ps.checkpoint import ps_checkpointer, restore_latest
 from edl_argo.ps.optimizer import OptimizerFactory
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.channel import make_server
+from edl_argo.rpc.health import add_health_service
 from edl_argo.storage.base import Storage
 
 _log = log.get_logger(__name__)
@@ -105,6 +106,7 @@ def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tup
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port."""
     server = make_server(SERVER_THREADS)
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
+    add_health_service(server)  # the master's liveness check (edl_argo.master.ps_watch)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
