@@ -3,8 +3,8 @@
 A PS whose process is paused (SIGSTOP) or whose network path went silent is still a running pod: no pod
 event ever tells the master, and the workers' calls to it only run out of their deadlines, again and
 again. So the master pings every PS (:mod:`edl_argo.rpc.health`) every :data:`PING_INTERVAL_SECONDS`,
-each ping with the call deadline, and a PS that has answered since it (re)started but then answers none
-for ``silence_seconds`` (``--rpc-timeout-seconds``) is reported once by :meth:`ParameterServerWatch.silent`;
+and a PS that has answered since it (re)started but then leaves its pings unanswered for
+``silence_seconds`` (``--rpc-timeout-seconds``) is reported once by :meth:`ParameterServerWatch.silent`;
 the master deletes it, and its terminal event starts it again with the same id and address, restoring its
 newest checkpoint. A PS that has not answered yet since it started is not judged: it is still starting,
 and a crash shows in its pod's events.
@@ -29,7 +29,13 @@ PING_INTERVAL_SECONDS = 2.0
 
 
 class ParameterServerWatch:
-    """Pings PS ``0 .. num_ps - 1`` at ``address_of(ps_id)`` from one thread each, until :meth:`close`."""
+    """Pings PS ``0 .. num_ps - 1`` at ``address_of(ps_id)`` from one thread each, until :meth:`close`.
+
+    Each ping has the deadline ``silence_seconds / 2``. Only a ping that runs out of it counts against a PS
+    (a refused one means the process is gone or still starting, which its pod's events cover); a PS is
+    silent after two such pings in a row spanning ``silence_seconds``. One unanswered ping alone never
+    is: after the master itself was paused, the ping in flight runs out of its deadline on resuming.
+    """
 
     def __init__(
         self,
@@ -41,7 +47,9 @@ class ParameterServerWatch:
         self._silence = silence_seconds
         self._clock = clock
         self._lock = threading.Lock()
-        self._last_answer: dict[int, float | None] = dict.fromkeys(range(num_ps))
+        self._answered = dict.fromkeys(range(num_ps), False)
+        self._unanswered = dict.fromkeys(range(num_ps), 0)  # pings in a row that ran out of their deadline
+        self._unanswered_since: dict[int, float] = {}  # when the first of them was sent
         # When each PS was last reported silent: an answer to a ping sent before that is of the old
         # process (a deleted PS is woken up to exit), not of the one started again.
         self._reported_at: dict[int, float] = dict.fromkeys(range(num_ps), float("-inf"))
@@ -57,21 +65,24 @@ class ParameterServerWatch:
     def answered(self, ps_id: int) -> bool:
         """Whether PS ``ps_id`` answered a ping since it (re)started."""
         with self._lock:
-            return self._last_answer[ps_id] is not None
+            return self._answered[ps_id]
 
     def silent(self) -> list[int]:
-        """The PSes that answered since they (re)started but none of the pings of the last
+        """The PSes that answered since they (re)started but then left pings unanswered for
         ``silence_seconds``; each is reported once, and judged again once it answers again."""
         now = self._clock()
         with self._lock:
             silent = [
                 ps_id
-                for ps_id, answered in self._last_answer.items()
-                if answered is not None and now - answered > self._silence
+                for ps_id, answered in self._answered.items()
+                if answered
+                and self._unanswered[ps_id] >= 2
+                and now - self._unanswered_since[ps_id] >= self._silence
             ]
             for ps_id in silent:
-                log.warning("ps_silent", ps=ps_id, silent_s=round(now - self._last_answer[ps_id], 1))
-                self._last_answer[ps_id] = None
+                log.warning("ps_silent", ps=ps_id, silent_s=round(now - self._unanswered_since[ps_id], 1))
+                self._answered[ps_id] = False
+                self._unanswered[ps_id] = 0
                 self._reported_at[ps_id] = now
         return silent
 
@@ -86,13 +97,22 @@ class ParameterServerWatch:
         while not self._stop.is_set():
             started = self._clock()
             try:
-                ping(self._channels[ps_id], timeout=self._silence)
-            except grpc.RpcError:
-                pass  # not answered (or not there): silent() judges how long
+                ping(self._channels[ps_id], timeout=self._silence / 2)
+            except grpc.RpcError as error:
+                self._record(ps_id, started, unanswered=error.code() == grpc.StatusCode.DEADLINE_EXCEEDED)
             except ValueError:  # the channel was closed: the watch is over
                 return
             else:
-                with self._lock:
-                    if started > self._reported_at[ps_id]:
-                        self._last_answer[ps_id] = self._clock()
+                self._record(ps_id, started, answered=True)
             self._stop.wait(max(0.0, PING_INTERVAL_SECONDS - (self._clock() - started)))
+
+    def _record(self, ps_id: int, sent: float, answered: bool = False, unanswered: bool = False) -> None:
+        with self._lock:
+            if unanswered:
+                if self._unanswered[ps_id] == 0:
+                    self._unanswered_since[ps_id] = sent
+                self._unanswered[ps_id] += 1
+                return
+            self._unanswered[ps_id] = 0
+            if answered and sent > self._reported_at[ps_id]:
+                self._answered[ps_id] = True
