@@ -5,6 +5,10 @@ state save never take every master thread."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -229,3 +233,42 @@ def test_a_paused_parameter_server_is_replaced_within_the_bound_and_the_job_fini
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
     assert metrics["relaunches"]["ps"] == 1
+
+
+@pytest.mark.timeout(400)
+def test_workers_notice_a_paused_master_within_the_deadline_and_the_job_goes_on(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    """SIGSTOP of the master (``edl-argo train``): its workers' calls run out of their deadline and are
+    retried, as while a killed master is started again; resumed, the master ends the job."""
+    from tests.test_master_failover import no_pods_left_behind, saved_state, train_command, training_progress
+
+    output, run_dir = tmp_path / "job", tmp_path / "run"
+    env = {**os.environ, "EDL_RUN_DIR": str(run_dir), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = train_command(digits_data, output, "--rpc-timeout-seconds", "3")
+    with no_pods_left_behind(run_dir), open(tmp_path / "master.log", "w") as log_file:
+        master = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while training_progress(saved_state(output)) < 0.3:
+                assert master.poll() is None, (tmp_path / "master.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the job never reached 30% of its tasks"
+                time.sleep(0.1)
+            master.send_signal(signal.SIGSTOP)
+            time.sleep(12)  # four deadlines
+            master.send_signal(signal.SIGCONT)
+            assert master.wait(timeout=300) == 0, (tmp_path / "master.log").read_text()[-3000:]
+        finally:
+            master.kill()
+    log_text = (tmp_path / "master.log").read_text()
+    noticed = [
+        line
+        for line in log_text.splitlines()
+        if line.startswith("[worker-") and "peer_unavailable" in line and "master" in line
+    ]
+    assert noticed, "no worker noticed the paused master"
+    assert any("DEADLINE_EXCEEDED" in line or "UNAVAILABLE" in line for line in noticed), noticed
+    metrics = json.loads((output / "model" / "metrics.json").read_text())
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
+    assert_no_record_lost(metrics)
+    assert metrics["relaunches"]["ps"] == 0, "the master resuming does not take its PS for a silent one"
