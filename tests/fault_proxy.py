@@ -12,7 +12,8 @@ fault that lasts ``seconds``; connections open when it starts are cut (paused fo
 ``stall``
     connections are accepted and whatever the client sends is swallowed; nothing ever comes back.
 ``tls_drop``
-    the TLS handshake is cut: the proxy reads the ClientHello and closes the connection.
+    the TLS handshake is cut: the proxy reads the ClientHello and closes the connection (no RST), so the
+    client's TLS layer sees an unexpected EOF.
 ``http_429`` / ``http_503``
     every request is answered ``429 Too Many Requests`` / ``503 Service Unavailable`` with a plain-text
     body, as a load balancer in front of the store would.
@@ -154,7 +155,7 @@ class FaultProxy:
                 return
             if fault == "tls_drop":
                 conn.recv(4096)  # the ClientHello
-                _reset(conn)
+                conn.close()  # an orderly close mid-handshake: the client sees an unexpected EOF
                 return
             client: socket.socket = conn
             if self._tls is not None:

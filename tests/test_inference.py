@@ -81,6 +81,15 @@ def publish(kind: str, root: Path, data: Data) -> tuple[Any, str]:
     return model, str(root / "model")
 
 
+def publish_with_output_biases(root: Path, data: Data, biases: list[float]) -> None:
+    """Publish the functional model with its first output biases set to ``biases`` (NaN, infinity)."""
+    model = build_model(load_model_spec(KINDS["functional"]), data.x[:2])
+    kernel, bias = model.layers[-1].get_weights()
+    bias[: len(biases)] = biases
+    model.layers[-1].set_weights([kernel, bias])
+    publish_model(LocalStorage(root), model, {}, {})
+
+
 def _take(inputs: Any, n: int) -> Any:
     return {k: v[:n] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:n]
 
@@ -243,12 +252,7 @@ def test_failed_predict_leaves_the_previous_output_or_nothing(
 def test_predictions_are_strict_json_with_null_for_nan_and_infinity(
     data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = load_model_spec(KINDS["functional"])
-    model = build_model(spec, data.x[:2])
-    kernel, bias = model.layers[-1].get_weights()
-    bias[0], bias[1] = np.inf, np.nan
-    model.layers[-1].set_weights([kernel, bias])
-    publish_model(LocalStorage(tmp_path / "job"), model, {}, {})
+    publish_with_output_biases(tmp_path / "job", data, [np.inf, np.nan])
     output = tmp_path / "predictions"
     args = ["--model", str(tmp_path / "job" / "model"), "--model-def", KINDS["functional"]]
 
@@ -389,12 +393,7 @@ def test_weights_of_another_model_are_refused(
 def test_nan_metric_is_written_as_null(
     data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = load_model_spec(KINDS["functional"])
-    model = build_model(spec, data.x[:2])
-    kernel, bias = model.layers[-1].get_weights()
-    bias[0] = np.nan
-    model.layers[-1].set_weights([kernel, bias])
-    publish_model(LocalStorage(tmp_path / "job"), model, {}, {})
+    publish_with_output_biases(tmp_path / "job", data, [np.nan])
     args = ["--model", str(tmp_path / "job" / "model"), "--model-def", KINDS["functional"]]
 
     code, out, err = run(capsys, "evaluate", *args, "--data", str(data.root), "--output", str(tmp_path / "m"))
@@ -403,3 +402,39 @@ def test_nan_metric_is_written_as_null(
     printed = strict_json(out.strip().splitlines()[-1])
     assert printed["batch_mean_first_logit"] is None and not math.isnan(printed["accuracy"])
     assert strict_json((tmp_path / "m" / "metrics.json").read_text()) == printed
+
+
+# -- training with validation data -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["list_output", "dict_output"])
+def test_a_job_evaluates_a_multi_output_model_as_evaluate_does(
+    kind: str, data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edl_argo.master.config import TrainConfig
+    from edl_argo.master.job import TrainingJob
+
+    monkeypatch.setenv("EDL_RUN_DIR", str(tmp_path / "run"))  # this job's pods only, whatever runs beside
+    config = TrainConfig(
+        model_def=KINDS[kind],
+        training_data=str(data.root),
+        validation_data=str(data.root),
+        output=str(tmp_path / "job"),
+        job_name=f"multi-output-{kind.replace('_', '-')}",
+        num_epochs=2,
+        minibatch_size=4,
+        num_minibatches_per_task=2,
+        num_workers=1,
+        num_ps=1,
+    )
+    metrics = TrainingJob(config).run()
+
+    assert sorted(metrics["final_metrics"]) == ["cls_accuracy", "reg_mse"]
+    assert metrics["evaluations"][-1]["records"] == NUM_RECORDS
+    args = ["--model", str(tmp_path / "job" / "model"), "--model-def", KINDS[kind], "--data", str(data.root)]
+    code, out, err = run(capsys, "evaluate", *args)
+    assert code == 0, err
+    evaluated = strict_json(out.strip().splitlines()[-1])
+    assert {k: evaluated[k] for k in metrics["final_metrics"]} == pytest.approx(
+        metrics["final_metrics"], rel=1e-5
+    )
