@@ -157,7 +157,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             or any(a.ndim == 0 or len(a) != len(arrays[0]) for a in arrays)
         ):
             reject_request(
-                context, rpc, _INVALID, "uniquely named outputs and labels with one row per record expected"
+                context, rpc, _INVALID, "uniquely named outputs and labels with one row per label expected"
             )
         task = self._dispatcher.held_task(request.task_id, request.worker_id)
         if (
