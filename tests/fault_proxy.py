@@ -18,7 +18,9 @@ fault that lasts ``seconds``; connections open when it starts are cut (paused fo
     every request is answered ``429 Too Many Requests`` / ``503 Service Unavailable`` with a plain-text
     body, as a load balancer in front of the store would.
 
-After the fault's time, new connections are forwarded again.
+After the fault's time, new connections are forwarded again. :meth:`FaultProxy.cut_after` instead cuts one
+connection once a number of bytes went back to the client (a reset in the middle of a download), and
+:attr:`FaultProxy.bytes_to_client` counts every byte sent back.
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ class FaultProxy:
         self._until = 0.0
         self._epoch = 0  # increases with every fault: connections of an older epoch are cut
         self._stopping = threading.Event()
+        self._cut_after: int | None = None
+        #: Bytes relayed from the server to the client, over all connections.
+        self.bytes_to_client = 0
         self._listener: socket.socket | None = None
         self.port = 0
         self._open_listener()
@@ -107,6 +112,23 @@ class FaultProxy:
             if kind == "refuse" and self._listener is not None:
                 self._listener.close()
                 self._listener = None
+
+    def cut_after(self, count: int) -> None:
+        """Reset the first connection that relays ``count`` more bytes to the client, once."""
+        with self._lock:
+            self._cut_after = count
+
+    def _relayed(self, count: int) -> bool:
+        """Count ``count`` bytes sent to the client; True if the connection must be cut now."""
+        with self._lock:
+            self.bytes_to_client += count
+            if self._cut_after is None:
+                return False
+            self._cut_after -= count
+            if self._cut_after > 0:
+                return False
+            self._cut_after = None
+            return True
 
     def _current(self) -> tuple[str, int]:
         with self._lock:
@@ -225,7 +247,13 @@ class FaultProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
-                    (upstream if sock is client else client).sendall(data)
+                    if sock is client:
+                        upstream.sendall(data)
+                        continue
+                    client.sendall(data)
+                    if self._relayed(len(data)):
+                        _reset(client)
+                        return
         finally:
             with contextlib.suppress(OSError):
                 upstream.close()

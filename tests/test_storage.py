@@ -37,6 +37,7 @@ from edl_argo.storage.retry import (
     is_transient,
     socket_timeouts,
 )
+from edl_argo.storage.s3 import READ_CHUNK
 
 # -- fixtures -------------------------------------------------------------------------------------
 
@@ -523,13 +524,20 @@ def proxied(
         yield proxy, S3Storage(s3_env)
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize(
+    ("proxied", "fault"),
+    [
+        (scheme, fault)
+        for scheme in ("http", "https")
+        for fault in FAULTS
+        if (scheme, fault) != ("http", "tls_drop")
+    ],
+    indirect=["proxied"],
+)
 def test_s3_rides_out_a_fault_shorter_than_the_budget(
     fault: str, proxied: tuple[FaultProxy, S3Storage], events: _Events
 ) -> None:
     proxy, storage = proxied
-    if fault == "tls_drop" and not proxy.endpoint.startswith("https"):
-        pytest.skip("a TLS handshake exists only over https")  # covered by the https variant
     storage.write("before", b"written before the fault")
 
     proxy.fault(fault, FAULT_SECONDS)
@@ -558,6 +566,23 @@ def test_s3_gives_up_when_a_fault_outlasts_the_budget(
     connect, read = socket_timeouts(RetryPolicy(max_seconds=FAULT_BUDGET_S))
     assert FAULT_BUDGET_S <= elapsed <= FAULT_BUDGET_S + max(connect, read) + 1.0, elapsed
     assert len(events.named("storage_retry")) >= 3
+
+
+def test_s3_download_cut_midway_resumes_where_it_broke_off(
+    proxied: tuple[FaultProxy, S3Storage], events: _Events
+) -> None:
+    proxy, storage = proxied
+    data = os.urandom(6 << 20)
+    storage.write("big", data)
+    before = proxy.bytes_to_client
+
+    proxy.cut_after(7 << 19)  # 3.5 MiB into the download
+    assert storage.read("big", 1000) == data[1000:]
+
+    assert len(events.named("storage_retry")) == 1
+    relayed = proxy.bytes_to_client - before
+    # Resumed, not restarted (that would relay 3.5 MiB more): at most the chunk being read is fetched again.
+    assert len(data) - 1000 <= relayed < len(data) + READ_CHUNK + (64 << 10)
 
 
 def test_s3_certificate_errors_are_not_retried(
