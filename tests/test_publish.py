@@ -10,6 +10,7 @@ import pytest
 
 from edl_argo import log
 from edl_argo.errors import JobFailedError, StorageError
+from edl_argo.master.config import TrainConfig
 from edl_argo.master.export import KEPT_MODEL_KEY, MODEL_KEY
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.pod_manager import PodManager
@@ -23,20 +24,25 @@ def master_logs_to_stderr() -> None:
     log.configure("INFO")
 
 
-def test_a_model_that_cannot_be_published_is_kept_and_published_by_the_next_run(
-    digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("EDL_RUN_DIR", str(tmp_path / "run"))  # this job's pods only, whatever runs beside
-    output, state = tmp_path / "job", tmp_path / "state"
-    config = digits_config(
+def small_job(digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TrainConfig:
+    """One epoch, one worker, its own pods folder (whatever runs beside) and master state under tmp_path."""
+    monkeypatch.setenv("EDL_RUN_DIR", str(tmp_path / "run"))
+    return digits_config(
         digits_data,
-        output,
+        tmp_path / "job",
         num_epochs=1,
         num_workers=1,
         shuffle=False,
-        master_state=str(state),
+        master_state=str(tmp_path / "state"),
         job_name=f"publish-{uuid.uuid4().hex[:8]}",
     )
+
+
+def test_a_model_that_cannot_be_published_is_kept_and_published_by_the_next_run(
+    digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = small_job(digits_data, tmp_path, monkeypatch)
+    output, state = Path(config.output), Path(config.master_state)
     put_tree = LocalStorage.put_tree
 
     def store_down_for_output(storage: LocalStorage, local_dir: Path, key: str) -> None:
@@ -64,3 +70,20 @@ def test_a_model_that_cannot_be_published_is_kept_and_published_by_the_next_run(
     assert (output / MODEL_KEY / "_COMPLETE").is_file() and (output / MODEL_KEY / "saved_model").is_dir()
     assert not any(path.is_file() for path in kept.rglob("*"))
     assert not (state / STATE_KEY).exists()
+
+
+def test_storage_failing_while_the_job_runs_exits_1_and_keeps_the_state(
+    digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = small_job(digits_data, tmp_path, monkeypatch)
+
+    def unreachable(job: TrainingJob) -> None:
+        raise StorageError(f"cannot reach {config.training_data}: the store is down (injected)")
+
+    monkeypatch.setattr(TrainingJob, "_sample_features", unreachable)  # read when exporting
+    with pytest.raises(JobFailedError, match="failed while running: cannot reach") as failure:
+        TrainingJob(config).run()
+
+    assert failure.value.exit_code == 1
+    assert (Path(config.master_state) / STATE_KEY).is_file()
+    assert not (Path(config.output) / MODEL_KEY).exists()

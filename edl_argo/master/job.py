@@ -37,7 +37,7 @@ import numpy as np
 
 from edl_argo.collective.learning_rate import check_world_size_scaling
 from edl_argo.collective.membership import max_state_difference, member_states
-from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
+from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
@@ -315,6 +315,8 @@ class TrainingJob:
         except JobFailedError:
             self._forget_state()  # failed for good: a new run starts afresh
             raise
+        except StorageError as error:  # the store failed while the job ran: a run-time failure (exit 1)
+            raise JobFailedError(f"job {c.job_name} failed while running: {error}") from error
         finally:
             progress.close()
             self._state_writer.close()
