@@ -134,7 +134,7 @@ class Inference:
                 for first in range(0, reader.num_records, READ_RANGE):
                     last = min(reader.num_records, first + READ_RANGE)
                     position = first
-                    with self._naming(key, first, last):
+                    with self.naming(key, first, last):
                         for batch in make_batches(
                             self.spec, reader.read(first, last), mode, self.minibatch_size
                         ):
@@ -155,7 +155,7 @@ class Inference:
 
     def outputs(self, batch: Batch) -> dict[str, Any]:
         """The model's outputs for ``batch``, named; the model is built and loaded on the first call."""
-        with self._naming(batch.shard, batch.start, batch.start + batch.records):
+        with self.naming(batch.shard, batch.start, batch.start + batch.records):
             if self._model is None:
                 self._model = self._load(batch.features)
                 self._names = output_names(self._model)
@@ -183,13 +183,11 @@ class Inference:
         return model
 
     @contextmanager
-    def _naming(self, shard: str, first: int, last: int) -> Iterator[None]:
+    def naming(self, shard: str, first: int, last: int) -> Iterator[None]:
         """Turns TensorFlow's and Keras's errors about the data into one ConfigError naming the shard."""
         try:
             yield
         except (ValueError, TypeError, *_tf_errors()) as error:
-            if isinstance(error, ConfigError):
-                raise
             raise ConfigError(
                 f"--model-def {self.spec.source} does not fit the data of shard {self.data.describe(shard)} "
                 f"(records {first}-{last - 1}): {_reason(error)}"
@@ -214,7 +212,7 @@ def evaluate(inference: Inference) -> dict[str, float]:
     metrics = MetricsAccumulator(inference.spec.eval_metrics_fn)
     for batch in inference.batches(Mode.EVALUATION):
         outputs = inference.outputs(batch)
-        with inference._naming(batch.shard, batch.start, batch.start + batch.records):
+        with inference.naming(batch.shard, batch.start, batch.start + batch.records):
             metrics.update(outputs, named_arrays(batch.labels))
     if metrics.records == 0:
         raise ConfigError(f"--data {inference.data.describe()}: 0 records to evaluate")
