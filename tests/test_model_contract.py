@@ -63,6 +63,14 @@ def test_elasticdl_command_line_trains_a_zoo_model(digits_data: Path, tmp_path: 
     import keras
 
     assert dense_units(keras.models.load_model(output / "model" / "model.keras", compile=False)) == [32, 10]
+    # evaluate takes the same model flags (it builds the model from the model file).
+    capsys.readouterr()
+    evaluate = ["evaluate", "--model", str(output / "model"), "--data", str(digits_data / "test")]
+    zoo_flags = ["--model_zoo", str(ZOO), "--model_def", ZOO_MODEL, "--model_params", "hidden_units=32"]
+    code, out, err = run_cli(capsys, *evaluate, *zoo_flags)
+    assert code == 0, err[-3000:]
+    evaluated = json.loads(out.strip().splitlines()[-1])
+    assert evaluated["accuracy"] == pytest.approx(metrics["final_metrics"]["accuracy"], abs=1e-6)
 
 
 def _job(tmp_path: Path, digits_data: Path, options: ModelOptions) -> TrainingJob:
