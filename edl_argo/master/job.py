@@ -35,14 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from edl_argo.collective.learning_rate import check_world_size_scaling
 from edl_argo.collective.membership import max_state_difference, member_states
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
-from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
@@ -57,8 +55,6 @@ from edl_argo.recordio import ShardReader, list_shards
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage import open_storage
-from edl_argo.worker.data import make_batches
-from edl_argo.worker.ps_client import ParameterServerClient
 
 log = get_logger(__name__)
 
@@ -97,6 +93,8 @@ class TrainingJob:
         self.config = config
         self.spec: ModelSpec = load_model_spec(config.model_def)
         if config.scale_lr_by_world_size:
+            from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
+
             check_world_size_scaling(self.spec.optimizer)
         self.training_shards = dataset_shards(config.training_data, "--training-data")
         self.validation_shards = (
@@ -514,6 +512,8 @@ class TrainingJob:
         }
 
     def _sample_features(self) -> Any:
+        from edl_argo.worker.data import make_batches  # TensorFlow: imported when run, not for --help
+
         storage = open_storage(self.config.training_data)
         shard = next(iter(self.training_shards))
         records = ShardReader(storage, shard).read(
@@ -523,6 +523,9 @@ class TrainingJob:
         return features
 
     def _export(self, metrics: dict[str, Any]) -> None:
+        from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model
+        from edl_argo.worker.ps_client import ParameterServerClient
+
         if self._group_state is not None:
             values = [np.array(from_tensor(t)) for t in self._group_state.variables]
             model = model_from_state(self.spec, values, self._sample_features())
