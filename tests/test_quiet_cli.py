@@ -155,6 +155,10 @@ def test_failure_line_is_the_errors_own_last_line() -> None:
             "exit code 2: Error: edl-argo worker: error: bad",
         ),
         ("", ""),
+        (
+            "...m-defs/sha256-0a.tar attempt=3 error=x\nedl-argo ps: error: cannot read it",
+            "edl-argo ps: error: cannot read it",
+        ),
     ],
 )
 def test_event_summary_is_one_line(message: str, summary: str) -> None:

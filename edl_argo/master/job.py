@@ -48,6 +48,7 @@ from edl_argo.master.state_store import DurableMasterServicer, GroupCommit, Mast
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, PodStatus, find_free_port
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
@@ -89,9 +90,14 @@ class VersionTracker:
 class TrainingJob:
     """Runs one job: start the master service and pods, dispatch until done, export, clean up."""
 
+    #: The model its pods run, when ``--model-def`` is in storage (:mod:`edl_argo.model.source`).
+    model: StagedModel | None = None
+
     def __init__(self, config: TrainConfig, backend: PodBackend | None = None) -> None:
         self.config = config
-        self.spec: ModelSpec = load_model_spec(config.model_def)
+        state_url = config.master_state or config.output
+        self.model = stage_model_def(config.model_def, state_url, shared=config.kubernetes is not None)
+        self.spec: ModelSpec = load_model_spec(self.pod_model_def)
         if config.scale_lr_by_world_size:
             from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
 
@@ -124,6 +130,11 @@ class TrainingJob:
         state_storage = open_storage(config.master_state) if config.master_state else self.output
         self.state_store = MasterStateStore(state_storage, config.job_name, fingerprint)
         self._saved = self.state_store.load()  # what an earlier master of this job saved, if anything
+        if self.model is not None:  # a continued job keeps its model, even if the URL changed since
+            staged = self.model
+            self.model = pin_model_def(staged, state_url, config.job_name, continuing=self._saved is not None)
+            if self.model != staged:
+                self.spec = load_model_spec(self.pod_model_def)
         if self._saved is not None:
             self._restored_dispatcher(None)  # a corrupt state fails here, before any pod starts
         self._state_writer = GroupCommit(self._state, self.state_store.save)
@@ -147,6 +158,11 @@ class TrainingJob:
 
     # ------------------------------------------------------------------ pod commands
 
+    @property
+    def pod_model_def(self) -> str:
+        """The ``--model-def`` of the job's pods: the staged bundle of a model in storage, else as given."""
+        return self.model.pod_model_def if self.model else self.config.model_def
+
     def _ps_addresses(self) -> str:
         return ",".join(self.backend.address(PodRole.PS, i) for i in range(self.config.num_ps))
 
@@ -157,7 +173,7 @@ class TrainingJob:
             "--ps-id", str(ps_id),
             "--num-ps", str(c.num_ps),
             "--port", str(self.ps_ports[ps_id]),
-            "--model-def", c.model_def,
+            "--model-def", self.pod_model_def,
             "--grads-to-wait", str(c.grads_to_wait),
             "--sync-version-tolerance", str(c.sync_version_tolerance),
             "--checkpoint-steps", str(c.checkpoint_steps),
@@ -177,7 +193,7 @@ class TrainingJob:
             "edl-argo", "worker",
             "--worker-id", str(worker_id),
             "--master-addr", self._master_address,
-            "--model-def", c.model_def,
+            "--model-def", self.pod_model_def,
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
             "--nan-loss", c.nan_loss,
@@ -535,7 +551,8 @@ class TrainingJob:
                 model = model_from_parameter_servers(self.spec, ps, self._sample_features())
             finally:
                 ps.close()
-        publish_model(self.output, model, metrics, self.config.to_json())
+        flags = {**self.config.to_json(), **(self.model.flags() if self.model else {})}
+        publish_model(self.output, model, metrics, flags)
 
 
 def run_train(args: Any) -> int:

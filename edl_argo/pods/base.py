@@ -146,10 +146,14 @@ class PodEvent:
     def summary(self) -> str:
         """``message`` in one line, for logs and reports: what happened (``"exited with status 1"``) and,
         when the message quotes the pod's output, the error's own last line (:func:`failure_line`)."""
-        head, *tail = self.message.splitlines() or [""]
-        head = head.split(_TAIL_HEADER, 1)[0]
+        lines = self.message.splitlines()
+        if len(lines) <= 1:
+            return self.message.strip()
+        head, tail = lines[0].split(_TAIL_HEADER, 1)[0], lines[1:]
+        if _TAIL_HEADER not in lines[0]:  # too long, cut from the front: only the output is left
+            head, tail = "", lines
         last = failure_line(tail)
-        return f"{head}: {last}" if last else head
+        return f"{head}: {last}" if head and last else head or last
 
 
 #: What separates a terminal event's ``message`` from the pod's last output lines it quotes
