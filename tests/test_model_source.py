@@ -3,6 +3,7 @@ run as the same bytes by every pod, without being in any image or working direct
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -25,6 +26,8 @@ from edl_argo.model.source import (
     pin_model_def,
     stage_model_def,
 )
+from edl_argo.pipeline.loader import load_workflow, with_parameters
+from edl_argo.pipeline.runner import LocalRunner
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
@@ -36,7 +39,7 @@ from tests.engine_helpers import (
     assert_no_record_lost,
     digits_config,
 )
-from tests.k8s_helpers import job_selector, role_rules
+from tests.k8s_helpers import ROOT, job_selector, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 from tests.s3_stand_in import S3StandIn
 
@@ -232,3 +235,23 @@ def test_a_model_only_in_s3_trains_on_kubernetes_pods_that_all_run_the_same_byte
         fetched = re.findall(r"model_def_fetched url=(\S+) digest=(\S+)", logs[pod])
         assert fetched == [(bundle, digest)], (pod, logs[pod][-2000:])
     assert cluster.objects("pods", job_selector(config.job_name)) == []
+
+
+def test_the_digits_pipeline_variant_trains_its_model_from_s3(s3_env: str, tmp_path: Path) -> None:
+    """``examples/pipelines/digits_s3_model_pipeline.py``, run here, with its model only in S3."""
+    open_storage(s3_env).write("models/digits.py", MODEL_BYTES)
+    parameters = {"data": f"{s3_env}/digits", "model-def": f"{s3_env}/models/digits.py"}
+    workflow = with_parameters(
+        load_workflow(ROOT / "examples" / "pipelines" / "digits_s3_model_pipeline.py"), parameters
+    )
+    assert workflow.spec.artifact_repository_ref is not None
+    result = LocalRunner(workflow, tmp_path / "run", f"{s3_env}/artifacts").run()
+    assert result.failed is None, f"step {result.failed.name} failed: {result.failed.message}"
+    evaluation = json.loads(result.step("evaluate").parameters["metrics"])
+    assert evaluation["accuracy"] >= DIGITS_ACCURACY_FLOOR and evaluation["records"] == 360
+    model = open_storage(result.step("elastic-train").artifacts["model"])
+    flags = json.loads(model.read("flags.json"))
+    assert flags["model_def"] == parameters["model-def"]
+    assert (
+        flags["model_def_digest"] == "sha256:" + hashlib.sha256(pack({"digits.py": MODEL_BYTES})).hexdigest()
+    )
