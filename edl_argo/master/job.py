@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from edl_argo.collective.membership import max_state_difference, member_states
-from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
+from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
@@ -265,8 +265,15 @@ class TrainingJob:
 
     def run(self) -> dict[str, Any]:
         """Train to completion and publish the model; returns the metrics written to metrics.json."""
-        self._started = time.time() if self._saved is None else float(self._saved["started_at"])
+        from edl_argo.master.export import ModelNotPublishedError, publish_kept_model  # TensorFlow: see cli
+
         c = self.config
+        kept = publish_kept_model(self.output, self.state_store.storage) if self._saved is not None else None
+        if kept is not None:  # an earlier run trained it and could not publish it
+            self.state_store.remove()
+            log.info("job_succeeded", job=c.job_name, published="kept_model", **kept.get("final_metrics", {}))
+            return kept
+        self._started = time.time() if self._saved is None else float(self._saved["started_at"])
         log.info(
             "job_started",
             job=c.job_name,
@@ -313,9 +320,13 @@ class TrainingJob:
                 **metrics["final_metrics"],
             )
             return metrics
+        except ModelNotPublishedError:
+            raise  # the state stays with the kept model: the next run publishes it
         except JobFailedError:
             self._forget_state()  # failed for good: a new run starts afresh
             raise
+        except StorageError as error:  # the store failed while the job ran: a run-time failure (exit 1)
+            raise JobFailedError(f"job {c.job_name} failed while running: {error}") from error
         finally:
             progress.close()
             self._state_writer.close()
@@ -552,7 +563,7 @@ class TrainingJob:
             finally:
                 ps.close()
         flags = {**self.config.to_json(), **(self.model.flags() if self.model else {})}
-        publish_model(self.output, model, metrics, flags)
+        publish_model(self.output, model, metrics, flags, keep_in=self.state_store.storage)
 
 
 def run_train(args: Any) -> int:
