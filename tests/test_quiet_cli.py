@@ -65,7 +65,6 @@ import json, subprocess, sys
 from edl_argo import cli
 results = {{}}
 for argv in {argv_list!r}:
-    before = set(sys.modules)
     try:
         cli.main(argv)
     except SystemExit:
