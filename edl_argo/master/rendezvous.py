@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from edl_argo.log import get_logger
+from edl_argo.proto import master_pb2
 
 log = get_logger(__name__)
 
@@ -124,3 +125,14 @@ class RendezvousManager:
             members=",".join(str(m.worker_id) for m in members),
             why=why,
         )
+
+
+def rendezvous_response(current: Round, worker_id: int) -> master_pb2.RendezvousResponse:
+    """What the master answers ``worker_id``'s Rendezvous call in round ``current``."""
+    return master_pb2.RendezvousResponse(
+        round_id=current.round_id,
+        rank=current.rank_of(worker_id),
+        members=[
+            master_pb2.RendezvousMember(worker_id=m.worker_id, address=m.address) for m in current.members
+        ],
+    )

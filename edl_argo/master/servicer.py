@@ -16,7 +16,7 @@ import grpc
 
 from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
-from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.master.rendezvous import RendezvousManager, rendezvous_response
 from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
@@ -197,13 +197,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if request.worker_id < 0 or not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "worker_id >= 0 and an address are required")
         current = rendezvous.rendezvous(request.worker_id, request.address)
-        return master_pb2.RendezvousResponse(
-            round_id=current.round_id,
-            rank=current.rank_of(request.worker_id),
-            members=[
-                master_pb2.RendezvousMember(worker_id=m.worker_id, address=m.address) for m in current.members
-            ],
-        )
+        return rendezvous_response(current, request.worker_id)
 
     def ReportCollectiveFailure(
         self, request: master_pb2.ReportCollectiveFailureRequest, context: grpc.ServicerContext

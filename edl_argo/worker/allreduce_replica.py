@@ -127,6 +127,8 @@ class AllreduceReplica:
                 variable.assign(value)
             self._version = version
             self._recent_rounds = deque(recent_step_rounds, maxlen=RECENT_STEPS)
+            # The imported optimizer state holds the learning rate its source scaled for its own group.
+            self._lr_world_size = 0
 
     # -- the replica interface the worker uses -------------------------------------------------------
 

@@ -1,0 +1,166 @@
+"""AllreduceStrategy replicas in one process: real :class:`AllreduceReplica` objects (their collective servers
+on loopback) driven step by step from threads, with the master's real :class:`RendezvousManager`, so a test
+decides exactly when a member leaves, joins again or is replaced.
+(Whole jobs: tests/test_training_allreduce.py.)"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edl_argo.master.rendezvous import RendezvousManager, rendezvous_response
+from edl_argo.model import load_model_spec
+from edl_argo.proto import master_pb2
+from edl_argo.worker.allreduce_replica import AllreduceReplica
+
+#: A small regression model with BatchNormalization and a float learning rate.
+MODEL_FILE = """
+import keras
+import tensorflow as tf
+
+
+def custom_model():
+    inputs = keras.Input(shape=(4,), name="x")
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+def feed(dataset, mode, metadata):
+    return dataset
+
+
+def loss(labels, predictions):
+    return tf.reduce_mean(tf.square(labels - predictions))
+
+
+def optimizer():
+    return keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+
+
+def eval_metrics_fn():
+    return {}
+"""
+
+
+class _MasterOf:
+    """What a worker's master client does for the group, against ``manager`` in this process."""
+
+    def __init__(self, manager: RendezvousManager, worker_id: int) -> None:
+        self.manager = manager
+        self.worker_id = worker_id
+
+    def rendezvous(self, address: str) -> master_pb2.RendezvousResponse:
+        return rendezvous_response(self.manager.rendezvous(self.worker_id, address), self.worker_id)
+
+    def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:
+        self.manager.report_failure(self.worker_id, round_id, suspect_worker_id, message)
+
+
+class _Group:
+    """Replicas of one model by worker id, all on one :class:`RendezvousManager`."""
+
+    def __init__(self, model_file: Path, timeout: float = 20.0, **replica_options: Any) -> None:
+        self.spec = load_model_spec(str(model_file))
+        self.manager = RendezvousManager()
+        self.replicas: dict[int, AllreduceReplica] = {}
+        self._timeout = timeout
+        self._options = replica_options
+
+    def add(self, worker_id: int) -> AllreduceReplica:
+        replica = AllreduceReplica(
+            self.spec,
+            _MasterOf(self.manager, worker_id),
+            "127.0.0.1",
+            collective_timeout=self._timeout,
+            **self._options,
+        )
+        replica.ensure_built(_batches(1)[0][0])  # here: Keras names layers unsafely across threads
+        self.replicas[worker_id] = replica
+        self.join(worker_id)
+        return replica
+
+    def join(self, worker_id: int) -> None:
+        """The worker's first (or next) rendezvous call: it is a member of the next round."""
+        self.manager.rendezvous(worker_id, self.replicas[worker_id].address)
+
+    def leave(self, worker_id: int) -> None:
+        """The worker's pod stops."""
+        self.manager.remove(worker_id, "Completed")
+        self.replicas.pop(worker_id).close()
+
+    def steps(
+        self,
+        workers: Sequence[int],
+        batches: Sequence[tuple[np.ndarray, np.ndarray]],
+        after_step: Callable[[int, AllreduceReplica], None] = lambda worker, replica: None,
+    ) -> None:
+        """Each of ``workers`` trains on ``batches`` in order (one group step per batch), in threads."""
+        errors: list[BaseException] = []
+
+        def run(worker: int) -> None:
+            try:
+                for batch in batches:
+                    self.replicas[worker].train_minibatch(*batch)
+                    after_step(worker, self.replicas[worker])
+            except BaseException as error:  # re-raised below
+                errors.append(error)
+
+        threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+            assert not thread.is_alive(), "a replica hung"
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        for replica in self.replicas.values():
+            replica.close()
+
+
+def _batches(count: int, size: int = 8, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.standard_normal((size, 4)).astype(np.float32), rng.standard_normal((size, 1)).astype(np.float32))
+        for _ in range(count)
+    ]
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "bn_model.py"
+    path.write_text(MODEL_FILE)
+    return path
+
+
+def test_a_scaled_float_learning_rate_is_the_same_on_every_replica_across_a_leave_and_a_rejoin(
+    model_file: Path,
+) -> None:
+    """Worker 1 is dropped from the group (reported as silent) while alive, worker 0 trains alone (rate x1),
+    then worker 1 joins again and takes worker 0's state, which holds the rate of a group of one: every
+    replica must scale it back to the group of two."""
+    group = _Group(model_file, scale_lr_by_world_size=True)
+    rates: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
+
+    def record(worker: int, replica: AllreduceReplica) -> None:
+        rates[worker].append((replica.version, float(np.asarray(replica._optimizer.learning_rate))))
+
+    try:
+        group.add(0), group.add(1)
+        group.steps([0, 1], _batches(3, seed=1), record)
+        current = group.manager.current
+        group.manager.report_failure(0, current.round_id, 1, "silent")  # worker 1 is alive: it re-joins
+        group.steps([0], _batches(2, seed=2), record)
+        group.join(1)
+        group.steps([0, 1], _batches(3, seed=3), record)
+    finally:
+        group.close()
+    assert [r for _, r in rates[0]] == pytest.approx([0.02] * 3 + [0.01] * 2 + [0.02] * 3)
+    assert rates[1] == rates[0][:3] + rates[0][5:]  # the same rate at the same version
