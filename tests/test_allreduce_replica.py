@@ -18,6 +18,9 @@ from edl_argo.model import load_model_spec
 from edl_argo.proto import master_pb2
 from edl_argo.worker.allreduce_replica import AllreduceReplica
 
+#: ``(features, labels)`` of one minibatch.
+Batch = tuple[np.ndarray, np.ndarray]
+
 #: A small regression model with BatchNormalization and a float learning rate.
 MODEL_FILE = """
 import keras
@@ -97,21 +100,34 @@ class _Group:
     def steps(
         self,
         workers: Sequence[int],
-        batches: Sequence[tuple[np.ndarray, np.ndarray]],
+        batches: Sequence[Batch | None],
         after_step: Callable[[int, AllreduceReplica], None] = lambda worker, replica: None,
     ) -> None:
         """Each of ``workers`` trains on ``batches`` in order (one group step per batch), in threads."""
+        self.run({worker: batches for worker in workers}, after_step)
+
+    def run(
+        self,
+        plan: dict[int, Sequence[Batch | None]],
+        after_step: Callable[[int, AllreduceReplica], None] = lambda worker, replica: None,
+    ) -> None:
+        """Each worker of ``plan`` takes one group step per item of its list, in a thread of its own: a batch
+        to train on, or None for a step without data."""
         errors: list[BaseException] = []
 
         def run(worker: int) -> None:
             try:
-                for batch in batches:
-                    self.replicas[worker].train_minibatch(*batch)
-                    after_step(worker, self.replicas[worker])
+                for batch in plan[worker]:
+                    replica = self.replicas[worker]
+                    if batch is None:
+                        replica.idle_step()
+                    else:
+                        replica.train_minibatch(*batch)
+                    after_step(worker, replica)
             except BaseException as error:  # re-raised below
                 errors.append(error)
 
-        threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in workers]
+        threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in plan]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -125,7 +141,7 @@ class _Group:
             replica.close()
 
 
-def _batches(count: int, size: int = 8, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+def _batches(count: int, size: int = 8, seed: int = 0) -> list[Batch]:
     rng = np.random.default_rng(seed)
     return [
         (rng.standard_normal((size, 4)).astype(np.float32), rng.standard_normal((size, 1)).astype(np.float32))
@@ -164,3 +180,26 @@ def test_a_scaled_float_learning_rate_is_the_same_on_every_replica_across_a_leav
         group.close()
     assert [r for _, r in rates[0]] == pytest.approx([0.02] * 3 + [0.01] * 2 + [0.02] * 3)
     assert rates[1] == rates[0][:3] + rates[0][5:]  # the same rate at the same version
+
+
+def _max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(
+        float(np.max(np.abs(x.astype(np.float64) - y), initial=0.0)) for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_batch_normalization_statistics_are_identical_on_every_replica(model_file: Path) -> None:
+    """Two members train on different rows (and different batch sizes, one member idle for a step):
+    BatchNormalization's moving statistics, which no gradient reaches, end bit-identical everywhere, at
+    the example-weighted mean of what each member's batch made of them."""
+    group = _Group(model_file)
+    try:
+        first, second = group.add(0), group.add(1)
+        initial = [np.array(v.numpy()) for v in first.model.non_trainable_variables]
+        group.run({0: _batches(5, size=8, seed=5), 1: [*_batches(4, size=3, seed=6), None]})
+        states = [first.export_state()[0], second.export_state()[0]]
+        statistics = [np.array(v.numpy()) for v in first.model.non_trainable_variables]
+    finally:
+        group.close()
+    assert _max_difference(*states) == 0.0
+    assert all(not np.array_equal(now, then) for now, then in zip(statistics, initial, strict=True))

@@ -4,9 +4,16 @@ gradients with a ring allreduce every step (synchronous SGD, no parameter server
 One *group step* (:meth:`AllreduceReplica.train_minibatch`, or :meth:`~AllreduceReplica.idle_step` for a
 member that has no data right now): make sure this member is in the master's current round
 (:class:`~edl_argo.collective.membership.ElasticMember`), compute the gradients of its minibatch, allreduce
-``[gradients × examples, examples, loss × examples]`` (so members with different batch sizes, or none, are
-weighted by their examples), divide by the group's examples and apply with the model file's optimizer.
+``[gradients × examples, statistics changes × examples, examples, loss × examples]`` (so members with
+different batch sizes, or none, are weighted by their examples), divide by the group's examples and apply
+the mean gradients with the model file's optimizer (``optimizer.apply``, exactly as ``model.fit`` does).
 A member without data contributes zeros, so members whose tasks ran out keep the others' steps going.
+
+*Statistics* are the model's non-trainable floating variables, which layers update in the forward pass
+(BatchNormalization's moving mean and variance): each member measures how its forward pass changed them,
+puts them back, and every member then adds the example-weighted mean change, so they stay bit-identical on
+every member (as trainable variables do) and equal what one forward pass over the group's batch would
+nearly make of them (exactly for a moving mean). Variables no forward pass changes stay exactly as they are.
 
 A step interrupted by a lost member is abandoned: the suspect is reported, the next round is formed (which
 makes every member hold the newest state) and the step is retried in it — unless the state adopted in the
@@ -88,6 +95,8 @@ class AllreduceReplica:
         self._lr_scaling: WorldSizeScaling | None = None
         self._lr_world_size = 0
         self._sizes: list[int] = []
+        self._statistics: list[Any] = []
+        self._trainable_count = 0
         self._state_lock = threading.Lock()
         self._recent_rounds: deque[int] = deque(maxlen=RECENT_STEPS)
         self._version = -1
@@ -152,16 +161,21 @@ class AllreduceReplica:
         not_float32 = [v.path for v in model.trainable_variables if v.dtype != "float32"]
         if not_float32:
             raise JobFailedError(f"AllreduceStrategy averages float32 variables only; not: {not_float32[:3]}")
-        self._sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
+        self._statistics = [v for v in model.non_trainable_variables if _is_floating(v)]
+        self._trainable_count = len(model.trainable_variables)
+        # The pieces of a contribution before its examples and loss: gradients, statistics changes, and
+        # one flag per trainable variable (whether it has a gradient).
+        self._sizes = [int(np.prod(v.shape)) for v in [*model.trainable_variables, *self._statistics]]
+        self._sizes.append(self._trainable_count)
         self._optimizer = optimizer
         if self._scale_lr:
             self._lr_scaling = WorldSizeScaling(optimizer)
         with self._state_lock:
             self._model = model
         self._contribute = tf.function(self._contribution, reduce_retracing=True)
-        self._apply = tf.function(self._apply_mean_gradients)
+        self._apply = tf.function(self._apply_mean)
         self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
-        log.info("replica_built", variables=len(model.variables), parameters=sum(self._sizes))
+        log.info("replica_built", variables=len(model.variables), parameters=model.count_params())
         self._restore_checkpoint()
 
     def sync(self) -> None:
@@ -201,27 +215,44 @@ class AllreduceReplica:
     # -- internals ------------------------------------------------------------------------------------
 
     def _contribution(self, features: Any, labels: Any) -> tf.Tensor:
+        """This member's part of a group step: its gradients and changes to the statistics, both times its
+        examples, then its examples and loss times examples, as one float32 vector. The statistics are left
+        as they were (the group's mean change is applied with the gradients)."""
         model = self.model
+        before = [tf.identity(v) for v in self._statistics]
         with tf.GradientTape() as tape:
             outputs = model(features, training=True)
             loss = self._spec.loss(labels, outputs)
             if model.losses:
                 loss = loss + tf.add_n(model.losses)
+            scaled_loss = self._optimizer.scale_loss(loss)  # the optimizer unscales when it applies
         variables = model.trainable_variables
-        grads = tape.gradient(loss, variables)
+        grads = tape.gradient(scaled_loss, variables)
+        changes = [tf.cast(v - old, tf.float32) for v, old in zip(self._statistics, before, strict=True)]
+        for variable, old in zip(self._statistics, before, strict=True):
+            variable.assign(old)
         examples = tf.cast(tf.shape(tf.nest.flatten(outputs)[0])[0], tf.float32)
         flat = [
             tf.reshape(tf.zeros_like(v) if g is None else tf.convert_to_tensor(g), [-1])
             for v, g in zip(variables, grads, strict=True)
-        ]
+        ] + [tf.reshape(change, [-1]) for change in changes]
+        flat.append(tf.constant([0.0 if g is None else 1.0 for g in grads], tf.float32))
         loss = tf.cast(loss, tf.float32)
         return tf.concat([tf.concat(flat, 0) * examples, tf.stack([examples, loss * examples])], 0)
 
-    def _apply_mean_gradients(self, mean: tf.Tensor) -> None:
+    def _apply_mean(self, mean: tf.Tensor, has_gradient: tuple[bool, ...]) -> None:
+        """Apply the group's mean gradients with the optimizer (variables without a gradient on any member
+        are left out, as ``fit`` leaves them out) and add the mean changes to the statistics."""
         variables = self.model.trainable_variables
         pieces = tf.split(mean, self._sizes)
-        grads = [tf.reshape(p, v.shape) for p, v in zip(pieces, variables, strict=True)]
+        grads = [
+            tf.reshape(p, v.shape) if present else None
+            for p, v, present in zip(pieces, variables, has_gradient, strict=False)
+        ]
         self._optimizer.apply_gradients(zip(grads, variables, strict=True))
+        statistics = pieces[len(variables) : len(variables) + len(self._statistics)]
+        for variable, piece in zip(self._statistics, statistics, strict=True):
+            variable.assign_add(tf.cast(tf.reshape(piece, variable.shape), variable.dtype))
 
     def _current_group(self) -> CollectiveGroup:
         """The group of the current round, joining or re-forming it first if needed."""
@@ -265,8 +296,10 @@ class AllreduceReplica:
                 continue
             examples = float(total[-2])
             if examples > 0:
+                mean = total[:-2] / examples
+                has_gradient = tuple(bool(flag > 0) for flag in mean[len(mean) - self._trainable_count :])
                 with self._state_lock:
-                    self._apply(tf.constant(total[:-2] / examples))
+                    self._apply(tf.constant(mean), has_gradient)
                     self._version += 1
                     first_of_round = not self._recent_rounds or self._recent_rounds[-1] != group.round_id
                     self._recent_rounds.append(group.round_id)
@@ -318,3 +351,7 @@ class AllreduceReplica:
         log.info(
             "learning_rate_scaled", world_size=world_size, learning_rate=rate, unscaled=rate / world_size
         )
+
+
+def _is_floating(variable: Any) -> bool:
+    return "float" in keras.backend.standardize_dtype(variable.dtype)
