@@ -51,7 +51,8 @@ class WithUnusedWeight(keras.layers.Layer):
         self.units = units
 
     def build(self, input_shape):
-        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), initializer=_init(1), name="kernel")
+        shape = (input_shape[-1], self.units)
+        self.kernel = self.add_weight(shape=shape, initializer=_init(1), name="kernel")
         self.unused = self.add_weight(shape=(3,), initializer="ones", name="unused")
 
     def call(self, inputs):
