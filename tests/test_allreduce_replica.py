@@ -197,7 +197,7 @@ def test_batch_normalization_statistics_are_identical_on_every_replica(model_fil
         first, second = group.add(0), group.add(1)
         initial = [np.array(v.numpy()) for v in first.model.non_trainable_variables]
         group.run({0: _batches(5, size=8, seed=5), 1: [*_batches(4, size=3, seed=6), None]})
-        states = [first.export_state()[0], second.export_state()[0]]
+        states = [first.export_state().values, second.export_state().values]
         statistics = [np.array(v.numpy()) for v in first.model.non_trainable_variables]
     finally:
         group.close()

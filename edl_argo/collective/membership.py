@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from edl_argo.collective.group import CollectiveAborted, CollectiveGroup
 from edl_argo.collective.mailbox import CollectiveServer
+from edl_argo.collective.state import GroupState, Lineage, max_difference
 from edl_argo.collective.transport import PeerConnections, request_state
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
-from edl_argo.proto import collective_pb2, master_pb2
-from edl_argo.rpc.tensors import from_tensor, to_tensor
+from edl_argo.proto import master_pb2
 
 log = get_logger(__name__)
 
@@ -55,22 +56,11 @@ class ReplicaState(Protocol):
     def version(self) -> int:
         """Steps applied since the group's first state; -1 while the replica never held the group's state."""
 
-    def export_state(self) -> tuple[list[np.ndarray], list[int]]:
-        """A consistent copy of every variable (model, then optimizer), and the rounds of recent steps."""
+    def export_state(self) -> GroupState:
+        """A consistent copy of every variable (model, then optimizer), its version and lineage."""
 
-    def import_state(self, values: list[np.ndarray], version: int, recent_step_rounds: list[int]) -> None:
-        """Replace every variable with ``values`` (the order of :meth:`export_state`)."""
-
-
-def state_message(
-    round_id: int, version: int, values: list[np.ndarray], rounds: list[int]
-) -> collective_pb2.ModelState:
-    return collective_pb2.ModelState(
-        round_id=round_id,
-        version=version,
-        variables=[to_tensor(v, str(i)) for i, v in enumerate(values)],
-        recent_step_rounds=rounds,
-    )
+    def import_state(self, state: GroupState) -> None:
+        """Replace every variable with ``state``'s values (the order of :meth:`export_state`)."""
 
 
 class ElasticMember:
@@ -91,7 +81,7 @@ class ElasticMember:
         self._master = master
         self._replica = replica
         self._timeout = timeout
-        self._published: collective_pb2.ModelState | None = None
+        self._published: GroupState | None = None
         self._publish_lock = threading.Lock()
         self._server = CollectiveServer(host, port, self._state_for)
         self._peers = PeerConnections()
@@ -137,18 +127,14 @@ class ElasticMember:
         votes = group.allreduce(votes)
         source = int(np.argmax(votes))  # the first maximum: the lowest rank among equals
         if source == group.rank:
-            values, rounds = self._replica.export_state()
-            if self._replica.version < 0:  # the group's first state is this member's initial model
-                self._replica.import_state(values, 0, rounds)
+            state = self._replica.export_state()
+            if state.version < 0:  # the group's first state is this member's initial model
+                state = GroupState(-1, 0, state.values, Lineage.origin(group.round_id))
+                self._replica.import_state(state)
             with self._publish_lock:
-                self._published = state_message(group.round_id, self._replica.version, values, rounds)
+                self._published = GroupState(group.round_id, state.version, state.values, state.lineage)
         else:
-            state = group.pull_state(source)
-            self._replica.import_state(
-                [np.array(from_tensor(t)) for t in state.variables],
-                state.version,
-                list(state.recent_step_rounds),
-            )
+            self._replica.import_state(group.pull_state(source))
         log.info(
             "group_formed",
             round=group.round_id,
@@ -165,10 +151,9 @@ class ElasticMember:
         if error.suspect is not None:
             self._master.report_collective_failure(error.round_id, error.suspect, str(error))
 
-    def _state_for(self, round_id: int) -> collective_pb2.ModelState | None:
+    def _state_for(self, round_id: int) -> GroupState | None:
         if round_id < 0:
-            values, rounds = self._replica.export_state()
-            return state_message(-1, self._replica.version, values, rounds)
+            return self._replica.export_state()
         with self._publish_lock:
             published = self._published
         return published if published is not None and published.round_id == round_id else None
@@ -178,13 +163,27 @@ class ElasticMember:
         self._peers.close()
 
 
-def member_states(addresses: list[str], timeout: float = 30.0) -> list[collective_pb2.ModelState]:
-    """The current state of every member at ``addresses`` that answers with one within ``timeout`` seconds
-    (the master's export); members that cannot be reached or have none are left out.
+@dataclass
+class GroupStateSurvey:
+    """The master's reading of the group's states at the end of training: the newest state, and how far the
+    others differ from it."""
 
-    Raises :class:`JobFailedError` if none answers with a state.
+    newest: GroupState
+    members_compared: int
+    max_abs_difference: float
+    versions: list[int]
+
+
+def survey_member_states(addresses: list[str], timeout: float = 30.0) -> GroupStateSurvey:
+    """Read the current state of every member at ``addresses`` that answers with one, each frame within
+    ``timeout`` seconds (the master's export); members that cannot be reached or have none are left out.
+
+    One member's state is held at a time besides the newest (so the master holds at most two states): each
+    is compared with the newest so far as it arrives. Raises :class:`JobFailedError` if none answers.
     """
-    states: list[collective_pb2.ModelState] = []
+    newest: GroupState | None = None
+    differences: list[float] = []
+    versions: set[int] = set()
     errors: list[str] = []
     for address in addresses:
         try:
@@ -194,20 +193,12 @@ def member_states(addresses: list[str], timeout: float = 30.0) -> list[collectiv
             continue
         if state is None:
             errors.append(f"{address}: no state")
-        else:
-            states.append(state)
-    if not states:
+            continue
+        versions.add(state.version)
+        if newest is not None:
+            differences.append(max_difference(newest, state))
+        if newest is None or state.version > newest.version:
+            newest = state
+    if newest is None:
         raise JobFailedError(f"no worker of the group returned the trained model ({'; '.join(errors)})")
-    return states
-
-
-def max_state_difference(states: list[collective_pb2.ModelState]) -> float:
-    """The largest absolute difference between any variable of any two states (0.0: identical replicas)."""
-    reference = [from_tensor(t) for t in states[0].variables]
-    worst = 0.0
-    for state in states[1:]:
-        for ref, tensor in zip(reference, state.variables, strict=True):
-            value = from_tensor(tensor)
-            if value.size and np.issubdtype(value.dtype, np.number):
-                worst = max(worst, float(np.max(np.abs(value.astype(np.float64) - ref.astype(np.float64)))))
-    return worst
+    return GroupStateSurvey(newest, len(differences) + 1, max(differences, default=0.0), sorted(versions))

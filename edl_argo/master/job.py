@@ -33,10 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edl_argo.collective.learning_rate import check_world_size_scaling
-from edl_argo.collective.membership import max_state_difference, member_states
+from edl_argo.collective.membership import survey_member_states
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
@@ -55,7 +53,6 @@ from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import ShardReader, list_shards
 from edl_argo.rpc.channel import make_server
-from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage import open_storage
 from edl_argo.worker.data import make_batches
 from edl_argo.worker.ps_client import ParameterServerClient
@@ -461,12 +458,12 @@ class TrainingJob:
         """Read every member's state; keep the newest for the export and record how far replicas differ."""
         assert self.rendezvous is not None
         current = self.rendezvous.current
-        states = member_states([m.address for m in current.members])
-        newest = max(states, key=lambda state: state.version)
+        survey = survey_member_states([m.address for m in current.members])
+        newest = survey.newest
         self._replicas = {
-            "members_compared": len(states),
-            "max_abs_difference": max_state_difference(states),
-            "versions": sorted({state.version for state in states}),
+            "members_compared": survey.members_compared,
+            "max_abs_difference": survey.max_abs_difference,
+            "versions": survey.versions,
             "final_round": current.round_id,
         }
         log.info(
@@ -524,8 +521,7 @@ class TrainingJob:
 
     def _export(self, metrics: dict[str, Any]) -> None:
         if self._group_state is not None:
-            values = [np.array(from_tensor(t)) for t in self._group_state.variables]
-            model = model_from_state(self.spec, values, self._sample_features())
+            model = model_from_state(self.spec, self._group_state.values, self._sample_features())
         else:
             ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
             try:

@@ -28,7 +28,6 @@ With a checkpoint series (``--checkpoint-dir``), a replica starts from the newes
 from __future__ import annotations
 
 import threading
-from collections import deque
 from typing import Any
 
 import keras
@@ -37,13 +36,13 @@ import tensorflow as tf
 
 from edl_argo.checkpoint import Checkpointer, CheckpointSeries
 from edl_argo.collective import CollectiveAborted, CollectiveGroup
-from edl_argo.collective.checkpoint import GroupSnapshot, decode_state, group_checkpointer, group_checkpoints
+from edl_argo.collective.checkpoint import decode_state, group_checkpointer, group_checkpoints
 from edl_argo.collective.learning_rate import WorldSizeScaling
 from edl_argo.collective.membership import ElasticMember, RendezvousClient
+from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
-from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage.base import Storage
 from edl_argo.worker.replica import NonFiniteLossError, build_model
 
@@ -51,8 +50,6 @@ log = get_logger(__name__)
 
 #: How many times in a row one step may be abandoned before the worker gives up.
 MAX_STEP_ATTEMPTS = 50
-#: How many recent steps' rounds a state carries.
-RECENT_STEPS = 8
 #: How long closing waits for a checkpoint being written.
 CHECKPOINT_CLOSE_SECONDS = 60.0
 
@@ -84,7 +81,7 @@ class AllreduceReplica:
     ) -> None:
         self._spec = spec
         self._checkpoints: CheckpointSeries | None = None
-        self._checkpointer: Checkpointer[GroupSnapshot] | None = None
+        self._checkpointer: Checkpointer[GroupState] | None = None
         if checkpoint_storage is not None:
             self._checkpoints = group_checkpoints(checkpoint_storage)
             if checkpoint_steps:
@@ -98,7 +95,7 @@ class AllreduceReplica:
         self._statistics: list[Any] = []
         self._trainable_count = 0
         self._state_lock = threading.Lock()
-        self._recent_rounds: deque[int] = deque(maxlen=RECENT_STEPS)
+        self._lineage = Lineage()
         self._version = -1
         self._member = ElasticMember(master, self, host, port, collective_timeout)
 
@@ -112,15 +109,17 @@ class AllreduceReplica:
         assert self._model is not None
         return [*self._model.variables, *self._optimizer.variables]
 
-    def export_state(self) -> tuple[list[np.ndarray], list[int]]:
+    def export_state(self) -> GroupState:
         with self._state_lock:
             if self._model is None:
                 raise RuntimeError("the replica is built on its first batch")
-            return [np.array(v.numpy()) for v in self._state_variables()], list(self._recent_rounds)
+            values = [np.asarray(v.numpy()) for v in self._state_variables()]
+            return GroupState(-1, self._version, values, self._lineage)
 
-    def import_state(self, values: list[np.ndarray], version: int, recent_step_rounds: list[int]) -> None:
+    def import_state(self, state: GroupState) -> None:
         with self._state_lock:
             variables = self._state_variables()
+            values = state.values
             mismatches = [
                 f"{v.path} {tuple(v.shape)} vs {value.shape}"
                 for v, value in zip(variables, values, strict=False)
@@ -134,8 +133,8 @@ class AllreduceReplica:
                 )
             for variable, value in zip(variables, values, strict=True):
                 variable.assign(value)
-            self._version = version
-            self._recent_rounds = deque(recent_step_rounds, maxlen=RECENT_STEPS)
+            self._version = state.version
+            self._lineage = state.lineage
             # The imported optimizer state holds the learning rate its source scaled for its own group.
             self._lr_world_size = 0
 
@@ -301,8 +300,8 @@ class AllreduceReplica:
                 with self._state_lock:
                     self._apply(tf.constant(mean), has_gradient)
                     self._version += 1
-                    first_of_round = not self._recent_rounds or self._recent_rounds[-1] != group.round_id
-                    self._recent_rounds.append(group.round_id)
+                    first_of_round = self._lineage.round_of(self._version - 1) != group.round_id
+                    self._lineage = self._lineage.after_step(self._version, group.round_id)
                 if first_of_round:  # training goes on in this round (after a join, a loss, a scale)
                     log.info(
                         "round_first_step", round=group.round_id, version=self._version, world_size=group.size
@@ -321,8 +320,7 @@ class AllreduceReplica:
             return
         where = self._checkpoints.storage.describe(self._checkpoints.key(state.version))
         try:
-            values = [np.array(from_tensor(t)) for t in state.variables]
-            self.import_state(values, state.version, list(state.recent_step_rounds))
+            self.import_state(state)
         except JobFailedError as error:
             raise JobFailedError(f"checkpoint {where}: {error}") from None
         if self._checkpointer is not None:
@@ -333,15 +331,12 @@ class AllreduceReplica:
         """As the member of rank 0: submit the group's state when a checkpoint is due."""
         if self._checkpointer is None or not self._checkpointer.due(self._version):
             return
-        values, rounds = self.export_state()
-        self._checkpointer.submit(GroupSnapshot(self._version, round_id, values, rounds))
+        state = self.export_state()
+        self._checkpointer.submit(GroupState(round_id, state.version, state.values, state.lineage))
 
     def _contains_step(self, version_before: int, round_id: int) -> bool:
         """Whether the state now held includes the step attempted at ``version_before`` in ``round_id``."""
-        steps_after = self._version - version_before
-        if steps_after <= 0 or steps_after > len(self._recent_rounds):
-            return False
-        return self._recent_rounds[-steps_after] == round_id
+        return self._version > version_before and self._lineage.round_of(version_before + 1) == round_id
 
     def _scale_learning_rate(self, world_size: int) -> None:
         if self._lr_scaling is None or world_size == self._lr_world_size:
