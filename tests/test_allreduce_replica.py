@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edl_argo.master.rendezvous import RendezvousManager, rendezvous_response
+from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.model import load_model_spec
 from edl_argo.proto import master_pb2
+from edl_argo.storage import LocalStorage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
 
 #: ``(features, labels)`` of one minibatch.
@@ -58,8 +59,11 @@ class _MasterOf:
         self.manager = manager
         self.worker_id = worker_id
 
-    def rendezvous(self, address: str) -> master_pb2.RendezvousResponse:
-        return rendezvous_response(self.manager.rendezvous(self.worker_id, address), self.worker_id)
+    def rendezvous(
+        self, address: str, report: master_pb2.RendezvousRequest | None = None
+    ) -> master_pb2.RendezvousResponse:
+        current = self.manager.rendezvous(self.worker_id, address, report)
+        return self.manager.response(current, self.worker_id)
 
     def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:
         self.manager.report_failure(self.worker_id, round_id, suspect_worker_id, message)
@@ -75,7 +79,7 @@ class _Group:
         self._timeout = timeout
         self._options = replica_options
 
-    def add(self, worker_id: int) -> AllreduceReplica:
+    def add(self, worker_id: int, join: bool = True) -> AllreduceReplica:
         replica = AllreduceReplica(
             self.spec,
             _MasterOf(self.manager, worker_id),
@@ -85,7 +89,8 @@ class _Group:
         )
         replica.ensure_built(_batches(1)[0][0])  # here: Keras names layers unsafely across threads
         self.replicas[worker_id] = replica
-        self.join(worker_id)
+        if join:
+            self.join(worker_id)
         return replica
 
     def join(self, worker_id: int) -> None:
@@ -203,3 +208,57 @@ def test_batch_normalization_statistics_are_identical_on_every_replica(model_fil
         group.close()
     assert _max_difference(*states) == 0.0
     assert all(not np.array_equal(now, then) for now, then in zip(statistics, initial, strict=True))
+
+
+def test_replacing_every_member_of_a_group_loses_no_step(model_file: Path) -> None:
+    """Workers 0 and 1 train; 2 and 3 join and train with them; 0 and 1 leave; 2 and 3 go on from
+    where the group was: every step is kept, and the master committed the group's progress."""
+    group = _Group(model_file)
+    try:
+        group.add(0), group.add(1)
+        group.steps([0, 1], _batches(3, seed=7))
+        group.add(2), group.add(3)
+        group.steps([0, 1, 2, 3], _batches(2, seed=8))
+        group.leave(0), group.leave(1)
+        group.steps([2, 3], _batches(2, seed=9))
+        versions = [group.replicas[w].version for w in (2, 3)]
+        states = [group.replicas[w].export_state().values for w in (2, 3)]
+    finally:
+        group.close()
+    assert versions == [7, 7]
+    assert _max_difference(*states) == 0.0
+    assert group.manager.restores == [] and group.manager.steps_lost == 0
+    assert group.manager.committed is not None and group.manager.committed.version == 6  # reported at step 7
+
+
+def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the_steps_lost(
+    model_file: Path, tmp_path: Path
+) -> None:
+    """Workers 2 and 3 start before any checkpoint exists (so they hold no state), then every member that
+    held the model leaves at once. The new group must not start over from a fresh model: it restores the
+    checkpoint the master recorded (version 4), and the master logs and counts the steps it knew of since."""
+    group = _Group(model_file, checkpoint_storage=LocalStorage(tmp_path / "checkpoints"), checkpoint_steps=4)
+    try:
+        group.add(0), group.add(1)
+        group.add(2, join=False), group.add(3, join=False)
+        group.steps([0, 1], _batches(6, seed=10))
+        assert group.replicas[0]._checkpointer is not None and group.replicas[0]._checkpointer.wait(30)
+        group.steps([0, 1], _batches(1, seed=11))  # its rendezvous reports version 6 and checkpoint 4
+        assert group.manager.checkpoint is not None and group.manager.checkpoint.version == 4
+        group.leave(0), group.leave(1)
+        group.join(2), group.join(3)
+        group.steps([2, 3], _batches(2, seed=12))
+        versions = [group.replicas[w].version for w in (2, 3)]
+    finally:
+        group.close()
+    assert versions == [6, 6]  # 4 restored + 2 steps, not 0 + 2
+    assert group.manager.restores == [
+        {
+            "round": group.manager.restores[0]["round"],
+            "origin": "checkpoint",
+            "committed_version": 6,
+            "restored_version": 4,
+            "steps_lost": 2,
+        }
+    ]
+    assert group.manager.steps_lost == 2

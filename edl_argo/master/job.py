@@ -465,6 +465,8 @@ class TrainingJob:
             "max_abs_difference": survey.max_abs_difference,
             "versions": survey.versions,
             "final_round": current.round_id,
+            "state_restores": self.rendezvous.restores,
+            "steps_lost": self.rendezvous.steps_lost,
         }
         log.info(
             "group_state_fetched", version=newest.version, **{k: str(v) for k, v in self._replicas.items()}

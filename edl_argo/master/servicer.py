@@ -16,7 +16,7 @@ import grpc
 
 from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
-from edl_argo.master.rendezvous import RendezvousManager, rendezvous_response
+from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
@@ -196,8 +196,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         rendezvous = self._require_rendezvous(context)
         if request.worker_id < 0 or not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "worker_id >= 0 and an address are required")
-        current = rendezvous.rendezvous(request.worker_id, request.address)
-        return rendezvous_response(current, request.worker_id)
+        current = rendezvous.rendezvous(request.worker_id, request.address, request)
+        return rendezvous.response(current, request.worker_id)
 
     def ReportCollectiveFailure(
         self, request: master_pb2.ReportCollectiveFailureRequest, context: grpc.ServicerContext

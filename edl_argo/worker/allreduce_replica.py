@@ -39,8 +39,8 @@ from edl_argo.collective import CollectiveAborted, CollectiveGroup
 from edl_argo.collective.checkpoint import decode_state, group_checkpointer, group_checkpoints
 from edl_argo.collective.learning_rate import WorldSizeScaling
 from edl_argo.collective.membership import ElasticMember, RendezvousClient
-from edl_argo.collective.state import GroupState, Lineage
-from edl_argo.errors import JobFailedError
+from edl_argo.collective.state import GroupState, Lineage, StatePoint
+from edl_argo.errors import EdlError, JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
 from edl_argo.storage.base import Storage
@@ -96,6 +96,7 @@ class AllreduceReplica:
         self._trainable_count = 0
         self._state_lock = threading.Lock()
         self._lineage = Lineage()
+        self._checkpoint_points: dict[int, StatePoint] = {}  # version -> point of each snapshot submitted
         self._version = -1
         self._member = ElasticMember(master, self, host, port, collective_timeout)
 
@@ -137,6 +138,32 @@ class AllreduceReplica:
             self._lineage = state.lineage
             # The imported optimizer state holds the learning rate its source scaled for its own group.
             self._lr_world_size = 0
+
+    @property
+    def lineage(self) -> Lineage:
+        return self._lineage
+
+    @property
+    def saved_checkpoint(self) -> StatePoint | None:
+        saved = None if self._checkpointer is None else self._checkpointer.saved_version
+        return None if saved is None else self._checkpoint_points.get(saved)
+
+    def load_checkpoint(self, point: StatePoint) -> bool:
+        """Load the group's checkpoint at ``point.version`` if it is the state ``point`` names."""
+        if self._checkpoints is None:
+            return False
+        key = self._checkpoints.key(point.version)
+        where = self._checkpoints.storage.describe(key)
+        try:
+            state = decode_state(self._checkpoints.storage.read(key), where)
+            if state.version != point.version or state.lineage.round_of(point.version) != point.round_id:
+                raise JobFailedError(f"it holds version {state.version} of another lineage")
+            self.import_state(state)
+        except (EdlError, OSError) as error:
+            log.warning("checkpoint_not_restored", checkpoint=where, version=point.version, reason=str(error))
+            return False
+        log.info("replica_restored", version=state.version, checkpoint=where)
+        return True
 
     # -- the replica interface the worker uses -------------------------------------------------------
 
@@ -332,6 +359,8 @@ class AllreduceReplica:
         if self._checkpointer is None or not self._checkpointer.due(self._version):
             return
         state = self.export_state()
+        saved, point = self.saved_checkpoint, state.lineage.point(state.version)
+        self._checkpoint_points = {p.version: p for p in (saved, point) if p is not None}
         self._checkpointer.submit(GroupState(round_id, state.version, state.values, state.lineage))
 
     def _contains_step(self, version_before: int, round_id: int) -> bool:
