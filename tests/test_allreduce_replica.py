@@ -262,3 +262,26 @@ def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the
         }
     ]
     assert group.manager.steps_lost == 2
+
+
+def test_a_member_left_behind_never_overrides_the_group_and_a_step_back_is_counted(model_file: Path) -> None:
+    """Worker 1 is dropped (silent) at version 3 while alive; worker 0 trains on to version 6 and leaves.
+    When worker 1 comes back alone, its state is behind the committed one: with no checkpoint it is all
+    there is, so the group goes on from it, and the master records that 2 committed steps were lost."""
+    group = _Group(model_file)
+    try:
+        group.add(0), group.add(1)
+        group.steps([0, 1], _batches(3, seed=13))
+        group.manager.report_failure(0, group.manager.current.round_id, 1, "silent")
+        group.steps([0], _batches(3, seed=14))
+        group.leave(0)
+        group.join(1)
+        group.steps([1], _batches(1, seed=15))
+        version = group.replicas[1].version
+    finally:
+        group.close()
+    assert version == 4
+    assert [(r["origin"], r["committed_version"], r["restored_version"]) for r in group.manager.restores] == [
+        ("member", 5, 3)
+    ]
+    assert group.manager.steps_lost == 2

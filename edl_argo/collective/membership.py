@@ -156,6 +156,8 @@ class ElasticMember:
         )
         self._agree_on_state(group, _point_of(response.committed), _point_of(response.checkpoint))
         self._group = group
+        if self._formed.formed_from != master_pb2.DESCENDANT:
+            self._rendezvous()  # the master records the step back now, not at the next step
         return group
 
     def _agree_on_state(
