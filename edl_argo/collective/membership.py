@@ -34,7 +34,14 @@ import numpy as np
 
 from edl_argo.collective.group import CollectiveAborted, CollectiveGroup
 from edl_argo.collective.mailbox import CollectiveServer
-from edl_argo.collective.state import GroupState, Lineage, StatePoint, max_difference
+from edl_argo.collective.state import (
+    GroupState,
+    Lineage,
+    StatePoint,
+    max_difference,
+    point_from_message,
+    point_message,
+)
 from edl_argo.collective.transport import PeerConnections, request_state
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
@@ -123,10 +130,10 @@ class ElasticMember:
         version, lineage = self._replica.version, self._replica.lineage
         point = lineage.point(version) if version >= 0 else None
         if point is not None:
-            report.state.CopyFrom(_point_message(point))
+            report.state.CopyFrom(point_message(point))
         saved = self._replica.saved_checkpoint
         if saved is not None and lineage.round_of(saved.version) == saved.round_id:
-            report.checkpoint.CopyFrom(_point_message(saved))
+            report.checkpoint.CopyFrom(point_message(saved))
         return self._master.rendezvous(self.address, report)
 
     def group(self) -> CollectiveGroup:
@@ -154,7 +161,9 @@ class ElasticMember:
             lambda: self._rendezvous().round_id == response.round_id,
             self._timeout,
         )
-        self._agree_on_state(group, _point_of(response.committed), _point_of(response.checkpoint))
+        self._agree_on_state(
+            group, point_from_message(response.committed), point_from_message(response.checkpoint)
+        )
         self._group = group
         if self._formed.formed_from != master_pb2.DESCENDANT:
             self._rendezvous()  # the master records the step back now, not at the next step
@@ -198,7 +207,7 @@ class ElasticMember:
         self._formed = master_pb2.RendezvousRequest(
             formed_round=group.round_id,
             formed_from=origin,
-            formed_state=_point_message(formed) if formed else None,
+            formed_state=point_message(formed) if formed else None,
         )
         log.info(
             "group_formed",
@@ -236,14 +245,6 @@ class ElasticMember:
     def close(self) -> None:
         self._server.stop()
         self._peers.close()
-
-
-def _point_of(message: master_pb2.StatePoint) -> StatePoint | None:
-    return StatePoint(message.version, message.round_id) if message.round_id else None
-
-
-def _point_message(point: StatePoint) -> master_pb2.StatePoint:
-    return master_pb2.StatePoint(version=point.version, round_id=point.round_id)
 
 
 @dataclass

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edl_argo.proto import master_pb2
+
 
 @dataclass(frozen=True)
 class StatePoint:
@@ -23,6 +25,18 @@ class StatePoint:
 
     version: int
     round_id: int
+
+
+def point_from_message(message: master_pb2.StatePoint) -> StatePoint | None:
+    """The point a rendezvous message names (None for round 0: no point)."""
+    return StatePoint(message.version, message.round_id) if message.round_id else None
+
+
+def point_message(point: StatePoint | None) -> master_pb2.StatePoint:
+    """``point`` as a rendezvous message (an empty one for None)."""
+    if point is None:
+        return master_pb2.StatePoint()
+    return master_pb2.StatePoint(version=point.version, round_id=point.round_id)
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ class Lineage:
         return version >= point.version and self.round_of(point.version) == point.round_id
 
     def point(self, version: int) -> StatePoint | None:
+        """``version`` and the round that made it (None: before this lineage is known)."""
         round_id = self.round_of(version)
         return None if round_id is None else StatePoint(version, round_id)
 

@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from edl_argo.collective.state import StatePoint
+from edl_argo.collective.state import StatePoint, point_from_message, point_message
 from edl_argo.log import get_logger
 from edl_argo.proto import master_pb2
 
@@ -146,7 +146,7 @@ class RendezvousManager:
             return  # its state may be older than the round's: not yet agreed, or from an earlier round
         if report.formed_from != master_pb2.DESCENDANT and self._restored_round != report.formed_round:
             self._restored_round = report.formed_round
-            formed = _point(report.formed_state)
+            formed = point_from_message(report.formed_state)
             lost = max(0, self.committed.version - formed.version) if self.committed and formed else 0
             restore: dict[str, object] = {
                 "round": report.formed_round,
@@ -159,10 +159,10 @@ class RendezvousManager:
             log.warning("model_moved_backwards", worker=worker_id, **{k: str(v) for k, v in restore.items()})
             self.committed = formed
             self.checkpoint = formed if report.formed_from == master_pb2.CHECKPOINT else None
-        state = _point(report.state)
+        state = point_from_message(report.state)
         if state is not None and (self.committed is None or state.version > self.committed.version):
             self.committed = state
-        checkpoint = _point(report.checkpoint)
+        checkpoint = point_from_message(report.checkpoint)
         if checkpoint is not None and (not self.checkpoint or checkpoint.version > self.checkpoint.version):
             self.checkpoint = checkpoint
 
@@ -176,8 +176,8 @@ class RendezvousManager:
             members=[
                 master_pb2.RendezvousMember(worker_id=m.worker_id, address=m.address) for m in current.members
             ],
-            committed=_message(committed),
-            checkpoint=_message(checkpoint),
+            committed=point_message(committed),
+            checkpoint=point_message(checkpoint),
         )
 
     def _next_round_locked(self, why: str) -> None:
@@ -190,13 +190,3 @@ class RendezvousManager:
             members=",".join(str(m.worker_id) for m in members),
             why=why,
         )
-
-
-def _point(message: master_pb2.StatePoint) -> StatePoint | None:
-    return StatePoint(message.version, message.round_id) if message.round_id else None
-
-
-def _message(point: StatePoint | None) -> master_pb2.StatePoint:
-    if point is None:
-        return master_pb2.StatePoint()
-    return master_pb2.StatePoint(version=point.version, round_id=point.round_id)
