@@ -169,8 +169,9 @@ def test_a_model_whose_state_exceeds_the_frame_cap_trains_and_exports(
     """With frames capped at 1 MiB, the digits CNN's state (4.8 MB of weights, as much again of momentum)
     still reaches a joining member, its ring pieces (2.4 MB each with two workers) still travel, and the
     master still reads it for the export: every transfer is cut into frames under the cap."""
-    monkeypatch.setenv(FRAME_CAP_ENV, str(1 << 20))  # the pods inherit the master's environment
+    monkeypatch.setenv(FRAME_CAP_ENV, str(1 << 20))
     job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_epochs=2, **ALLREDUCE))
+    assert job.worker_spec(0).env[FRAME_CAP_ENV] == str(1 << 20)  # in a cluster too, not only inherited
     metrics = JobThread(job).start().join(400)
 
     assert_no_record_lost(metrics)

@@ -34,7 +34,7 @@ Kinds:
 
 The cap on a frame's payload (:func:`max_payload_bytes`) is the project's message limit, 256 MiB; the
 environment variable :data:`FRAME_CAP_ENV` lowers it (the tests use a few kilobytes). Every member of a job
-must use the same cap (pods inherit it from the master's environment): a ring piece, which is at most the
+must use the same cap (the master passes its own to every worker pod): a ring piece, which is at most the
 cap on the sending side (:mod:`~edl_argo.collective.group` cuts larger vectors into blocks), is refused by a
 receiver with a smaller one.
 

@@ -25,6 +25,7 @@ left in ``<output>/checkpoints`` are removed too, so a new run never restores th
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -35,6 +36,7 @@ from typing import Any
 
 from edl_argo.collective.learning_rate import check_world_size_scaling
 from edl_argo.collective.membership import survey_member_states
+from edl_argo.collective.transport import FRAME_CAP_ENV
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
@@ -205,7 +207,12 @@ class TrainingJob:
             command += ("--ps-addrs", self._ps_addresses())
         if c.pipelined:
             command += ("--pipelined",)
-        return PodSpec(PodRole.WORKER, worker_id, command, port=port)
+        env = (
+            {FRAME_CAP_ENV: os.environ[FRAME_CAP_ENV]}
+            if c.allreduce and os.environ.get(FRAME_CAP_ENV)
+            else {}
+        )
+        return PodSpec(PodRole.WORKER, worker_id, command, env=env, port=port)
 
     # ------------------------------------------------------------------ lifecycle
 
