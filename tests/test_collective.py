@@ -4,6 +4,7 @@ timeouts, and the master's rendezvous bookkeeping. (End-to-end jobs: tests/test_
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import socket
 import threading
@@ -33,6 +34,7 @@ from edl_argo.collective.transport import (
 from edl_argo.errors import JobFailedError
 from edl_argo.log import configure as configure_logging
 from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.proto import master_pb2
 
 
 def _in_threads(count: int, body: Callable[[int], Any], timeout: float = 30.0) -> list[Any]:
@@ -424,3 +426,31 @@ def test_rendezvous_rounds_follow_membership() -> None:
     rendezvous.remove(1, "Killed")
     assert rendezvous.current.round_id == 5 and rendezvous.current.rank_of(1) == -1
     assert rendezvous.rendezvous(1, "b:1").rank_of(1) == -1  # a stopped pod's late call is not a join
+
+
+def test_the_master_commits_reports_of_its_current_round_only_and_a_restart_keeps_them() -> None:
+    rendezvous = RendezvousManager()
+    current = rendezvous.rendezvous(0, "a:1")
+    formed = master_pb2.RendezvousRequest(formed_round=current.round_id)
+
+    def report(version: int, made_in: int, formed_round: int, checkpoint: int = 0) -> None:
+        request = master_pb2.RendezvousRequest(
+            formed_round=formed_round,
+            state=master_pb2.StatePoint(version=version, round_id=made_in),
+            checkpoint=master_pb2.StatePoint(version=checkpoint, round_id=made_in if checkpoint else 0),
+        )
+        rendezvous.rendezvous(0, "a:1", request)
+
+    report(5, current.round_id, formed_round=0)  # not agreed in this round yet: ignored
+    assert rendezvous.committed is None
+    report(5, current.round_id, formed.formed_round, checkpoint=4)
+    assert rendezvous.committed == StatePoint(5, current.round_id)
+    assert rendezvous.checkpoint == StatePoint(4, current.round_id)
+    report(3, current.round_id, formed.formed_round)  # behind: the committed state stays
+    assert rendezvous.committed == StatePoint(5, current.round_id)
+
+    restarted = RendezvousManager(first_round=100)
+    restarted.restore(json.loads(json.dumps(rendezvous.snapshot())))
+    assert (restarted.committed, restarted.checkpoint) == (rendezvous.committed, rendezvous.checkpoint)
+    answer = restarted.response(restarted.rendezvous(0, "a:1"), 0)
+    assert (answer.committed.version, answer.checkpoint.version) == (5, 4)

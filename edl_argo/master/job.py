@@ -139,6 +139,8 @@ class TrainingJob:
         self.pods: PodManager | None = None
         # AllreduceStrategy: the workers' group, and the trained state fetched from it before they exit.
         self.rendezvous = RendezvousManager(clock_round_base()) if config.allreduce else None
+        if self.rendezvous is not None and self._saved is not None:
+            self.rendezvous.restore(self._saved.get("allreduce_group"))
         self._group_state: Any = None
         self._replicas: dict[str, Any] = {}
         self._server: Any = None
@@ -330,6 +332,8 @@ class TrainingJob:
             "model_version": self.versions.version,
             "training_loss": self.training_loss.snapshot(),
             "pods": self.pods.snapshot(),
+            # Not in STATE_PARTS: a state saved before it existed is still read.
+            "allreduce_group": self.rendezvous.snapshot() if self.rendezvous is not None else None,
         }
 
     def _restored_dispatcher(self, live_workers: Collection[int] | None) -> TaskDispatcher:

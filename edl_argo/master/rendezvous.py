@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from edl_argo.collective.state import StatePoint, point_from_message, point_message
 from edl_argo.log import get_logger
@@ -140,6 +141,29 @@ class RendezvousManager:
             else:
                 # The suspect is unknown or already gone: still make every member start over together.
                 self._next_round_locked(f"worker {reporter} could not complete round {round_id}")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The committed state and checkpoint and the restores, for a restarted master (JSON-ready)."""
+        with self._lock:
+            return {
+                "committed": None
+                if self.committed is None
+                else [self.committed.version, self.committed.round_id],
+                "checkpoint": None
+                if self.checkpoint is None
+                else [self.checkpoint.version, self.checkpoint.round_id],
+                "restores": list(self.restores),
+            }
+
+    def restore(self, snapshot: dict[str, Any] | None) -> None:
+        """Continue from an earlier master's :meth:`snapshot` (None: there is none). What it committed may
+        be a few steps behind the group: those steps descend from it, so it is still a safe bound."""
+        if not snapshot:
+            return
+        with self._lock:
+            self.committed = StatePoint(*snapshot["committed"]) if snapshot.get("committed") else None
+            self.checkpoint = StatePoint(*snapshot["checkpoint"]) if snapshot.get("checkpoint") else None
+            self.restores = list(snapshot.get("restores", []))
 
     def _take_report_locked(self, worker_id: int, report: master_pb2.RendezvousRequest) -> None:
         if report.formed_round != self._round.round_id:
