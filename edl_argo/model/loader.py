@@ -2,12 +2,13 @@
 :class:`~edl_argo.model.contract.ModelOptions`).
 
 Accepted forms: ``path/to/file.py`` (function ``custom_model``), ``path/to/file.py:factory_name``, a
-dotted ``package.module.factory_name`` importable from ``sys.path``, or with ``--model-zoo DIR`` a dotted
-``module.path.factory_name`` naming ``DIR/module/path.py`` (ElasticDL's form; ``DIR`` is put on
-``sys.path`` so the file can import its neighbours). Every required function is checked at load time, and
-``--model-params`` against the factory's signature, so that a missing or misspelt name fails before any
-worker or PS starts. A model file that defines ``custom_data_reader`` is refused: edl-argo reads RecordIO
-shards only.
+dotted ``package.module.factory_name`` importable from ``sys.path``, a model in storage
+(``s3://bucket/models/file.py[:factory_name]``, see :mod:`edl_argo.model.source`), or with ``--model-zoo
+DIR`` a dotted ``module.path.factory_name`` naming ``DIR/module/path.py`` (ElasticDL's form; ``DIR`` is put
+on ``sys.path`` so the file can import its neighbours). Every required function is checked at load time,
+and ``--model-params`` against the factory's signature, so that a missing or misspelt name fails before
+any worker or PS starts. A model file that defines ``custom_data_reader`` is refused: edl-argo reads
+RecordIO shards only.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ class ModelSpec:
 
 def load_model_spec(model_def: str, options: ModelOptions | None = None) -> ModelSpec:
     """Import the model definition and check the contract; :class:`ConfigError` names what is wrong."""
+    from edl_argo.model.source import local_model_def
+
     options = options or ModelOptions()
-    module, factory_name = _import(model_def, options.model_zoo)
+    module, factory_name = _import(local_model_def(model_def), options.model_zoo)
     if callable(getattr(module, "custom_data_reader", None)):
         raise ConfigError(
             f"model definition {model_def} defines custom_data_reader: edl-argo reads only RecordIO shards "

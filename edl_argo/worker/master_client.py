@@ -88,10 +88,19 @@ class MasterClient:
         request = master_pb2.ReportVersionRequest(worker_id=self.worker_id, model_version=model_version)
         self._call("ReportVersion", request)
 
-    def rendezvous(self, address: str, budget_seconds: float | None = None) -> master_pb2.RendezvousResponse:
-        """Join the AllreduceStrategy group (first call) and return the current membership round; within
+    def rendezvous(
+        self,
+        address: str,
+        report: master_pb2.RendezvousRequest | None = None,
+        budget_seconds: float | None = None,
+    ) -> master_pb2.RendezvousResponse:
+        """Join the AllreduceStrategy group (first call) and return the current membership round;
+        ``report``: the state this member holds (see :mod:`edl_argo.master.rendezvous`); within
         ``budget_seconds`` when given (else the client's retry budget)."""
-        request = master_pb2.RendezvousRequest(worker_id=self.worker_id, address=address)
+        request = master_pb2.RendezvousRequest()
+        if report is not None:
+            request.CopyFrom(report)
+        request.worker_id, request.address = self.worker_id, address
         return self._call("Rendezvous", request, budget_seconds)
 
     def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:
