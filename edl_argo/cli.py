@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from edl_argo import __version__, log
 from edl_argo.errors import EdlError
+from edl_argo.stop import TERMINATED_EXIT_CODE, Terminated
 
 #: command -> (module providing ``register``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -70,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"edl-argo {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"edl-argo {args.command}: terminated", file=sys.stderr)
+        return TERMINATED_EXIT_CODE
 
 
 if __name__ == "__main__":

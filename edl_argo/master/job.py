@@ -56,6 +56,7 @@ from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import ShardReader, list_shards
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.tensors import from_tensor
+from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
 from edl_argo.worker.data import make_batches
 from edl_argo.worker.ps_client import ParameterServerClient
@@ -159,6 +160,8 @@ class TrainingJob:
             "--ps-id", str(ps_id),
             "--num-ps", str(c.num_ps),
             "--port", str(self.ps_ports[ps_id]),
+            "--master-addr", self._master_address,
+            "--master-timeout", str(c.master_timeout),
             "--model-def", c.model_def,
             "--grads-to-wait", str(c.grads_to_wait),
             "--sync-version-tolerance", str(c.sync_version_tolerance),
@@ -179,6 +182,7 @@ class TrainingJob:
             "edl-argo", "worker",
             "--worker-id", str(worker_id),
             "--master-addr", self._master_address,
+            "--master-timeout", str(c.master_timeout),
             "--model-def", c.model_def,
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
@@ -544,6 +548,11 @@ def run_train(args: Any) -> int:
 
         print(render_train_manifests(config), end="")
         return 0
+    if config.backend == "local":
+        # Local pods are this master's to stop. On Kubernetes a SIGTERM may be a node drain after which
+        # Argo retries the master, which then adopts the pods: they stay (the step's exit hook and
+        # --master-timeout remove them once the step has ended for good).
+        stop_on_sigterm()
     try:
         metrics = TrainingJob(config).run()
     except JobFailedError as error:

@@ -2,8 +2,9 @@
 
 The server restores the newest checkpoint of its ``--ps-id`` from ``--checkpoint-dir`` when there is one
 (logging ``ps_restored``), serves ``edl_argo.ParameterServer`` on ``--host:--port`` and runs until SIGTERM
-or SIGINT. It then stops accepting requests, lets running ones finish, saves a last checkpoint when
-checkpoints are on and the state changed since the last one, and exits 0.
+or SIGINT, or until its master (``--master-addr``) has been unreachable for ``--master-timeout`` seconds
+(:mod:`edl_argo.rpc.master_watch`). It then stops accepting requests, lets running ones finish, saves a
+last checkpoint when checkpoints are on and the state changed since the last one, and exits 0.
 
 ``--checkpoint-dir`` without ``--checkpoint-steps`` only restores; ``--checkpoint-steps`` needs a
 ``--checkpoint-dir``.
@@ -27,6 +28,7 @@ from edl_argo.ps.checkpoint import ps_checkpointer, restore_latest
 from edl_argo.ps.optimizer import OptimizerFactory
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.channel import make_server
+from edl_argo.rpc.master_watch import MasterWatch, add_master_timeout_flag
 from edl_argo.storage.base import Storage
 
 _log = log.get_logger(__name__)
@@ -153,6 +155,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="synchronous SGD: accept pushes up to this many versions old (default 0)",
     )
     add_checkpoint_flags(parser)
+    add_flag(
+        parser,
+        "--master-addr",
+        default="",
+        help="host:port of the job's master: the PS stops (saving its checkpoint) once it has been"
+        " unreachable for --master-timeout (default: no master, serve until SIGTERM)",
+    )
+    add_master_timeout_flag(parser)
     add_flag(parser, "--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.set_defaults(run=run_ps)
 
@@ -181,11 +191,20 @@ def run_ps(args: argparse.Namespace) -> int:
         _log.info("ps_stopping", signal=signal.Signals(signum).name)
         stop.set()
 
+    def master_lost() -> None:
+        _log.info("ps_stopping", reason="master_lost")
+        stop.set()
+
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    watch = MasterWatch(args.master_addr, args.master_timeout, master_lost) if args.master_addr else None
+    if watch is not None:
+        watch.start()
     try:
         while not stop.wait(1.0):
             pass
     finally:
+        if watch is not None:
+            watch.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.stop(STOP_GRACE_SECONDS).wait()

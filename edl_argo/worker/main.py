@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import time
 from typing import Any, Protocol
 
@@ -27,6 +29,7 @@ from edl_argo.log import get_logger
 from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.proto import master_pb2
+from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch, add_master_timeout_flag
 from edl_argo.storage import open_storage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
 from edl_argo.worker.data import RecordSource, make_batches
@@ -47,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("worker", help="run one worker of a job (started by the master)")
     add_flag(parser, "--worker-id", type=non_negative_int, required=True)
     add_flag(parser, "--master-addr", required=True, help="host:port of the master")
+    add_master_timeout_flag(parser)
     add_flag(
         parser,
         "--ps-addrs",
@@ -275,7 +279,11 @@ def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> 
 
 def run_worker(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def)
-    master = MasterClient(args.master_addr, args.worker_id)
+    # The watch ends the worker when the master is lost; calls keep retrying a little longer, so that
+    # the watch, not a call, decides.
+    budget = args.master_timeout + 2 * PROBE_SECONDS
+    master = MasterClient(args.master_addr, args.worker_id, retry_budget_seconds=budget)
+    watch = MasterWatch(args.master_addr, args.master_timeout, _master_lost).start()
     replica: Replica
     if args.distribution_strategy == ALLREDUCE:
         replica = AllreduceReplica(
@@ -308,5 +316,18 @@ def run_worker(args: argparse.Namespace) -> int:
     try:
         worker.run()
     finally:
+        watch.close()
         replica.close()
     return 0
+
+
+#: Exit status of a worker whose master stayed unreachable for ``--master-timeout``.
+MASTER_LOST_EXIT_CODE = 3
+
+
+def _master_lost() -> None:
+    """The master is gone for good: end the worker at once, whatever its main thread is waiting for (a
+    parameter server, a peer, the master itself); a worker holds nothing that must be saved."""
+    log.error("worker_stopping", reason="master_lost", exit_code=MASTER_LOST_EXIT_CODE)
+    logging.shutdown()
+    os._exit(MASTER_LOST_EXIT_CODE)
