@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("edl_argo.inference", "compute a trained model's metrics on shards"),
     "predict": ("edl_argo.inference", "write a trained model's predictions for shards"),
     "scale": ("edl_argo.master.scale", "change the number of workers of a running job"),
+    "cleanup": ("edl_argo.pods.cleanup", "delete a Kubernetes job's pods, Services and NetworkPolicy"),
     "templates": ("edl_argo.hera.render", "render templates/ (WorkflowTemplates, RBAC) from components/"),
     "pipeline": ("edl_argo.pipeline.commands", "run a pipeline here, render it, or submit it to Argo"),
 }

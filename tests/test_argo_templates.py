@@ -162,12 +162,16 @@ def _ancestors(name: str, tasks: dict[str, Any]) -> set[str]:
 
 def test_the_train_step_has_what_the_master_relies_on() -> None:
     (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
-    (template,) = document["spec"]["templates"]
+    template, cleanup = document["spec"]["templates"]
     rbac = {d["kind"]: d for d in load_documents(TEMPLATES / "rbac.yaml")}
     priorities = {d["metadata"]["name"] for d in load_documents(TEMPLATES / "priority-classes.yaml")}
     defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
 
     assert template["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"] == "edl-argo-master"
+    assert cleanup["serviceAccountName"] == "edl-argo-master"
+    assert cleanup["container"]["command"] == [
+        "edl-argo", "cleanup", "--backend", "kubernetes", "--job-name", "{{inputs.parameters.job-name}}"
+    ]  # fmt: skip
     assert {"pods", "services", "workflowtaskresults"} <= {
         r for rule in rbac["Role"]["rules"] for r in rule["resources"]
     }
@@ -226,6 +230,9 @@ def test_steps_by_template_ref_name_the_installed_templates() -> None:
     }
     refs = {(t["templateRef"]["name"], t["templateRef"]["template"]) for t in dag["dag"]["tasks"]}
     assert refs <= installed and len(refs) == 4
+    (train_task,) = [t for t in dag["dag"]["tasks"] if t["name"] == "elastic-train"]
+    hook = train_task["hooks"]["exit"]["templateRef"]
+    assert (hook["name"], hook["template"]) in installed
     depends = {t["name"]: t.get("depends") for t in dag["dag"]["tasks"]}
     assert depends == {
         "prepare-digits": None,
@@ -253,3 +260,59 @@ def test_the_documented_example_builds_a_valid_workflow() -> None:
     validate(manifest)
     tasks = {t["name"]: t.get("depends") for t in manifest["spec"]["templates"][0]["dag"]["tasks"]}
     assert tasks == {"prepare-digits": None, "elastic-train": "prepare-digits", "evaluate": "elastic-train"}
+
+
+def _training_tasks(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(task, template) of every task of the manifest's DAGs that runs ``edl-argo train``."""
+    templates = {t["name"]: t for t in manifest["spec"]["templates"]}
+    found = []
+    for dag in (t for t in manifest["spec"]["templates"] if "dag" in t):
+        for task in dag["dag"]["tasks"]:
+            template = _template(task, templates)
+            if template.get("container", {}).get("command", [])[:2] == ["edl-argo", "train"]:
+                found.append((task, template))
+    return found
+
+
+def _job_name(task: dict[str, Any], template: dict[str, Any]) -> str:
+    given = {p["name"]: p["value"] for p in task.get("arguments", {}).get("parameters", [])}
+    defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
+    return given.get("job-name", defaults["job-name"])
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
+def test_every_training_task_of_the_examples_has_an_exit_hook_cleaning_up_its_own_job(pipeline: Path) -> None:
+    manifest = _manifest(pipeline)
+    templates = {t["name"]: t for t in manifest["spec"]["templates"]}
+    tasks = _training_tasks(manifest)
+    assert tasks
+    for task, template in tasks:
+        hook = task["hooks"]["exit"]
+        hook_template = _template(hook, templates)
+        assert hook_template["container"]["command"][:2] == ["edl-argo", "cleanup"]
+        hook_job = {p["name"]: p["value"] for p in hook["arguments"]["parameters"]}["job-name"]
+        assert hook_job == _job_name(task, template) == "{{workflow.name}}-" + task["name"]
+
+
+@pytest.mark.parametrize("template_ref", [False, True], ids=["embedded", "template-ref"])
+def test_two_training_tasks_of_one_workflow_run_two_jobs_each_cleaned_up_by_its_hook(
+    template_ref: bool,
+) -> None:
+    with Workflow(generate_name="two-", entrypoint="main") as workflow, DAG(name="main"):
+        for name in ("train-small", "train-large"):
+            elastic_train(name, model_def="m.py", training_data="s3://d/train", template_ref=template_ref)
+    manifest = workflow.to_dict()
+    validate(manifest)
+    tasks = _training_tasks(manifest)
+    variables = dict(WORKFLOW_VARIABLES)
+    names = {substitute(_job_name(task, template), variables, "test") for task, template in tasks}
+    assert names == {"digits-x7k2p-train-small", "digits-x7k2p-train-large"}
+    hooks = {
+        p["value"]
+        for task, _ in tasks
+        for p in task["hooks"]["exit"]["arguments"]["parameters"]
+        if p["name"] == "job-name"
+    }
+    assert {substitute(h, variables, "test") for h in hooks} == names
+    if not template_ref:
+        assert [t["name"] for t in manifest["spec"]["templates"]].count("elastic-train-cleanup") == 1

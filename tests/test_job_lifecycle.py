@@ -6,11 +6,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from edl_argo.pods import find_free_port
+from tests.k8s_helpers import job_selector, role_rules
+from tests.k8s_stand_in import KubernetesStandIn
 from tests.test_master_failover import no_pods_left_behind, saved_state, train_command, training_progress
 
 
@@ -106,3 +110,117 @@ def test_pods_of_a_sigkilled_local_master_end_after_the_master_timeout(
     for worker in (0, 1):
         worker_log = next(run_dir.glob(f"pods/*/worker-{worker}.*/stderr")).read_text()
         assert "master_lost" in worker_log
+
+
+# -- Kubernetes (the stand-in) -------------------------------------------------------------------------
+
+
+def kubernetes_env(cluster: KubernetesStandIn, run_dir: Path) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "EDL_RUN_DIR": str(run_dir),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "EDL_KUBERNETES_API": cluster.url,
+    }
+    for name in ("EDL_POD_NAME", "EDL_POD_UID", "EDL_WORKFLOW_NAME", "EDL_WORKFLOW_UID", "POD_IP"):
+        env.pop(name, None)
+    return env
+
+
+KUBERNETES_FLAGS = ("--backend", "kubernetes", "--image", "edl-argo:test")
+
+
+def running_pods(cluster: KubernetesStandIn, job: str) -> list[str]:
+    return [
+        pod["metadata"]["name"]
+        for pod in cluster.objects("pods", job_selector(job))
+        if (pod.get("status") or {}).get("phase") in ("Pending", "Running")
+    ]
+
+
+def unrelated_objects(cluster: KubernetesStandIn) -> dict[str, list[str]]:
+    """Create objects of another job and of nobody, which a clean-up must leave alone; returns their names."""
+    other = {"app.kubernetes.io/name": "edl-argo", "app.kubernetes.io/instance": "failover-2"}
+    ps = {**other, "edl-argo/role": "ps", "edl-argo/id": "0"}
+    cluster.create(
+        "services", {"metadata": {"name": "failover-2-ps-0", "labels": ps}, "spec": {"ports": [{"port": 1}]}}
+    )
+    cluster.create("services", {"metadata": {"name": "unrelated"}, "spec": {"ports": [{"port": 1}]}})
+    cluster.create(
+        "networkpolicies",
+        {"metadata": {"name": "failover-2-grpc", "labels": other}, "spec": {"podSelector": {}}},
+    )
+    cluster.create("secrets", {"metadata": {"name": "edl-argo-storage"}, "stringData": {"a": "b"}})
+    return {
+        "services": ["failover-2-ps-0", "unrelated"],
+        "networkpolicies": ["failover-2-grpc"],
+        "secrets": ["edl-argo-storage"],
+    }
+
+
+def names(cluster: KubernetesStandIn, resource: str, selector: str = "") -> list[str]:
+    return sorted(o["metadata"]["name"] for o in cluster.objects(resource, selector))
+
+
+@pytest.mark.timeout(400)
+def test_the_exit_hook_of_a_stopped_step_removes_the_job_and_nothing_else(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "job"
+    with KubernetesStandIn(tmp_path / "k8s", echo_logs=False) as cluster:
+        cluster.enforce_rules(role_rules())
+        env = kubernetes_env(cluster, tmp_path / "run")
+        flags = (*KUBERNETES_FLAGS, "--ps-port", str(find_free_port()))
+        keep = unrelated_objects(cluster)
+        master = start_until_training(
+            train_command(digits_data, output, *flags), env, output, tmp_path / "master.log", 0.1
+        )
+        master.send_signal(signal.SIGTERM)  # argo stop: the step's container gets SIGTERM ...
+        assert master.wait(30) != 0
+        assert len(running_pods(cluster, "failover")) == 3  # ... and the master leaves its pods (adoption)
+        assert names(cluster, "networkpolicies", job_selector("failover")) == ["failover-grpc"]
+        hook = subprocess.run(
+            [str(Path(sys.executable).parent / "edl-argo"), "cleanup", "--job-name", "failover"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert hook.returncode == 0, hook.stderr[-3000:]
+        for resource in ("pods", "services", "networkpolicies"):
+            assert names(cluster, resource, job_selector("failover")) == [], resource
+        for resource, kept in keep.items():
+            assert set(kept) <= set(names(cluster, resource)), resource
+        deleted = {(c.resource, c.name) for c in cluster.calls if c.verb == "delete"}
+        assert {name for resource, name in deleted if resource == "pods"} == {
+            "failover-worker-0",
+            "failover-worker-1",
+            "failover-ps-0",
+        }
+        assert not {name for _, name in deleted} & {n for kept in keep.values() for n in kept}
+
+
+@pytest.mark.timeout(400)
+def test_pods_of_a_sigkilled_master_on_kubernetes_end_after_the_master_timeout(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "job"
+    timeout = 8
+    with KubernetesStandIn(tmp_path / "k8s", echo_logs=False) as cluster:
+        cluster.enforce_rules(role_rules())
+        env = kubernetes_env(cluster, tmp_path / "run")
+        flags = (*KUBERNETES_FLAGS, "--ps-port", str(find_free_port()), "--master-timeout", str(timeout))
+        master = start_until_training(
+            train_command(digits_data, output, *flags), env, output, tmp_path / "master.log", 0.1
+        )
+        assert len(running_pods(cluster, "failover")) == 3
+        master.kill()
+        master.wait()
+        killed = time.monotonic()
+        time.sleep(timeout / 2)
+        assert len(running_pods(cluster, "failover")) == 3, "the pods must wait --master-timeout for a master"
+        cluster.wait_for(
+            lambda: not running_pods(cluster, "failover"),
+            timeout + 30 - (time.monotonic() - killed),
+            "the pods to end",
+        )

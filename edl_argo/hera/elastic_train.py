@@ -25,7 +25,7 @@ from hera.workflows import Artifact, Container, Env, FieldEnv, Parameter, RetryP
 from hera.workflows.models import Backoff, ContainerPort, IntOrString, ResourceRequirements, ValueFrom
 
 from edl_argo.collective.flags import PARAMETER_SERVER, STRATEGIES
-from edl_argo.hera.container import IMAGE, STORAGE_SECRET, ModelDef, step_container
+from edl_argo.hera.container import IMAGE, STORAGE_SECRET, Image, ModelDef, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.step import Step, StepTask
 from edl_argo.pods.manifests import PORT_NAME, master_labels
@@ -46,6 +46,16 @@ MASTER_PORT = 2221
 MASTER_RETRIES = 2
 #: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed.
 RETRY_WHEN = 'lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2'
+#: The exit hook of every elastic-train task (:func:`elastic_train_cleanup`).
+CLEANUP_TEMPLATE = "elastic-train-cleanup"
+#: How often a clean-up that failed (API server trouble) is tried again.
+CLEANUP_RETRIES = 3
+#: The job-name input's default in the template; a task's own default is ``<workflow>-<task>``.
+DEFAULT_JOB_NAME = "{{workflow.name}}"
+JobName = Input(
+    "name of the job (its pods are <job>-worker-N); default <workflow>-<task>, one job per training task;"
+    " a name longer than 50 characters is shortened with a hash suffix"
+)
 #: The master's environment: its pod (downward API) and its workflow (the owner of the job's pods).
 POD_FIELDS = {"EDL_POD_NAME": "metadata.name", "EDL_POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
 WORKFLOW_ENV = {"EDL_WORKFLOW_NAME": "{{workflow.name}}", "EDL_WORKFLOW_UID": "{{workflow.uid}}"}
@@ -55,9 +65,7 @@ def elastic_train(
     name: str = "elastic-train",
     *,
     model_def: ModelDef,
-    job_name: Annotated[
-        Text, Input("name of the job (its pods are <job>-worker-N): one per training step of a workflow")
-    ] = "{{workflow.name}}",
+    job_name: Annotated[Text, JobName] = DEFAULT_JOB_NAME,
     training_data: Annotated[Text, Input("URL of the training shards (s3://bucket/prefix)")],
     validation_data: Annotated[Text, Input("URL of the validation shards; empty: no evaluation")] = "",
     master_state: Annotated[
@@ -117,8 +125,31 @@ def elastic_train(
     ``task.get_artifact("model")`` is the trained model (for :func:`~edl_argo.hera.evaluate` and
     :func:`~edl_argo.hera.predict`), ``task.get_parameter("metrics")`` its final metrics (JSON).
     ``template_ref``: reference the installed WorkflowTemplate instead of embedding the template.
+
+    The job is named after the workflow and the task (``<workflow>-<task>``) unless ``job_name`` says
+    otherwise, so two training tasks of one workflow run two jobs. The task gets an exit hook
+    (:func:`elastic_train_cleanup`) that deletes the job's pods, Services and NetworkPolicy once the task
+    has ended for good, whatever the outcome.
     """
-    return ELASTIC_TRAIN.task(name, locals(), template_ref)
+    values = dict(locals())
+    if job_name == DEFAULT_JOB_NAME:
+        values["job_name"] = job_name = f"{{{{workflow.name}}}}-{name}"
+    task = ELASTIC_TRAIN.task(name, values, template_ref)
+    cleanup = {"job_name": job_name, "image": image}
+    task.hooks = {"exit": ELASTIC_TRAIN_CLEANUP.hook(cleanup, template_ref)}
+    return task
+
+
+def elastic_train_cleanup(
+    name: str = CLEANUP_TEMPLATE,
+    *,
+    job_name: Annotated[Text, JobName] = DEFAULT_JOB_NAME,
+    image: Image = IMAGE,
+) -> None:
+    """The exit hook of an elastic-train task: ``edl-argo cleanup`` of its job (see
+    :mod:`edl_argo.pods.cleanup`). :func:`elastic_train` attaches it; this function only declares its
+    inputs."""
+    raise TypeError("elastic_train_cleanup is the exit hook elastic_train attaches; it is not a task")
 
 
 def _template(inputs: StepInputs) -> Container:
@@ -163,3 +194,21 @@ def _template(inputs: StepInputs) -> Container:
 
 
 ELASTIC_TRAIN = Step("elastic-train", WORKFLOW_TEMPLATE, elastic_train, _template)
+
+
+def _cleanup_template(inputs: StepInputs) -> Container:
+    return step_container(
+        CLEANUP_TEMPLATE,
+        inputs,
+        ["cleanup", "--backend", "kubernetes"],
+        service_account_name=SERVICE_ACCOUNT,
+        resources=ResourceRequirements(requests={"cpu": "100m", "memory": "256Mi"}),
+        retry_strategy=RetryStrategy(
+            limit=CLEANUP_RETRIES,
+            retry_policy=RetryPolicy.always,
+            backoff=Backoff(duration="10s", factor=IntOrString(2)),
+        ),
+    )
+
+
+ELASTIC_TRAIN_CLEANUP = Step(CLEANUP_TEMPLATE, WORKFLOW_TEMPLATE, elastic_train_cleanup, _cleanup_template)

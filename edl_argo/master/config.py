@@ -17,6 +17,7 @@ from edl_argo.pods.kubernetes_config import (
     add_kubernetes_flags,
     kubernetes_config_from_args,
 )
+from edl_argo.pods.manifests import fit_job_name
 from edl_argo.rpc.master_watch import DEFAULT_MASTER_TIMEOUT_SECONDS, add_master_timeout_flag
 
 #: ``--nan-loss``: what a worker does with a minibatch whose loss is NaN or infinite. ``fail``: the job
@@ -230,6 +231,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values["job_name"] = args.job_name or f"edl-{uuid.uuid4().hex[:8]}"
+    if args.backend == "kubernetes":
+        values["job_name"] = fit_job_name(values["job_name"])  # <workflow>-<task> may be too long
     if args.distribution_strategy == ALLREDUCE:
         values["num_ps"] = 0
     if args.yaml and args.backend != "kubernetes":

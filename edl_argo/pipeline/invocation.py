@@ -189,9 +189,13 @@ def _deadline(template: Template, scope: Mapping[str, str], where: str) -> float
         raise ConfigError(f"{where}: activeDeadlineSeconds {text!r} is not a number of seconds") from None
 
 
+#: The commands whose pods run on the ``--backend`` they are given.
+_BACKEND_COMMANDS = (["edl-argo", "train"], ["edl-argo", "cleanup"])
+
+
 def _on_this_machine(argv: list[str]) -> list[str]:
-    """``edl-argo train`` with its pods run by the local backend (``--backend local``)."""
-    if argv[:2] != ["edl-argo", "train"]:
+    """``edl-argo train`` (and ``cleanup``) with pods of the local backend (``--backend local``)."""
+    if argv[:2] not in _BACKEND_COMMANDS:
         return argv
     local = [f"--backend={LOCAL_BACKEND}" if a.startswith("--backend=") else a for a in argv]
     for i, argument in enumerate(local[:-1]):

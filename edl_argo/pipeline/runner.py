@@ -120,6 +120,8 @@ class LocalRunner:
         results: dict[str, StepResult] = {}
         for task in self.plan.tasks:
             results[task.name] = self._omission(task, results) or self._run_task(task)
+            if task.exit_hook is not None and results[task.name].phase is not Phase.OMITTED:
+                results[task.exit_hook.name] = self._run_task(task.exit_hook)
         result = RunResult(self.name, self.folder, list(results.values()), time.monotonic() - started)
         failed = result.failed
         if failed is None:

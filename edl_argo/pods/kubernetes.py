@@ -82,11 +82,14 @@ from edl_argo.pods.base import (
     admit_start,
     pod_name,
 )
+from edl_argo.pods.cleanup import delete_job_objects, job_objects
 from edl_argo.pods.event_queue import EventQueue
 from edl_argo.pods.kubernetes_api import (
     API_URL_ENV,
     CONNECTION_ERRORS,
     REQUEST_SECONDS,
+    RETRY_FIRST_SECONDS,
+    RETRY_MAX_SECONDS,
     JobApi,
     api_message,
     load_api_client,
@@ -100,8 +103,6 @@ log = get_logger(__name__)
 
 #: Server-side duration of one watch request; the watch then resumes from its last resourceVersion.
 WATCH_SECONDS = 240
-#: Backoff of retried API calls: first delay, doubled up to the maximum.
-RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.2, 10.0
 #: How long :meth:`KubernetesBackend.close` waits beyond the grace period for the pods to be gone.
 CLOSE_EXTRA_SECONDS = 30.0
 #: API statuses worth retrying a creation on (quota, admission, throttling, server trouble).
@@ -517,25 +518,15 @@ class KubernetesBackend(PodBackend):
         """Delete every pod and Service of the job, and its NetworkPolicy; returns ``kind/name`` of the pods
         and Services that still exist."""
         try:
-            for pod in self._job_pods():
-                self._delete_pod(pod["metadata"]["name"], pod["metadata"]["uid"], grace_seconds)
-            for service in self._api.list_services():
-                self._api.delete_service(service["metadata"]["name"])
-            self._api.delete_network_policy(manifests.network_policy_name(self.job_name))
+            delete_job_objects(self._api, self.job_name, grace_seconds)
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("job_delete_failed", job=self.job_name, error=str(error))
         return self._list_everything()
 
-    def _job_pods(self) -> list[dict[str, Any]]:
-        """The job's worker and PS pods (not the master's own pod, which carries the job's labels too)."""
-        pods: list[dict[str, Any]] = self._api.list_pods()["items"]
-        return [pod for pod in pods if manifests.pod_key(pod["metadata"].get("labels")) is not None]
-
     def _list_everything(self) -> list[str]:
         """``kind/name`` of every pod and Service of the job (``["?"]`` if the API cannot tell)."""
         try:
-            pods = [f"pod/{p['metadata']['name']}" for p in self._job_pods()]
-            return pods + [f"service/{s['metadata']['name']}" for s in self._api.list_services()]
+            return job_objects(self._api)
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("job_list_failed", job=self.job_name, error=str(error))
             return ["?"]

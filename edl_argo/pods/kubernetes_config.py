@@ -201,7 +201,7 @@ def kubernetes_config_from_args(
         raise ConfigError(f"--ps-port {args.ps_port}: the last PS would listen on {last_port}, past 65535")
     return KubernetesConfig(
         image=args.image,
-        namespace=_namespace(args.namespace),
+        namespace=namespace_from_flag(args.namespace),
         image_pull_policy=args.image_pull_policy,
         service_account=_dns_name(args.service_account, "--service-account"),
         worker=_role_settings(args, "worker"),
@@ -336,7 +336,8 @@ def _role_settings(args: argparse.Namespace, role: str) -> RoleSettings:
     return RoleSettings(requests, limits, priority)
 
 
-def _namespace(flag_value: str) -> str:
+def namespace_from_flag(flag_value: str) -> str:
+    """``--namespace``'s value, else the namespace of this pod's service account, else ``default``."""
     namespace = flag_value
     if not namespace and SERVICE_ACCOUNT_NAMESPACE_FILE.is_file():
         namespace = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip()

@@ -23,6 +23,7 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from typing import Any
 
@@ -78,6 +79,16 @@ FIELD_ENV = (
 #: Longest job name: ``<job>-worker-99999`` must stay a 63-character DNS label (it is the hostname).
 MAX_JOB_NAME = 63 - len("-worker-99999")
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def fit_job_name(job_name: str) -> str:
+    """``job_name`` if it has at most :data:`MAX_JOB_NAME` characters, else its beginning and a hash of the
+    whole name (``<first 41>-<8 hex>``): the same long name always gives the same short one, so a retried
+    master and the step's exit hook find the job's pods."""
+    if len(job_name) <= MAX_JOB_NAME:
+        return job_name
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
+    return f"{job_name[: MAX_JOB_NAME - len(digest) - 1].rstrip('-')}-{digest}"
 
 
 def validate_job_name(job_name: str) -> str:
