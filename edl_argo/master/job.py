@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from edl_argo.addresses import join_host_port
 from edl_argo.collective.learning_rate import check_world_size_scaling
 from edl_argo.collective.membership import max_state_difference, member_states
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
@@ -242,15 +243,17 @@ class TrainingJob:
         # A restarted master serves where the workers it adopts expect it.
         wanted = int(self._saved["master_port"]) if self._saved is not None else self.config.master_port
         try:
-            port = self._server.add_insecure_port(f"{self.host}:{wanted}")
+            port = self._server.add_insecure_port(join_host_port(self.host, wanted))
         except RuntimeError:
             port = 0
         if not port or (wanted and port != wanted):
-            raise JobFailedError(f"the master cannot serve on {self.host}:{wanted}: the port is taken")
+            raise JobFailedError(
+                f"the master cannot serve on {join_host_port(self.host, wanted)}: the port is taken"
+            )
         self._master_port = port
         self._server.start()
-        self._master_address = self.backend.expose_master(f"{self.host}:{port}")
-        register_master(self.config.job_name, f"{self.host}:{port}")
+        self._master_address = self.backend.expose_master(join_host_port(self.host, port))
+        register_master(self.config.job_name, join_host_port(self.host, port))
         log.info("master_started", job=self.config.job_name, address=self._master_address)
 
     def run(self) -> dict[str, Any]:
@@ -571,7 +574,7 @@ def run_train(args: Any) -> int:
 
 def _default_backend(config: TrainConfig) -> PodBackend:
     if config.backend != "kubernetes":
-        return LocalProcessBackend(config.job_name)
+        return LocalProcessBackend(config.job_name, host=pod_host())
     if config.kubernetes is None:
         raise ConfigError("--backend kubernetes needs its settings (TrainConfig.kubernetes)")
     from edl_argo.pods.kubernetes import KubernetesBackend  # the client is slow to import: only when used

@@ -67,6 +67,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from edl_argo.addresses import join_host_port, split_host_port
 from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.pods import manifests
@@ -242,7 +243,7 @@ class KubernetesBackend(PodBackend):
         return sorted(adopted, key=lambda status: (status.role.value, status.pod_id))
 
     def expose_master(self, address: str) -> str:
-        port = int(address.rpartition(":")[2])
+        port = split_host_port(address)[1]
         own_pod, labels = os.environ.get("EDL_POD_NAME", ""), {}
         if own_pod:
             try:
@@ -269,7 +270,7 @@ class KubernetesBackend(PodBackend):
         if service is None:
             log.warning("master_service_failed", job=self.job_name, error=problem)
             return address
-        stable = f"{service['spec']['clusterIP']}:{port}"
+        stable = join_host_port(service["spec"]["clusterIP"], port)
         log.info("master_service", job=self.job_name, service=body["metadata"]["name"], address=stable)
         return stable
 
@@ -481,9 +482,9 @@ class KubernetesBackend(PodBackend):
         if host == "None":  # headless (not one of ours): its DNS name
             host = f"{service['metadata']['name']}.{self.config.namespace}.svc"
         with self._lock:
-            self._addresses[key[1]] = f"{host}:{port}"
+            address = self._addresses[key[1]] = join_host_port(host, port)
             self._ports.setdefault(key, port)
-        return f"{host}:{port}"
+        return address
 
     # -- deletion --------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from edl_argo import log
+from edl_argo.addresses import join_host_port
 from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
@@ -101,7 +102,7 @@ def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tup
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port."""
     server = make_server(SERVER_THREADS)
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
-    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    address = join_host_port(host, port)
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError:
@@ -109,7 +110,7 @@ def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tup
     if bound == 0:
         raise ConfigError(f"cannot listen on {address}: the address is in use or not local")
     server.start()
-    _log.info("ps_started", address=address.rsplit(":", 1)[0] + f":{bound}", version=servicer.version)
+    _log.info("ps_started", address=join_host_port(host, bound), version=servicer.version)
     return server, bound
 
 
