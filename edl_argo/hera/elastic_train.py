@@ -58,7 +58,13 @@ JobName = Input(
 )
 #: The master's environment: its pod (downward API) and its workflow (the owner of the job's pods).
 POD_FIELDS = {"EDL_POD_NAME": "metadata.name", "EDL_POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
-WORKFLOW_ENV = {"EDL_WORKFLOW_NAME": "{{workflow.name}}", "EDL_WORKFLOW_UID": "{{workflow.uid}}"}
+WORKFLOW_ENV = {
+    "EDL_WORKFLOW_NAME": "{{workflow.name}}",
+    "EDL_WORKFLOW_UID": "{{workflow.uid}}",
+    "EDL_NODE_NAME": "{{node.name}}",
+}
+#: The exit hook's: what identifies the step whose job it removes (``manifests.step_identity``).
+STEP_ENV = {name: WORKFLOW_ENV[name] for name in ("EDL_WORKFLOW_UID", "EDL_NODE_NAME")}
 
 
 def elastic_train(
@@ -202,6 +208,7 @@ def _cleanup_template(inputs: StepInputs) -> Container:
         inputs,
         ["cleanup", "--backend", "kubernetes"],
         service_account_name=SERVICE_ACCOUNT,
+        env=[Env(name=name, value=value) for name, value in STEP_ENV.items()],
         resources=ResourceRequirements(requests={"cpu": "100m", "memory": "256Mi"}),
         retry_strategy=RetryStrategy(
             limit=CLEANUP_RETRIES,

@@ -70,6 +70,8 @@ class Context:
     artifact_keys: Mapping[str, str]
     """``tasks.<task>.outputs.artifacts.<name>`` -> where the runner saved that artifact."""
     pod_name: str
+    node_name: str
+    """``{{node.name}}``: ``<workflow>.<task>`` (an exit hook's task is ``<task>.onExit``)."""
     sandbox: Path
     image_home: Path
 
@@ -94,6 +96,7 @@ def invoke(task: PlannedTask, context: Context) -> Invocation:
         **context.scope,
         **paths,
         "pod.name": context.pod_name,
+        "node.name": context.node_name,
         **{f"inputs.parameters.{name}": value for name, value in parameters.items()},
     }
     container = substitute(template.container.model_dump(by_alias=True, exclude_none=True), scope, where)

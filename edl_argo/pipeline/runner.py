@@ -183,7 +183,8 @@ class LocalRunner:
         return Context(
             scope=self.scope,
             artifact_keys=self.artifact_keys,
-            pod_name=f"{self.name}-{task.name}",
+            pod_name=f"{self.name}-{task.name}".replace(".", "-"),
+            node_name=f"{self.name}.{task.name}",
             sandbox=self.folder / "steps" / task.name,
             image_home=self.image_home,
         )

@@ -9,12 +9,15 @@ job (the PSes' and the master's) and the NetworkPolicy ``<job>-grpc``; never the
 step's, which Argo owns) nor anything else. It then waits, up to ``--timeout`` seconds, until the pods and
 Services are gone. With ``--backend local`` (the local pipeline runner) it stops the job's local pods.
 Exit status: 0 when nothing of the job is left, 1 when something is, 2 for a
-misconfiguration (no API server, a refusal such as a missing RBAC grant).
+misconfiguration (no API server, a refusal such as a missing RBAC grant). In Argo (``EDL_WORKFLOW_UID`` and
+``EDL_NODE_NAME`` set, as the hook's template does) only the objects of the hook's own step go
+(label ``edl-argo/step``): a task that shares its job name with another never removes the other's pods.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -43,9 +46,24 @@ def job_objects(api: Any) -> list[str]:
     return pods + [f"service/{service['metadata']['name']}" for service in api.list_services()]
 
 
-def delete_job_objects(api: Any, job_name: str, grace_seconds: float | None = None) -> None:
+def objects_of_other_steps(api: Any, step: str) -> list[str]:
+    """``kind/name`` of the objects that ``api`` (selecting a job name, whatever the step) lists and that
+    belong to another step than ``step`` (their :data:`~edl_argo.pods.manifests.STEP_LABEL` differs). The
+    master's own pod, which Argo labels with the job name only, is not one of them."""
+    found = [("pod", pod) for pod in job_pods(api)] + [("service", s) for s in api.list_services()]
+    return [
+        f"{kind}/{obj['metadata']['name']}"
+        for kind, obj in found
+        if (obj["metadata"].get("labels") or {}).get(manifests.STEP_LABEL, "") != step
+    ]
+
+
+def delete_job_objects(
+    api: Any, job_name: str, grace_seconds: float | None = None, network_policy: bool = True
+) -> None:
     """Ask the API to delete the job's pods (each with ``grace_seconds``, default its role's grace period),
-    its Services and its NetworkPolicy. API errors are the client's (see :class:`JobApi`)."""
+    its Services and (``network_policy``) its NetworkPolicy. API errors are the client's (see
+    :class:`JobApi`)."""
     for pod in job_pods(api):
         key = manifests.pod_key(pod["metadata"].get("labels"))
         assert key is not None
@@ -53,16 +71,28 @@ def delete_job_objects(api: Any, job_name: str, grace_seconds: float | None = No
         api.delete_pod(pod["metadata"]["name"], pod["metadata"]["uid"], grace)
     for service in api.list_services():
         api.delete_service(service["metadata"]["name"])
-    api.delete_network_policy(manifests.network_policy_name(job_name))
+    if network_policy:
+        api.delete_network_policy(manifests.network_policy_name(job_name))
 
 
-def clean_up(api: Any, job_name: str, timeout_seconds: float) -> list[str]:
-    """Delete the job's objects and wait until they are gone; returns what is left after the timeout."""
+def clean_up(api: Any, any_step: Any, job_name: str, step: str, timeout_seconds: float) -> list[str]:
+    """Delete the objects of the job's ``step`` (``api`` selects them; ``any_step`` selects the job name
+    whatever the step) and wait until they are gone; returns what is left after the timeout. The
+    NetworkPolicy, which carries the job name only, stays while another step's objects use that name."""
     from edl_argo.pods.kubernetes_api import retry_transient
 
     deadline = time.monotonic() + timeout_seconds
     found = retry_transient(lambda: job_objects(api), "list the job's objects", deadline)
-    retry_transient(lambda: delete_job_objects(api, job_name), "delete the job's objects", deadline)
+    others = retry_transient(lambda: objects_of_other_steps(any_step, step), "list other steps", deadline)
+    if others:
+        log.warning(
+            "network_policy_kept", job=job_name, reason="used by another step", objects=",".join(others)
+        )
+    retry_transient(
+        lambda: delete_job_objects(api, job_name, network_policy=not others),
+        "delete the job's objects",
+        deadline,
+    )
     remaining = found
     while remaining and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -96,13 +126,15 @@ def run_cleanup(args: argparse.Namespace) -> int:
     from kubernetes.client.rest import ApiException
 
     from edl_argo.pods.kubernetes_api import CONNECTION_ERRORS, JobApi, api_message, load_api_client
-    from edl_argo.pods.kubernetes_config import namespace_from_flag
+    from edl_argo.pods.kubernetes_config import namespace_from_flag, step_from_env
 
     namespace = namespace_from_flag(args.namespace)
+    step = step_from_env(os.environ)
     client = load_api_client()
     try:
-        api = JobApi(client, namespace, manifests.job_selector(job_name))
-        remaining = clean_up(api, job_name, args.timeout)
+        api = JobApi(client, namespace, manifests.job_selector(job_name, step))
+        any_step = JobApi(client, namespace, manifests.job_selector(job_name))
+        remaining = clean_up(api, any_step, job_name, step, args.timeout)
     except ApiException as error:
         raise ConfigError(
             f"cleanup of job {job_name} in namespace {namespace}: {api_message(error)} (the step's service"

@@ -55,6 +55,7 @@ deleted as one of the job's pods (its role is ``master``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -83,7 +84,7 @@ from edl_argo.pods.base import (
     admit_start,
     pod_name,
 )
-from edl_argo.pods.cleanup import delete_job_objects, job_objects
+from edl_argo.pods.cleanup import delete_job_objects, job_objects, objects_of_other_steps
 from edl_argo.pods.event_queue import EventQueue
 from edl_argo.pods.kubernetes_api import (
     API_URL_ENV,
@@ -173,7 +174,7 @@ class KubernetesBackend(PodBackend):
         self.config = config
         self._client = api if api is not None else load_api_client()
         self._own_client = api is None
-        self._api = JobApi(self._client, config.namespace, manifests.job_selector(job_name))
+        self._api = JobApi(self._client, config.namespace, manifests.job_selector(job_name, config.step))
         self._lock = threading.Lock()
         self._pods: dict[_PodKey, _Pod] = {}
         self._stale_uids: dict[_PodKey, deque[str]] = {}
@@ -188,6 +189,15 @@ class KubernetesBackend(PodBackend):
         self._closing = threading.Event()  # set by close: creators stop retrying
         self._unwatch = threading.Event()  # set once close no longer needs the watch
         try:
+            others = objects_of_other_steps(
+                JobApi(self._client, config.namespace, manifests.job_selector(job_name)), config.step
+            )
+            if others:
+                raise ConfigError(
+                    f"--job-name {job_name}: namespace {config.namespace} holds {', '.join(others)} of"
+                    f" another step of that job name (label {manifests.STEP_LABEL}); give each training task"
+                    " its own job name"
+                )
             for service in self._api.list_services():
                 self._remember_service(service)
             resource_version = self._relist()
@@ -198,6 +208,11 @@ class KubernetesBackend(PodBackend):
             ) from None
         except CONNECTION_ERRORS as error:
             raise JobFailedError(f"--backend kubernetes: cannot reach the Kubernetes API: {error}") from None
+        own_pod = self._read_own_pod()
+        if not config.image_pull_secrets and own_pod is not None:
+            secrets = (own_pod.get("spec") or {}).get("imagePullSecrets") or []
+            names = tuple(secret["name"] for secret in secrets if secret.get("name"))
+            self.config = config = dataclasses.replace(config, image_pull_secrets=names)
         self._create_network_policy()
         self._watcher = threading.Thread(
             target=self._watch, args=(resource_version,), name=f"{job_name}-watch", daemon=True
@@ -244,12 +259,8 @@ class KubernetesBackend(PodBackend):
 
     def expose_master(self, address: str) -> str:
         port = split_host_port(address)[1]
-        own_pod, labels = os.environ.get("EDL_POD_NAME", ""), {}
-        if own_pod:
-            try:
-                labels = self._api.read_pod(own_pod)["metadata"].get("labels") or {}
-            except (ApiException, *CONNECTION_ERRORS) as error:
-                log.warning("master_pod_unreadable", job=self.job_name, pod=own_pod, error=str(error))
+        own_pod = os.environ.get("EDL_POD_NAME", "")
+        labels = ((self._read_own_pod() or {}).get("metadata") or {}).get("labels") or {}
         wanted = manifests.master_labels(self.job_name)
         if any(labels.get(key) != value for key, value in wanted.items()):
             log.info(
@@ -355,6 +366,19 @@ class KubernetesBackend(PodBackend):
             log.warning("pods_left_after_close", job=self.job_name, objects=",".join(remaining))
         if self._own_client:
             self._client.close()
+
+    def _read_own_pod(self) -> dict[str, Any] | None:
+        """The master's own pod (``EDL_POD_NAME``), whose labels and imagePullSecrets the job uses; None
+        outside a pod or if it cannot be read (logged)."""
+        own_pod = os.environ.get("EDL_POD_NAME", "")
+        if not own_pod:
+            return None
+        try:
+            pod: dict[str, Any] = self._api.read_pod(own_pod)
+            return pod
+        except (ApiException, *CONNECTION_ERRORS) as error:
+            log.warning("master_pod_unreadable", job=self.job_name, pod=own_pod, error=str(error))
+            return None
 
     # -- creation --------------------------------------------------------------------------------
 
