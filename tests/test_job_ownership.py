@@ -168,3 +168,86 @@ def test_worker_and_ps_pods_inherit_the_masters_image_pull_secrets_and_keep_thei
     finally:
         backend.close(grace_seconds=1)
         stand_in.delete("pods", master_pod)
+
+
+# -- transient API errors at start ---------------------------------------------------------------------
+
+
+def start_backend(url: str, monkeypatch: pytest.MonkeyPatch) -> KubernetesBackend:
+    monkeypatch.setenv(API_URL_ENV, url)
+    monkeypatch.delenv("EDL_POD_NAME", raising=False)
+    return KubernetesBackend(
+        f"start-{uuid.uuid4().hex[:6]}", KubernetesConfig(image="img", ps_port=find_free_port())
+    )
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_throttling_and_server_errors_at_start_are_retried(
+    stand_in: KubernetesStandIn, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    before = len(stand_in.calls)
+    stand_in.fail_requests("list", "pods", status, "slow down", count=2)
+    stand_in.fail_requests("list", "services", status, "slow down", count=2)
+    stand_in.fail_requests("create", "networkpolicies", status, "slow down", count=2)
+    backend = start_backend(stand_in.url, monkeypatch)
+    try:
+        calls = stand_in.calls[before:]
+        for verb, resource in (("list", "pods"), ("list", "services"), ("create", "networkpolicies")):
+            statuses = [c.status for c in calls if (c.verb, c.resource) == (verb, resource)]
+            assert statuses.count(status) == 2 and statuses[-1] in (200, 201), (resource, statuses)
+        assert stand_in.objects("networkpolicies", job_selector(backend.job_name))
+    finally:
+        backend.close(grace_seconds=1)
+        stand_in.clear_failures()
+
+
+def test_refused_connections_at_start_are_retried_until_the_api_server_is_up(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    port = find_free_port()
+    started: list[KubernetesBackend | BaseException] = []
+
+    def start() -> None:
+        try:
+            started.append(start_backend(f"http://127.0.0.1:{port}", monkeypatch))
+        except BaseException as error:  # surfaced below
+            started.append(error)
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    time.sleep(2.0)  # the API server is down: connections are refused
+    assert not started
+    with KubernetesStandIn(tmp_path / "k8s", echo_logs=False, port=port) as server:
+        thread.join(60)
+        (backend,) = started
+        assert isinstance(backend, KubernetesBackend), backend
+        assert server.objects("networkpolicies", job_selector(backend.job_name))
+        backend.close(grace_seconds=1)
+
+
+def test_a_refusal_at_start_is_a_misconfiguration_and_lasting_trouble_a_failure(
+    stand_in: KubernetesStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edl_argo.errors import JobFailedError
+    from edl_argo.pods import kubernetes
+
+    stand_in.fail_requests("list", "pods", 403, 'pods is forbidden: User "x" cannot list resource "pods"')
+    with pytest.raises(
+        ConfigError, match=r"cannot list the job's pods and services in namespace default: 403 .*rbac.yaml"
+    ):
+        start_backend(stand_in.url, monkeypatch)
+    stand_in.fail_requests("list", "services", 404, 'namespaces "nowhere" not found')
+    with pytest.raises(
+        ConfigError, match=r"cannot list the job's pods and services in namespace default: 404"
+    ):
+        start_backend(stand_in.url, monkeypatch)
+    monkeypatch.setattr(kubernetes, "START_RETRY_SECONDS", 1.5)
+    stand_in.fail_requests("list", "pods", 503, "etcd is down", count=1000)
+    try:
+        with pytest.raises(JobFailedError, match=r"still answers 503 etcd is down after 2 s of retries"):
+            start_backend(stand_in.url, monkeypatch)
+    finally:
+        stand_in.clear_failures()

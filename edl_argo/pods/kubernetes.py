@@ -60,7 +60,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,8 +93,11 @@ from edl_argo.pods.kubernetes_api import (
     RETRY_FIRST_SECONDS,
     RETRY_MAX_SECONDS,
     JobApi,
+    Result,
     api_message,
+    is_transient,
     load_api_client,
+    retry_transient,
 )
 from edl_argo.pods.kubernetes_config import KubernetesConfig
 from edl_argo.pods.kubernetes_status import PodObservation, observe_pod
@@ -105,6 +108,8 @@ log = get_logger(__name__)
 
 #: Server-side duration of one watch request; the watch then resumes from its last resourceVersion.
 WATCH_SECONDS = 240
+#: How long the constructor retries transient API failures (429, 5xx, no connection) before giving up.
+START_RETRY_SECONDS = 120.0
 #: How long :meth:`KubernetesBackend.close` waits beyond the grace period for the pods to be gone.
 CLOSE_EXTRA_SECONDS = 30.0
 #: API statuses worth retrying a creation on (quota, admission, throttling, server trouble).
@@ -162,11 +167,14 @@ class KubernetesBackend(PodBackend):
         config: image, namespace, resources, owner, ... of the pods.
         api: the API client; default :func:`load_api_client`. A client passed in is not closed.
 
-    The constructor lists the job's existing pods and Services (adoption) and starts the watch thread.
+    The constructor lists the job's existing pods and Services (adoption) and starts the watch thread;
+    throttling (429), server errors (5xx) and lost connections meanwhile are retried with backoff for
+    :data:`START_RETRY_SECONDS` (an API server restarting).
 
     Raises:
-        ConfigError: an invalid job name, no API server configured, or one that refuses to list pods.
-        JobFailedError: the API server cannot be reached.
+        ConfigError: an invalid job name, no API server configured, one that refuses a request (403 RBAC,
+            404 unknown namespace, 422 invalid object), or a job name used by another step.
+        JobFailedError: the API server kept failing or could not be reached for START_RETRY_SECONDS.
     """
 
     def __init__(self, job_name: str, config: KubernetesConfig, api: k8s.ApiClient | None = None) -> None:
@@ -188,32 +196,7 @@ class KubernetesBackend(PodBackend):
         self._close_done = False
         self._closing = threading.Event()  # set by close: creators stop retrying
         self._unwatch = threading.Event()  # set once close no longer needs the watch
-        try:
-            others = objects_of_other_steps(
-                JobApi(self._client, config.namespace, manifests.job_selector(job_name)), config.step
-            )
-            if others:
-                raise ConfigError(
-                    f"--job-name {job_name}: namespace {config.namespace} holds {', '.join(others)} of"
-                    f" another step of that job name (label {manifests.STEP_LABEL}); give each training task"
-                    " its own job name"
-                )
-            for service in self._api.list_services():
-                self._remember_service(service)
-            resource_version = self._relist()
-        except ApiException as error:
-            raise ConfigError(
-                f"--backend kubernetes: cannot list the pods of namespace {config.namespace}:"
-                f" {api_message(error)} (the master's service account needs templates/rbac.yaml)"
-            ) from None
-        except CONNECTION_ERRORS as error:
-            raise JobFailedError(f"--backend kubernetes: cannot reach the Kubernetes API: {error}") from None
-        own_pod = self._read_own_pod()
-        if not config.image_pull_secrets and own_pod is not None:
-            secrets = (own_pod.get("spec") or {}).get("imagePullSecrets") or []
-            names = tuple(secret["name"] for secret in secrets if secret.get("name"))
-            self.config = config = dataclasses.replace(config, image_pull_secrets=names)
-        self._create_network_policy()
+        resource_version = self._start_up()
         self._watcher = threading.Thread(
             target=self._watch, args=(resource_version,), name=f"{job_name}-watch", daemon=True
         )
@@ -374,7 +357,9 @@ class KubernetesBackend(PodBackend):
         if not own_pod:
             return None
         try:
-            pod: dict[str, Any] = self._api.read_pod(own_pod)
+            pod: dict[str, Any] = retry_transient(
+                lambda: self._api.read_pod(own_pod), "read the master's pod", time.monotonic() + 30
+            )
             return pod
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("master_pod_unreadable", job=self.job_name, pod=own_pod, error=str(error))
@@ -525,19 +510,57 @@ class KubernetesBackend(PodBackend):
             log.warning("pod_delete_failed", job=self.job_name, pod=name, attempt=attempt + 1, error=problem)
             time.sleep(RETRY_FIRST_SECONDS * 2**attempt)
 
-    def _create_network_policy(self) -> None:
-        """Create the job's NetworkPolicy (see the module docstring); a refusal is a one-line error."""
-        body = manifests.network_policy_manifest(self.job_name, self.config)
-        try:
-            self._api.create_network_policy(body)
-        except ApiException as error:
+    def _start_up(self) -> str:
+        """What the constructor asks the API (see the module docstring): refuse another step's job name,
+        adopt the job's Services and pods, read the master's own pod, create the NetworkPolicy. Returns the
+        pods' resourceVersion. Transient failures are retried until :data:`START_RETRY_SECONDS` have
+        passed, then :class:`JobFailedError`; a refusal (403, an unknown namespace, an invalid object) is a
+        :class:`ConfigError` at once."""
+        config, deadline = self.config, time.monotonic() + START_RETRY_SECONDS
+        any_step = JobApi(self._client, config.namespace, manifests.job_selector(self.job_name))
+        others = self._starting(
+            lambda: objects_of_other_steps(any_step, config.step),
+            "list the job's pods and services",
+            deadline,
+        )
+        if others:
             raise ConfigError(
-                f"--backend kubernetes: cannot create NetworkPolicy {body['metadata']['name']} in namespace"
-                f" {self.config.namespace}: {api_message(error)} (the master's service account needs"
-                " templates/rbac.yaml)"
+                f"--job-name {self.job_name}: namespace {config.namespace} holds {', '.join(others)} of"
+                f" another step of that job name (label {manifests.STEP_LABEL}); give each training task its"
+                " own job name"
+            )
+        for service in self._starting(self._api.list_services, "list services", deadline):
+            self._remember_service(service)
+        resource_version = self._starting(self._relist, "list pods", deadline)
+        own_pod = self._read_own_pod()
+        if not config.image_pull_secrets and own_pod is not None:
+            secrets = (own_pod.get("spec") or {}).get("imagePullSecrets") or []
+            names = tuple(secret["name"] for secret in secrets if secret.get("name"))
+            self.config = dataclasses.replace(config, image_pull_secrets=names)
+        policy = manifests.network_policy_manifest(self.job_name, self.config)
+        what = f"create NetworkPolicy {policy['metadata']['name']}"
+        self._starting(lambda: self._api.create_network_policy(policy), what, deadline)
+        return resource_version
+
+    def _starting(self, call: Callable[[], Result], action: str, deadline: float) -> Result:
+        """``call()`` at start-up, retried as :meth:`_start_up` says, its failure a one-line error."""
+        try:
+            return retry_transient(call, action, deadline)
+        except ApiException as error:
+            if is_transient(error):
+                raise JobFailedError(
+                    f"--backend kubernetes: the Kubernetes API still answers {api_message(error)} after"
+                    f" {START_RETRY_SECONDS:.0f} s of retries to {action}"
+                ) from None
+            raise ConfigError(
+                f"--backend kubernetes: cannot {action} in namespace {self.config.namespace}:"
+                f" {api_message(error)} (the master's service account needs templates/rbac.yaml)"
             ) from None
         except CONNECTION_ERRORS as error:
-            raise JobFailedError(f"--backend kubernetes: cannot reach the Kubernetes API: {error}") from None
+            raise JobFailedError(
+                f"--backend kubernetes: cannot reach the Kubernetes API after {START_RETRY_SECONDS:.0f} s of"
+                f" retries to {action}: {type(error).__name__}"
+            ) from None
 
     def _delete_everything(self, grace_seconds: float) -> list[str]:
         """Delete every pod and Service of the job, and its NetworkPolicy; returns ``kind/name`` of the pods
