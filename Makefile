@@ -56,6 +56,7 @@ demo: $(STAMP)
 
 templates: $(STAMP)
 	$(BIN)/edl-argo templates render
+	$(BIN)/edl-argo templates render --components examples/cluster --output examples/cluster
 
 bench: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md

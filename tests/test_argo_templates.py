@@ -28,6 +28,7 @@ from edl_argo.pipeline.variables import substitute
 from tests.manifests import ARGO, ROOT, load_documents, schema_errors, validate
 
 TEMPLATES = ROOT / "templates"
+CLUSTER_EXAMPLES = ROOT / "examples" / "cluster"
 PIPELINES = sorted((ROOT / "examples" / "pipelines").glob("*.py"))
 HERA_CLASSES = {"Workflow": Workflow, "WorkflowTemplate": WorkflowTemplate}
 #: Values for the required parameters of the steps (the others have defaults).
@@ -44,7 +45,10 @@ WORKFLOW_VARIABLES = {"workflow.name": "digits-x7k2p", "workflow.uid": "0f6c1d",
 def rendered_documents() -> list[tuple[str, dict[str, Any]]]:
     """(source, manifest) of every file in templates/ and of every example pipeline."""
     documents = [
-        (path.name, doc) for path in sorted(TEMPLATES.glob("*.yaml")) for doc in load_documents(path)
+        (path.name, doc)
+        for folder in (TEMPLATES, CLUSTER_EXAMPLES)
+        for path in sorted(folder.glob("*.yaml"))
+        for doc in load_documents(path)
     ]
     documents += [(path.name, _manifest(path)) for path in PIPELINES]
     return documents
@@ -78,6 +82,22 @@ def test_templates_are_rendered_from_the_current_components() -> None:
     assert stale_files(render(ROOT / "components"), TEMPLATES) == [], (
         "templates/ is stale: run `make templates`"
     )
+    assert stale_files(render(CLUSTER_EXAMPLES), CLUSTER_EXAMPLES) == [], (
+        "examples/cluster/ is stale: run `make templates`"
+    )
+
+
+def test_templates_install_only_edl_argos_own_objects() -> None:
+    """`kubectl apply -f templates/` must not replace a namespace's settings (its artifact repository, its
+    Secrets): every object is edl-argo's, named edl-argo-*."""
+    for path in sorted(TEMPLATES.glob("*.yaml")):
+        for document in load_documents(path):
+            meta = document["metadata"]
+            assert document["kind"] not in ("ConfigMap", "Secret"), f"{path.name}: {document['kind']}"
+            assert meta["labels"]["app.kubernetes.io/part-of"] == "edl-argo", path.name
+            assert meta["name"].startswith("edl-argo-"), f"{path.name}: {meta['name']}"
+    (minio,) = [path.read_text() for path in CLUSTER_EXAMPLES.glob("*.yaml")]
+    assert "REPLACES the namespace's ConfigMap artifact-repositories" in minio.split("apiVersion", 1)[0]
 
 
 def test_templates_install_every_step() -> None:

@@ -35,7 +35,7 @@ IMAGE = f"edl-argo:{__version__}"
 IMAGE_HOME = "/opt/edl-argo"
 #: The model zoo in the image: ``f"{MODEL_ZOO}/digits.py"``.
 MODEL_ZOO = f"{IMAGE_HOME}/examples/model_zoo"
-#: The default Secret with the S3 settings (``templates/minio.yaml`` holds an example).
+#: The default Secret with the S3 settings (``examples/cluster/minio.yaml`` holds an example).
 STORAGE_SECRET = "edl-argo-storage"
 
 #: The ``image`` argument of every step function.
