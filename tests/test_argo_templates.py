@@ -336,3 +336,31 @@ def test_two_training_tasks_of_one_workflow_run_two_jobs_each_cleaned_up_by_its_
     assert {substitute(h, variables, "test") for h in hooks} == names
     if not template_ref:
         assert [t["name"] for t in manifest["spec"]["templates"]].count("elastic-train-cleanup") == 1
+
+
+def test_the_training_steps_deadline_bounds_its_retries() -> None:
+    """active-deadline-seconds is the pod's deadline and the retries' maxDuration (Argo then gives a retried
+    pod only what is left of it), and a master stopped at its deadline is not retried."""
+    from edl_argo.pipeline.expressions import evaluate
+
+    (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
+    template = document["spec"]["templates"][0]
+    strategy = template["retryStrategy"]
+    assert strategy["backoff"]["maxDuration"] == template["activeDeadlineSeconds"]
+    assert template["activeDeadlineSeconds"] == "{{inputs.parameters.active-deadline-seconds}}"
+
+    def retried(status: str, exit_code: str, message: str = "") -> bool:
+        variables = {
+            "lastRetry.status": status,
+            "lastRetry.exitCode": exit_code,
+            "lastRetry.message": message,
+            "lastRetry.duration": "60",
+            "retries": 0,
+        }
+        return bool(evaluate(strategy["expression"], variables))
+
+    assert retried("Error", "")  # lost its node
+    assert retried("Failed", "137") and retried("Failed", "143")  # killed, drained
+    assert not retried("Failed", "1") and not retried("Failed", "2")  # failed on its own, misconfigured
+    assert not retried("Failed", "143", "Pod was active on the node longer than the specified deadline")
+    assert not retried("Failed", "137", "Step exceeded its deadline")

@@ -7,7 +7,10 @@ by the workflow (see :mod:`edl_argo.pods.kubernetes_config`). It writes ``N/M`` 
 ``$ARGO_PROGRESS_FILE``, which Argo shows as the step's progress.
 
 A master that is killed or loses its node (an exit by signal, an ``Error`` node) is retried; a job that
-fails on its own (exit 1) or is misconfigured (exit 2) is not. The job name stays the same across
+fails on its own (exit 1) or is misconfigured (exit 2) is not, nor one stopped by its deadline.
+``active-deadline-seconds`` bounds the whole step: it is the pod's ``activeDeadlineSeconds`` and the retry
+strategy's ``backoff.maxDuration``, so retries stop once it has passed since the first attempt and a retried
+master only gets what is left of it. The job name stays the same across
 retries (the workflow's name by default), so a retried master adopts the pods of the one before. The
 step's pod carries :func:`~edl_argo.pods.manifests.master_labels` of the job, which the master's
 ``<job>-master`` Service selects: the workers reach a retried master, in its new pod, at the same address.
@@ -44,8 +47,12 @@ METRICS_FILE = f"{JOB_DIR}/final-metrics.json"
 MASTER_PORT = 2221
 #: How often a master that was killed or lost is started again.
 MASTER_RETRIES = 2
-#: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed.
-RETRY_WHEN = 'lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2'
+#: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed, nor one
+#: stopped by its deadline (Argo's message for that names the deadline).
+RETRY_WHEN = (
+    '(lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2)'
+    ' && !(lastRetry.message contains "deadline")'
+)
 #: The exit hook of every elastic-train task (:func:`elastic_train_cleanup`).
 CLEANUP_TEMPLATE = "elastic-train-cleanup"
 #: How often a clean-up that failed (API server trouble) is tried again.
@@ -122,7 +129,11 @@ def elastic_train(
         Text, Input("PriorityClass of the master pod", flag=False)
     ] = "edl-argo-high",
     active_deadline_seconds: Annotated[
-        Int, Input("the job fails when its master has run this long", flag=False)
+        Int,
+        Input(
+            "seconds after which the whole step (its retries included) ends, and its job with it",
+            flag=False,
+        ),
     ] = 86_400,
     template_ref: bool = False,
 ) -> StepTask:
@@ -194,7 +205,11 @@ def _template(inputs: StepInputs) -> Container:
             limit=MASTER_RETRIES,
             retry_policy=RetryPolicy.always,
             expression=RETRY_WHEN,
-            backoff=Backoff(duration="30s", factor=IntOrString(2)),
+            # The deadline bounds the whole step: retries stop once it has passed since the first attempt,
+            # and a retried master's pod gets only what is left of it.
+            backoff=Backoff(
+                duration="30s", factor=IntOrString(2), max_duration=inputs.ref("active-deadline-seconds")
+            ),
         ),
     )
 
