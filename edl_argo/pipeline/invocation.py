@@ -118,6 +118,13 @@ def invoke(task: PlannedTask, context: Context) -> Invocation:
     )
 
 
+def task_scope(task: PlannedTask, scope: Mapping[str, str]) -> dict[str, str]:
+    """``scope`` with the task's input parameters bound (``inputs.parameters.<name>``): what the fields of
+    its template may use. ConfigError as :func:`invoke`."""
+    parameters = _bind_parameters(task, scope, f"task {task.name}")
+    return {**scope, **{f"inputs.parameters.{name}": value for name, value in parameters.items()}}
+
+
 def _bind_parameters(task: PlannedTask, scope: Mapping[str, str], where: str) -> dict[str, str]:
     given = {p.name: p.value for p in (task.arguments.parameters or [] if task.arguments else [])}
     declared = task.template.inputs.parameters or [] if task.template.inputs else []

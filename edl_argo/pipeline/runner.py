@@ -50,7 +50,7 @@ from edl_argo.log import get_logger
 from edl_argo.pipeline.artifacts import ArtifactStore
 from edl_argo.pipeline.expressions import evaluate
 from edl_argo.pipeline.filesystem import source_root
-from edl_argo.pipeline.invocation import Context, Invocation, invoke
+from edl_argo.pipeline.invocation import Context, Invocation, invoke, task_scope
 from edl_argo.pipeline.plan import Plan, PlannedTask, plan
 from edl_argo.pipeline.process import ProcessResult, run_process
 from edl_argo.pipeline.variables import substitute
@@ -213,8 +213,12 @@ class LocalRunner:
         strategy = task.template.retry_strategy
         first_started = time.monotonic()
         attempt = 0
+        try:
+            max_duration = _retry_bound(strategy, task_scope(task, self._scope_for(task)), task.name)
+        except EdlError as error:
+            log.error("step_failed", step=task.name, error=str(error))
+            return StepResult(task.name, task.template.name or "", Phase.FAILED, str(error), status="Error")
         while True:
-            max_duration = _retry_bound(strategy, self._scope_for(task), task.name)
             left = None if max_duration is None else max_duration - (time.monotonic() - first_started)
             result = self._run_task(task, deadline_cap=left)
             result.attempts, result.started = attempt + 1, first_started
