@@ -50,8 +50,12 @@ def run_process(
     progress_file: Path,
     deadline_seconds: float | None,
     sink: Callable[[str], None],
+    stop: threading.Event | None = None,
 ) -> ProcessResult:
-    """Run ``edl-argo`` ``argv[1:]`` to its end, copying its output to ``sink`` as ``[name] line``."""
+    """Run ``edl-argo`` ``argv[1:]`` to its end, copying its output to ``sink`` as ``[name] line``.
+
+    ``stop`` set (the runner was interrupted while this ran in another thread) stops it as a deadline
+    does, and raises KeyboardInterrupt."""
     process = subprocess.Popen(
         [sys.executable, "-m", "edl_argo.cli", *argv[1:]],
         env={**env, "ARGO_PROGRESS_FILE": str(progress_file), "PYTHONUNBUFFERED": "1"},
@@ -72,7 +76,10 @@ def run_process(
             if not timed_out and time.monotonic() > deadline:
                 timed_out = True
                 _terminate(process)
-            time.sleep(_POLL_SECONDS)
+            if stop is not None and stop.wait(_POLL_SECONDS):
+                raise KeyboardInterrupt
+            if stop is None:
+                time.sleep(_POLL_SECONDS)
         _report(progress_file, progress)
         _signal(process, signal.SIGKILL)  # what the command left behind, as a container runtime does
     except BaseException:  # Ctrl-C: the step's processes go with the runner

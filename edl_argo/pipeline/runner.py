@@ -27,6 +27,7 @@ Every run has its own folder under ``workdir``::
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 import secrets
@@ -35,7 +36,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,7 @@ class LocalRunner:
         #: Most tasks running at once (None: no limit): ``parallelism``, else the workflow's own.
         self.parallelism = parallelism or workflow.spec.parallelism or None
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         # Refuse what cannot run here before anything runs.
         self.plan: Plan = plan(workflow, template_references())
         meta = workflow.metadata
@@ -157,7 +159,7 @@ class LocalRunner:
         pending = list(self.plan.tasks)
         running: dict[Future[list[StepResult]], PlannedTask] = {}
         limit = self.parallelism or len(pending) or 1
-        with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="task") as pool:
+        with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="task") as pool, self._stopping():
             while pending or running:
                 for task in list(pending):
                     omitted = self._omission(task, results)
@@ -185,6 +187,15 @@ class LocalRunner:
         else:
             log.error("pipeline_failed", workflow=self.name, step=failed.name, error=failed.message)
         return result
+
+    @contextlib.contextmanager
+    def _stopping(self) -> Iterator[None]:
+        """On Ctrl-C (or any error) in the runner's thread, stop the steps running in the pool's threads."""
+        try:
+            yield
+        except BaseException:
+            self._stop.set()
+            raise
 
     def _omission(self, task: PlannedTask, results: dict[str, StepResult]) -> StepResult | None:
         """The result of a task that must not run because of a failure before it, else None."""
@@ -232,7 +243,8 @@ class LocalRunner:
                 return result
             attempt += 1
             log.warning("step_retried", step=task.name, attempt=attempt, after=result.message, delay_s=delay)
-            time.sleep(delay)
+            if self._stop.wait(delay):
+                return result
 
     def _run_task(self, task: PlannedTask, deadline_cap: float | None = None) -> StepResult:
         started = time.monotonic()
@@ -252,8 +264,16 @@ class LocalRunner:
             deadline = invocation.deadline_seconds
             if deadline_cap is not None:
                 deadline = max(1.0, min(deadline if deadline is not None else deadline_cap, deadline_cap))
+            if self._stop.is_set():
+                raise KeyboardInterrupt
             ended = run_process(
-                invocation.argv, invocation.env, task.name, context.sandbox / "progress", deadline, self.sink
+                invocation.argv,
+                invocation.env,
+                task.name,
+                context.sandbox / "progress",
+                deadline,
+                self.sink,
+                self._stop,
             )
             result.status, result.exit_code = "Failed", ended.exit_code
             if ended.exit_code == 0:
