@@ -19,7 +19,8 @@ AllreduceStrategy the model lives in the workers: the job continues if any worke
 re-forms around it; round ids come from the clock, so they only grow across masters) or, when none did,
 from the group's newest checkpoint; without ``--checkpoint-steps`` it starts afresh. Without a saved
 state, pods left by an earlier master are removed and the job starts afresh: checkpoints an earlier run
-left in ``<output>/checkpoints`` are removed too, so a new run never restores them.
+left in its checkpoint series (``<output>/checkpoints/ps-<id>``, ``allreduce``) are removed too, so a new
+run never restores them; nothing else there is touched.
 """
 
 from __future__ import annotations
@@ -397,17 +398,25 @@ class TrainingJob:
         return adopted, holders
 
     def _remove_stale_checkpoints(self) -> None:
-        """A job that starts afresh never restores the checkpoints an earlier run of it left."""
+        """A job that starts afresh never restores the checkpoints an earlier run of it left. Only the
+        checkpoints its own holders would restore are removed, by name (the series ``ps-<id>`` of its PSes,
+        or ``allreduce``); anything else under ``--checkpoint-dir`` is left alone."""
+        from edl_argo.collective.checkpoint import group_checkpoints
+        from edl_argo.ps.checkpoint import ps_checkpoints
+
         c = self.config
         if not c.checkpoint_steps:
             return
         storage = open_storage(c.checkpoints_url)
-        stale = [info.key for info in storage.list("")]
-        for key in stale:
-            storage.delete(key)
-        if stale:
+        own = (
+            [group_checkpoints(storage)]
+            if c.allreduce
+            else [ps_checkpoints(storage, i) for i in range(c.num_ps)]
+        )
+        removed = sum(series.clear() for series in own)
+        if removed:
             log.warning(
-                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=len(stale)
+                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=removed
             )
 
     def _forget_state(self) -> None:
