@@ -104,6 +104,11 @@ def _endpoint_from_env() -> tuple[str, str, bool]:
     return f"{parts.scheme}://{parts.netloc}", parts.netloc, parts.scheme == "https"
 
 
+def _etag(value: str | None) -> str:
+    """An ETag as a version token (without the quotes some servers send)."""
+    return (value or "").strip('"')
+
+
 def _http_pool() -> urllib3.PoolManager:
     """A pool with short timeouts and no retries or redirects of its own: :mod:`.retry` owns the budget."""
     return urllib3.PoolManager(
@@ -219,7 +224,7 @@ class S3Storage(Storage):
         def op() -> list[ObjectInfo]:
             objects = self._client.list_objects(self.bucket, prefix=name_prefix, recursive=True)
             return [
-                ObjectInfo(self._key(o.object_name), o.size or 0)
+                ObjectInfo(self._key(o.object_name), o.size or 0, _etag(o.etag))
                 for o in objects
                 if o.object_name and not o.object_name.endswith("/")  # skip "folder" placeholders
             ]
@@ -235,12 +240,21 @@ class S3Storage(Storage):
             if not self._call("", lambda: self._client.bucket_exists(self.bucket)):
                 raise self._no_bucket() from None
             raise
-        return ObjectInfo(normalize_key(key), result.size or 0)
+        return ObjectInfo(normalize_key(key), result.size or 0, _etag(result.etag))
 
     def read(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        return self._read(key, offset, length, None)
+
+    def read_version(self, key: str, offset: int = 0, length: int | None = None, *, version: str) -> bytes:
+        return self._read(key, offset, length, version)
+
+    def _read(self, key: str, offset: int, length: int | None, version: str | None) -> bytes:
+        """One ranged GET; with ``version``, ObjectChangedError unless the response's ETag is that one."""
         check_range(offset, length)
         if length == 0:
-            self.stat(key)  # same errors as any read
+            found = self.stat(key)  # same errors as any read
+            if version is not None:
+                self._check_version(key, found.version, version)
             return b""
         name = self._name(key)
 
@@ -249,9 +263,13 @@ class S3Storage(Storage):
                 response = self._client.get_object(self.bucket, name, offset=offset, length=length or 0)
             except S3Error as exc:
                 if exc.code == "InvalidRange":  # offset at or past the end
+                    if version is not None:
+                        self._check_version(key, self.stat(key).version, version)
                     return b""
                 raise
             try:
+                if version is not None:
+                    self._check_version(key, _etag(response.headers.get("ETag")), version)
                 return response.read()
             finally:
                 response.close()
@@ -262,6 +280,10 @@ class S3Storage(Storage):
     def write(self, key: str, data: bytes) -> None:
         name = self._name(key)
         self._call(key, lambda: self._client.put_object(self.bucket, name, io.BytesIO(data), len(data)))
+
+    def write_file(self, key: str, path: Path) -> None:
+        name = self._name(key)
+        self._call(key, functools.partial(self._client.fput_object, self.bucket, name, str(path)))
 
     def delete(self, key: str) -> None:
         name = self._name(key)
