@@ -21,7 +21,7 @@ from edl_argo.flags import add_flag, positive_int
 from edl_argo.log import get_logger
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.progress import ProgressReporter
-from edl_argo.recordio import ShardReader, list_shards
+from edl_argo.recordio import ShardReader, open_dataset
 from edl_argo.storage import Storage, open_storage
 
 log = get_logger(__name__)
@@ -84,10 +84,9 @@ def _batches(
     """(shard, first record, batch) over every shard, in order."""
     from edl_argo.worker.data import make_batches
 
-    shards = list_shards(storage)
-    if not shards:
-        raise ConfigError(f"--data {storage.describe()}: no shards there")
-    readers = [ShardReader(storage, key) for key in shards]
+    dataset = open_dataset(storage, what="--data")
+    shards = list(dataset.records)
+    readers = [ShardReader(storage, key, version=dataset.versions[key]) for key in shards]
     total = sum(r.num_records for r in readers)
     progress = ProgressReporter(f"{mode} {storage.describe()}", unit="record")
     done = 0

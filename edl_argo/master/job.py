@@ -54,7 +54,7 @@ from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, PodStatus, find_free_port
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
-from edl_argo.recordio import ShardReader, list_shards
+from edl_argo.recordio import ShardReader, open_dataset
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage import open_storage
@@ -68,14 +68,9 @@ WORKER_EXIT_GRACE_SECONDS = 15.0
 
 
 def dataset_shards(url: str, flag: str) -> dict[str, int]:
-    """Shard key -> record count of every shard under ``url``; :class:`ConfigError` if there are none."""
-    storage = open_storage(url)
-    shards = {key: ShardReader(storage, key).num_records for key in list_shards(storage)}
-    if not shards:
-        raise ConfigError(
-            f"{flag} {url}: no shards there (expected RecordIO files, e.g. from `edl-argo data`)"
-        )
-    return shards
+    """Shard key -> record count of every shard the dataset manifest at ``url`` names; DataFormatError
+    naming ``flag`` and what is missing if the dataset is incomplete."""
+    return open_dataset(open_storage(url), what=flag).records
 
 
 @dataclass

@@ -1,0 +1,322 @@
+"""Every ``edl-argo data`` command touches only its own outputs and publishes whole datasets.
+
+Each output is surrounded by a user's own files and folders (siblings whose names start like the output's,
+a CSV in the output folder itself, a model tree, files inside the dataset folder). Each command runs with
+and without ``--overwrite``, succeeding, failing (a storage error part-way) and SIGKILLed part-way (a
+test-only hook in a subprocess kills the process before its N-th storage change). Afterwards nothing
+outside the command's own outputs has changed, and every reader sees a complete dataset (the new one or
+the previous one) or refuses it, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from edl_argo.cli import main
+from edl_argo.data.examples import decode_example
+from edl_argo.errors import DataFormatError, StorageError
+from edl_argo.master.job import dataset_shards
+from edl_argo.recordio import MANIFEST_NAME, ShardReader, open_dataset
+from edl_argo.storage import LocalStorage
+
+CSV_TEXT = "a,b,label\n" + "".join(f"{i},{i * 0.5},{i % 3}\n" for i in range(60))
+
+#: A user's own files around (and inside) the output folder ``out``; paths relative to its parent.
+USER_FILES = {
+    "out/notes.txt": b"my notes",
+    "out/source.csv": CSV_TEXT.encode(),
+    "out/trainer.csv": b"x,y\n1,2\n",
+    "out/training_v1/data-00000": b"a user's shard in a folder whose name starts like train",
+    "out/training_v1/data-00000.edl-index": b"its sidecar",
+    "out/train_backup/data-00001": b"another",
+    "out/test-results/data-00000": b"and another",
+    "out/train/README.md": b"a user's file inside the dataset folder",
+    "out/model/model.keras": b"a model tree",
+    "out/model/_COMPLETE": b"",
+    "out/v-notes/data-00000": b"a folder named almost like a version folder",
+    "out2/data-00000": b"a sibling of the output root with the same prefix",
+    "out.csv": b"beside the output",
+}
+
+COMMANDS: dict[str, tuple[list[str], list[str]]] = {
+    # name: (argv after `edl-argo data`, the datasets it writes, relative to out/)
+    "digits": (["digits", "--output", "{out}", "--shards", "3"], ["train", "test"]),
+    "ctr": (
+        ["ctr", "--output", "{out}", "--records", "300", "--vocabulary", "500", "--shards", "3"],
+        ["train", "test"],
+    ),
+    "convert": (
+        ["convert", "--from", "{out}/source.csv", "--label-column", "label", "--output", "{out}",
+         "--shards", "3"],
+        [""],
+    ),
+}  # fmt: skip
+
+
+def argv_of(command: str, root: Path, overwrite: bool) -> list[str]:
+    args, _ = COMMANDS[command]
+    return ["data", *(a.replace("{out}", str(root / "out")) for a in args)] + (
+        ["--overwrite"] if overwrite else []
+    )
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def populate(root: Path) -> None:
+    for rel, data in USER_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def own_outputs(root: Path, dataset: str) -> set[str]:
+    """The paths (relative to ``root``) of a dataset's manifest, shards and sidecars, if it has a manifest."""
+    folder = (root / "out" / dataset) if dataset else root / "out"
+    manifest = folder / MANIFEST_NAME
+    if not manifest.exists():
+        return set()
+    base = folder.relative_to(root).as_posix()
+    shards = {f"{base}/{s['key']}" for s in json.loads(manifest.read_text())["shards"]}
+    return {f"{base}/{MANIFEST_NAME}"} | shards | {s + ".edl-index" for s in shards}
+
+
+def in_version_folder(path: str) -> bool:
+    return any(part.startswith("v-") and part != "v-notes" for part in path.split("/"))
+
+
+def records_of(root: Path, dataset: str) -> list[dict[str, list]] | None:
+    """Every record a reader gets from the dataset, decoded; None if readers refuse it (naming why)."""
+    url = str((root / "out" / dataset) if dataset else root / "out")
+    try:
+        opened = open_dataset(LocalStorage(url))
+    except DataFormatError as error:
+        assert MANIFEST_NAME in str(error) or "missing" in str(error), error
+        with pytest.raises(DataFormatError, match="--training-data"):
+            dataset_shards(url, "--training-data")  # the master refuses it too, naming the flag
+        return None
+    assert dataset_shards(url, "--training-data") == opened.records
+    return [
+        decode_example(record)
+        for key in opened.records
+        for record in ShardReader(opened.storage, key, version=opened.versions[key]).iter_records()
+    ]
+
+
+def check_only_own_outputs_changed(root: Path, before: dict[str, bytes], allowed: set[str]) -> None:
+    after = snapshot(root)
+    changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p)}
+    assert changed <= allowed, sorted(changed - allowed)
+    for rel, data in USER_FILES.items():
+        assert after.get(rel) == data, rel
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    populate(tmp_path)
+    return tmp_path
+
+
+def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_command_changes_only_its_own_outputs_with_and_without_overwrite(
+    command: str, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    datasets = COMMANDS[command][1]
+    before = snapshot(root)
+    assert run(capsys, argv_of(command, root, overwrite=False))[0] == 0
+    first = {d: own_outputs(root, d) for d in datasets}
+    check_only_own_outputs_changed(root, before, set().union(*first.values()))
+    previous = {d: records_of(root, d) for d in datasets}
+    assert all(previous.values())
+
+    before = snapshot(root)
+    code, err = run(capsys, argv_of(command, root, overwrite=False))
+    assert code == 2 and "--overwrite" in err and "already holds a dataset" in err
+    assert snapshot(root) == before
+
+    assert run(capsys, argv_of(command, root, overwrite=True))[0] == 0
+    second = {d: own_outputs(root, d) for d in datasets}
+    check_only_own_outputs_changed(root, before, set().union(*first.values(), *second.values()))
+    for d in datasets:
+        assert not first[d] & second[d] - {f"{Path('out', d).as_posix()}/{MANIFEST_NAME}"}
+        assert records_of(root, d) == previous[d]  # the same command: the same records, in new shards
+    # The first version's files are gone: only the new dataset's files and the user's remain.
+    assert set(snapshot(root)) == set(USER_FILES) | set().union(*second.values())
+
+
+HOOK = textwrap.dedent(
+    """
+    import os, signal, sys
+    from edl_argo.storage.local import LocalStorage
+
+    limit, changes = int(sys.argv[1]), 0
+
+    def counted(method):
+        def wrapper(self, *args, **kwargs):
+            global changes
+            changes += 1
+            if changes == limit:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return method(self, *args, **kwargs)
+        return wrapper
+
+    LocalStorage._replace = counted(LocalStorage._replace)  # every write and write_file
+    LocalStorage.delete = counted(LocalStorage.delete)
+    from edl_argo.cli import main
+    code = main(sys.argv[2:])
+    print(f"storage changes: {changes}", file=sys.stderr)
+    sys.exit(code)
+    """
+)
+
+
+def run_killed(argv: list[str], at_change: int) -> subprocess.CompletedProcess[str]:
+    """Run ``edl-argo`` in a subprocess that SIGKILLs itself before its ``at_change``-th storage change."""
+    return subprocess.run(
+        [sys.executable, "-c", HOOK, str(at_change), *argv], capture_output=True, text=True, timeout=120
+    )
+
+
+def storage_changes(argv: list[str]) -> int:
+    done = run_killed(argv, 0)
+    assert done.returncode == 0, done.stderr
+    return int(done.stderr.rsplit("storage changes: ", 1)[1])
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["fresh", "overwrite"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_command_killed_part_way_leaves_the_previous_dataset_or_none(
+    command: str, overwrite: bool, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    datasets = COMMANDS[command][1]
+    if overwrite:
+        assert run(capsys, argv_of(command, root, overwrite=False))[0] == 0
+    previous_files = {d: own_outputs(root, d) for d in datasets}
+    previous = {d: records_of(root, d) for d in datasets}
+    argv = argv_of(command, root, overwrite)
+    clean = snapshot(root)
+    total = storage_changes(argv)
+    restore(root, clean)
+    for at_change in sorted({1, 2, total // 2, total - 1, total}):
+        before = snapshot(root)
+        killed = run_killed(argv, at_change)
+        assert killed.returncode == -9, killed.stderr
+        now = {d: own_outputs(root, d) for d in datasets}
+        allowed = set().union(*previous_files.values(), *now.values()) | {
+            p for p in set(snapshot(root)) | set(before) if in_version_folder(p)
+        }
+        check_only_own_outputs_changed(root, before, allowed)
+        for d in datasets:
+            seen = records_of(root, d)
+            # Readers see the previous dataset, or the new one (identical records), or refuse it.
+            assert seen == previous[d] or (
+                seen is not None and previous[d] is None and own_outputs(root, d)
+            ), (
+                at_change,
+                d,
+            )
+        restore(root, clean)
+
+    # Killed after its first shard, then run again: the rerun removes what the killed run left.
+    run_killed(argv, 2)
+    assert run(capsys, argv_of(command, root, overwrite=True))[0] == 0
+    final = set().union(*(own_outputs(root, d) for d in datasets))
+    assert {p for p in snapshot(root) if in_version_folder(p)} <= final
+
+
+def restore(root: Path, files: dict[str, bytes]) -> None:
+    """Make ``root`` hold exactly ``files`` again (between kill trials)."""
+    for path in sorted(root.rglob("*"), reverse=True):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and rel not in files:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        if not (root / rel).exists() or (root / rel).read_bytes() != data:
+            (root / rel).write_bytes(data)
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["fresh", "overwrite"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_command_failing_part_way_removes_its_shards_and_keeps_the_previous_dataset(
+    command: str,
+    overwrite: bool,
+    root: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A disk-full error on the second shard: exit 2 naming it, the previous dataset (or none), no orphans."""
+    datasets = COMMANDS[command][1]
+    if overwrite:
+        assert run(capsys, argv_of(command, root, overwrite=False))[0] == 0
+    previous = {d: records_of(root, d) for d in datasets}
+    before = snapshot(root)
+    original: Callable[..., None] = LocalStorage.write_file
+    calls = []
+
+    def disk_full(self: LocalStorage, key: str, path: Path) -> None:
+        calls.append(key)
+        if len(calls) == 2:
+            raise StorageError(f"cannot access {self.describe(key)}: No space left on device")
+        original(self, key, path)
+
+    monkeypatch.setattr(LocalStorage, "write_file", disk_full)
+    code, err = run(capsys, argv_of(command, root, overwrite))
+    assert code == 2 and "No space left on device" in err and calls[1].rsplit("/", 1)[1] in err
+    assert snapshot(root) == before
+    assert {d: records_of(root, d) for d in datasets} == previous
+
+
+def test_seal_writes_only_a_manifest_and_readers_refuse_shards_without_one(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RecordIO shards made elsewhere (here: a dataset's shards copied without their manifest) are refused
+    with a message naming `edl-argo data seal`; sealing writes the manifest only, after checksumming."""
+    assert run(capsys, ["data", "digits", "--output", str(root / "made"), "--shards", "2"])[0] == 0
+    elsewhere = root / "elsewhere"
+    for shard in (root / "made" / "train").glob("v-*/*"):
+        (elsewhere / shard.name).parent.mkdir(parents=True, exist_ok=True)
+        (elsewhere / shard.name).write_bytes(shard.read_bytes())
+    code, err = run(capsys, ["data", "inspect", str(elsewhere)])
+    assert code == 2 and MANIFEST_NAME in err and "edl-argo data seal" in err
+    before = snapshot(root)
+    assert run(capsys, ["data", "seal", str(elsewhere)])[0] == 0
+    after = snapshot(root)
+    assert {p for p in after if before.get(p) != after[p]} == {f"elsewhere/{MANIFEST_NAME}"}
+    assert set(before) <= set(after)
+    assert sum(dataset_shards(str(elsewhere), "--training-data").values()) == 1437
+    code, err = run(capsys, ["data", "seal", str(elsewhere)])
+    assert code == 2 and "manifest already" in err
+
+
+def test_a_reader_refuses_a_dataset_whose_shard_is_missing_or_changed(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(capsys, ["data", "digits", "--output", str(root / "d"), "--shards", "2"])[0] == 0
+    (shard,) = [p for p in (root / "d" / "train").glob("v-*/data-00001")]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    code, err = run(capsys, ["data", "inspect", str(root / "d" / "train")])
+    assert code == 2 and "data-00001" in err and "changed after the dataset was written" in err
+    shard.unlink()
+    with pytest.raises(
+        DataFormatError, match=r"--training-data .*data-00001 named by its manifest is missing"
+    ):
+        dataset_shards(str(root / "d" / "train"), "--training-data")
+    manifest = root / "d" / "test" / MANIFEST_NAME
+    manifest.write_text(manifest.read_text()[:-20])
+    code, err = run(capsys, ["data", "inspect", str(root / "d" / "test")])
+    assert code == 2 and "manifest" in err and "invalid" in err
