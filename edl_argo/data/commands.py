@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from edl_argo.data.csv_table import csv_examples, scan_csv
 from edl_argo.data.examples import encode_example
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.flags import positive_int
@@ -45,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     convert = commands.add_parser("convert", help="convert a CSV file (with a header row) to shards")
     convert.add_argument("--from", dest="source", required=True, metavar="CSV_FILE", help="CSV file to read")
     convert.add_argument("--label-column", required=True, help="name of the label column")
+    convert.add_argument(
+        "--fill-missing",
+        metavar="VALUE",
+        help="stands for every empty value (default: an empty value is an error naming its line and column)",
+    )
     _add_output_flags(convert)
     convert.set_defaults(run=run_convert)
 
@@ -145,58 +150,22 @@ def run_ctr(args: argparse.Namespace) -> int:
     return 0
 
 
-def csv_records(path: Path, label_column: str) -> list[bytes]:
-    """Rows of a CSV file as ``tf.train.Example`` records, one feature per column.
-
-    Columns whose every value parses as a number become float features (the label: int64 when every
-    value is an integer); others become bytes features.
-    """
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
-    except OSError as error:
-        raise ConfigError(f"cannot read CSV file {path}: {error.strerror or error}") from None
-    except (UnicodeDecodeError, csv.Error) as error:
-        raise DataFormatError(f"CSV file {path} is not valid UTF-8 CSV: {error}") from None
-    if not rows:
-        raise DataFormatError(f"CSV file {path} is empty; it needs a header row and data rows")
-    header, body = rows[0], rows[1:]
-    if label_column not in header:
-        raise ConfigError(
-            f"--label-column {label_column!r} is not a column of {path}; columns: {', '.join(header)}"
-        )
-    for line, row in enumerate(body, start=2):
-        if len(row) != len(header):
-            raise DataFormatError(
-                f"CSV file {path} line {line}: {len(row)} fields, the header has {len(header)}"
-            )
-    if not body:
-        raise DataFormatError(f"CSV file {path} has a header but no data rows")
-    columns = {name: [row[i] for row in body] for i, name in enumerate(header)}
-    typed = {name: _typed_column(values, is_label=name == label_column) for name, values in columns.items()}
-    names = [n for n in header if n != label_column] + [label_column]
-    return [
-        encode_example({"label" if n == label_column else n: typed[n][i] for n in names})
-        for i in range(len(body))
-    ]
-
-
-def _typed_column(values: Iterable[str], is_label: bool) -> list[int] | list[float] | list[str]:
-    values = list(values)
-    try:
-        floats = [float(v) for v in values]
-    except ValueError:
-        return values
-    if is_label and all(f.is_integer() for f in floats):
-        return [int(f) for f in floats]
-    return floats
-
-
 def run_convert(args: argparse.Namespace) -> int:
-    records = csv_records(Path(args.source), args.label_column)
+    schema = scan_csv(Path(args.source), args.label_column, args.fill_missing)
     storage = open_storage(args.output)
-    write_dataset(storage, "", records, args.shards, _COMPRESSORS[args.compressor], args.overwrite)
-    print(f"wrote {len(records)} records from {args.source} to {storage.describe()}")
+    num_shards = min(args.shards, schema.rows)
+    bounds = np.linspace(0, schema.rows, num_shards + 1).astype(int)
+    examples = csv_examples(schema)
+    with DatasetWriter(
+        storage, "", overwrite=args.overwrite, compressor=_COMPRESSORS[args.compressor]
+    ) as writer:
+        for start, end in itertools.pairwise(bounds):
+            writer.write_shard(itertools.islice(examples, int(end - start)))
+        if next(examples, None) is not None:  # also runs the file's last check
+            raise DataFormatError(f"CSV file {args.source}: the file changed while it was converted")
+        writer.commit()
+    where = f"from {args.source} to {storage.describe()}"
+    print(f"wrote {schema.rows} records {where} (columns: {schema.describe()})")
     return 0
 
 
