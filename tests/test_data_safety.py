@@ -23,7 +23,7 @@ from edl_argo.cli import main
 from edl_argo.data.examples import decode_example
 from edl_argo.errors import DataFormatError, StorageError
 from edl_argo.master.job import dataset_shards
-from edl_argo.recordio import MANIFEST_NAME, ShardReader, open_dataset
+from edl_argo.recordio import MANIFEST_NAME, Compressor, ShardReader, open_dataset
 from edl_argo.storage import LocalStorage
 
 CSV_TEXT = "a,b,label\n" + "".join(f"{i},{i * 0.5},{i % 3}\n" for i in range(60))
@@ -320,3 +320,64 @@ def test_a_reader_refuses_a_dataset_whose_shard_is_missing_or_changed(
     manifest.write_text(manifest.read_text()[:-20])
     code, err = run(capsys, ["data", "inspect", str(root / "d" / "test")])
     assert code == 2 and "manifest" in err and "invalid" in err
+
+
+# -- a shard replaced while a job reads it (issue 23 item 5) ------------------------------------------
+
+
+def test_a_worker_reads_only_the_pinned_version_of_a_shard(tmp_path: Path) -> None:
+    """The master pins each shard's version when it opens the dataset and sends it with every task; a
+    worker reading a shard rewritten since (same key and size) fails naming the shard."""
+    from edl_argo.data.commands import digits_records, write_dataset
+    from edl_argo.master.evaluation import EvaluationService
+    from edl_argo.master.servicer import MasterServicer
+    from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+    from edl_argo.proto import master_pb2
+    from edl_argo.recordio import ShardChangedError
+    from edl_argo.worker.data import RecordSource
+
+    train, _ = digits_records(0.2, 0)
+    storage = LocalStorage(tmp_path / "train")
+    write_dataset(storage, "", train[:100], 2, Compressor.NONE, overwrite=False)
+    dataset = open_dataset(storage)
+    dispatcher = TaskDispatcher(dataset.records, DispatcherConfig(records_per_task=10, num_epochs=1))
+    evaluation = EvaluationService(lambda: {}, {}, 0)
+    evaluation.dispatcher = dispatcher
+    urls = {TaskType.TRAINING: str(tmp_path / "train"), TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    servicer = MasterServicer(
+        dispatcher, evaluation, urls, lambda: 0, shard_versions={TaskType.TRAINING: dataset.versions}
+    )
+    task = servicer.GetTask(master_pb2.GetTaskRequest(worker_id=0), None).task
+    assert task.shard_version == dataset.versions[task.shard] != ""
+
+    source = RecordSource()
+    assert len(source.read(task.data_url, task.shard, 0, 10, task.shard_version)) == 10
+    shard = storage.read(task.shard)
+    storage.write(task.shard, shard)  # rewritten in place: same bytes, a new version
+    with pytest.raises(ShardChangedError, match=rf"shard .*{task.shard} changed while this job was reading"):
+        source.read(task.data_url, task.shard, 10, 20, task.shard_version)
+    with pytest.raises(ShardChangedError, match=task.shard):  # a new reader refuses it as well
+        RecordSource().read(task.data_url, task.shard, 0, 10, task.shard_version)
+    assert len(RecordSource().read(task.data_url, task.shard, 0, 10, "")) == 10  # unpinned: reads
+
+
+def test_a_dataset_overwritten_while_a_job_trains_fails_the_job_naming_the_shard(tmp_path: Path) -> None:
+    """`data digits --overwrite` during training: the job does not mix old and new records, it stops with
+    exit 1 and a message naming the shard that changed."""
+    from edl_argo.data.commands import digits_records, write_dataset
+    from edl_argo.errors import JobFailedError
+    from edl_argo.master.job import TrainingJob
+    from tests.engine_helpers import JobThread, digits_config
+
+    train, test = digits_records(0.2, 0)
+    data = LocalStorage(tmp_path / "data")
+    write_dataset(data, "train", train, 4, Compressor.NONE, overwrite=False)
+    write_dataset(data, "test", test, 1, Compressor.NONE, overwrite=False)
+    job = TrainingJob(digits_config(tmp_path / "data", tmp_path / "job", num_epochs=30))
+    running = JobThread(job).start()
+    running.wait_until(lambda: running.progress_fraction() >= 0.1, 240, "10% of the tasks")
+    other, _ = digits_records(0.2, 1)
+    write_dataset(data, "train", other, 4, Compressor.NONE, overwrite=True)
+    with pytest.raises(JobFailedError, match=r"shard .*data-0000\d changed while this job was reading it"):
+        running.join(240)
+    assert not (tmp_path / "job" / "model").exists()

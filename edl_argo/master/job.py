@@ -94,10 +94,14 @@ class TrainingJob:
         self.spec: ModelSpec = load_model_spec(config.model_def)
         if config.scale_lr_by_world_size:
             check_world_size_scaling(self.spec.optimizer)
-        self.training_shards = dataset_shards(config.training_data, "--training-data")
-        self.validation_shards = (
-            dataset_shards(config.validation_data, "--validation-data") if config.validation_data else {}
+        # Each shard's version is pinned here: tasks carry it, and workers read only that version.
+        self.training_data = open_dataset(open_storage(config.training_data), what="--training-data")
+        self.training_shards = self.training_data.records
+        validation = config.validation_data
+        self.validation_data = (
+            open_dataset(open_storage(validation), what="--validation-data") if validation else None
         )
+        self.validation_shards = self.validation_data.records if self.validation_data else {}
         self.output = open_storage(config.output)
         self.output.exists("model")  # reach --output now: a missing bucket or a denial fails here
         self.versions = VersionTracker()
@@ -220,6 +224,10 @@ class TrainingJob:
                 TaskType.TRAINING: self.config.training_data,
                 TaskType.EVALUATION: self.config.validation_data,
                 TaskType.PREDICTION: "",
+            },
+            shard_versions={
+                TaskType.TRAINING: self.training_data.versions,
+                TaskType.EVALUATION: self.validation_data.versions if self.validation_data else {},
             },
             current_version=lambda: self.versions.version,
             on_version=self._on_version,

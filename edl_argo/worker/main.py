@@ -27,6 +27,7 @@ from edl_argo.log import get_logger
 from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.proto import master_pb2
+from edl_argo.recordio import ShardChangedError
 from edl_argo.storage import open_storage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
 from edl_argo.worker.data import RecordSource, make_batches
@@ -164,7 +165,7 @@ class Worker:
         """Run ``task``, report its outcome, and return the master's next answer (given with the report)."""
         started = time.monotonic()
         try:
-            records = self._source.read(task.data_url, task.shard, task.start, task.end)
+            records = self._source.read(task.data_url, task.shard, task.start, task.end, task.shard_version)
             batches = make_batches(self._spec, records, _MODES[task.type], self._minibatch_size)
             if task.type == master_pb2.TRAINING:
                 counters = self._train(batches, task)
@@ -173,13 +174,13 @@ class Worker:
             else:
                 counters = self._predict(task, batches)
         except NonFiniteLossError as error:
-            message = (
+            return self._fail_job(
+                task,
                 f"{error} (task {task.task_id}, shard {task.shard}); lower the learning rate or use"
-                " --nan-loss skip"
+                " --nan-loss skip",
             )
-            log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
-            self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
-            return self._master.get_task()  # the job failed: the master says DONE
+        except ShardChangedError as error:  # retrying cannot help: the data the job started with are gone
+            return self._fail_job(task, str(error))
         except JobFailedError:
             raise
         except Exception as error:  # a task-level failure: the master requeues the task
@@ -192,6 +193,12 @@ class Worker:
             task.task_id, success=True, counters=counters, mean_loss=mean_loss
         )
         return report.next_task
+
+    def _fail_job(self, task: master_pb2.Task, message: str) -> master_pb2.GetTaskResponse:
+        """Report ``task`` as a failure no retry can mend: the master fails the job with ``message``."""
+        log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
+        self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
+        return self._master.get_task()  # the job failed: the master says DONE
 
     def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
         steps = 0
