@@ -381,3 +381,35 @@ def test_a_dataset_overwritten_while_a_job_trains_fails_the_job_naming_the_shard
     with pytest.raises(JobFailedError, match=r"shard .*data-0000\d changed while this job was reading it"):
         running.join(240)
     assert not (tmp_path / "job" / "model").exists()
+
+
+def test_on_s3_a_command_changes_only_its_own_outputs(
+    s3_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same on an object store, where "folders" are name prefixes: ``out/train`` must not touch
+    ``out/training_v1/...`` or ``out2/...``."""
+    from edl_argo.storage import open_storage
+
+    bucket = open_storage(s3_env)
+    for rel, data in USER_FILES.items():
+        bucket.write(rel, data)
+
+    def objects() -> dict[str, bytes]:
+        return {info.key: bucket.read(info.key) for info in bucket.list()}
+
+    def own(dataset: str) -> set[str]:
+        manifest = json.loads(bucket.read(f"out/{dataset}/{MANIFEST_NAME}"))
+        shards = {f"out/{dataset}/{s['key']}" for s in manifest["shards"]}
+        return {f"out/{dataset}/{MANIFEST_NAME}"} | shards | {s + ".edl-index" for s in shards}
+
+    argv = ["data", "digits", "--output", f"{s3_env}/out", "--shards", "2"]
+    for overwrite in (False, True):
+        before = objects()
+        previous = set().union(*(own(d) for d in ("train", "test"))) if overwrite else set()
+        assert run(capsys, argv + (["--overwrite"] if overwrite else []))[0] == 0
+        after = objects()
+        changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+        assert changed <= previous | own("train") | own("test"), sorted(changed)
+        assert all(after.get(rel) == data for rel, data in USER_FILES.items())
+        assert sum(dataset_shards(f"{s3_env}/out/train", "--training-data").values()) == 1437
+    assert set(objects()) == set(USER_FILES) | own("train") | own("test")
