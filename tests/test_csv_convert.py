@@ -69,6 +69,8 @@ def test_a_missing_value_is_refused_with_line_and_column_or_filled(capsys, tmp_p
     text = "a,b,y\n1,2,0\n3,,1\n"
     code, err, _ = convert(capsys, tmp_path, text)
     assert code == 2 and "line 3" in err and "column 'b'" in err and "--fill-missing" in err
+    code, err, _ = convert(capsys, tmp_path, text, "--fill-missing", "")  # empty: no fill (Argo's default)
+    assert code == 2 and "line 3" in err and "column 'b'" in err
     code, _, records = convert(capsys, tmp_path, text, "--fill-missing", "0")
     assert code == 0 and [r["b"] for r in records] == [[2], [0]]  # still an int64 column
 

@@ -48,7 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     convert.add_argument(
         "--fill-missing",
         metavar="VALUE",
-        help="stands for every empty value (default: an empty value is an error naming its line and column)",
+        default="",
+        help="stands for every empty value (default, or empty: an empty value is an error naming its line "
+        "and column)",
     )
     _add_output_flags(convert)
     convert.set_defaults(run=run_convert)
@@ -151,7 +153,7 @@ def run_ctr(args: argparse.Namespace) -> int:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    schema = scan_csv(Path(args.source), args.label_column, args.fill_missing)
+    schema = scan_csv(Path(args.source), args.label_column, args.fill_missing or None)
     storage = open_storage(args.output)
     num_shards = min(args.shards, schema.rows)
     bounds = np.linspace(0, schema.rows, num_shards + 1).astype(int)
