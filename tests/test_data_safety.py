@@ -209,7 +209,7 @@ def test_a_command_killed_part_way_leaves_the_previous_dataset_or_none(
     clean = snapshot(root)
     total = storage_changes(argv)
     restore(root, clean)
-    for at_change in sorted({1, 2, total // 2, total - 1, total}):
+    for at_change in sorted({1, total // 2, total}):
         before = snapshot(root)
         killed = run_killed(argv, at_change)
         assert killed.returncode == -9, killed.stderr

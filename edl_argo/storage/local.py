@@ -130,23 +130,19 @@ class LocalStorage(Storage):
         return ObjectInfo(normalize_key(key), st.st_size, _version(st))
 
     def read(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
-        check_range(offset, length)
-        path = self._path(key)
-        try:
-            with path.open("rb") as f:
-                f.seek(offset)
-                return f.read(-1 if length is None else length)
-        except IsADirectoryError:
-            raise ObjectNotFoundError(f"no file at {path} (it is a directory)") from None
-        except OSError as exc:
-            raise _os_error(path, exc) from exc
+        return self._read(key, offset, length, None)
 
     def read_version(self, key: str, offset: int = 0, length: int | None = None, *, version: str) -> bytes:
+        return self._read(key, offset, length, version)
+
+    def _read(self, key: str, offset: int, length: int | None, version: str | None) -> bytes:
+        """Read from the opened file; with ``version``, ObjectChangedError unless it is that version."""
         check_range(offset, length)
         path = self._path(key)
         try:
             with path.open("rb") as f:
-                self._check_version(key, _version(os.fstat(f.fileno())), version)  # the file read below
+                if version is not None:
+                    self._check_version(key, _version(os.fstat(f.fileno())), version)  # the file read below
                 f.seek(offset)
                 return f.read(-1 if length is None else length)
         except IsADirectoryError:
