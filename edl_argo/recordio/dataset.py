@@ -188,6 +188,18 @@ class Dataset:
         """The storage key of ``shard``."""
         return join_url(self.prefix, shard.key)
 
+    @property
+    def names(self) -> dict[str, str]:
+        """Storage key of each shard -> its name in the dataset: its manifest key without the version
+        folder (``data-00000``), the same whichever version of the dataset is read."""
+        return {self.key(s): shard_name(s.key) for s in self.manifest.shards}
+
+
+def shard_name(key: str) -> str:
+    """A manifest key without its leading version folder, if it has one."""
+    folder, _, rest = key.partition("/")
+    return rest if rest and VERSION_FOLDER.match(folder) else key
+
 
 def open_dataset(storage: Storage, prefix: str = "", what: str = "") -> Dataset:
     """Read the manifest of the dataset at ``prefix``, check that every shard it names is there with its
