@@ -631,13 +631,13 @@ class _ObjectsByName:
 
     def list_objects(self, bucket: str, prefix: str, recursive: bool) -> list[SimpleNamespace]:
         return [
-            SimpleNamespace(object_name=name, size=len(data))
+            SimpleNamespace(object_name=name, size=len(data), etag=None)
             for name, data in sorted(self.objects.items())
             if name.startswith(prefix)
         ]
 
     def stat_object(self, bucket: str, name: str) -> SimpleNamespace:
-        return SimpleNamespace(size=len(self.objects[name]))
+        return SimpleNamespace(size=len(self.objects[name]), etag=None)
 
     def get_object(self, bucket: str, name: str, offset: int, length: int, **_: object) -> _Response:
         data = self.objects[name][offset:]
