@@ -213,18 +213,31 @@ def record_accepted(replica: ModelReplica, log: list[tuple[int, int, int]], work
     return current
 
 
-def reference_sgd(initial: dict[str, np.ndarray], ordered: list[tuple[np.ndarray, np.ndarray]]) -> dict:
-    """Plain SGD on the linear model, one minibatch after the other, in float64."""
+def reference_sgd(initial: dict[str, np.ndarray], groups: list[list[tuple[np.ndarray, np.ndarray]]]) -> dict:
+    """Plain SGD on the linear model in float64: one step per group of minibatches, with the mean of their
+    gradients at the parameters before the step."""
     params = {name: value.astype(np.float64) for name, value in initial.items()}
     kernels = sorted(name for name in params if name.endswith("kernel"))
     bias = next(name for name in params if name.endswith("bias"))
-    for x, y in ordered:
-        prediction = x @ sum(params[k] for k in kernels) + params[bias]
-        g = 2.0 * (prediction - y) / len(x)
+    for group in groups:
+        kernel_grad = np.zeros_like(params[kernels[0]])
+        bias_grad = np.zeros_like(params[bias])
+        for x, y in group:
+            prediction = x @ sum(params[k] for k in kernels) + params[bias]
+            g = 2.0 * (prediction - y) / len(x)
+            kernel_grad += x.T @ g / len(group)
+            bias_grad += g.sum(axis=0) / len(group)
         for k in kernels:
-            params[k] = params[k] - LEARNING_RATE * (x.T @ g)
-        params[bias] = params[bias] - LEARNING_RATE * g.sum(axis=0)
+            params[k] = params[k] - LEARNING_RATE * kernel_grad
+        params[bias] = params[bias] - LEARNING_RATE * bias_grad
     return params
+
+
+def assert_parameters(cluster: Cluster, expected: dict[str, np.ndarray]) -> None:
+    final, _, _ = cluster.client().pull_dense([-1] * len(cluster.servicers))
+    assert sorted(final) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(final[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_the_linear_model_is_spread_over_two_ps(linear_spec: ModelSpec) -> None:
@@ -257,11 +270,25 @@ def test_sync_sgd_over_two_ps_applies_every_minibatch_once_on_every_ps(
     assert [s.version for s in ps.servicers] == [trained, trained]
     steps = sorted(step for step, _, _ in accepted)
     assert steps == list(range(1, trained + 1)), "PS 0 accepted two pushes for one step"
-    ordered = [batches[w][i] for _, w, i in sorted(accepted)]
-    expected = reference_sgd(initial, ordered)
-    final, _, _ = ps.client().pull_dense([-1, -1])
-    for name, value in expected.items():
-        np.testing.assert_allclose(final[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert_parameters(ps, reference_sgd(initial, [[batches[w][i]] for _, w, i in sorted(accepted)]))
+
+
+def test_pushes_left_waiting_for_grads_to_wait_are_applied_when_training_ends(
+    cluster: Callable[..., Cluster], linear_spec: ModelSpec
+) -> None:
+    """grads_to_wait=3, 7 minibatches: two full steps, and the last minibatch applied on its own when the
+    master asks the PS for their status with apply_pending (as it does when training ends)."""
+    ps = cluster(2, grads_to_wait=3).start()
+    (replica,) = build_replicas(linear_spec, ps, 1)
+    initial, _, _ = ps.client().pull_dense([-1, -1])
+    (batches,) = minibatches(1, per_worker=7)
+    run_workers([replica], [batches])
+    before = ps.client().status()
+    assert [(s.version, s.pending, s.pushes_accepted) for s in before] == [(2, 1, 7), (2, 1, 7)]
+    after = ps.client().status(apply_pending=True)
+    assert [(s.version, s.pending, s.pending_applied) for s in after] == [(3, 0, 1), (3, 0, 1)]
+    assert [s.version for s in ps.client().status(apply_pending=True)] == [3, 3]  # idempotent
+    assert_parameters(ps, reference_sgd(initial, [batches[0:3], batches[3:6], batches[6:]]))
 
 
 def test_pipelined_pushes_carry_the_versions_their_gradients_were_computed_from(

@@ -143,6 +143,9 @@ class TrainingJob:
         self._group_state: Any = None
         self._replicas: dict[str, Any] = {}
         self._server: Any = None
+        # Parameter servers: their status once every training task is done (pending pushes applied).
+        self._ps_status: list[Any] | None = None
+        self._ps_status_lock = threading.Lock()
         self._master_address = ""
         self._master_port = 0
         self._started = 0.0
@@ -231,6 +234,7 @@ class TrainingJob:
             training_loss=self.training_loss,
             rendezvous=self.rendezvous,
             ready_to_finish=lambda: self.rendezvous is None or self._group_state is not None,
+            finish_training=self._apply_pending_updates,
             commit=self._state_writer,
             restored_holders=restored_holders,
         )
@@ -288,6 +292,7 @@ class TrainingJob:
             self._state_writer.start()
             self._state_writer.changed()
             self._dispatch_until_done(progress)
+            self._apply_pending_updates()  # when no worker asked for a task after the last one
             metrics = self._metrics(started)
             self._wait_for_workers()
             self._export(metrics)
@@ -474,6 +479,24 @@ class TrainingJob:
         )
         self.versions.observe(newest.version)
         self._group_state = newest
+
+    def _apply_pending_updates(self) -> None:
+        """Training is over: every PS applies the pushes its synchronous step still waits for (fewer than
+        ``grads_to_wait`` arrived), so the final evaluation and the export see them; once per master."""
+        if self.config.allreduce:
+            return
+        with self._ps_status_lock:
+            if self._ps_status is not None:
+                return
+            ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
+            try:
+                self._ps_status = ps.status(apply_pending=True)
+            finally:
+                ps.close()
+        applied = sum(s.pending_applied for s in self._ps_status)
+        if applied:
+            log.info("pending_updates_applied", pushes=applied, versions=[s.version for s in self._ps_status])
+        self._on_version(max(s.version for s in self._ps_status))
 
     def _wait_for_workers(self) -> None:
         assert self.pods is not None

@@ -52,7 +52,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         training_loss: TrainingLoss | None = None,
         rendezvous: RendezvousManager | None = None,
         ready_to_finish: Callable[[], bool] = lambda: True,
+        finish_training: Callable[[], None] = lambda: None,
     ) -> None:
+        """``finish_training`` runs when every training task is done, before the final evaluation round
+        is queued (the PSes apply the pushes a synchronous step still waits for); it may run more than
+        once and must be idempotent."""
+        self._finish_training = finish_training
         self._training_loss = training_loss or TrainingLoss()
         self._rendezvous = rendezvous
         self._ready_to_finish = ready_to_finish
@@ -76,6 +81,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         else:
             assignment = self._dispatcher.get_task(request.worker_id)
         if assignment.kind == "done" and self._dispatcher.failure is None:
+            self._finish_training()
             if self._evaluation.start_final_round(self._current_version()):
                 assignment = self._dispatcher.get_task(request.worker_id)
             elif not self._evaluation.final_done or not self._ready_to_finish():
