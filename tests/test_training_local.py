@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from edl_argo import cli, log
+from edl_argo.errors import JobFailedError
 from edl_argo.master.job import TrainingJob, dataset_shards
+from edl_argo.worker.main import SKIP_MINIBATCH_ENV
 from tests.engine_helpers import (
     DIGITS_ACCURACY_FLOOR,
     DIGITS_MODEL,
@@ -95,4 +97,24 @@ def test_ps_combinations_end_at_the_expected_model_version(
     metrics = TrainingJob(config).run()
     assert_no_record_lost(metrics)
     assert metrics["model_version"] == expected_version
+    accounting = metrics["accounting"]
+    assert accounting["minibatches_trained"] == minibatches
+    assert [
+        (p["ps"], p["model_version"], p["updates_expected"]) for p in accounting["parameter_servers"]
+    ] == [(ps_id, expected_version, expected_version) for ps_id in range(config.num_ps)]
+    assert accounting["updates_lost_to_rollback"] == 0
     assert metrics["final_metrics"]["accuracy"] >= 0.8, "the model must learn"
+
+
+def test_a_minibatch_a_worker_skips_fails_the_job_naming_its_task(
+    digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test-only fault: a worker reads every record of task 3 but trains only 3 of its 4 minibatches."""
+    monkeypatch.setenv(SKIP_MINIBATCH_ENV, "3")
+    config = digits_config(digits_data, tmp_path / "job", num_epochs=1, evaluation_steps=0)
+    with pytest.raises(JobFailedError) as failure:
+        TrainingJob(config).run()
+    message = str(failure.value)
+    assert "accounting: training task 3 (shard" in message, message
+    assert "in 3 minibatches" in message and "expected 4 minibatches of 32" in message, message
+    assert not (tmp_path / "job" / "model").exists()

@@ -43,6 +43,7 @@ from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model
+from edl_argo.master.ledger import PsReport, TrainingLedger
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
@@ -106,6 +107,7 @@ class TrainingJob:
         self.output.exists("model")  # reach --output now: a missing bucket or a denial fails here
         self.versions = VersionTracker()
         self.training_loss = TrainingLoss()
+        self.ledger = TrainingLedger(config.minibatch_size, 1 if config.use_async else config.grads_to_wait)
         self.evaluation = EvaluationService(
             self.spec.eval_metrics_fn, self.validation_shards, config.evaluation_steps
         )
@@ -235,6 +237,7 @@ class TrainingJob:
             rendezvous=self.rendezvous,
             ready_to_finish=lambda: self.rendezvous is None or self._group_state is not None,
             finish_training=self._apply_pending_updates,
+            ledger=self.ledger,
             commit=self._state_writer,
             restored_holders=restored_holders,
         )
@@ -294,6 +297,7 @@ class TrainingJob:
             self._dispatch_until_done(progress)
             self._apply_pending_updates()  # when no worker asked for a task after the last one
             metrics = self._metrics(started)
+            self._check_accounting(metrics)
             self._wait_for_workers()
             self._export(metrics)
             self._forget_state()
@@ -330,6 +334,7 @@ class TrainingJob:
             "evaluation": self.evaluation.snapshot(),
             "model_version": self.versions.version,
             "training_loss": self.training_loss.snapshot(),
+            "ledger": self.ledger.snapshot(),
             "pods": self.pods.snapshot(),
         }
 
@@ -381,6 +386,7 @@ class TrainingJob:
             self.evaluation.restore(saved["evaluation"])
             self.versions.observe(int(saved["model_version"]))
             self.training_loss.restore(saved["training_loss"])
+            self.ledger.restore(saved["ledger"])
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise self.state_store.corrupt(f"{type(error).__name__}: {error}") from None
         holders = {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]} & workers
@@ -497,6 +503,27 @@ class TrainingJob:
         if applied:
             log.info("pending_updates_applied", pushes=applied, versions=[s.version for s in self._ps_status])
         self._on_version(max(s.version for s in self._ps_status))
+
+    def _check_accounting(self, metrics: dict[str, Any]) -> None:
+        """Fail the job when what the workers trained does not add up (:mod:`edl_argo.master.ledger`)."""
+        accounting = self.dispatcher.accounting()
+        problems = self.ledger.epoch_problems(accounting)
+        reports = [
+            PsReport(ps_id, s.version, s.pushes_refused, s.restored_version)
+            for ps_id, s in enumerate(self._ps_status or [])
+        ]
+        section, ps_problems = self.ledger.ps_updates(accounting, reports)
+        metrics["accounting"] = section
+        problems += ps_problems
+        log.info(
+            "accounting_checked",
+            minibatches=section["minibatches_trained"],
+            ps_versions=[r.version for r in reports],
+            updates_lost_to_rollback=section["updates_lost_to_rollback"],
+            problems=len(problems),
+        )
+        if problems:
+            raise JobFailedError("; ".join(problems))
 
     def _wait_for_workers(self) -> None:
         assert self.pods is not None
