@@ -328,3 +328,72 @@ def test_pipelined_pushes_carry_the_versions_their_gradients_were_computed_from(
             stalenesses.append(staleness)
             assert ps.scales[0][after] == pytest.approx(1.0 / max(1, staleness)), (worker, at, after)
     assert max(stalenesses) >= 2, f"the test needs stale pushes: {stalenesses}"
+
+
+VOCABULARY = 20
+EMBEDDING_MODEL = f"""
+import keras
+import tensorflow as tf
+
+def custom_model():
+    ids = keras.Input(shape=(3,), dtype="int64", name="ids")
+    rows = keras.layers.Embedding({VOCABULARY}, 4, name="emb")(ids)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(keras.layers.Flatten()(rows)))
+
+def feed(dataset, mode, metadata):
+    return dataset
+
+def loss(labels, predictions):
+    return tf.reduce_mean(tf.square(predictions - labels))
+
+def optimizer():
+    return keras.optimizers.SGD({LEARNING_RATE})
+
+def eval_metrics_fn():
+    return {{}}
+"""
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_embedding_updates_equal_model_fit_with_plain_sgd(tmp_path: Path, num_ps: int) -> None:
+    """One worker, synchronous SGD: the rows and dense variables on the PS are those Keras' ``model.fit``
+    reaches from the same start with the same minibatches (ids repeat within a minibatch; rows no
+    minibatch looks up stay exactly as they were in both). Not bit for bit: gradients of a repeated id are
+    summed in another order (measured: at most 1.5e-8 apart, one unit in the last place; a step moves a
+    row by about 1e-3)."""
+    path = tmp_path / "embedding.py"
+    path.write_text(EMBEDDING_MODEL)
+    spec = load_model_spec(str(path))
+    ps = Cluster(spec, num_ps).start()
+    try:
+        rng = np.random.default_rng(3)
+        ids = rng.integers(0, VOCABULARY - 5, size=(48, 3)).astype(np.int64)  # rows 15-19 never looked up
+        labels = rng.normal(size=(48, 1)).astype(np.float32)
+        (replica,) = build_replicas(spec, ps, 1)
+        client = ps.client()
+        tables = {t.name: t for t in replica._tables.values()}
+        (table,) = tables  # named by the path of the layer's variable
+        every_id = np.arange(VOCABULARY, dtype=np.int64)
+        (initial_rows,) = client.pull_embeddings([(table, every_id)], tables)  # creates every row
+        initial_dense, _, _ = client.pull_dense([-1] * num_ps)
+
+        run_workers([replica], [[(ids[i : i + 8], labels[i : i + 8]) for i in range(0, 48, 8)]])
+
+        reference = spec.custom_model()
+        reference.get_layer("emb").embeddings.assign(initial_rows)
+        for variable in reference.get_layer("out").trainable_variables:
+            variable.assign(initial_dense[variable.path])
+        reference.compile(optimizer=spec.optimizer(), loss=spec.loss)
+        reference.fit(ids, labels, batch_size=8, epochs=1, shuffle=False, verbose=0)
+
+        (rows,) = client.pull_embeddings([(table, every_id)], tables)
+        dense, _, _ = client.pull_dense([-1] * num_ps)
+        assert np.array_equal(rows[15:], initial_rows[15:])
+        assert not np.allclose(rows[:15], initial_rows[:15], rtol=0, atol=1e-4), "rows must have moved"
+        np.testing.assert_allclose(rows, reference.get_layer("emb").embeddings.numpy(), rtol=1e-6, atol=1e-7)
+        for variable in reference.get_layer("out").trainable_variables:
+            np.testing.assert_allclose(
+                dense[variable.path], variable.numpy(), rtol=1e-6, atol=1e-7, err_msg=variable.path
+            )
+    finally:
+        ps.stop()
