@@ -13,7 +13,6 @@ fails the job at once: retrying elsewhere would meet the same NaN.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any, Protocol
@@ -28,6 +27,14 @@ from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
 from edl_argo.log import get_logger
 from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.outputs import (
+    as_given,
+    concatenate,
+    named_arrays,
+    num_records,
+    output_names,
+    prediction_lines,
+)
 from edl_argo.proto import master_pb2
 from edl_argo.storage import open_storage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
@@ -112,6 +119,9 @@ class Replica(Protocol):
     def flush(self) -> None: ...
 
     def predict(self, features: Any) -> Any: ...
+
+    @property
+    def model(self) -> Any: ...
 
     def idle_step(self) -> bool: ...
 
@@ -251,38 +261,34 @@ class Worker:
             self._reported_version = version
 
     def _evaluate(self, task: master_pb2.Task, batches: Any) -> dict[str, int]:
-        outputs: list[np.ndarray] = []
-        labels: list[np.ndarray] = []
-        synced = False
+        outputs: list[dict[str, np.ndarray]] = []
+        labels: list[dict[str, np.ndarray]] = []
         for features, batch_labels in batches:
-            if not synced:
+            if not outputs:
                 self._replica.ensure_built(features)
                 self._replica.sync()
-                synced = True
-            outputs.append(np.asarray(self._replica.predict(features)))
-            labels.append(np.asarray(batch_labels))
+            names = output_names(self._replica.model)
+            outputs.append(named_arrays(self._replica.predict(features), names))
+            labels.append(named_arrays(batch_labels))
         if outputs:
             self._master.report_evaluation_outputs(
-                task.task_id,
-                task.model_version,
-                {"output": np.concatenate(outputs)},
-                np.concatenate(labels),
+                task.task_id, task.model_version, concatenate(outputs), concatenate(labels)
             )
-        return {"records": sum(len(o) for o in outputs)}
+        return {"records": sum(num_records(o) for o in outputs)}
 
     def _predict(self, task: master_pb2.Task, batches: Any) -> dict[str, int]:
-        outputs: list[np.ndarray] = []
+        outputs: list[dict[str, np.ndarray]] = []
         for features in batches:
             if not outputs:
                 self._replica.ensure_built(features)
                 self._replica.sync()
-            batch = np.asarray(self._replica.predict(features))
+            batch = named_arrays(self._replica.predict(features), output_names(self._replica.model))
             if self._processor is not None:
-                self._processor.process(batch, self.worker_id)
+                self._processor.process(as_given(batch), self.worker_id)
             outputs.append(batch)
         if self._prediction_output and outputs:
-            write_predictions(self._prediction_output, task.shard, task.start, np.concatenate(outputs))
-        return {"records": sum(len(o) for o in outputs)}
+            write_predictions(self._prediction_output, task.shard, task.start, concatenate(outputs))
+        return {"records": sum(num_records(o) for o in outputs)}
 
 
 def _batch_size(features: Any, labels: Any) -> int:
@@ -291,14 +297,12 @@ def _batch_size(features: Any, labels: Any) -> int:
     return int(first.shape[0])
 
 
-def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> str:
-    """Write one JSON line per record, ``{"shard", "record", "output"}``, as one object per range."""
+def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.ndarray]) -> str:
+    """Write one JSON line per record (:func:`~edl_argo.model.outputs.prediction_lines`) as one object."""
     key = f"{shard}.{start:012d}.jsonl"
-    lines = (
-        json.dumps({"shard": shard, "record": start + i, "output": np.asarray(row).tolist()})
-        for i, row in enumerate(outputs)
+    open_storage(url).write(
+        key, "".join(line + "\n" for line in prediction_lines(shard, start, outputs)).encode()
     )
-    open_storage(url).write(key, ("\n".join(lines) + "\n").encode())
     return key
 
 
