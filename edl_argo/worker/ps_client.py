@@ -201,9 +201,7 @@ class ParameterServerClient:
                 if mask.any():
                     sparse_by_owner[ps_id][table] = (values[mask], ids[mask])
 
-        authority_step = 0
-
-        def push(ps_id: int) -> ps_pb2.PushGradientsResponse:
+        def push(ps_id: int, authority_step: int = 0) -> ps_pb2.PushGradientsResponse:
             # Built in place: each tensor's bytes are copied once into the request.
             request = ps_pb2.PushGradientsRequest(
                 version=versions[ps_id],
@@ -228,11 +226,10 @@ class ParameterServerClient:
         decision = push(0)  # PS 0 decides for all
         if not decision.accepted:
             return PushResult(False, (decision.version,) + (-1,) * (self.num_ps - 1))
-        authority_step = decision.step
-        followers = self._each(push, range(1, self.num_ps))
+        followers = self._each(lambda ps_id: push(ps_id, decision.step), range(1, self.num_ps))
         if not all(r.accepted for r in followers):
             raise JobFailedError("a PS refused a push PS 0 accepted: do the PS run different settings?")
-        return PushResult(True, (decision.version, *(r.version for r in followers)), authority_step)
+        return PushResult(True, (decision.version, *(r.version for r in followers)), decision.step)
 
     def status(self, apply_pending: bool = False) -> list[ps_pb2.ParameterServerStatus]:
         """Every PS's version and push counts, in id order; ``apply_pending`` first applies the pushes a
