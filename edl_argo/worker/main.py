@@ -18,7 +18,6 @@ import time
 from typing import Any, Protocol
 
 import numpy as np
-import tensorflow as tf
 
 from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
 from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
@@ -37,11 +36,7 @@ from edl_argo.model.outputs import (
 )
 from edl_argo.proto import master_pb2
 from edl_argo.storage import open_storage
-from edl_argo.worker.allreduce_replica import AllreduceReplica
-from edl_argo.worker.data import RecordSource, make_batches
 from edl_argo.worker.master_client import MasterClient
-from edl_argo.worker.ps_client import ParameterServerClient
-from edl_argo.worker.replica import ModelReplica, NonFiniteLossError
 
 log = get_logger(__name__)
 
@@ -151,6 +146,8 @@ class Worker:
         self._spec = spec
         self._master = master
         self._replica = replica
+        from edl_argo.worker.data import RecordSource  # TensorFlow: imported when run, not for --help
+
         self._source = RecordSource()
         self._minibatch_size = minibatch_size
         self._evaluation_steps = evaluation_steps
@@ -180,6 +177,9 @@ class Worker:
 
     def _run_task(self, task: master_pb2.Task) -> master_pb2.GetTaskResponse:
         """Run ``task``, report its outcome, and return the master's next answer (given with the report)."""
+        from edl_argo.worker.data import make_batches
+        from edl_argo.worker.replica import NonFiniteLossError
+
         started = time.monotonic()
         self._task_steps = 0
         try:
@@ -220,6 +220,8 @@ class Worker:
     def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
         """Train every minibatch of ``task``; the counters tell the master's accounting the records the
         input yielded and the minibatches trained (:mod:`edl_argo.master.ledger`)."""
+        from edl_argo.worker.replica import NonFiniteLossError
+
         steps = 0
         skipped = 0
         records = 0
@@ -292,8 +294,11 @@ class Worker:
 
 
 def _batch_size(features: Any, labels: Any) -> int:
-    """The number of examples in a minibatch (the first dimension of its labels, else of its features)."""
-    first = tf.nest.flatten(labels if labels is not None else features)[0]
+    """The number of examples in a minibatch (the first dimension of its labels, else of its features;
+    of the first tensor of a dict, list or tuple)."""
+    first = labels if labels is not None else features
+    while isinstance(first, dict | list | tuple):
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
     return int(first.shape[0])
 
 
@@ -307,6 +312,10 @@ def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.nd
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from edl_argo.worker.allreduce_replica import AllreduceReplica  # TensorFlow: see edl_argo.cli
+    from edl_argo.worker.ps_client import ParameterServerClient
+    from edl_argo.worker.replica import ModelReplica
+
     spec = load_model_spec(args.model_def)
     master = MasterClient(args.master_addr, args.worker_id)
     replica: Replica
