@@ -19,7 +19,8 @@ AllreduceStrategy the model lives in the workers: the job continues if any worke
 re-forms around it; round ids come from the clock, so they only grow across masters) or, when none did,
 from the group's newest checkpoint; without ``--checkpoint-steps`` it starts afresh. Without a saved
 state, pods left by an earlier master are removed and the job starts afresh: checkpoints an earlier run
-left in ``<output>/checkpoints`` are removed too, so a new run never restores them.
+left in its checkpoint series (``<output>/checkpoints/ps-<id>``, ``allreduce``) are removed too, so a new
+run never restores them; nothing else there is touched.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edl_argo.addresses import join_host_port
 from edl_argo.collective.membership import survey_member_states
 from edl_argo.collective.transport import FRAME_CAP_ENV
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
@@ -53,8 +55,9 @@ from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, PodStatus, find_free_port
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
-from edl_argo.recordio import ShardReader, list_shards
+from edl_argo.recordio import ShardReader, open_dataset
 from edl_argo.rpc.channel import make_server
+from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
 
 log = get_logger(__name__)
@@ -64,14 +67,9 @@ WORKER_EXIT_GRACE_SECONDS = 15.0
 
 
 def dataset_shards(url: str, flag: str) -> dict[str, int]:
-    """Shard key -> record count of every shard under ``url``; :class:`ConfigError` if there are none."""
-    storage = open_storage(url)
-    shards = {key: ShardReader(storage, key).num_records for key in list_shards(storage)}
-    if not shards:
-        raise ConfigError(
-            f"{flag} {url}: no shards there (expected RecordIO files, e.g. from `edl-argo data`)"
-        )
-    return shards
+    """Shard key -> record count of every shard the dataset manifest at ``url`` names; DataFormatError
+    naming ``flag`` and what is missing if the dataset is incomplete."""
+    return open_dataset(open_storage(url), what=flag).records
 
 
 @dataclass
@@ -102,10 +100,14 @@ class TrainingJob:
             from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
 
             check_world_size_scaling(self.spec.optimizer)
-        self.training_shards = dataset_shards(config.training_data, "--training-data")
-        self.validation_shards = (
-            dataset_shards(config.validation_data, "--validation-data") if config.validation_data else {}
+        # Each shard's version is pinned here: tasks carry it, and workers read only that version.
+        self.training_data = open_dataset(open_storage(config.training_data), what="--training-data")
+        self.training_shards = self.training_data.records
+        validation = config.validation_data
+        self.validation_data = (
+            open_dataset(open_storage(validation), what="--validation-data") if validation else None
         )
+        self.validation_shards = self.validation_data.records if self.validation_data else {}
         self.output = open_storage(config.output)
         self.output.exists("model")  # reach --output now: a missing bucket or a denial fails here
         self.versions = VersionTracker()
@@ -179,6 +181,8 @@ class TrainingJob:
             "--ps-id", str(ps_id),
             "--num-ps", str(c.num_ps),
             "--port", str(self.ps_ports[ps_id]),
+            "--master-addr", self._master_address,
+            "--master-timeout", str(c.master_timeout),
             "--model-def", self.pod_model_def,
             "--grads-to-wait", str(c.grads_to_wait),
             "--sync-version-tolerance", str(c.sync_version_tolerance),
@@ -199,6 +203,7 @@ class TrainingJob:
             "edl-argo", "worker",
             "--worker-id", str(worker_id),
             "--master-addr", self._master_address,
+            "--master-timeout", str(c.master_timeout),
             "--model-def", self.pod_model_def,
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
@@ -250,6 +255,10 @@ class TrainingJob:
                 TaskType.EVALUATION: self.config.validation_data,
                 TaskType.PREDICTION: "",
             },
+            shard_versions={
+                TaskType.TRAINING: self.training_data.versions,
+                TaskType.EVALUATION: self.validation_data.versions if self.validation_data else {},
+            },
             current_version=lambda: self.versions.version,
             on_version=self._on_version,
             scale_workers=lambda n: self.pods.scale_workers(n) if self.pods else n,
@@ -265,15 +274,17 @@ class TrainingJob:
         # A restarted master serves where the workers it adopts expect it.
         wanted = int(self._saved["master_port"]) if self._saved is not None else self.config.master_port
         try:
-            port = self._server.add_insecure_port(f"{self.host}:{wanted}")
+            port = self._server.add_insecure_port(join_host_port(self.host, wanted))
         except RuntimeError:
             port = 0
         if not port or (wanted and port != wanted):
-            raise JobFailedError(f"the master cannot serve on {self.host}:{wanted}: the port is taken")
+            raise JobFailedError(
+                f"the master cannot serve on {join_host_port(self.host, wanted)}: the port is taken"
+            )
         self._master_port = port
         self._server.start()
-        self._master_address = self.backend.expose_master(f"{self.host}:{port}")
-        register_master(self.config.job_name, f"{self.host}:{port}")
+        self._master_address = self.backend.expose_master(join_host_port(self.host, port))
+        register_master(self.config.job_name, join_host_port(self.host, port))
         log.info("master_started", job=self.config.job_name, address=self._master_address)
 
     def run(self) -> dict[str, Any]:
@@ -441,17 +452,25 @@ class TrainingJob:
         return adopted, holders
 
     def _remove_stale_checkpoints(self) -> None:
-        """A job that starts afresh never restores the checkpoints an earlier run of it left."""
+        """A job that starts afresh never restores the checkpoints an earlier run of it left. Only the
+        checkpoints its own holders would restore are removed, by name (the series ``ps-<id>`` of its PSes,
+        or ``allreduce``); anything else under ``--checkpoint-dir`` is left alone."""
+        from edl_argo.collective.checkpoint import group_checkpoints
+        from edl_argo.ps.checkpoint import ps_checkpoints
+
         c = self.config
         if not c.checkpoint_steps:
             return
         storage = open_storage(c.checkpoints_url)
-        stale = [info.key for info in storage.list("")]
-        for key in stale:
-            storage.delete(key)
-        if stale:
+        own = (
+            [group_checkpoints(storage)]
+            if c.allreduce
+            else [ps_checkpoints(storage, i) for i in range(c.num_ps)]
+        )
+        removed = sum(series.clear() for series in own)
+        if removed:
             log.warning(
-                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=len(stale)
+                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=removed
             )
 
     def _forget_state(self) -> None:
@@ -636,6 +655,11 @@ def run_train(args: Any) -> int:
 
         print(render_train_manifests(config), end="")
         return 0
+    if config.backend == "local":
+        # Local pods are this master's to stop. On Kubernetes a SIGTERM may be a node drain after which
+        # Argo retries the master, which then adopts the pods: they stay (the step's exit hook and
+        # --master-timeout remove them once the step has ended for good).
+        stop_on_sigterm()
     try:
         metrics = TrainingJob(config).run()
     except JobFailedError as error:
@@ -654,7 +678,7 @@ def run_train(args: Any) -> int:
 
 def _default_backend(config: TrainConfig) -> PodBackend:
     if config.backend != "kubernetes":
-        return LocalProcessBackend(config.job_name)
+        return LocalProcessBackend(config.job_name, host=pod_host())
     if config.kubernetes is None:
         raise ConfigError("--backend kubernetes needs its settings (TrainConfig.kubernetes)")
     from edl_argo.pods.kubernetes import KubernetesBackend  # the client is slow to import: only when used

@@ -13,6 +13,7 @@ fails the job at once: retrying elsewhere would meet the same NaN.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 from typing import Any, Protocol
@@ -35,6 +36,8 @@ from edl_argo.model.outputs import (
     prediction_lines,
 )
 from edl_argo.proto import master_pb2
+from edl_argo.recordio import ShardChangedError
+from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch, add_master_timeout_flag
 from edl_argo.storage import open_storage
 from edl_argo.worker.master_client import MasterClient
 
@@ -55,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("worker", help="run one worker of a job (started by the master)")
     add_flag(parser, "--worker-id", type=non_negative_int, required=True)
     add_flag(parser, "--master-addr", required=True, help="host:port of the master")
+    add_master_timeout_flag(parser)
     add_flag(
         parser,
         "--ps-addrs",
@@ -183,7 +187,7 @@ class Worker:
         started = time.monotonic()
         self._task_steps = 0
         try:
-            records = self._source.read(task.data_url, task.shard, task.start, task.end)
+            records = self._source.read(task.data_url, task.shard, task.start, task.end, task.shard_version)
             batches = make_batches(self._spec, records, _MODES[task.type], self._minibatch_size)
             if task.type == master_pb2.TRAINING:
                 counters = self._train(batches, task)
@@ -192,13 +196,13 @@ class Worker:
             else:
                 counters = self._predict(task, batches)
         except NonFiniteLossError as error:
-            message = (
+            return self._fail_job(
+                task,
                 f"{error} (task {task.task_id}, shard {task.shard}); lower the learning rate or use"
-                " --nan-loss skip"
+                " --nan-loss skip",
             )
-            log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
-            self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
-            return self._master.get_task()  # the job failed: the master says DONE
+        except ShardChangedError as error:  # retrying cannot help: the data the job started with are gone
+            return self._fail_job(task, str(error))
         except JobFailedError:
             raise
         except Exception as error:  # a task-level failure: the master requeues the task
@@ -216,6 +220,12 @@ class Worker:
             task.task_id, success=True, counters=counters, mean_loss=mean_loss
         )
         return report.next_task
+
+    def _fail_job(self, task: master_pb2.Task, message: str) -> master_pb2.GetTaskResponse:
+        """Report ``task`` as a failure no retry can mend: the master fails the job with ``message``."""
+        log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
+        self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
+        return self._master.get_task()  # the job failed: the master says DONE
 
     def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
         """Train every minibatch of ``task``; the counters tell the master's accounting the records the
@@ -317,7 +327,11 @@ def run_worker(args: argparse.Namespace) -> int:
     from edl_argo.worker.replica import ModelReplica
 
     spec = load_model_spec(args.model_def)
-    master = MasterClient(args.master_addr, args.worker_id)
+    # The watch ends the worker when the master is lost; calls keep retrying a little longer, so that
+    # the watch, not a call, decides.
+    budget = args.master_timeout + 2 * PROBE_SECONDS
+    master = MasterClient(args.master_addr, args.worker_id, retry_budget_seconds=budget)
+    watch = MasterWatch(args.master_addr, args.master_timeout, _master_lost).start()
     replica: Replica
     if args.distribution_strategy == ALLREDUCE:
         replica = AllreduceReplica(
@@ -350,5 +364,18 @@ def run_worker(args: argparse.Namespace) -> int:
     try:
         worker.run()
     finally:
+        watch.close()
         replica.close()
     return 0
+
+
+#: Exit status of a worker whose master stayed unreachable for ``--master-timeout``.
+MASTER_LOST_EXIT_CODE = 3
+
+
+def _master_lost() -> None:
+    """The master is gone for good: end the worker at once, whatever its main thread is waiting for (a
+    parameter server, a peer, the master itself); a worker holds nothing that must be saved."""
+    log.error("worker_stopping", reason="master_lost", exit_code=MASTER_LOST_EXIT_CODE)
+    logging.shutdown()
+    os._exit(MASTER_LOST_EXIT_CODE)
