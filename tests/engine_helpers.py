@@ -88,6 +88,20 @@ class JobThread:
         return done / total if total else 0.0
 
 
+def expected_minibatches(config: TrainConfig) -> int:
+    """The minibatches a job trains when nothing fails: every task of every epoch, each cut into minibatches
+    of ``minibatch_size`` (the last one of a task may be smaller)."""
+    from edl_argo.master.job import dataset_shards
+
+    per_task, size = config.records_per_task, config.minibatch_size
+    per_epoch = sum(
+        -(-min(per_task, records - start) // size)
+        for records in dataset_shards(config.training_data, "--training-data").values()
+        for start in range(0, records, per_task)
+    )
+    return per_epoch * config.num_epochs
+
+
 def read_metrics(output: Path) -> dict[str, Any]:
     return json.loads((output / "model" / "metrics.json").read_text())
 

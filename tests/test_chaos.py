@@ -59,6 +59,8 @@ def test_killed_ps_restarts_from_its_latest_checkpoint(chaos_env: ChaosEnv) -> N
     # Restored from the newest checkpoint (one every CHECKPOINT_STEPS versions, saved in the background).
     assert result.versions_lost is not None
     assert 0 <= result.versions_lost <= 2 * CHECKPOINT_STEPS, result.versions_lost
+    # The job counts the same loss itself: the updates its minibatches make minus the PS's final version.
+    assert result.updates_lost == result.versions_lost, result.metrics["accounting"]
 
 
 def test_job_rides_out_an_s3_outage(chaos_env: ChaosEnv) -> None:

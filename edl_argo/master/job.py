@@ -43,6 +43,7 @@ from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.ledger import PsReport, TrainingLedger
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.ps_watch import ParameterServerWatch
 from edl_argo.master.registry import register_master, unregister_master
@@ -119,6 +120,7 @@ class TrainingJob:
         self.output.exists("model")  # reach --output now: a missing bucket or a denial fails here
         self.versions = VersionTracker()
         self.training_loss = TrainingLoss()
+        self.ledger = TrainingLedger(config.minibatch_size, 1 if config.use_async else config.grads_to_wait)
         self.evaluation = EvaluationService(
             self.spec.eval_metrics_fn, self.validation_shards, config.evaluation_steps
         )
@@ -166,6 +168,9 @@ class TrainingJob:
         self._group_state: Any = None
         self._replicas: dict[str, Any] = {}
         self._server: Any = None
+        # Parameter servers: their status once every training task is done (pending pushes applied).
+        self._ps_status: list[Any] | None = None
+        self._ps_status_lock = threading.Lock()
         self._master_address = ""
         self._master_port = 0
         self._started = 0.0
@@ -274,6 +279,8 @@ class TrainingJob:
             training_loss=self.training_loss,
             rendezvous=self.rendezvous,
             ready_to_finish=lambda: self.rendezvous is None or self._group_state is not None,
+            finish_training=self._apply_pending_updates,
+            ledger=self.ledger,
             commit=self._state_writer,
             restored_holders=restored_holders,
         )
@@ -344,7 +351,9 @@ class TrainingJob:
                     lambda ps_id: self.backend.address(PodRole.PS, ps_id), c.num_ps, c.rpc_timeout_seconds
                 )
             self._dispatch_until_done(progress)
+            self._apply_pending_updates()  # when no worker asked for a task after the last one
             metrics = self._metrics(started)
+            self._check_accounting(metrics)
             self._wait_for_workers()
             self._export(metrics)
             self._forget_state()
@@ -387,6 +396,7 @@ class TrainingJob:
             "evaluation": self.evaluation.snapshot(),
             "model_version": self.versions.version,
             "training_loss": self.training_loss.snapshot(),
+            "ledger": self.ledger.snapshot(),
             "pods": self.pods.snapshot(),
             # Not in STATE_PARTS: a state saved before it existed is still read.
             "allreduce_group": self.rendezvous.snapshot() if self.rendezvous is not None else None,
@@ -440,6 +450,7 @@ class TrainingJob:
             self.evaluation.restore(saved["evaluation"])
             self.versions.observe(int(saved["model_version"]))
             self.training_loss.restore(saved["training_loss"])
+            self.ledger.restore(saved["ledger"])
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise self.state_store.corrupt(f"{type(error).__name__}: {error}") from None
         holders = {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]} & workers
@@ -550,6 +561,47 @@ class TrainingJob:
         )
         self.versions.observe(newest.version)
         self._group_state = newest
+
+    def _apply_pending_updates(self) -> None:
+        """Training is over: every PS applies the pushes its synchronous step still waits for (fewer than
+        ``grads_to_wait`` arrived), so the final evaluation and the export see them; once per master."""
+        if self.config.allreduce:
+            return
+        from edl_argo.worker.ps_client import ParameterServerClient
+
+        with self._ps_status_lock:
+            if self._ps_status is not None:
+                return
+            ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
+            try:
+                self._ps_status = ps.status(apply_pending=True)
+            finally:
+                ps.close()
+        applied = sum(s.pending_applied for s in self._ps_status)
+        if applied:
+            log.info("pending_updates_applied", pushes=applied, versions=[s.version for s in self._ps_status])
+        self._on_version(max(s.version for s in self._ps_status))
+
+    def _check_accounting(self, metrics: dict[str, Any]) -> None:
+        """Fail the job when what the workers trained does not add up (:mod:`edl_argo.master.ledger`)."""
+        accounting = self.dispatcher.accounting()
+        problems = self.ledger.epoch_problems(accounting)
+        reports = [
+            PsReport(ps_id, s.version, s.pushes_refused, s.restored_version)
+            for ps_id, s in enumerate(self._ps_status or [])
+        ]
+        section, ps_problems = self.ledger.ps_updates(accounting, reports)
+        metrics["accounting"] = section
+        problems += ps_problems
+        log.info(
+            "accounting_checked",
+            minibatches=section["minibatches_trained"],
+            ps_versions=[r.version for r in reports],
+            updates_lost_to_rollback=section["updates_lost_to_rollback"],
+            problems=len(problems),
+        )
+        if problems:
+            raise JobFailedError("; ".join(problems))
 
     def _wait_for_workers(self) -> None:
         assert self.pods is not None

@@ -16,6 +16,7 @@ import grpc
 
 from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
@@ -56,8 +57,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         rendezvous: RendezvousManager | None = None,
         ready_to_finish: Callable[[], bool] = lambda: True,
         shard_versions: dict[TaskType, dict[str, str]] | None = None,
+        finish_training: Callable[[], None] = lambda: None,
+        ledger: TrainingLedger | None = None,
     ) -> None:
+        """``finish_training`` runs when every training task is done, before the final evaluation round
+        is queued (the PSes apply the pushes a synchronous step still waits for); it may run more than
+        once and must be idempotent. ``ledger`` checks and counts what workers report they trained: a
+        training task whose report does not add up fails the job."""
         self._shard_versions = shard_versions or {}
+        self._finish_training = finish_training
+        self._ledger = ledger
         self._training_loss = training_loss or TrainingLoss()
         self._rendezvous = rendezvous
         self._ready_to_finish = ready_to_finish
@@ -81,6 +90,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         else:
             assignment = self._dispatcher.get_task(request.worker_id)
         if assignment.kind == "done" and self._dispatcher.failure is None:
+            self._finish_training()
             if self._evaluation.start_final_round(self._current_version()):
                 assignment = self._dispatcher.get_task(request.worker_id)
             elif not self._evaluation.final_done or not self._ready_to_finish():
@@ -123,9 +133,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if request.fatal and not request.success:
             accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, request.error_message)
             return master_pb2.ReportTaskResultResponse(accepted=accepted)  # the job failed: no next task
+        task = self._dispatcher.held_task(request.task_id, request.worker_id)
+        ledger = self._ledger if task is not None and task.type is TaskType.TRAINING else None
+        if ledger is not None and task is not None and request.success:
+            problem = ledger.check(task, request.counters)
+            if problem is not None:
+                accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, problem)
+                return master_pb2.ReportTaskResultResponse(accepted=accepted)  # the job failed
+            ledger.add(task, request.counters)  # first: a state saved in between counts it
         accepted = self._dispatcher.report(
             request.task_id, request.worker_id, request.success, request.error_message
         )
+        if ledger is not None and task is not None:
+            if request.success and not accepted:
+                ledger.remove(task)
+            elif not request.success and accepted:
+                ledger.add_failed_attempt(request.counters)
         if accepted and request.success and "steps" in request.counters:
             self._training_loss.add(
                 request.counters.get("epoch", 0), request.mean_loss, request.counters["steps"]

@@ -65,6 +65,7 @@ STATE_PARTS = (
     "evaluation",
     "model_version",
     "training_loss",
+    "ledger",
     "pods",
 )
 #: The :class:`~edl_argo.master.config.TrainConfig` fields a job cannot change while it runs: how tasks

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from edl_argo.proto import tensor_pb2 as edl__argo_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x64l_argo/proto/ps.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"S\n\x12\x45mbeddingTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x03\x12\x13\n\x0binitializer\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\x92\x02\n\x05Model\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12*\n\x10\x64\x65nse_parameters\x18\x02 \x03(\x0b\x32\x10.edl_argo.Tensor\x12;\n\x15\x65mbedding_table_infos\x18\x03 \x03(\x0b\x32\x1c.edl_argo.EmbeddingTableInfo\x12>\n\x10\x65mbedding_tables\x18\x04 \x03(\x0b\x32$.edl_argo.Model.EmbeddingTablesEntry\x1aO\n\x14\x45mbeddingTablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.edl_argo.IndexedSlices:\x02\x38\x01\"6\n\x11PushModelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"-\n\x1aPullDenseParametersRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"o\n\x1bPullDenseParametersResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12*\n\x10\x64\x65nse_parameters\x18\x03 \x03(\x0b\x32\x10.edl_argo.Tensor\"J\n\x1bPullEmbeddingVectorsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x03ids\x18\x02 \x01(\x0b\x32\x10.edl_argo.Tensor\"Z\n PullEmbeddingVectorsBatchRequest\x12\x36\n\x07lookups\x18\x01 \x03(\x0b\x32%.edl_argo.PullEmbeddingVectorsRequest\"C\n!PullEmbeddingVectorsBatchResponse\x12\x1e\n\x04rows\x18\x01 \x03(\x0b\x32\x10.edl_argo.Tensor\")\n\x19PullEmbeddingTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"h\n\x14PushGradientsRequest\x12\"\n\tgradients\x18\x01 \x01(\x0b\x32\x0f.edl_argo.Model\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1b\n\x13learning_rate_scale\x18\x03 \x01(\x02\":\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x32\x9d\x04\n\x0fParameterServer\x12\x39\n\tPushModel\x12\x0f.edl_argo.Model\x1a\x1b.edl_argo.PushModelResponse\x12\x62\n\x13PullDenseParameters\x12$.edl_argo.PullDenseParametersRequest\x1a%.edl_argo.PullDenseParametersResponse\x12O\n\x14PullEmbeddingVectors\x12%.edl_argo.PullEmbeddingVectorsRequest\x1a\x10.edl_argo.Tensor\x12t\n\x19PullEmbeddingVectorsBatch\x12*.edl_argo.PullEmbeddingVectorsBatchRequest\x1a+.edl_argo.PullEmbeddingVectorsBatchResponse\x12R\n\x12PullEmbeddingTable\x12#.edl_argo.PullEmbeddingTableRequest\x1a\x17.edl_argo.IndexedSlices\x12P\n\rPushGradients\x12\x1e.edl_argo.PushGradientsRequest\x1a\x1f.edl_argo.PushGradientsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x64l_argo/proto/ps.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"S\n\x12\x45mbeddingTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x03\x12\x13\n\x0binitializer\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\x92\x02\n\x05Model\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12*\n\x10\x64\x65nse_parameters\x18\x02 \x03(\x0b\x32\x10.edl_argo.Tensor\x12;\n\x15\x65mbedding_table_infos\x18\x03 \x03(\x0b\x32\x1c.edl_argo.EmbeddingTableInfo\x12>\n\x10\x65mbedding_tables\x18\x04 \x03(\x0b\x32$.edl_argo.Model.EmbeddingTablesEntry\x1aO\n\x14\x45mbeddingTablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.edl_argo.IndexedSlices:\x02\x38\x01\"6\n\x11PushModelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"-\n\x1aPullDenseParametersRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x99\x01\n\x1bPullDenseParametersResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12*\n\x10\x64\x65nse_parameters\x18\x03 \x03(\x0b\x32\x10.edl_argo.Tensor\x12\x13\n\x0bsynced_step\x18\x04 \x01(\x03\x12\x13\n\x0bsynchronous\x18\x05 \x01(\x08\"J\n\x1bPullEmbeddingVectorsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x03ids\x18\x02 \x01(\x0b\x32\x10.edl_argo.Tensor\"Z\n PullEmbeddingVectorsBatchRequest\x12\x36\n\x07lookups\x18\x01 \x03(\x0b\x32%.edl_argo.PullEmbeddingVectorsRequest\"C\n!PullEmbeddingVectorsBatchResponse\x12\x1e\n\x04rows\x18\x01 \x03(\x0b\x32\x10.edl_argo.Tensor\")\n\x19PullEmbeddingTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x80\x01\n\x14PushGradientsRequest\x12\"\n\tgradients\x18\x01 \x01(\x0b\x32\x0f.edl_argo.Model\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1b\n\x13learning_rate_scale\x18\x03 \x01(\x02\x12\x16\n\x0e\x61uthority_step\x18\x04 \x01(\x03\"H\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\")\n\x10GetStatusRequest\x12\x15\n\rapply_pending\x18\x01 \x01(\x08\"\xb2\x01\n\x15ParameterServerStatus\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fpushes_accepted\x18\x03 \x01(\x03\x12\x16\n\x0epushes_refused\x18\x04 \x01(\x03\x12\x17\n\x0fpending_applied\x18\x05 \x01(\x03\x12\x0f\n\x07pending\x18\x06 \x01(\x03\x12\x18\n\x10restored_version\x18\x07 \x01(\x03\x32\xe7\x04\n\x0fParameterServer\x12\x39\n\tPushModel\x12\x0f.edl_argo.Model\x1a\x1b.edl_argo.PushModelResponse\x12\x62\n\x13PullDenseParameters\x12$.edl_argo.PullDenseParametersRequest\x1a%.edl_argo.PullDenseParametersResponse\x12O\n\x14PullEmbeddingVectors\x12%.edl_argo.PullEmbeddingVectorsRequest\x1a\x10.edl_argo.Tensor\x12t\n\x19PullEmbeddingVectorsBatch\x12*.edl_argo.PullEmbeddingVectorsBatchRequest\x1a+.edl_argo.PullEmbeddingVectorsBatchResponse\x12R\n\x12PullEmbeddingTable\x12#.edl_argo.PullEmbeddingTableRequest\x1a\x17.edl_argo.IndexedSlices\x12P\n\rPushGradients\x12\x1e.edl_argo.PushGradientsRequest\x1a\x1f.edl_argo.PushGradientsResponse\x12H\n\tGetStatus\x12\x1a.edl_argo.GetStatusRequest\x1a\x1f.edl_argo.ParameterServerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,20 +44,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUSHMODELRESPONSE']._serialized_end=482
   _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_start=484
   _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_end=529
-  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_start=531
-  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_end=642
-  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_start=644
-  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_end=718
-  _globals['_PULLEMBEDDINGVECTORSBATCHREQUEST']._serialized_start=720
-  _globals['_PULLEMBEDDINGVECTORSBATCHREQUEST']._serialized_end=810
-  _globals['_PULLEMBEDDINGVECTORSBATCHRESPONSE']._serialized_start=812
-  _globals['_PULLEMBEDDINGVECTORSBATCHRESPONSE']._serialized_end=879
-  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_start=881
-  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_end=922
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=924
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1028
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1030
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1088
-  _globals['_PARAMETERSERVER']._serialized_start=1091
-  _globals['_PARAMETERSERVER']._serialized_end=1632
+  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_start=532
+  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_end=685
+  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_start=687
+  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_end=761
+  _globals['_PULLEMBEDDINGVECTORSBATCHREQUEST']._serialized_start=763
+  _globals['_PULLEMBEDDINGVECTORSBATCHREQUEST']._serialized_end=853
+  _globals['_PULLEMBEDDINGVECTORSBATCHRESPONSE']._serialized_start=855
+  _globals['_PULLEMBEDDINGVECTORSBATCHRESPONSE']._serialized_end=922
+  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_start=924
+  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_end=965
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=968
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1096
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1098
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1170
+  _globals['_GETSTATUSREQUEST']._serialized_start=1172
+  _globals['_GETSTATUSREQUEST']._serialized_end=1213
+  _globals['_PARAMETERSERVERSTATUS']._serialized_start=1216
+  _globals['_PARAMETERSERVERSTATUS']._serialized_end=1394
+  _globals['_PARAMETERSERVER']._serialized_start=1397
+  _globals['_PARAMETERSERVER']._serialized_end=2012
 # @@protoc_insertion_point(module_scope)

@@ -53,14 +53,18 @@ class PullDenseParametersRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ...) -> None: ...
 
 class PullDenseParametersResponse(_message.Message):
-    __slots__ = ("initialized", "version", "dense_parameters")
+    __slots__ = ("initialized", "version", "dense_parameters", "synced_step", "synchronous")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DENSE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_STEP_FIELD_NUMBER: _ClassVar[int]
+    SYNCHRONOUS_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     version: int
     dense_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    synced_step: int
+    synchronous: bool
+    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., synced_step: _Optional[int] = ..., synchronous: _Optional[bool] = ...) -> None: ...
 
 class PullEmbeddingVectorsRequest(_message.Message):
     __slots__ = ("name", "ids")
@@ -89,19 +93,47 @@ class PullEmbeddingTableRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("gradients", "version", "learning_rate_scale")
+    __slots__ = ("gradients", "version", "learning_rate_scale", "authority_step")
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    AUTHORITY_STEP_FIELD_NUMBER: _ClassVar[int]
     gradients: Model
     version: int
     learning_rate_scale: float
-    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ...) -> None: ...
+    authority_step: int
+    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ..., authority_step: _Optional[int] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
-    __slots__ = ("accepted", "version")
+    __slots__ = ("accepted", "version", "step")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     version: int
-    def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
+    step: int
+    def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ("apply_pending",)
+    APPLY_PENDING_FIELD_NUMBER: _ClassVar[int]
+    apply_pending: bool
+    def __init__(self, apply_pending: _Optional[bool] = ...) -> None: ...
+
+class ParameterServerStatus(_message.Message):
+    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version")
+    INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    initialized: bool
+    version: int
+    pushes_accepted: int
+    pushes_refused: int
+    pending_applied: int
+    pending: int
+    restored_version: int
+    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ...) -> None: ...

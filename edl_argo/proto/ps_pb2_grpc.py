@@ -65,6 +65,11 @@ class ParameterServerStub:
                 request_serializer=edl__argo_dot_proto_dot_ps__pb2.PushGradientsRequest.SerializeToString,
                 response_deserializer=edl__argo_dot_proto_dot_ps__pb2.PushGradientsResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/edl_argo.ParameterServer/GetStatus',
+                request_serializer=edl__argo_dot_proto_dot_ps__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=edl__argo_dot_proto_dot_ps__pb2.ParameterServerStatus.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -113,6 +118,14 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """This PS's version and push counts (the master's accounting); with apply_pending, first apply the
+        pushes a synchronous step is still waiting for (the end of training).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.PushGradients,
                     request_deserializer=edl__argo_dot_proto_dot_ps__pb2.PushGradientsRequest.FromString,
                     response_serializer=edl__argo_dot_proto_dot_ps__pb2.PushGradientsResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=edl__argo_dot_proto_dot_ps__pb2.GetStatusRequest.FromString,
+                    response_serializer=edl__argo_dot_proto_dot_ps__pb2.ParameterServerStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +327,33 @@ class ParameterServer:
             '/edl_argo.ParameterServer/PushGradients',
             edl__argo_dot_proto_dot_ps__pb2.PushGradientsRequest.SerializeToString,
             edl__argo_dot_proto_dot_ps__pb2.PushGradientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edl_argo.ParameterServer/GetStatus',
+            edl__argo_dot_proto_dot_ps__pb2.GetStatusRequest.SerializeToString,
+            edl__argo_dot_proto_dot_ps__pb2.ParameterServerStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,7 +10,15 @@ Two ways to apply the gradients workers push:
   from a push counts as a zero gradient) is applied as one step and the version advances by one. Accepted
   pushes still waiting for their step are not part of checkpoints. A push computed against a version
   older than ``version - sync_version_tolerance`` is refused (``accepted=false``, nothing changes): the
-  worker pulls and recomputes.
+  worker pulls and recomputes. ``GetStatus(apply_pending=true)`` (the master, when training ends)
+  applies the pushes still waiting as one last step: their mean (divided by how many arrived).
+
+**Several PS, synchronous**: PS 0 is the authority. A worker pushes to PS 0 first; PS 0 decides as above
+and answers the ``step`` (its version + 1 while the step accumulates) the push belongs to. Only an
+accepted push goes on to the other PS, with ``authority_step`` set: they apply it without a staleness
+check of their own, so every PS applies the same minibatches, each at most once, and counts its versions
+in step with PS 0. A follower reports in every pull the authority step it applied last (``synced_step``),
+from which a worker tells whether the parameters it pulled from all PS are of one step.
 
 A push's ``learning_rate_scale`` (1 when unset) multiplies the learning rate of the step that applies it;
 in synchronous mode the step uses the mean scale of the pushes it averages.
@@ -101,8 +109,12 @@ class _Accumulator:
         self._dense: dict[str, np.ndarray] = {}
         self._sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._scale_sum = 0.0
+        #: The newest step of PS 0 among the pushes PS 0 decided (-1: none).
+        self.authority_step = -1
 
-    def add(self, gradients: Gradients, lr_scale: float) -> None:
+    def add(self, gradients: Gradients, lr_scale: float, authority_step: int = 0) -> None:
+        if authority_step > 0:
+            self.authority_step = max(self.authority_step, authority_step)
         for name, value in gradients.dense.items():
             total = self._dense.get(name)
             if total is None:
@@ -115,7 +127,8 @@ class _Accumulator:
         self.count += 1
 
     def mean(self, divisor: int) -> tuple[Gradients, float]:
-        """The summed gradients divided by ``divisor``, and the mean learning-rate scale."""
+        """The summed gradients divided by ``divisor`` (``grads_to_wait``, or ``count`` for the pushes
+        left at the end of training), and the mean learning-rate scale."""
         dense = {name: total / divisor for name, total in self._dense.items()}
         embeddings = {
             name: (np.concatenate([ids for ids, _ in rows]), np.concatenate([v for _, v in rows]) / divisor)
@@ -175,6 +188,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._lock = threading.Lock()
         self._accumulator = _Accumulator()
         self._dense_cache: ps_pb2.PullDenseParametersResponse | None = None
+        # Synchronous SGD, PS other than 0: the step of PS 0 whose pushes it applied last (-1: unknown).
+        self._synced_step = -1
+        self._pushes_accepted = 0
+        self._pushes_refused = 0
+        self._restored_version = -1 if initial_state is None else initial_state.version
         if initial_state is not None:
             self.parameters.restore(initial_state)
             if checkpointer is not None:
@@ -190,6 +208,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         with self._lock:
             accepted = self.parameters.init_from_model(request)
             version = self.parameters.version
+            if accepted:
+                self._synced_step = version  # every PS starts from the pushed model, at one step
             if accepted and self._checkpointer is not None:
                 self._checkpointer.mark(version)
         if accepted:
@@ -208,12 +228,19 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         with self._lock:
             params = self.parameters
             if not params.initialized:
-                return ps_pb2.PullDenseParametersResponse(initialized=False, version=params.version)
+                return ps_pb2.PullDenseParametersResponse(
+                    initialized=False, version=params.version, **self._pull_status()
+                )
             version = params.version
             if request.version == version:
-                return ps_pb2.PullDenseParametersResponse(initialized=True, version=version)
+                return ps_pb2.PullDenseParametersResponse(
+                    initialized=True, version=version, **self._pull_status()
+                )
             if self._dense_cache is None or self._dense_cache.version != version:
-                cache = ps_pb2.PullDenseParametersResponse(initialized=True, version=version)
+                # synced_step changes only when the version does: the cache stays right for its version.
+                cache = ps_pb2.PullDenseParametersResponse(
+                    initialized=True, version=version, **self._pull_status()
+                )
                 for name, value in params.pull_dense(since_version=-1) or []:
                     fill_tensor(cache.dense_parameters.add(), value, name)  # built in place: one copy
                 self._dense_cache = cache
@@ -265,21 +292,59 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     f"learning_rate_scale {lr_scale:g} asked, but the model's optimizer uses a "
                     "learning-rate schedule"
                 )
+            step = 0
             if self.use_async:
                 if self.lr_staleness_modulation:
                     lr_scale /= max(1, params.version - request.version)
                 params.apply_gradients(gradients, lr_scale)
-            elif request.version < params.version - self.sync_version_tolerance:
+            elif (
+                request.authority_step <= 0 and request.version < params.version - self.sync_version_tolerance
+            ):
+                self._pushes_refused += 1
                 log.debug("gradients_stale", version=request.version, current=params.version)
                 return ps_pb2.PushGradientsResponse(accepted=False, version=params.version)
             else:
-                self._accumulator.add(gradients, lr_scale)
+                # PS 0 (or a lone PS) decided above; the others follow PS 0's decision.
+                step = request.authority_step if request.authority_step > 0 else params.version + 1
+                self._accumulator.add(gradients, lr_scale, request.authority_step)
                 if self._accumulator.count >= self.grads_to_wait:
-                    mean, mean_scale = self._accumulator.mean(self.grads_to_wait)
-                    self._accumulator = _Accumulator()
-                    params.apply_gradients(mean, mean_scale)
+                    self._apply_accumulated(self.grads_to_wait)
+            self._pushes_accepted += 1
             self._maybe_checkpoint()
-            return ps_pb2.PushGradientsResponse(accepted=True, version=params.version)
+            return ps_pb2.PushGradientsResponse(accepted=True, version=params.version, step=step)
+
+    @_rpc
+    def GetStatus(
+        self, request: ps_pb2.GetStatusRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.ParameterServerStatus:
+        applied = 0
+        with self._lock:
+            if request.apply_pending and self._accumulator.count:
+                applied = self._accumulator.count
+                self._apply_accumulated(applied)
+                self._maybe_checkpoint()
+                log.info("pending_pushes_applied", pushes=applied, version=self.parameters.version)
+            return ps_pb2.ParameterServerStatus(
+                initialized=self.parameters.initialized,
+                version=self.parameters.version,
+                pushes_accepted=self._pushes_accepted,
+                pushes_refused=self._pushes_refused,
+                pending_applied=applied,
+                pending=self._accumulator.count,
+                restored_version=self._restored_version,
+            )
+
+    def _apply_accumulated(self, divisor: int) -> None:
+        """Apply the accumulated pushes as one step (under the lock)."""
+        accumulator, self._accumulator = self._accumulator, _Accumulator()
+        mean, mean_scale = accumulator.mean(divisor)
+        self.parameters.apply_gradients(mean, mean_scale)
+        if accumulator.authority_step > 0:
+            self._synced_step = accumulator.authority_step
+
+    def _pull_status(self) -> dict[str, Any]:
+        """The fields of a pull's answer that tell a worker how consistent its parameters are."""
+        return {"synced_step": self._synced_step, "synchronous": not self.use_async}
 
     def save_checkpoint(self, timeout: float | None = None) -> bool:
         """Save the current state now unless it is saved already, and wait up to ``timeout`` seconds.

@@ -44,6 +44,10 @@ from edl_argo.worker.master_client import MasterClient
 
 log = get_logger(__name__)
 
+#: Test-only fault: the id of a training task whose first minibatch the worker skips (it is read but not
+#: trained), so that tests can see the master's accounting catch a lost minibatch.
+SKIP_MINIBATCH_ENV = "EDL_TEST_SKIP_MINIBATCH_OF_TASK"
+
 _MODES = {
     master_pb2.TRAINING: Mode.TRAINING,
     master_pb2.EVALUATION: Mode.EVALUATION,
@@ -156,6 +160,8 @@ class Worker:
         self._prediction_output = prediction_output
         self._processor = spec.prediction_outputs_processor() if spec.prediction_outputs_processor else None
         self._reported_version = -1
+        self._task_steps = 0  # minibatches of the current training task trained so far
+        self._skip_minibatch_of_task = int(os.environ.get(SKIP_MINIBATCH_ENV) or -1)
 
     def run(self) -> None:
         wait = 0.05
@@ -181,6 +187,7 @@ class Worker:
         from edl_argo.worker.replica import NonFiniteLossError
 
         started = time.monotonic()
+        self._task_steps = 0
         try:
             records = self._source.read(task.data_url, task.shard, task.start, task.end, task.shard_version)
             batches = make_batches(self._spec, records, _MODES[task.type], self._minibatch_size)
@@ -203,7 +210,12 @@ class Worker:
         except Exception as error:  # a task-level failure: the master requeues the task
             message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
             log.error("task_failed", task=task.task_id, shard=task.shard, error=message)
-            return self._master.report_task_result(task.task_id, success=False, error=message).next_task
+            # Minibatches trained before the failure reached the model: the accounting counts them.
+            counters = {"steps": self._task_steps} if task.type == master_pb2.TRAINING else {}
+            report = self._master.report_task_result(
+                task.task_id, success=False, error=message, counters=counters
+            )
+            return report.next_task
         counters["millis"] = int((time.monotonic() - started) * 1000)
         mean_loss = counters.pop("mean_loss", 0.0)
         report = self._master.report_task_result(
@@ -218,12 +230,19 @@ class Worker:
         return self._master.get_task()  # the job failed: the master says DONE
 
     def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
+        """Train every minibatch of ``task``; the counters tell the master's accounting the records the
+        input yielded and the minibatches trained (:mod:`edl_argo.master.ledger`)."""
         from edl_argo.worker.replica import NonFiniteLossError
 
         steps = 0
         skipped = 0
+        records = 0
         total_loss = 0.0
-        for features, labels in batches:
+        for index, (features, labels) in enumerate(batches):
+            records += _batch_size(features, labels)
+            if index == 0 and task.task_id == self._skip_minibatch_of_task:
+                log.warning("minibatch_skipped_by_test_fault", task=task.task_id)
+                continue
             try:
                 total_loss += self._replica.train_minibatch(features, labels)
             except NonFiniteLossError as error:
@@ -233,11 +252,13 @@ class Worker:
                 log.warning("nan_batch_skipped", task=task.task_id, shard=task.shard, error=str(error))
                 continue
             steps += 1
+            self._task_steps = steps
             self._maybe_report_version()
         self._replica.flush()  # the task's last gradients are applied before it is reported done
         mean_loss = total_loss / steps if steps else 0.0
         log.debug("task_trained", steps=steps, loss=mean_loss, version=self._replica.version)
         return {
+            "records": records,
             "steps": steps,
             "nan_batches_skipped": skipped,
             "epoch": task.epoch,
@@ -282,6 +303,15 @@ class Worker:
         if self._prediction_output and outputs:
             write_predictions(self._prediction_output, task.shard, task.start, concatenate(outputs))
         return {"records": sum(num_records(o) for o in outputs)}
+
+
+def _batch_size(features: Any, labels: Any) -> int:
+    """The number of examples in a minibatch (the first dimension of its labels, else of its features;
+    of the first tensor of a dict, list or tuple)."""
+    first = labels if labels is not None else features
+    while isinstance(first, dict | list | tuple):
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    return int(first.shape[0])
 
 
 def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.ndarray]) -> str:

@@ -4,10 +4,17 @@ Dense variables go to the PS that owns their name (:func:`edl_argo.ps.partition.
 rows to the PS that owns their id (:func:`edl_argo.ps.partition.embedding_owner`). Calls to several PS run
 in parallel. Every push goes to every PS (with an empty partition where it owns nothing), so all PS count
 versions in step.
+
+Synchronous SGD with several PS: PS 0 decides whether a minibatch is applied (see
+:mod:`edl_argo.ps.servicer`). A push goes to PS 0 first and, only when PS 0 accepted it, to the others
+with the step PS 0 gave it; a refused push changed nothing anywhere. A pull waits (up to
+:data:`CONSISTENT_PULL_SECONDS`) until every other PS has applied PS 0's current step, so the gradients
+of the next minibatch are computed from parameters of one step.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,21 +22,32 @@ from typing import TypeVar
 
 import numpy as np
 
+from edl_argo.errors import JobFailedError
+from edl_argo.log import get_logger
 from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import fill_tensor, from_indexed_slices, from_tensor, to_tensor
 from edl_argo.worker.embedding import EmbeddingTableSpec
 
+log = get_logger(__name__)
+
 T = TypeVar("T")
+
+#: How long a pull waits for the other PS to apply PS 0's current step (synchronous SGD, several PS).
+#: They lag only while a push accepted by PS 0 is on its way to them; a push that never comes (its worker
+#: died in between, or a PS restarted from a checkpoint) costs this wait once, then the pull goes on.
+CONSISTENT_PULL_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
 class PushResult:
-    """Whether every PS accepted the gradients, and the model version each now holds."""
+    """Whether the gradients were accepted, the model version each PS now holds (-1: not asked, after
+    PS 0 refused), and the synchronous step that applies them (0: asynchronous or refused)."""
 
     accepted: bool
     versions: tuple[int, ...]
+    step: int = 0
 
     @property
     def version(self) -> int:
@@ -54,16 +72,20 @@ class ParameterServerClient:
         self._budget = retry_budget_seconds
         self._timeout = rpc_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
+        #: Whether the PS run synchronous SGD (learnt from every pull).
+        self.synchronous = False
 
     @property
     def num_ps(self) -> int:
         return len(self._stubs)
 
-    def _each(self, fn: Callable[[int], T]) -> list[T]:
-        """``fn(ps_id)`` for every PS, in parallel when there are several; results in id order."""
-        if self._pool is None:
-            return [fn(0)]
-        return list(self._pool.map(fn, range(self.num_ps)))
+    def _each(self, fn: Callable[[int], T], ps_ids: Sequence[int] | None = None) -> list[T]:
+        """``fn(ps_id)`` for every PS (or those of ``ps_ids``), in parallel when there are several;
+        results in id order."""
+        ids = range(self.num_ps) if ps_ids is None else ps_ids
+        if self._pool is None or len(ids) == 1:
+            return [fn(i) for i in ids]
+        return list(self._pool.map(fn, ids))
 
     def _call(self, ps_id: int, method: str, request: object) -> object:
         rpc = getattr(self._stubs[ps_id], method)
@@ -91,19 +113,48 @@ class ParameterServerClient:
 
         return any(self._each(push))
 
-    def pull_dense(self, versions: Sequence[int]) -> tuple[dict[str, np.ndarray], list[int], bool]:
+    def pull_dense(
+        self, versions: Sequence[int], consistent_within: float = CONSISTENT_PULL_SECONDS
+    ) -> tuple[dict[str, np.ndarray], list[int], bool]:
         """Dense parameters newer than ``versions`` (one per PS; -1 for none).
 
-        Returns the changed parameters, the versions now held, and whether every PS is initialised.
+        Synchronous SGD with several PS: pulls again (for up to ``consistent_within`` seconds) until every
+        PS has applied PS 0's current step. Returns the changed parameters, the versions now held, and
+        whether every PS is initialised.
         """
+        held = list(versions)
 
         def pull(ps_id: int) -> ps_pb2.PullDenseParametersResponse:
-            request = ps_pb2.PullDenseParametersRequest(version=versions[ps_id])
+            request = ps_pb2.PullDenseParametersRequest(version=held[ps_id])
             return self._call(ps_id, "PullDenseParameters", request)
 
-        responses = self._each(pull)
-        values = {t.name: from_tensor(t) for r in responses for t in r.dense_parameters}
-        return values, [r.version for r in responses], all(r.initialized for r in responses)
+        values: dict[str, np.ndarray] = {}
+        deadline = time.monotonic() + consistent_within
+        pause = 0.005
+        while True:
+            responses = self._each(pull)
+            values.update((t.name, from_tensor(t)) for r in responses for t in r.dense_parameters)
+            held = [r.version for r in responses]
+            initialized = all(r.initialized for r in responses)
+            self.synchronous = responses[0].synchronous
+            lagging = [
+                ps_id
+                for ps_id, r in enumerate(responses[1:], start=1)
+                if self.synchronous and 0 <= r.synced_step < responses[0].version
+            ]
+            if not initialized or not lagging:
+                return values, held, initialized
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "ps_behind_authority",
+                    ps=lagging,
+                    step=responses[0].version,
+                    synced=[r.synced_step for r in responses],
+                    versions=held,
+                )
+                return values, held, initialized
+            time.sleep(pause)
+            pause = min(0.1, pause * 2)
 
     def pull_embeddings(
         self, lookups: Sequence[tuple[str, np.ndarray]], tables: Mapping[str, EmbeddingTableSpec]
@@ -163,10 +214,12 @@ class ParameterServerClient:
                 if mask.any():
                     sparse_by_owner[ps_id][table] = (values[mask], ids[mask])
 
-        def push(ps_id: int) -> ps_pb2.PushGradientsResponse:
+        def push(ps_id: int, authority_step: int = 0) -> ps_pb2.PushGradientsResponse:
             # Built in place: each tensor's bytes are copied once into the request.
             request = ps_pb2.PushGradientsRequest(
-                version=versions[ps_id], learning_rate_scale=learning_rate_scale
+                version=versions[ps_id],
+                learning_rate_scale=learning_rate_scale,
+                authority_step=authority_step,
             )
             gradients = request.gradients
             gradients.version = versions[ps_id]
@@ -178,8 +231,24 @@ class ParameterServerClient:
                 fill_tensor(slices.ids, np.asarray(ids, dtype=np.int64), table)
             return self._call(ps_id, "PushGradients", request)
 
-        responses = self._each(push)
-        return PushResult(all(r.accepted for r in responses), tuple(r.version for r in responses))
+        if not self.synchronous or self.num_ps == 1:
+            responses = self._each(push)
+            return PushResult(
+                all(r.accepted for r in responses), tuple(r.version for r in responses), responses[0].step
+            )
+        decision = push(0)  # PS 0 decides for all
+        if not decision.accepted:
+            return PushResult(False, (decision.version,) + (-1,) * (self.num_ps - 1))
+        followers = self._each(lambda ps_id: push(ps_id, decision.step), range(1, self.num_ps))
+        if not all(r.accepted for r in followers):
+            raise JobFailedError("a PS refused a push PS 0 accepted: do the PS run different settings?")
+        return PushResult(True, (decision.version, *(r.version for r in followers)), decision.step)
+
+    def status(self, apply_pending: bool = False) -> list[ps_pb2.ParameterServerStatus]:
+        """Every PS's version and push counts, in id order; ``apply_pending`` first applies the pushes a
+        synchronous step still waits for (at the end of training)."""
+        request = ps_pb2.GetStatusRequest(apply_pending=apply_pending)
+        return self._each(lambda ps_id: self._call(ps_id, "GetStatus", request))
 
     def _split_dense(self, values: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         by_owner: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]

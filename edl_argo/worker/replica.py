@@ -200,9 +200,12 @@ class ModelReplica:
         if self._pipeline is not None:
             if self._in_flight is None:
                 self.sync()
+            computed_at = list(self.versions)  # flush() installs newer parameters: not these gradients'
             loss_value, dense, sparse = self._gradients(features, labels)
             self.flush()
-            self._in_flight = self._pipeline.submit(self._push_and_pull, dense, sparse, list(self.versions))
+            self._in_flight = self._pipeline.submit(
+                self._push_and_pull, dense, sparse, computed_at, list(self.versions)
+            )
             return loss_value
         for _ in range(MAX_STALE_RETRIES):
             self.sync()
@@ -215,12 +218,18 @@ class ModelReplica:
         raise JobFailedError(f"gradients rejected as stale {MAX_STALE_RETRIES} times in a row")
 
     def _push_and_pull(
-        self, dense: dict[str, np.ndarray], sparse: dict[str, Any], versions: list[int]
+        self,
+        dense: dict[str, np.ndarray],
+        sparse: dict[str, Any],
+        computed_at: list[int],
+        held: list[int],
     ) -> tuple[dict[str, np.ndarray], list[int]]:
-        result = self._ps.push_gradients(dense, sparse, versions, self._lr_scale)
+        """Push gradients computed from parameters of versions ``computed_at`` (their staleness is
+        measured from there), then pull what changed since the versions ``held`` now."""
+        result = self._ps.push_gradients(dense, sparse, computed_at, self._lr_scale)
         if not result.accepted:
             raise JobFailedError("an asynchronous PS rejected gradients; is the PS in synchronous mode?")
-        return self._fetch(versions)
+        return self._fetch(held)
 
     def flush(self) -> None:
         """Wait until the gradients pushed in the background are applied, and load the new parameters."""

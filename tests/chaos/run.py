@@ -93,6 +93,7 @@ def scenario_row(run: ScenarioRun, baseline_seconds: float) -> list[str]:
     lost = sum(r.records_lost or 0 for r in done)
     extra = [r.wall_seconds - baseline_seconds for r in done]
     versions = [r.versions_lost for r in done if r.versions_lost is not None]
+    updates = [r.updates_lost for r in done if r.updates_lost is not None]
     return [
         run.name,
         str(len(run.results)),
@@ -103,6 +104,7 @@ def scenario_row(run: ScenarioRun, baseline_seconds: float) -> list[str]:
         _stat(extra, None),
         _stat([r.accuracy for r in done if r.accuracy is not None], 3),
         _mean_max(versions),
+        _mean_max(updates),
         _stat(run.loads, 1),
     ]
 
@@ -117,6 +119,7 @@ COLUMNS = (
     "extra wall time vs baseline, s: median [min–max]",
     "accuracy: median [min–max]",
     "PS versions lost, mean / max",
+    "PS updates lost to rollback (job's count), mean / max",
     "load (1 min) at trial start",
 )
 
@@ -144,11 +147,16 @@ def render(
         "",
         f"Every trial is a real digits job ({settings}; synchronous SGD) whose master runs in the runner "
         "(except in `master_restart`) and whose workers and PS are local processes. A trial **passes** when "
-        f"the job completes with accuracy >= {ACCURACY_TARGET} and `metrics.json` accounts for every record "
-        "of every epoch exactly once (`records_done_per_epoch` = `records_per_epoch`). *Records trained "
-        "twice* is the job's own count of records handed out again after a fault (their tasks were "
-        "requeued). Faults are injected at random points of training progress (fractions of the tasks "
-        "done).",
+        f"the job completes with accuracy >= {ACCURACY_TARGET} and the workers' own reports account for "
+        "every record of every epoch exactly once (*records lost*: the records of each epoch that "
+        "`metrics.json`'s `accounting.records_reported_per_epoch` misses or counts twice; the job itself "
+        "fails when a task's records or minibatches, an epoch's records or a PS's model version do not add "
+        "up). *Records trained twice* is the job's own count of records handed out again after a fault "
+        "(their tasks were requeued). *PS versions lost* is measured by the runner around a PS kill; *PS "
+        "updates lost to rollback* is the job's own count (`accounting.updates_lost_to_rollback`: the "
+        "updates the workers' minibatches make minus the PS's final version, for a PS that restarted from "
+        "its checkpoint). Faults are injected at random points of training progress (fractions of the "
+        "tasks done).",
         "",
         f"Scenario settings: PS checkpoints every {CHECKPOINT_STEPS} versions (`ps_kill`, `s3_outage`); "
         f"S3 outages of {S3_OUTAGE_SECONDS[0]:.0f}-{S3_OUTAGE_SECONDS[1]:.0f} s with "

@@ -74,11 +74,14 @@ STEP_TIMEOUT_SECONDS = 300.0
 class TrialResult:
     """The outcome of one trial.
 
-    ``records_lost`` is the sum over the job's epochs of ``|records_per_epoch - records_done|`` from
-    ``metrics.json`` (0 iff no record was lost nor counted twice); ``records_trained_twice`` is the
-    job's own count of records handed out again after a fault. Both are None when the job did not
-    complete. ``versions_lost`` is set by :func:`ps_kill`: the model version before the kill minus the
-    version the PS restored. ``metrics`` is the published ``metrics.json``; ``log`` the trial's log lines.
+    ``records_lost`` is the sum over the job's epochs of ``|records_per_epoch - records reported|``, the
+    records being those the workers reported their input yielded in tasks done (``metrics.json``'s
+    ``accounting``; 0 iff no record was lost nor counted twice); ``records_trained_twice`` is the
+    job's own count of records handed out again after a fault; ``updates_lost`` the job's own count of
+    updates its PS lost when they restarted from a checkpoint (None: unknown). All are None when the job
+    did not complete. ``versions_lost`` is set by :func:`ps_kill`: the model version before the kill minus
+    the version the PS restored. ``metrics`` is the published ``metrics.json``; ``log`` the trial's log
+    lines.
     """
 
     scenario: str
@@ -90,6 +93,7 @@ class TrialResult:
     faults: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     versions_lost: int | None = None
+    updates_lost: int | None = None
     metrics: dict[str, Any] = field(default_factory=dict, repr=False)
     log: list[str] = field(default_factory=list, repr=False)
 
@@ -353,12 +357,15 @@ def _read_outcome(result: TrialResult, config: TrainConfig) -> None:
     """Fill ``result`` from the job's published ``metrics.json``."""
     metrics = json.loads(open_storage(config.output).read("model/metrics.json"))
     per_epoch = metrics["records_per_epoch"]
-    done = metrics["records_done_per_epoch"]
+    accounting = metrics["accounting"]
+    reported = accounting["records_reported_per_epoch"]
     result.metrics = metrics
     result.completed = metrics.get("status") == "succeeded"
     result.accuracy = metrics["final_metrics"]["accuracy"]
-    result.records_lost = sum(abs(per_epoch - done.get(str(e), 0)) for e in range(config.num_epochs))
+    result.records_lost = sum(abs(per_epoch - reported.get(str(e), 0)) for e in range(config.num_epochs))
     result.records_trained_twice = metrics["records_trained_twice"]
+    unknown = any(ps["updates_lost_to_rollback"] is None for ps in accounting["parameter_servers"])
+    result.updates_lost = None if unknown else accounting["updates_lost_to_rollback"]
 
 
 # --------------------------------------------------------------------------------------------- scenarios

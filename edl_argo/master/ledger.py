@@ -1,0 +1,180 @@
+"""What the workers say they trained, checked against what the master handed out.
+
+The dispatcher counts a task's records once the task is reported done, so its count can never disagree
+with itself. The ledger counts at the other end. With each training task a worker reports the records its
+input actually yielded (``records``), the minibatches it trained (``steps``: pushed and applied, or
+stepped with the group) and those it skipped for a NaN loss (``nan_batches_skipped``); a failed attempt
+reports the minibatches it trained before it failed. The master checks:
+
+* **per task**, when it is reported done: ``records`` equals the task's size and ``steps +
+  nan_batches_skipped`` equals ``ceil(records / minibatch_size)``. A task that fails this fails the job
+  at once, naming the task: running it elsewhere would not make a worker's input right.
+* **per epoch**, at the end: the records reported equal the dataset's.
+* **per parameter server**, at the end: its model version equals the updates the minibatches make,
+  ``ceil(minibatches / grads_to_wait)`` (the last, partial step is applied when training ends). Pushes
+  the PS refused as stale are not minibatches trained: the worker computed them again. Attempts that ended
+  without a report (their worker died or timed out) may have pushed any part of their task, so then the
+  expectation is a range. A PS that restarted from its checkpoint lost the updates since that checkpoint:
+  ``updates_lost_to_rollback`` counts them (exactly when nothing else is unknown); a PS that did not
+  restart must be exactly in the range, else the job fails.
+
+Thread-safe; :meth:`snapshot` and :meth:`restore` carry it across a master restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edl_argo.master.task_dispatcher import Accounting, Task
+
+
+def _minibatches(records: int, minibatch_size: int) -> int:
+    return -(-records // minibatch_size)
+
+
+@dataclass(frozen=True)
+class PsReport:
+    """What one parameter server said at the end of training (its ``GetStatus``)."""
+
+    ps_id: int
+    version: int
+    pushes_refused: int
+    restored_version: int  # -1: it never restarted from a checkpoint
+
+
+class TrainingLedger:
+    """Per-task and per-epoch records and minibatches reported by workers (see the module docstring)."""
+
+    def __init__(self, minibatch_size: int, grads_to_wait: int = 1) -> None:
+        self._minibatch_size = minibatch_size
+        self._grads_to_wait = grads_to_wait
+        self._lock = threading.Lock()
+        # Task id -> (epoch, records, minibatches) of the training tasks reported done. Keyed by task so that
+        # counting one again (a master restart between this and the dispatcher's save) changes nothing.
+        self._tasks: dict[int, tuple[int, int, int]] = {}
+        self._failed_steps = 0  # minibatches of attempts reported failed
+
+    def check(self, task: Task, counters: Mapping[str, int]) -> str | None:
+        """Why the report of ``task`` done with ``counters`` is wrong, or None if it adds up."""
+        records = counters.get("records")
+        steps = counters.get("steps")
+        if records is None or steps is None:
+            return f"{task.describe()}: the worker reported no records or steps"
+        skipped = counters.get("nan_batches_skipped", 0)
+        expected = _minibatches(records, self._minibatch_size)
+        if records != task.num_records or steps + skipped != expected:
+            return (
+                f"accounting: {task.describe()} has {task.num_records} records; the worker trained "
+                f"{records} records in {steps} minibatches (+{skipped} skipped for NaN), expected "
+                f"{_minibatches(task.num_records, self._minibatch_size)} minibatches of "
+                f"{self._minibatch_size}"
+            )
+        return None
+
+    def add(self, task: Task, counters: Mapping[str, int]) -> None:
+        """Count a task reported done (after :meth:`check`; before the dispatcher marks it done)."""
+        with self._lock:
+            self._tasks[task.task_id] = (task.epoch, counters.get("records", 0), counters.get("steps", 0))
+
+    def remove(self, task: Task) -> None:
+        """Forget a task :meth:`add` counted whose report the dispatcher then refused."""
+        with self._lock:
+            self._tasks.pop(task.task_id, None)
+
+    def add_failed_attempt(self, counters: Mapping[str, int]) -> None:
+        """Count the minibatches an attempt trained before it failed (they reached the PS)."""
+        with self._lock:
+            self._failed_steps += counters.get("steps", 0)
+
+    @property
+    def minibatches(self) -> int:
+        """Minibatches of the training tasks reported done."""
+        with self._lock:
+            return sum(steps for _, _, steps in self._tasks.values())
+
+    def records_per_epoch(self) -> dict[int, int]:
+        """Epoch -> records of its training tasks reported done."""
+        with self._lock:
+            records: dict[int, int] = {}
+            for epoch, count, _ in self._tasks.values():
+                records[epoch] = records.get(epoch, 0) + count
+            return records
+
+    def epoch_problems(self, accounting: Accounting) -> list[str]:
+        """Epochs whose reported records differ from the dataset's (empty when all add up)."""
+        records = self.records_per_epoch()
+        return [
+            f"accounting: epoch {epoch}: workers reported {records.get(epoch, 0)} records trained, the "
+            f"dataset has {accounting.records_per_epoch}"
+            for epoch in sorted(accounting.records_done_per_epoch)
+            if records.get(epoch, 0) != accounting.records_per_epoch
+        ]
+
+    def ps_updates(self, accounting: Accounting, ps: Sequence[PsReport]) -> tuple[dict[str, Any], list[str]]:
+        """The expected updates of every PS against their versions: the ``accounting`` section of
+        metrics.json and the problems that fail the job."""
+        trained = self.minibatches
+        with self._lock:
+            failed = self._failed_steps
+        known = trained + failed
+        # Requeued attempts may have pushed up to all of their task's minibatches, plus rounding per task.
+        unknown = _minibatches(accounting.records_trained_twice, self._minibatch_size) + sum(
+            accounting.requeues.values()
+        )
+        unreported = accounting.records_trained_twice > 0
+        low = _minibatches(known, self._grads_to_wait)
+        high = _minibatches(known + unknown, self._grads_to_wait) if unreported else low
+        rows, problems = [], []
+        for report in ps:
+            restarted = report.restored_version >= 0
+            lost: int | None = low - report.version if not unreported else None
+            row = {
+                "ps": report.ps_id,
+                "model_version": report.version,
+                "updates_expected": low if not unreported else [low, high],
+                "updates_lost_to_rollback": max(0, lost) if restarted and lost is not None else 0,
+                "restored_from_version": report.restored_version,
+                "pushes_refused": report.pushes_refused,
+            }
+            if restarted and lost is None:
+                row["updates_lost_to_rollback"] = None  # unknown: some attempts ended unreported
+            rows.append(row)
+            if report.version > high:
+                problems.append(
+                    f"accounting: PS {report.ps_id} is at model version {report.version}, but the workers "
+                    f"trained only {known} minibatches (at most {high} updates): it applied some twice"
+                )
+            elif report.version < low and not restarted:
+                problems.append(
+                    f"accounting: PS {report.ps_id} is at model version {report.version}, but the workers "
+                    f"trained {known} minibatches ({low} updates) and it never restarted: updates were lost"
+                )
+        lost_total = sum(r["updates_lost_to_rollback"] or 0 for r in rows)
+        section = {
+            "minibatches_trained": trained,
+            "minibatches_of_failed_attempts": failed,
+            "records_reported_per_epoch": {str(k): v for k, v in sorted(self.records_per_epoch().items())},
+            "grads_to_wait": self._grads_to_wait,
+            "parameter_servers": rows,
+            "updates_lost_to_rollback": lost_total,
+        }
+        return section, problems
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counts as JSON data; :meth:`restore` is its inverse."""
+        with self._lock:
+            return {
+                "tasks": {str(task_id): list(entry) for task_id, entry in self._tasks.items()},
+                "failed_steps": self._failed_steps,
+            }
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._tasks = {
+                int(task_id): (int(epoch), int(records), int(steps))
+                for task_id, (epoch, records, steps) in snapshot["tasks"].items()
+            }
+            self._failed_steps = int(snapshot["failed_steps"])

@@ -1,0 +1,70 @@
+"""The master's accounting of what workers trained (edl_argo/master/ledger.py), without processes."""
+
+from __future__ import annotations
+
+from edl_argo.master.ledger import PsReport, TrainingLedger
+from edl_argo.master.task_dispatcher import Accounting, Task, TaskType
+
+
+def task(task_id: int, records: int, epoch: int = 0) -> Task:
+    return Task(task_id, TaskType.TRAINING, "shard-0", 0, records, epoch)
+
+
+def accounting(records_trained_twice: int = 0, requeues: int = 0, epochs: int = 1) -> Accounting:
+    return Accounting(
+        records_per_epoch=100,
+        records_done_per_epoch=dict.fromkeys(range(epochs), 100),
+        records_trained_twice=records_trained_twice,
+        requeues={"worker_died": requeues, "timeout": 0, "failed": 0, "master_restarted": 0},
+        tasks_done=2,
+        tasks_total=2,
+    )
+
+
+def report(ps_id: int, version: int, restored: int = -1) -> PsReport:
+    return PsReport(ps_id, version, pushes_refused=0, restored_version=restored)
+
+
+def test_a_task_adds_up_only_with_all_its_records_in_all_its_minibatches() -> None:
+    ledger = TrainingLedger(minibatch_size=32)
+    assert ledger.check(task(1, 100), {"records": 100, "steps": 4}) is None
+    assert ledger.check(task(1, 100), {"records": 100, "steps": 3, "nan_batches_skipped": 1}) is None
+    skipped = ledger.check(task(1, 100), {"records": 100, "steps": 3})
+    assert (
+        skipped is not None and "training task 1 (shard shard-0" in skipped and "in 3 minibatches" in skipped
+    )
+    assert ledger.check(task(1, 100), {"records": 96, "steps": 3}) is not None  # a record short
+    assert ledger.check(task(1, 100), {"steps": 4}) is not None  # an old worker: no records counted
+
+
+def test_epochs_and_ps_versions_are_checked_against_the_reports() -> None:
+    ledger = TrainingLedger(minibatch_size=10, grads_to_wait=3)
+    ledger.add(task(1, 60), {"records": 60, "steps": 6})
+    ledger.add(task(2, 40), {"records": 40, "steps": 4})
+    ledger.add(task(2, 40), {"records": 40, "steps": 4})  # counted again after a master restart: once
+    assert ledger.epoch_problems(accounting()) == []
+    assert ledger.epoch_problems(accounting(epochs=2)) == [
+        "accounting: epoch 1: workers reported 0 records trained, the dataset has 100"
+    ]
+    # 10 minibatches, 3 per step: 4 updates, the last of one minibatch.
+    section, problems = ledger.ps_updates(accounting(), [report(0, 4), report(1, 4)])
+    assert problems == [] and section["minibatches_trained"] == 10
+    assert [p["updates_expected"] for p in section["parameter_servers"]] == [4, 4]
+    _, problems = ledger.ps_updates(accounting(), [report(0, 5), report(1, 3)])
+    assert len(problems) == 2 and "applied some twice" in problems[0] and "updates were lost" in problems[1]
+    # PS 1 restarted from its checkpoint at version 1 and ended 2 updates short: lost to the rollback.
+    section, problems = ledger.ps_updates(accounting(), [report(0, 4), report(1, 2, restored=1)])
+    assert problems == [] and section["updates_lost_to_rollback"] == 2
+    assert section["parameter_servers"][1]["updates_lost_to_rollback"] == 2
+
+
+def test_attempts_that_ended_unreported_widen_the_expected_updates_to_a_range() -> None:
+    ledger = TrainingLedger(minibatch_size=10)
+    ledger.add(task(1, 100), {"records": 100, "steps": 10})
+    ledger.add_failed_attempt({"steps": 2})
+    # A worker died holding a task of 30 records: it may have pushed up to 3 of its minibatches.
+    twice = accounting(records_trained_twice=30, requeues=1)
+    section, problems = ledger.ps_updates(twice, [report(0, 12), report(1, 15)])
+    assert problems == [] and section["parameter_servers"][0]["updates_expected"] == [12, 16]
+    _, problems = ledger.ps_updates(twice, [report(0, 17)])
+    assert problems and "applied some twice" in problems[0]

@@ -1,0 +1,393 @@
+"""Several workers and several parameter servers in one process, over real gRPC: what each PS applies.
+
+Workers are :class:`ModelReplica` objects in threads; parameter servers are servicers on 127.0.0.1. A PS is
+slowed by wrapping its ``PushGradients`` (a test-only delay), so that pushes of different workers reach
+the servers in different orders. References are written in numpy, independently of the PS code.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from edl_argo import log
+from edl_argo.model import ModelSpec, load_model_spec
+from edl_argo.ps.partition import dense_owner
+from edl_argo.ps.server import start_server
+from edl_argo.ps.servicer import ParameterServerServicer
+from edl_argo.worker.ps_client import ParameterServerClient
+from edl_argo.worker.replica import ModelReplica
+
+LEARNING_RATE = 0.05
+FEATURES = 4
+PARTS = 4
+
+#: The model contract but custom_model(): mean squared error, plain SGD, minibatches given as they are.
+MSE_WITH_PLAIN_SGD = f"""
+import keras
+import tensorflow as tf
+
+def feed(dataset, mode, metadata):
+    return dataset
+
+def loss(labels, predictions):
+    return tf.reduce_mean(tf.square(predictions - labels))
+
+def optimizer():
+    return keras.optimizers.SGD({LEARNING_RATE})
+
+def eval_metrics_fn():
+    return {{}}
+"""
+
+#: A linear model whose prediction is ``x @ (k0 + k1 + k2 + k3) + b`` (the kernels are spread over the
+#: PS by name): its gradients are easy to write in numpy.
+LINEAR_MODEL = (
+    MSE_WITH_PLAIN_SGD
+    + f"""
+def custom_model():
+    x = keras.Input(shape=({FEATURES},), name="x")
+    parts = [keras.layers.Dense(1, name=f"d{{i}}", use_bias=i == 0)(x) for i in range({PARTS})]
+    return keras.Model(x, keras.layers.Add()(parts))
+"""
+)
+
+
+@pytest.fixture(autouse=True)
+def events_to_stderr() -> None:
+    """Event lines (e.g. a PS lagging behind PS 0) on stderr, where pytest shows them for a failure."""
+    log.configure("INFO")
+
+
+@pytest.fixture
+def linear_spec(tmp_path: Path) -> ModelSpec:
+    path = tmp_path / "linear.py"
+    path.write_text(LINEAR_MODEL)
+    return load_model_spec(str(path))
+
+
+class Cluster:
+    """Parameter servers on 127.0.0.1 and clients of all of them."""
+
+    def __init__(self, spec: ModelSpec, num_ps: int, **settings: Any) -> None:
+        self.servicers = [
+            ParameterServerServicer(spec.optimizer, ps_id=i, num_ps=num_ps, jit_compile=False, **settings)
+            for i in range(num_ps)
+        ]
+        self.applied = [0] * num_ps  # optimizer steps each PS made
+        self.scales: list[dict[int, float]] = [{} for _ in range(num_ps)]  # version after a step -> lr scale
+        for ps_id, servicer in enumerate(self.servicers):
+            self._count_applies(ps_id, servicer)
+        self._servers: list[grpc.Server] = []
+        self.addresses: list[str] = []
+        self._clients: list[ParameterServerClient] = []
+
+    def _count_applies(self, ps_id: int, servicer: ParameterServerServicer) -> None:
+        parameters = servicer.parameters
+        apply = parameters.apply_gradients
+
+        def counted(gradients: Any, lr_scale: float = 1.0) -> None:
+            apply(gradients, lr_scale)
+            self.applied[ps_id] += 1
+            self.scales[ps_id][parameters.version] = lr_scale
+
+        parameters.apply_gradients = counted  # type: ignore[method-assign]
+
+    def slow_down(self, ps_id: int, max_delay: float, seed: int = 0) -> None:
+        """Delay every push to PS ``ps_id`` by a random time up to ``max_delay`` seconds (before serving)."""
+        servicer = self.servicers[ps_id]
+        push = servicer.PushGradients
+        rng = random.Random(seed)
+        lock = threading.Lock()
+
+        def slowed(request: Any, context: Any) -> Any:
+            with lock:
+                delay = rng.uniform(0, max_delay)
+            time.sleep(delay)
+            return push(request, context)
+
+        servicer.PushGradients = slowed  # type: ignore[method-assign]
+
+    def start(self) -> Cluster:
+        for servicer in self.servicers:
+            server, port = start_server(servicer, "127.0.0.1", 0)
+            self._servers.append(server)
+            self.addresses.append(f"127.0.0.1:{port}")
+        return self
+
+    def client(self) -> ParameterServerClient:
+        client = ParameterServerClient(self.addresses, retry_budget_seconds=30)
+        self._clients.append(client)
+        return client
+
+    def stop(self) -> None:
+        for client in self._clients:
+            client.close()
+        for server in self._servers:
+            server.stop(None)
+
+
+@pytest.fixture
+def cluster(linear_spec: ModelSpec) -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(num_ps: int, **settings: Any) -> Cluster:
+        made.append(Cluster(linear_spec, num_ps, **settings))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def minibatches(num_workers: int, per_worker: int, size: int = 8, seed: int = 1) -> list[list[tuple]]:
+    """``per_worker`` minibatches ``(x, y)`` of a noisy linear target for each worker."""
+    rng = np.random.default_rng(seed)
+    truth = rng.normal(size=(FEATURES, 1))
+    batches = []
+    for _ in range(num_workers):
+        mine = []
+        for _ in range(per_worker):
+            x = rng.normal(size=(size, FEATURES)).astype(np.float32)
+            y = (x @ truth + 0.1 * rng.normal(size=(size, 1))).astype(np.float32)
+            mine.append((x, y))
+        batches.append(mine)
+    return batches
+
+
+def build_replicas(spec: ModelSpec, cluster: Cluster, count: int, **options: Any) -> list[ModelReplica]:
+    """Replicas built one after the other (building clears Keras' session), all synced with the PS."""
+    replicas = [ModelReplica(spec, cluster.client(), **options) for _ in range(count)]
+    sample = np.zeros((1, FEATURES), np.float32)
+    for replica in replicas:
+        replica.ensure_built(sample)
+    return replicas
+
+
+def run_workers(
+    replicas: list[ModelReplica], batches: list[list[tuple]], indexes: list[list[int]] | None = None
+) -> None:
+    """Each replica trains its minibatches in its own thread (``indexes[worker][0]`` is set to the index of
+    the minibatch being trained); the first error is raised here."""
+    errors: list[BaseException] = []
+
+    def work(worker: int, replica: ModelReplica, mine: list[tuple]) -> None:
+        try:
+            for i, (x, y) in enumerate(mine):
+                if indexes is not None:
+                    indexes[worker][0] = i
+                replica.train_minibatch(x, y)
+            replica.flush()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=work, args=(w, r, b))
+        for w, (r, b) in enumerate(zip(replicas, batches, strict=True))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+        assert not thread.is_alive(), "a worker did not finish"
+    if errors:
+        raise errors[0]
+
+
+def record_accepted(replica: ModelReplica, log: list[tuple[int, int, int]], worker: int) -> list[int]:
+    """Record ``(step of PS 0, worker, minibatch)`` for every accepted push of ``replica``; the returned list
+    holds the index of the minibatch being trained (set it before each ``train_minibatch``)."""
+    client = replica._ps
+    push = client.push_gradients
+    current = [0]
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        result = push(*args, **kwargs)
+        if result.accepted:
+            log.append((result.versions[0], worker, current[0]))
+        return result
+
+    client.push_gradients = recording  # type: ignore[method-assign]
+    return current
+
+
+def reference_sgd(initial: dict[str, np.ndarray], groups: list[list[tuple[np.ndarray, np.ndarray]]]) -> dict:
+    """Plain SGD on the linear model in float64: one step per group of minibatches, with the mean of their
+    gradients at the parameters before the step."""
+    params = {name: value.astype(np.float64) for name, value in initial.items()}
+    kernels = sorted(name for name in params if name.endswith("kernel"))
+    bias = next(name for name in params if name.endswith("bias"))
+    for group in groups:
+        kernel_grad = np.zeros_like(params[kernels[0]])
+        bias_grad = np.zeros_like(params[bias])
+        for x, y in group:
+            prediction = x @ sum(params[k] for k in kernels) + params[bias]
+            g = 2.0 * (prediction - y) / len(x)
+            kernel_grad += x.T @ g / len(group)
+            bias_grad += g.sum(axis=0) / len(group)
+        for k in kernels:
+            params[k] = params[k] - LEARNING_RATE * kernel_grad
+        params[bias] = params[bias] - LEARNING_RATE * bias_grad
+    return params
+
+
+def assert_parameters(cluster: Cluster, expected: dict[str, np.ndarray]) -> None:
+    final, _, _ = cluster.client().pull_dense([-1] * len(cluster.servicers))
+    assert sorted(final) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(final[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_the_linear_model_is_spread_over_two_ps(linear_spec: ModelSpec) -> None:
+    from edl_argo.worker.replica import build_model, dense_variables
+
+    names = [v.path for v in dense_variables(build_model(linear_spec, np.zeros((1, FEATURES), np.float32)))]
+    assert len(names) == PARTS + 1
+    assert {dense_owner(name, 2) for name in names} == {0, 1}
+
+
+def test_sync_sgd_over_two_ps_applies_every_minibatch_once_on_every_ps(
+    cluster: Callable[..., Cluster], linear_spec: ModelSpec
+) -> None:
+    """2 PS x 3 workers, synchronous, PS 1 slowed: decisions would split between the PS. Every PS applies
+    each minibatch exactly once, and the model is what sequential SGD over the accepted order gives."""
+    ps = cluster(2)
+    ps.slow_down(1, max_delay=0.03)
+    ps.start()
+    replicas = build_replicas(linear_spec, ps, 3)
+    initial, _, _ = ps.client().pull_dense([-1, -1])
+    batches = minibatches(3, per_worker=12)
+    accepted: list[tuple[int, int, int]] = []
+    indexes = [record_accepted(r, accepted, w) for w, r in enumerate(replicas)]
+    run_workers(replicas, batches, indexes)
+
+    trained = sum(len(mine) for mine in batches)
+    assert len(accepted) == trained
+    assert sorted((w, i) for _, w, i in accepted) == [(w, i) for w in range(3) for i in range(12)]
+    assert ps.applied == [trained, trained], "a PS applied a minibatch twice (or missed one)"
+    assert [s.version for s in ps.servicers] == [trained, trained]
+    steps = sorted(step for step, _, _ in accepted)
+    assert steps == list(range(1, trained + 1)), "PS 0 accepted two pushes for one step"
+    assert_parameters(ps, reference_sgd(initial, [[batches[w][i]] for _, w, i in sorted(accepted)]))
+
+
+def test_pushes_left_waiting_for_grads_to_wait_are_applied_when_training_ends(
+    cluster: Callable[..., Cluster], linear_spec: ModelSpec
+) -> None:
+    """grads_to_wait=3, 7 minibatches: two full steps, and the last minibatch applied on its own when the
+    master asks the PS for their status with apply_pending (as it does when training ends)."""
+    ps = cluster(2, grads_to_wait=3).start()
+    (replica,) = build_replicas(linear_spec, ps, 1)
+    initial, _, _ = ps.client().pull_dense([-1, -1])
+    (batches,) = minibatches(1, per_worker=7)
+    run_workers([replica], [batches])
+    before = ps.client().status()
+    assert [(s.version, s.pending, s.pushes_accepted) for s in before] == [(2, 1, 7), (2, 1, 7)]
+    after = ps.client().status(apply_pending=True)
+    assert [(s.version, s.pending, s.pending_applied) for s in after] == [(3, 0, 1), (3, 0, 1)]
+    assert [s.version for s in ps.client().status(apply_pending=True)] == [3, 3]  # idempotent
+    assert_parameters(ps, reference_sgd(initial, [batches[0:3], batches[3:6], batches[6:]]))
+
+
+def test_pipelined_pushes_carry_the_versions_their_gradients_were_computed_from(
+    cluster: Callable[..., Cluster], linear_spec: ModelSpec
+) -> None:
+    """--pipelined with --lr-staleness-modulation: the learning-rate scale of each step is
+    1 / (true staleness), the versions the PS moved on from the parameters the gradients came from."""
+    ps = cluster(1, use_async=True, lr_staleness_modulation=True).start()
+    replicas = build_replicas(linear_spec, ps, 2, pipelined=True)
+    computed: list[list[int]] = [[], []]  # per worker: PS version of the parameters of each minibatch
+    pushes: list[list[int]] = [[], []]  # per worker: PS version after each push
+    for worker, replica in enumerate(replicas):
+        gradients = replica._gradients
+
+        def recording_gradients(*args: Any, _w: int = worker, _g: Any = gradients, _r: Any = replica) -> Any:
+            computed[_w].append(_r.versions[0])
+            return _g(*args)
+
+        replica._gradients = recording_gradients  # type: ignore[method-assign]
+        client = replica._ps
+        push = client.push_gradients
+
+        def recording_push(*args: Any, _w: int = worker, _p: Any = push, **kwargs: Any) -> Any:
+            result = _p(*args, **kwargs)
+            pushes[_w].append(result.versions[0])
+            return result
+
+        client.push_gradients = recording_push  # type: ignore[method-assign]
+
+    run_workers(replicas, minibatches(2, per_worker=15))
+
+    stalenesses = []
+    for worker in range(2):
+        assert len(pushes[worker]) == len(computed[worker]) == 15
+        for at, after in zip(computed[worker], pushes[worker], strict=True):
+            staleness = (after - 1) - at  # versions applied between the pull and this step
+            stalenesses.append(staleness)
+            assert ps.scales[0][after] == pytest.approx(1.0 / max(1, staleness)), (worker, at, after)
+    assert max(stalenesses) >= 2, f"the test needs stale pushes: {stalenesses}"
+
+
+VOCABULARY = 20
+EMBEDDING_MODEL = (
+    MSE_WITH_PLAIN_SGD
+    + f"""
+def custom_model():
+    ids = keras.Input(shape=(3,), dtype="int64", name="ids")
+    rows = keras.layers.Embedding({VOCABULARY}, 4, name="emb")(ids)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(keras.layers.Flatten()(rows)))
+"""
+)
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_embedding_updates_equal_model_fit_with_plain_sgd(tmp_path: Path, num_ps: int) -> None:
+    """One worker, synchronous SGD: the rows and dense variables on the PS are those Keras' ``model.fit``
+    reaches from the same start with the same minibatches (ids repeat within a minibatch; rows no
+    minibatch looks up stay exactly as they were in both). Not bit for bit: gradients of a repeated id are
+    summed in another order (measured: at most 1.5e-8 apart, one unit in the last place; a step moves a
+    row by about 1e-3)."""
+    path = tmp_path / "embedding.py"
+    path.write_text(EMBEDDING_MODEL)
+    spec = load_model_spec(str(path))
+    ps = Cluster(spec, num_ps).start()
+    try:
+        rng = np.random.default_rng(3)
+        ids = rng.integers(0, VOCABULARY - 5, size=(48, 3)).astype(np.int64)  # rows 15-19 never looked up
+        labels = rng.normal(size=(48, 1)).astype(np.float32)
+        (replica,) = build_replicas(spec, ps, 1)
+        client = ps.client()
+        tables = {t.name: t for t in replica._tables.values()}
+        (table,) = tables  # named by the path of the layer's variable
+        every_id = np.arange(VOCABULARY, dtype=np.int64)
+        (initial_rows,) = client.pull_embeddings([(table, every_id)], tables)  # creates every row
+        initial_dense, _, _ = client.pull_dense([-1] * num_ps)
+
+        run_workers([replica], [[(ids[i : i + 8], labels[i : i + 8]) for i in range(0, 48, 8)]])
+
+        reference = spec.custom_model()
+        reference.get_layer("emb").embeddings.assign(initial_rows)
+        for variable in reference.get_layer("out").trainable_variables:
+            variable.assign(initial_dense[variable.path])
+        reference.compile(optimizer=spec.optimizer(), loss=spec.loss)
+        reference.fit(ids, labels, batch_size=8, epochs=1, shuffle=False, verbose=0)
+
+        (rows,) = client.pull_embeddings([(table, every_id)], tables)
+        dense, _, _ = client.pull_dense([-1] * num_ps)
+        assert np.array_equal(rows[15:], initial_rows[15:])
+        assert not np.allclose(rows[:15], initial_rows[:15], rtol=0, atol=1e-4), "rows must have moved"
+        np.testing.assert_allclose(rows, reference.get_layer("emb").embeddings.numpy(), rtol=1e-6, atol=1e-7)
+        for variable in reference.get_layer("out").trainable_variables:
+            np.testing.assert_allclose(
+                dense[variable.path], variable.numpy(), rtol=1e-6, atol=1e-7, err_msg=variable.path
+            )
+    finally:
+        ps.stop()
