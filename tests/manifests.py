@@ -38,7 +38,9 @@ KUBERNETES_MODELS = {
 @functools.cache
 def _definitions() -> dict[str, Any]:
     if not SCHEMA_FILE.is_file():
-        pytest.fail(f"Argo's JSON schema is missing: {SCHEMA_FILE} (see tests/argo_schema/README.md)", pytrace=False)
+        pytest.fail(
+            f"Argo's JSON schema is missing: {SCHEMA_FILE} (see tests/argo_schema/README.md)", pytrace=False
+        )
     definitions = copy.deepcopy(json.loads(SCHEMA_FILE.read_text())["definitions"])
     definitions["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["string", "integer"]}
     return definitions

@@ -519,8 +519,7 @@ class TrainingJob:
         records = ShardReader(storage, shard).read(
             0, min(self.config.minibatch_size, self.training_shards[shard])
         )
-        features, _labels = next(iter(make_batches(self.spec, records, Mode.EVALUATION, len(records))))
-        return features
+        return next(iter(make_batches(self.spec, records, Mode.EVALUATION, len(records))))[0]
 
     def _export(self, metrics: dict[str, Any]) -> None:
         if self._group_state is not None:

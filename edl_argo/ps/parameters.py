@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from edl_argo.errors import ConfigError
+from edl_argo.model.inventory import load_constraint
 from edl_argo.proto import ps_pb2
 from edl_argo.ps.embedding_table import FLOAT_DTYPES, EmbeddingTable, TableArrays
 from edl_argo.ps.optimizer import (
@@ -42,10 +43,12 @@ class NotInitializedError(RuntimeError):
 
 @dataclass
 class Gradients:
-    """Validated gradients of one push: dense by variable name, sparse as ``(ids, values)`` by table."""
+    """Validated gradients of one push: dense by variable name, sparse as ``(ids, values)`` by table, and
+    the values of non-trainable variables the push carries (``state``)."""
 
     dense: dict[str, np.ndarray] = field(default_factory=dict)
     embeddings: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +74,10 @@ class ParametersState:
     #: :meth:`DenseOptimizer.get_state`; empty when the server holds no dense variable.
     dense_optimizer: list[np.ndarray]
     tables: dict[str, TableState]
+    #: Non-trainable variables (BatchNormalization statistics, ...).
+    non_trainable: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The constraint of each dense variable that has one (JSON, see :mod:`edl_argo.model.inventory`).
+    constraints: dict[str, str] = field(default_factory=dict)
 
 
 class Parameters:
@@ -119,6 +126,22 @@ class Parameters:
             if value.dtype.name not in FLOAT_DTYPES:
                 raise InvalidRequestError(f"dense variable {tensor.name!r}: dtype {value.dtype} is not float")
             dense[tensor.name] = value
+        non_trainable: dict[str, np.ndarray] = {}
+        for tensor in model.non_trainable_parameters:
+            value = from_tensor(tensor)
+            self._check_dense_name(tensor.name, [*dense, *non_trainable])
+            if value.dtype.name not in FLOAT_DTYPES:
+                raise InvalidRequestError(
+                    f"non-trainable variable {tensor.name!r}: dtype {value.dtype} is not float"
+                )
+            non_trainable[tensor.name] = np.array(value)
+        for name, serialized in model.constraints.items():
+            if name not in dense:
+                raise InvalidRequestError(f"constraint for unknown dense variable {name!r}")
+            try:
+                load_constraint(serialized)
+            except ValueError as error:
+                raise InvalidRequestError(f"dense variable {name!r}: {error}") from None
         tables: dict[str, EmbeddingTable] = {}
         for info in model.embedding_table_infos:
             if not info.name or info.name in tables:
@@ -129,7 +152,7 @@ class Parameters:
                 )
             except ValueError as error:
                 raise InvalidRequestError(str(error)) from None
-        self._create(dense, tables)
+        self._create(dense, tables, non_trainable, dict(model.constraints))
         self.version = max(0, model.version)
         return True
 
@@ -137,7 +160,7 @@ class Parameters:
         """Become exactly the server that produced ``state`` (before it serves any request)."""
         if self.initialized:
             raise RuntimeError("restore() on parameters that are initialised already")
-        for name in state.dense:
+        for name in [*state.dense, *state.non_trainable]:
             if dense_owner(name, self.num_ps) != self.ps_id:
                 raise ConfigError(
                     f"the checkpoint of PS {self.ps_id} holds dense variable {name!r}, which belongs to "
@@ -148,7 +171,7 @@ class Parameters:
             tables = {
                 name: EmbeddingTable(name, t.dim, t.initializer, t.dtype) for name, t in state.tables.items()
             }
-            self._create(state.dense, tables)
+            self._create(state.dense, tables, state.non_trainable, state.constraints)
             if self._dense_optimizer is not None:
                 self._dense_optimizer.set_state(state.dense_optimizer)
             for name, table_state in state.tables.items():
@@ -180,20 +203,30 @@ class Parameters:
                 )
                 for name, table in self.tables.items()
             },
+            non_trainable={name: np.array(value) for name, value in self.non_trainable.items()},
+            constraints=dict(self.constraints),
         )
 
     # -- pulls ----------------------------------------------------------------------------------------
 
-    def pull_dense(self, since_version: int) -> list[tuple[str, np.ndarray]] | None:
-        """Copies of every dense variable, or None when ``since_version`` is the current version.
+    def pull_dense(self, since_version: int, finalized: bool = False) -> list[tuple[str, np.ndarray]] | None:
+        """Copies of every dense variable, trainable then non-trainable, or None when ``since_version`` is
+        the current version.
 
         A caller whose version differs from this server's (older, -1 for none, or newer after this server
-        restarted from a checkpoint) gets every variable.
+        restarted from a checkpoint) gets every variable. ``finalized``: the trainable values as ``fit``
+        ends with them (the optimizer's ``finalize_variable_values``: EMA averages when it keeps them);
+        the variables themselves do not change.
         """
         self._require_initialized()
-        if since_version == self.version:
+        if since_version == self.version and not finalized:
             return None
-        return [(name, np.array(v.numpy())) for name, v in self.dense.items()]
+        trainable = (
+            self._dense_optimizer.finalized_values()
+            if finalized and self._dense_optimizer is not None
+            else {name: np.array(v.numpy()) for name, v in self.dense.items()}
+        )
+        return [*trainable.items(), *((name, np.array(v)) for name, v in self.non_trainable.items())]
 
     def pull_embeddings(self, name: str, ids: np.ndarray) -> np.ndarray:
         """The rows of ``ids`` (int64, 1-D, owned by this server) of table ``name``, created if new."""
@@ -230,6 +263,19 @@ class Parameters:
                     f"the variable {expected[0]}{list(expected[1])}"
                 )
             gradients.dense[tensor.name] = value
+        for tensor in model.non_trainable_parameters:
+            current = self.non_trainable.get(tensor.name)
+            if current is None:
+                raise InvalidRequestError(f"value for unknown non-trainable variable {tensor.name!r}")
+            if tensor.name in gradients.state:
+                raise InvalidRequestError(f"two values for non-trainable variable {tensor.name!r}")
+            value = from_tensor(tensor)
+            if (value.dtype, value.shape) != (current.dtype, current.shape):
+                raise InvalidRequestError(
+                    f"value for non-trainable variable {tensor.name!r} is {value.dtype.name}"
+                    f"{list(value.shape)}, the variable {current.dtype.name}{list(current.shape)}"
+                )
+            gradients.state[tensor.name] = value
         for name, slices in model.embedding_tables.items():
             table = self._table(name)
             values, ids = from_indexed_slices(slices)
@@ -243,7 +289,8 @@ class Parameters:
         return gradients
 
     def apply_gradients(self, gradients: Gradients, lr_scale: float = 1.0) -> None:
-        """Apply checked gradients as one optimizer step and advance the version by one.
+        """Apply checked gradients as one optimizer step, take the non-trainable values they carry, and
+        advance the version by one.
 
         ``lr_scale`` multiplies the learning rate for this step only; other than 1 it needs a float
         learning rate (:class:`LearningRateScaleError`, raised before anything changes).
@@ -260,6 +307,8 @@ class Parameters:
             by_group.setdefault(id(self._table_optimizers[name]), []).append((self.tables[name], ids, values))
         for updates in by_group.values():
             self._table_optimizers[updates[0][0].name].apply_many(updates, lr_scale)
+        for name, value in gradients.state.items():
+            self.non_trainable[name] = np.array(value, dtype=self.non_trainable[name].dtype)
         self.version += 1
 
     # -- helpers --------------------------------------------------------------------------------------
@@ -268,12 +317,28 @@ class Parameters:
         self.version = 0
         self.initialized = False
         self.dense: dict[str, tf.Variable] = {}
+        self.non_trainable: dict[str, np.ndarray] = {}
+        self.constraints: dict[str, str] = {}
         self.tables: dict[str, EmbeddingTable] = {}
         self._dense_optimizer: DenseOptimizer | None = None
         self._table_optimizers: dict[str, SparseOptimizer] = {}
 
-    def _create(self, dense: dict[str, np.ndarray], tables: dict[str, EmbeddingTable]) -> None:
-        variables = {name: tf.Variable(value, name=_variable_name(name)) for name, value in dense.items()}
+    def _create(
+        self,
+        dense: dict[str, np.ndarray],
+        tables: dict[str, EmbeddingTable],
+        non_trainable: dict[str, np.ndarray],
+        constraints: dict[str, str],
+    ) -> None:
+        # The Keras optimizer applies a variable's constraint after each update, as in fit.
+        variables = {
+            name: tf.Variable(
+                value,
+                name=_variable_name(name),
+                constraint=load_constraint(constraints[name]) if name in constraints else None,
+            )
+            for name, value in dense.items()
+        }
         dense_optimizer = DenseOptimizer(self._factory, variables, self._jit_compile) if variables else None
         groups: dict[tuple[int, str], list[EmbeddingTable]] = {}
         for table in tables.values():
@@ -285,6 +350,8 @@ class Parameters:
             for table in members
         }
         self.dense, self.tables = variables, tables
+        self.non_trainable = {name: np.array(value) for name, value in non_trainable.items()}
+        self.constraints = dict(constraints)
         self._dense_optimizer, self._table_optimizers = dense_optimizer, optimizers
         self.initialized = True
 

@@ -197,9 +197,13 @@ class Worker:
         steps = 0
         skipped = 0
         total_loss = 0.0
-        for features, labels in batches:
+        for batch in batches:
+            features, labels, weights = split_batch(batch)
             try:
-                total_loss += self._replica.train_minibatch(features, labels)
+                if weights is None:
+                    total_loss += self._replica.train_minibatch(features, labels)
+                else:
+                    total_loss += self._replica.train_minibatch(features, labels, weights)  # type: ignore[call-arg]
             except NonFiniteLossError as error:
                 if self._nan_loss != "skip":
                     raise
@@ -231,7 +235,8 @@ class Worker:
         outputs: list[np.ndarray] = []
         labels: list[np.ndarray] = []
         synced = False
-        for features, batch_labels in batches:
+        for batch in batches:
+            features, batch_labels, _weights = split_batch(batch)
             if not synced:
                 self._replica.ensure_built(features)
                 self._replica.sync()
@@ -260,6 +265,15 @@ class Worker:
         if self._prediction_output and outputs:
             write_predictions(self._prediction_output, task.shard, task.start, np.concatenate(outputs))
         return {"records": sum(len(o) for o in outputs)}
+
+
+def split_batch(batch: Any) -> tuple[Any, Any, Any]:
+    """``(features, labels, sample_weights or None)`` of a batch ``feed`` made as ``(features, labels)`` or
+    ``(features, labels, sample_weights)``."""
+    if isinstance(batch, tuple) and len(batch) == 3:
+        return batch
+    features, labels = batch
+    return features, labels, None
 
 
 def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> str:

@@ -61,31 +61,45 @@ class ParameterServerClient:
         rpc = getattr(self._stubs[ps_id], method)
         return call_with_retry(lambda: rpc(request), f"ps-{ps_id} {self._addresses[ps_id]}", self._budget)
 
-    def push_model(self, dense: Mapping[str, np.ndarray], tables: Iterable[EmbeddingTableSpec]) -> bool:
-        """Offer initial parameters; each PS keeps the first model it is offered. True if any took ours."""
+    def push_model(
+        self,
+        dense: Mapping[str, np.ndarray],
+        tables: Iterable[EmbeddingTableSpec],
+        non_trainable: Mapping[str, np.ndarray] | None = None,
+        constraints: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Offer initial parameters (trainable and non-trainable, with the trainable variables' constraints);
+        each PS keeps the first model it is offered. True if any took ours."""
         infos = [
             ps_pb2.EmbeddingTableInfo(name=t.name, dim=t.dim, dtype=t.dtype, initializer=t.initializer)
             for t in tables
         ]
         by_owner = self._split_dense(dense)
+        state_by_owner = self._split_dense(non_trainable or {})
+        constraints_by_owner = self._split_dense(constraints or {})
 
         def push(ps_id: int) -> bool:
             model = ps_pb2.Model(
                 dense_parameters=[to_tensor(v, n) for n, v in by_owner[ps_id].items()],
+                non_trainable_parameters=[to_tensor(v, n) for n, v in state_by_owner[ps_id].items()],
+                constraints=constraints_by_owner[ps_id],
                 embedding_table_infos=infos,
             )
             return bool(self._call(ps_id, "PushModel", model).accepted)
 
         return any(self._each(push))
 
-    def pull_dense(self, versions: Sequence[int]) -> tuple[dict[str, np.ndarray], list[int], bool]:
-        """Dense parameters newer than ``versions`` (one per PS; -1 for none).
+    def pull_dense(
+        self, versions: Sequence[int], finalized: bool = False
+    ) -> tuple[dict[str, np.ndarray], list[int], bool]:
+        """Dense parameters, trainable and non-trainable, newer than ``versions`` (one per PS; -1 for none);
+        ``finalized``: all of them as ``fit`` ends with them (EMA averages; for export).
 
         Returns the changed parameters, the versions now held, and whether every PS is initialised.
         """
 
         def pull(ps_id: int) -> ps_pb2.PullDenseParametersResponse:
-            request = ps_pb2.PullDenseParametersRequest(version=versions[ps_id])
+            request = ps_pb2.PullDenseParametersRequest(version=versions[ps_id], finalized=finalized)
             return self._call(ps_id, "PullDenseParameters", request)
 
         responses = self._each(pull)
@@ -139,9 +153,13 @@ class ParameterServerClient:
         sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
         versions: Sequence[int],
         learning_rate_scale: float = 1.0,
+        state: Mapping[str, np.ndarray] | None = None,
+        examples: int = 0,
     ) -> PushResult:
-        """Push one minibatch's gradients; ``sparse`` maps a table to ``(row_gradients, ids)``."""
+        """Push one minibatch's gradients; ``sparse`` maps a table to ``(row_gradients, ids)``, ``state``
+        holds the non-trainable values the minibatch's forward pass computed, ``examples`` its size."""
         dense_by_owner = self._split_dense(dense)
+        state_by_owner = self._split_dense(state or {})
         sparse_by_owner: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(self.num_ps)]
         for table, (values, ids) in sparse.items():
             owners = embedding_owner(ids, self.num_ps)
@@ -153,12 +171,14 @@ class ParameterServerClient:
         def push(ps_id: int) -> ps_pb2.PushGradientsResponse:
             # Built in place: each tensor's bytes are copied once into the request.
             request = ps_pb2.PushGradientsRequest(
-                version=versions[ps_id], learning_rate_scale=learning_rate_scale
+                version=versions[ps_id], learning_rate_scale=learning_rate_scale, examples=examples
             )
             gradients = request.gradients
             gradients.version = versions[ps_id]
             for name, gradient in dense_by_owner[ps_id].items():
                 fill_tensor(gradients.dense_parameters.add(), gradient, name)
+            for name, value in state_by_owner[ps_id].items():
+                fill_tensor(gradients.non_trainable_parameters.add(), value, name)
             for table, (values, ids) in sparse_by_owner[ps_id].items():
                 slices = gradients.embedding_tables[table]
                 fill_tensor(slices.values, values, table)
@@ -168,8 +188,8 @@ class ParameterServerClient:
         responses = self._each(push)
         return PushResult(all(r.accepted for r in responses), tuple(r.version for r in responses))
 
-    def _split_dense(self, values: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        by_owner: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+    def _split_dense(self, values: Mapping[str, T]) -> list[dict[str, T]]:
+        by_owner: list[dict[str, T]] = [{} for _ in range(self.num_ps)]
         for name, value in values.items():
             by_owner[dense_owner(name, self.num_ps)][name] = value
         return by_owner
