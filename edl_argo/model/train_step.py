@@ -31,6 +31,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+# What ``compile(loss=fn)`` wraps a loss function in (keras/src/trainers/compile_utils.py); not exported
+# under keras.losses.
+from keras.src.losses.losses import LossFunctionWrapper
+
 OptimizerFactory = Callable[[], keras.optimizers.Optimizer]
 
 
@@ -68,7 +72,7 @@ def fit_loss(
     """The loss ``fit`` minimises for ``compile(loss=loss_fn)``: ``loss_fn``'s values averaged over the batch
     (weighted by ``sample_weight`` as Keras weights them, when given) plus the regularization losses."""
     if sample_weight is not None:
-        loss = keras.losses.LossFunctionWrapper(loss_fn)(labels, predictions, sample_weight=sample_weight)
+        loss = LossFunctionWrapper(loss_fn)(labels, predictions, sample_weight=sample_weight)
     else:
         loss = tf.convert_to_tensor(loss_fn(labels, predictions))
         if loss.shape.rank:  # values per example: Keras's "sum_over_batch_size"
@@ -89,6 +93,8 @@ class WorkerSteps:
         inner = _inner(optimizer)
         self.loss_scale_factor: float | None = inner.loss_scale_factor
         self.global_clipnorm: float | None = inner.global_clipnorm or None
+        #: Whether the optimizer keeps EMA averages, which ``fit`` ends with (``use_ema``).
+        self.keeps_averages = bool(inner.use_ema)
         self.dynamic = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self._growth_steps = int(optimizer.dynamic_growth_steps) if self.dynamic else 0
         initial = float(optimizer.initial_scale) if self.dynamic else 1.0

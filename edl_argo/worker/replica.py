@@ -93,6 +93,8 @@ class ModelReplica:
         # Versions of the parameters this replica holds (as pulled), and the newest version a push saw.
         self.versions = [-1] * ps.num_ps
         self.version = -1
+        # The versions whose finalized values (EMA averages) the local model holds for predict(), if any.
+        self._finalized_versions: list[int] | None = None
 
     @property
     def model(self) -> keras.Model:
@@ -132,6 +134,9 @@ class ModelReplica:
     def sync(self) -> None:
         """Pull the dense parameters that changed since the last pull."""
         self.flush()
+        if self._finalized_versions is not None:  # predict() installed the EMA averages: pull every value
+            self._finalized_versions = None
+            self.versions = [-1] * self._ps.num_ps
         self._install(*self._fetch(self.versions))
 
     def _fetch(self, versions: list[int]) -> tuple[dict[str, np.ndarray], list[int]]:
@@ -279,8 +284,13 @@ class ModelReplica:
         self._ps.close()
 
     def predict(self, features: Any) -> Any:
-        """The model's outputs with the latest parameters (no gradients)."""
+        """The model's outputs with the latest parameters (no gradients). With an optimizer that keeps EMA
+        averages, with the averages: the values ``fit`` ends with and the job exports."""
         self.ensure_built(features)
+        if self._steps.keeps_averages and self._finalized_versions != self.versions:
+            values, versions, _ = self._ps.pull_dense([-1] * self._ps.num_ps, finalized=True)
+            self._inventory.assign(values)
+            self.versions = self._finalized_versions = versions
         return self._forward(features, self._pull_rows(features)[2])
 
 
