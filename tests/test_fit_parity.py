@@ -253,3 +253,22 @@ def test_a_synchronous_step_weights_pushes_by_examples() -> None:
     mean, _ = accumulator.mean()
     np.testing.assert_allclose(mean.dense["w"], [(8 * 1.0 + 4 * 4.0) / 12])
     np.testing.assert_allclose(mean.state["m"], [(8 * 2.0 + 4 * 5.0) / 12])
+
+
+def test_the_ps_refuses_malformed_state_and_constraints_naming_the_variable() -> None:
+    from edl_argo.proto import ps_pb2
+    from edl_argo.ps.parameters import InvalidRequestError, Parameters
+    from edl_argo.rpc.tensors import to_tensor
+
+    bad_constraint = _model_message()
+    bad_constraint.constraints["w"] = json.dumps({"class_name": "NoSuchConstraint", "config": {}})
+    with pytest.raises(InvalidRequestError, match=r"'w'.*NoSuchConstraint"):
+        Parameters(_adam_with_ema).init_from_model(bad_constraint)
+    parameters = Parameters(_adam_with_ema, jit_compile=False)
+    assert parameters.init_from_model(_model_message())
+    for tensor, reason in [
+        (to_tensor(np.zeros(2, np.float32), "nope"), "unknown non-trainable variable 'nope'"),
+        (to_tensor(np.zeros(3, np.float32), "moving_mean"), r"'moving_mean' is float32\[3\]"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=reason):
+            parameters.decode_gradients(ps_pb2.Model(non_trainable_parameters=[tensor]))
