@@ -272,3 +272,20 @@ def test_the_ps_refuses_malformed_state_and_constraints_naming_the_variable() ->
     ]:
         with pytest.raises(InvalidRequestError, match=reason):
             parameters.decode_gradients(ps_pb2.Model(non_trainable_parameters=[tensor]))
+
+
+def test_allreduce_refuses_a_feed_with_sample_weights_before_any_pod_starts(tmp_path: Path) -> None:
+    from parity_models.parity_data import records
+
+    from edl_argo.errors import ConfigError
+
+    write_dataset(LocalStorage(tmp_path / "data"), "train", records(16), 1, Compressor.NONE, overwrite=False)
+    config = TrainConfig(
+        model_def=str(MODELS / "weighted.py"),
+        training_data=str(tmp_path / "data" / "train"),
+        output=str(tmp_path / "out"),
+        distribution_strategy="AllreduceStrategy",
+    )
+    with pytest.raises(ConfigError, match=r"weighted\.py yields \(features, labels, sample_weights\)"):
+        TrainingJob(config)
+    assert not (tmp_path / "out").exists()

@@ -102,6 +102,11 @@ class TrainingJob:
         self.validation_shards = (
             dataset_shards(config.validation_data, "--validation-data") if config.validation_data else {}
         )
+        if config.allreduce and len(self._sample_batch(Mode.TRAINING)) == 3:
+            raise ConfigError(
+                f"feed of {config.model_def} yields (features, labels, sample_weights) in training: "
+                "AllreduceStrategy does not apply sample weights; use ParameterServerStrategy"
+            )
         self.output = open_storage(config.output)
         self.output.exists("model")  # reach --output now: a missing bucket or a denial fails here
         self.versions = VersionTracker()
@@ -513,13 +518,17 @@ class TrainingJob:
             **({"allreduce_replicas": self._replicas} if self._replicas else {}),
         }
 
-    def _sample_features(self) -> Any:
+    def _sample_batch(self, mode: str) -> Any:
+        """The first minibatch of the training data, as ``feed`` makes it for ``mode``."""
         storage = open_storage(self.config.training_data)
         shard = next(iter(self.training_shards))
         records = ShardReader(storage, shard).read(
             0, min(self.config.minibatch_size, self.training_shards[shard])
         )
-        return next(iter(make_batches(self.spec, records, Mode.EVALUATION, len(records))))[0]
+        return next(iter(make_batches(self.spec, records, mode, len(records))))
+
+    def _sample_features(self) -> Any:
+        return self._sample_batch(Mode.EVALUATION)[0]
 
     def _export(self, metrics: dict[str, Any]) -> None:
         if self._group_state is not None:
