@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -249,33 +250,12 @@ class Parameters:
         """
         self._require_initialized()
         gradients = Gradients()
-        for tensor in model.dense_parameters:
-            variable = self.dense.get(tensor.name)
-            if variable is None:
-                raise InvalidRequestError(f"gradient for unknown dense variable {tensor.name!r}")
-            if tensor.name in gradients.dense:
-                raise InvalidRequestError(f"two gradients for dense variable {tensor.name!r}")
-            value = from_tensor(tensor)
-            expected = (variable.dtype.name, tuple(variable.shape))
-            if (value.dtype.name, value.shape) != expected:
-                raise InvalidRequestError(
-                    f"gradient for dense variable {tensor.name!r} is {value.dtype.name}{list(value.shape)}, "
-                    f"the variable {expected[0]}{list(expected[1])}"
-                )
-            gradients.dense[tensor.name] = value
-        for tensor in model.non_trainable_parameters:
-            current = self.non_trainable.get(tensor.name)
-            if current is None:
-                raise InvalidRequestError(f"value for unknown non-trainable variable {tensor.name!r}")
-            if tensor.name in gradients.state:
-                raise InvalidRequestError(f"two values for non-trainable variable {tensor.name!r}")
-            value = from_tensor(tensor)
-            if (value.dtype, value.shape) != (current.dtype, current.shape):
-                raise InvalidRequestError(
-                    f"value for non-trainable variable {tensor.name!r} is {value.dtype.name}"
-                    f"{list(value.shape)}, the variable {current.dtype.name}{list(current.shape)}"
-                )
-            gradients.state[tensor.name] = value
+        dense = {name: (v.dtype.name, tuple(v.shape)) for name, v in self.dense.items()}
+        gradients.dense = _decode_named(model.dense_parameters, dense, "gradient", "dense variable")
+        state = {name: (v.dtype.name, v.shape) for name, v in self.non_trainable.items()}
+        gradients.state = _decode_named(
+            model.non_trainable_parameters, state, "value", "non-trainable variable"
+        )
         for name, slices in model.embedding_tables.items():
             table = self._table(name)
             values, ids = from_indexed_slices(slices)
@@ -387,6 +367,28 @@ class Parameters:
     def _require_initialized(self) -> None:
         if not self.initialized:
             raise NotInitializedError("the model is not initialised yet: no worker has pushed it (PushModel)")
+
+
+def _decode_named(
+    tensors: Iterable[Any], expected: dict[str, tuple[str, tuple[int, ...]]], noun: str, kind: str
+) -> dict[str, np.ndarray]:
+    """Decode ``tensors``, each named after an entry of ``expected`` (its dtype name and shape), at most once;
+    :class:`InvalidRequestError` naming the tensor (``noun`` for ``kind`` NAME) otherwise."""
+    decoded: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        wanted = expected.get(tensor.name)
+        if wanted is None:
+            raise InvalidRequestError(f"{noun} for unknown {kind} {tensor.name!r}")
+        if tensor.name in decoded:
+            raise InvalidRequestError(f"two {noun}s for {kind} {tensor.name!r}")
+        value = from_tensor(tensor)
+        if (value.dtype.name, value.shape) != wanted:
+            raise InvalidRequestError(
+                f"{noun} for {kind} {tensor.name!r} is {value.dtype.name}{list(value.shape)}, "
+                f"the variable {wanted[0]}{list(wanted[1])}"
+            )
+        decoded[tensor.name] = value
+    return decoded
 
 
 def _variable_name(name: str) -> str:
