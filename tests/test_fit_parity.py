@@ -9,9 +9,10 @@ results differ from ``fit``'s only by float32 rounding, which a few dozen steps 
 
 One job serves several features at once (a job costs seconds of process start-up):
 
-* ``dense_state``: BatchNormalization statistics, a NonNeg constraint, an L2 regularizer, a weight without
-  gradient, AdamW with a schedule, weight decay, EMA and ``loss_scale_factor``, a partial last minibatch;
-  evaluation during training sees the exported values;
+* ``dense_state`` (2 PS, each holding one of the BatchNormalization statistics): BatchNormalization, a
+  NonNeg constraint, an L2 regularizer, a weight without gradient, AdamW with a schedule, weight decay,
+  EMA and ``loss_scale_factor``, a partial last minibatch; evaluation during training sees the exported
+  values;
 * ``embedding_clip`` (2 PS): ``global_clipnorm`` over dense and embedding gradients of both PS, with
   ``LossScaleOptimizer``;
 * ``weighted``: a ``feed`` yielding sample weights, with ``--grads-to-wait 2`` and minibatches of unequal
@@ -61,7 +62,7 @@ class Case:
 
 CASES = {
     # 100 rows in minibatches of 8: the last of each epoch has 4.
-    "dense_state": Case("dense_state.py", rows=100, job={"num_ps": 1}),
+    "dense_state": Case("dense_state.py", rows=100, job={"num_ps": 2}),
     "embedding_clip": Case("embedding_clip.py", rows=100, job={"num_ps": 2}),
     # 92 rows: 11 minibatches of 8 and one of 4; pushed in pairs: fit's 5 batches of 16 and one of 12.
     "weighted": Case("weighted.py", rows=92, fit_batch_size=16, job={"num_ps": 1, "grads_to_wait": 2}),

@@ -1,7 +1,8 @@
 """The partition of the model one parameter server holds, and the gradients it accepts.
 
-:class:`Parameters` owns this server's dense variables (one ``tf.Variable`` per name), its embedding tables,
-the optimizers that update them and the model version. It validates everything that arrives from a worker
+:class:`Parameters` owns this server's dense variables (one ``tf.Variable`` per name, carrying its Keras
+constraint), its non-trainable variables (values taken from pushes), its embedding tables, the optimizers
+that update them and the model version. It validates everything that arrives from a worker
 and raises :class:`InvalidRequestError` (the request does not fit this server's parameters) or
 :class:`NotInitializedError` (no worker has pushed the model yet) with a one-line reason naming the
 variable or table at fault; nothing changes when it raises.
@@ -89,6 +90,8 @@ class Parameters:
     * Uninitialised until :meth:`init_from_model` or :meth:`restore`; only the first of them counts.
     * :attr:`version` increases by exactly one per :meth:`apply_gradients`.
     * Embedding rows are created on first pull (or first gradient) with the table's initializer.
+    * A dense variable's constraint is applied after each update that touches it (by the Keras optimizer);
+      a non-trainable variable takes the value a push carries, with that push's step.
     """
 
     def __init__(
