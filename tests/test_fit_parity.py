@@ -14,7 +14,7 @@ One job serves several features at once (a job costs seconds of process start-up
   EMA and ``loss_scale_factor``, a partial last minibatch; evaluation during training sees the exported
   values;
 * ``embedding_clip`` (2 PS): ``global_clipnorm`` over dense and embedding gradients of both PS, with
-  ``LossScaleOptimizer``;
+  ``LossScaleOptimizer``, and a per-row constraint on the embedding table;
 * ``weighted``: a ``feed`` yielding sample weights, with ``--grads-to-wait 2`` and minibatches of unequal
   sizes (``fit`` with twice the batch size is the same model).
 """
@@ -186,6 +186,8 @@ def test_global_clipnorm_spans_embedding_and_dense_gradients_of_two_ps(trained) 
     assert_trained(result, "embedding/embeddings")
     assert_variables_equal_fit(result)
     assert_saved_model_equals_fit(result)
+    table = next(v for v in result.exported.weights if v.path == "embedding/embeddings").numpy()
+    assert (table == 0.0).any() and table.min() == 0.0, "the NonNeg constraint did not bind"
 
 
 def test_sample_weights_and_pushes_weighted_by_examples_equal_fit(trained) -> None:
@@ -201,10 +203,14 @@ def _model_message() -> Any:
     from edl_argo.proto import ps_pb2
     from edl_argo.rpc.tensors import to_tensor
 
+    non_negative = json.dumps(keras.constraints.serialize(keras.constraints.NonNeg()))
     return ps_pb2.Model(
         dense_parameters=[to_tensor(np.array([0.5, -0.2, 0.1], np.float32), "w")],
         non_trainable_parameters=[to_tensor(np.zeros(2, np.float32), "moving_mean")],
-        constraints={"w": json.dumps(keras.constraints.serialize(keras.constraints.NonNeg()))},
+        constraints={"w": non_negative},
+        embedding_table_infos=[
+            ps_pb2.EmbeddingTableInfo(name="t", dim=2, initializer="zeros", constraint=non_negative)
+        ],
     )
 
 
@@ -217,12 +223,13 @@ def _push(parameters: Any, step: int) -> None:
 
     gradient = np.array([1.0, -1.0, 0.5], np.float32) * (step + 1)
     state = {"moving_mean": np.array([step, -step], np.float32)}
-    parameters.apply_gradients(Gradients(dense={"w": gradient}, state=state))
+    rows = (np.array([0, 3]), np.array([[1.0, -1.0], [2.0, 0.5]], np.float32) * (step + 1))
+    parameters.apply_gradients(Gradients(dense={"w": gradient}, embeddings={"t": rows}, state=state))
 
 
 def test_ps_checkpoint_restores_non_trainable_state_constraints_and_ema_exactly() -> None:
     """A PS restored from its checkpoint continues exactly as the original: EMA averages, non-trainable
-    values and constraints survive (the checkpoint-restore case of the parity suite)."""
+    values and constraints (of dense variables and tables) survive (the checkpoint-restore case)."""
     from edl_argo.ps.checkpoint import decode_state, encode_state
     from edl_argo.ps.parameters import Parameters
 
@@ -231,6 +238,7 @@ def test_ps_checkpoint_restores_non_trainable_state_constraints_and_ema_exactly(
     for step in range(3):
         _push(original, step)
     assert original.dense["w"].numpy().min() >= 0.0  # NonNeg applied after the updates
+    assert original.export_table("t")[1].min() == 0.0  # and to the rows of the table an update changed
     restored = Parameters(ps_optimizer_factory(_adam_with_ema), jit_compile=False)
     restored.restore(decode_state(encode_state(original.snapshot())))
     for parameters in (original, restored):
@@ -240,6 +248,7 @@ def test_ps_checkpoint_restores_non_trainable_state_constraints_and_ema_exactly(
     for name, value in restored.pull_dense(-1, finalized=True) or []:
         np.testing.assert_array_equal(value, finalized[name])
     np.testing.assert_array_equal(finalized["moving_mean"], [3.0, -3.0])
+    np.testing.assert_array_equal(restored.export_table("t")[1], original.export_table("t")[1])
     live = dict(original.pull_dense(-1) or [])
     assert not np.array_equal(live["w"], finalized["w"]), "finalized values are not the EMA averages"
 

@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EmbeddingTableInfo(_message.Message):
-    __slots__ = ("name", "dim", "initializer", "dtype")
+    __slots__ = ("name", "dim", "initializer", "dtype", "constraint")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     INITIALIZER_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     initializer: str
     dtype: str
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+    constraint: str
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ..., constraint: _Optional[str] = ...) -> None: ...
 
 class Model(_message.Message):
     __slots__ = ("version", "dense_parameters", "embedding_table_infos", "embedding_tables", "non_trainable_parameters", "constraints")

@@ -63,6 +63,7 @@ def encode_state(state: ParametersState) -> bytes:
             name: {
                 "dim": table.dim,
                 "initializer": table.initializer,
+                "constraint": table.constraint,
                 "dtype": table.dtype,
                 "ids": ref(table.arrays.ids),
                 "values": ref(table.arrays.values),
@@ -108,6 +109,7 @@ def _decode_table(table: dict[str, Any], get: Any) -> TableState:
     return TableState(
         dim=int(table["dim"]),
         initializer=str(table["initializer"]),
+        constraint=str(table.get("constraint", "")),
         dtype=str(table["dtype"]),
         arrays=TableArrays(
             ids=get(table["ids"]),

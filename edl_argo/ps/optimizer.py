@@ -275,7 +275,7 @@ class SparseOptimizer(_KerasOptimizer):
             end = offset + len(rows)
             table.scatter_rows(
                 rows,
-                new_values[offset:end],
+                table.constrain(new_values[offset:end]),
                 {name: slot[offset:end] for name, slot in zip(self._slot_names, new_slots, strict=True)},
             )
             offset = end

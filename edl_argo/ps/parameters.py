@@ -65,6 +65,8 @@ class TableState:
     optimizer: list[np.ndarray]
     #: :meth:`EmbeddingTable.seed_state`.
     seed_state: np.ndarray | None
+    #: The table's constraint (JSON), empty for none.
+    constraint: str = ""
 
 
 @dataclass
@@ -152,7 +154,11 @@ class Parameters:
                 raise InvalidRequestError(f"embedding table name {info.name!r} is empty or repeated")
             try:
                 tables[info.name] = EmbeddingTable(
-                    info.name, info.dim, info.initializer or "uniform", info.dtype or "float32"
+                    info.name,
+                    info.dim,
+                    info.initializer or "uniform",
+                    info.dtype or "float32",
+                    constraint=info.constraint,
                 )
             except ValueError as error:
                 raise InvalidRequestError(str(error)) from None
@@ -173,7 +179,8 @@ class Parameters:
                 )
         try:
             tables = {
-                name: EmbeddingTable(name, t.dim, t.initializer, t.dtype) for name, t in state.tables.items()
+                name: EmbeddingTable(name, t.dim, t.initializer, t.dtype, constraint=t.constraint)
+                for name, t in state.tables.items()
             }
             self._create(state.dense, tables, state.non_trainable, state.constraints)
             if self._dense_optimizer is not None:
@@ -200,6 +207,7 @@ class Parameters:
                 name: TableState(
                     dim=table.dim,
                     initializer=table.initializer,
+                    constraint=table.constraint,
                     dtype=table.dtype.name,
                     arrays=table.to_arrays(),
                     optimizer=self._table_optimizers[name].get_state(),

@@ -34,6 +34,7 @@ class EmbeddingTableSpec:
     dim: int
     dtype: str
     initializer: str  # JSON of keras.initializers.serialize(...)
+    constraint: str = ""  # JSON of keras.constraints.serialize(...), empty for none
 
 
 @dataclass
@@ -94,6 +95,11 @@ def table_specs(model: keras.Model) -> list[EmbeddingTableSpec]:
             dim=int(layer.output_dim),
             dtype=str(layer.embeddings.dtype),
             initializer=json.dumps(keras.initializers.serialize(layer.embeddings_initializer)),
+            constraint=(
+                json.dumps(keras.constraints.serialize(layer.embeddings.constraint))
+                if layer.embeddings.constraint is not None
+                else ""
+            ),
         )
         for layer in embedding_layers(model)
     ]

@@ -71,7 +71,9 @@ class ParameterServerClient:
         """Offer initial parameters (trainable and non-trainable, with the trainable variables' constraints);
         each PS keeps the first model it is offered. True if any took ours."""
         infos = [
-            ps_pb2.EmbeddingTableInfo(name=t.name, dim=t.dim, dtype=t.dtype, initializer=t.initializer)
+            ps_pb2.EmbeddingTableInfo(
+                name=t.name, dim=t.dim, dtype=t.dtype, initializer=t.initializer, constraint=t.constraint
+            )
             for t in tables
         ]
         by_owner = self._split_dense(dense)
