@@ -1,33 +1,59 @@
 """``edl-argo evaluate`` and ``edl-argo predict``: a published model + shards → metrics or predictions.
 
-Both run in one process: they load the model tree written by ``edl-argo train`` (``model.keras``), read
-every shard through the same data path as workers (``feed`` of the model file, in EVALUATION or
-PREDICTION mode) and aggregate metrics exactly as the master does.
+Both run in one process and build the model as a job's workers do: ``custom_model()`` of the model file,
+built on the first batch, then loaded with the trained weights of the published tree's ``model.keras``.
+So subclassed models and ``Lambda`` layers work, since nothing is deserialized from the file but weights
+(the tree's SavedModel is for serving). Every shard is read through the workers' data path (``feed`` of
+the model file, in EVALUATION or PREDICTION mode); metrics are aggregated exactly as the master does
+(:class:`~edl_argo.master.evaluation.MetricsAccumulator`).
+
+``predict --output URL`` is one tree, replaced as a whole (:meth:`Storage.put_tree`) and only when every
+record was predicted::
+
+    URL/<shard>.jsonl      one JSON line per record of that input shard, in record order:
+                           {"shard": ..., "record": <index in the shard>, "output": ...}
+    URL/predictions.json   {"records": N, "shards": {"<shard>": n, ...}, "model": ..., "data": ...}
+    URL/_COMPLETE          written last
+
+``output`` is the record's row of a single-tensor output, or ``{name: row}`` for a multi-output model
+(:mod:`edl_argo.model.outputs`); NaN and infinities are written as ``null``. ``URL`` may hold nothing but
+an earlier prediction output: any other file there makes ``predict`` refuse before it starts.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
+import zipfile
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import IO, Any
 
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, positive_int
+from edl_argo.json_values import dumps
 from edl_argo.log import get_logger
 from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.outputs import (
+    as_given,
+    named_arrays,
+    num_records,
+    output_names,
+    prediction_lines,
+)
 from edl_argo.progress import ProgressReporter
 from edl_argo.recordio import ShardReader, list_shards
-from edl_argo.storage import Storage, open_storage
+from edl_argo.storage import TREE_COMPLETE_MARKER, Storage, open_storage
 
 log = get_logger(__name__)
 
 #: Records read per step (a shard is read range by range, never whole).
 READ_RANGE = 4096
+#: The summary file of a prediction output.
+PREDICTIONS_SUMMARY = "predictions.json"
+PREDICTION_SUFFIX = ".jsonl"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,102 +73,229 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             parser,
             "--model-def",
             required=True,
-            help="the model file used for training (for feed and metrics)",
+            help="the model file used for training (builds the model; feed and metrics)",
         )
         add_flag(
             parser, "--data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards"
         )
-        add_flag(
-            parser, "--output", required=name == "predict", default="", metavar="URL", help="where results go"
+        output_help = (
+            "where the predictions go, replaced as a whole (one <shard>.jsonl per input shard)"
+            if name == "predict"
+            else "where metrics.json goes"
         )
+        add_flag(parser, "--output", required=name == "predict", default="", metavar="URL", help=output_help)
         add_flag(parser, "--minibatch-size", type=positive_int, default=256)
         add_flag(parser, "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         parser.set_defaults(run=run)
 
 
-def load_trained_model(spec: ModelSpec, model_url: str) -> Any:
-    """The model of ``spec`` with the weights of the published tree at ``model_url``."""
-    import keras
+@dataclass(frozen=True)
+class Batch:
+    """A minibatch of ``shard`` whose first record is number ``start`` of the shard."""
 
-    from edl_argo.master.export import KERAS_FILE
-
-    storage = open_storage(model_url)
-    if not storage.tree_complete(""):
-        raise ConfigError(
-            f"--model {model_url}: no complete model there (expected the <output>/model of a finished job)"
-        )
-    with tempfile.TemporaryDirectory(prefix="edl-model-") as tmp:
-        path = Path(tmp) / KERAS_FILE
-        path.write_bytes(storage.read(KERAS_FILE))
-        keras.utils.clear_session()
-        return keras.models.load_model(path, compile=False)
+    shard: str
+    start: int
+    records: int
+    features: Any
+    labels: Any = None
 
 
-def _batches(
-    spec: ModelSpec, storage: Storage, mode: str, minibatch_size: int
-) -> Iterator[tuple[str, int, Any]]:
-    """(shard, first record, batch) over every shard, in order."""
-    from edl_argo.worker.data import make_batches
+class Inference:
+    """A trained model of ``spec`` run over the shards at ``data``; the model is built on the first batch."""
 
-    shards = list_shards(storage)
-    if not shards:
-        raise ConfigError(f"--data {storage.describe()}: no shards there")
-    readers = [ShardReader(storage, key) for key in shards]
-    total = sum(r.num_records for r in readers)
-    progress = ProgressReporter(f"{mode} {storage.describe()}", unit="record")
-    done = 0
-    try:
-        for key, reader in zip(shards, readers, strict=True):
-            for start in range(0, reader.num_records, READ_RANGE):
-                records = reader.read(start, min(reader.num_records, start + READ_RANGE))
-                position = start
-                for batch in make_batches(spec, records, mode, minibatch_size):
-                    yield key, position, batch
-                    size = len(batch[0]) if mode == Mode.EVALUATION else len(batch)
-                    position += size
-                    done += size
-                    progress.update(done, total)
-    finally:
-        progress.close()
+    def __init__(self, spec: ModelSpec, model_url: str, data: Storage, minibatch_size: int) -> None:
+        self.spec = spec
+        self.model_url = model_url
+        self.data = data
+        self.minibatch_size = minibatch_size
+        self._model: Any = None
+        self._names: list[str] | None = None
+        tree = open_storage(model_url)
+        if not tree.tree_complete(""):
+            raise ConfigError(
+                f"--model {model_url}: no complete model there "
+                "(expected the <output>/model of a finished job)"
+            )
+        self._tree = tree
+        self.shards = list_shards(data)
+        if not self.shards:
+            raise ConfigError(f"--data {data.describe()}: no shards there")
+
+    def batches(self, mode: str) -> Iterator[Batch]:
+        """Every minibatch of every shard, in order. ``feed`` errors name the shard."""
+        from edl_argo.worker.data import make_batches
+
+        readers = [ShardReader(self.data, key) for key in self.shards]
+        total = sum(r.num_records for r in readers)
+        progress = ProgressReporter(f"{mode} {self.data.describe()}", unit="record")
+        done = 0
+        try:
+            for key, reader in zip(self.shards, readers, strict=True):
+                for first in range(0, reader.num_records, READ_RANGE):
+                    last = min(reader.num_records, first + READ_RANGE)
+                    position = first
+                    with self.naming(key, first, last):
+                        for batch in make_batches(
+                            self.spec, reader.read(first, last), mode, self.minibatch_size
+                        ):
+                            features, labels = (batch, None) if mode == Mode.PREDICTION else batch
+                            size = num_records(features)
+                            yield Batch(key, position, size, features, labels)
+                            position += size
+                            done += size
+                            progress.update(done, total)
+                    if mode == Mode.PREDICTION and position != last:
+                        raise ConfigError(
+                            f"--model-def {self.spec.source}: feed gave {position - first} elements for "
+                            f"records {first}-{last - 1} of shard {self.data.describe(key)}; to predict, "
+                            "feed must give one element per record"
+                        )
+        finally:
+            progress.close()
+
+    def outputs(self, batch: Batch) -> dict[str, Any]:
+        """The model's outputs for ``batch``, named; the model is built and loaded on the first call."""
+        with self.naming(batch.shard, batch.start, batch.start + batch.records):
+            if self._model is None:
+                self._model = self._load(batch.features)
+                self._names = output_names(self._model)
+            return named_arrays(self._model(batch.features, training=False), self._names)
+
+    def _load(self, sample_features: Any) -> Any:
+        from edl_argo.master.export import KERAS_FILE
+        from edl_argo.worker.replica import build_model
+
+        model = build_model(self.spec, sample_features)
+        url = self._tree.describe(KERAS_FILE)
+        with tempfile.TemporaryDirectory(prefix="edl-model-") as tmp:
+            path = Path(tmp) / KERAS_FILE
+            path.write_bytes(self._tree.read(KERAS_FILE))
+            try:
+                model.load_weights(path)
+            except (zipfile.BadZipFile, EOFError, OSError, KeyError) as error:
+                raise ConfigError(f"--model {url}: not a readable Keras file ({_reason(error)})") from None
+            except ValueError as error:
+                raise ConfigError(
+                    f"--model {url}: its weights do not fit the model of --model-def {self.spec.source}: "
+                    f"{_reason(error)}"
+                ) from None
+        log.info("model_loaded", model=url, model_def=self.spec.source)
+        return model
+
+    @contextmanager
+    def naming(self, shard: str, first: int, last: int) -> Iterator[None]:
+        """Turns TensorFlow's and Keras's errors about the data into one ConfigError naming the shard."""
+        try:
+            yield
+        except (ValueError, TypeError, *_tf_errors()) as error:
+            raise ConfigError(
+                f"--model-def {self.spec.source} does not fit the data of shard {self.data.describe(shard)} "
+                f"(records {first}-{last - 1}): {_reason(error)}"
+            ) from None
 
 
-def evaluate(spec: ModelSpec, model: Any, storage: Storage, minibatch_size: int) -> dict[str, float]:
+def _tf_errors() -> tuple[type[BaseException], ...]:
+    import tensorflow as tf
+
+    return (tf.errors.OpError,)
+
+
+def _reason(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
+
+
+def evaluate(inference: Inference) -> dict[str, float]:
+    """The model file's metrics over every record; ConfigError if there are none."""
     from edl_argo.master.evaluation import MetricsAccumulator
 
-    metrics = MetricsAccumulator(spec.eval_metrics_fn)
-    for _shard, _start, (features, labels) in _batches(spec, storage, Mode.EVALUATION, minibatch_size):
-        metrics.update(np.asarray(model(features, training=False)), np.asarray(labels))
-    return {**metrics.result(), "records": float(metrics.records)}
+    metrics = MetricsAccumulator(inference.spec.eval_metrics_fn)
+    for batch in inference.batches(Mode.EVALUATION):
+        outputs = inference.outputs(batch)
+        with inference.naming(batch.shard, batch.start, batch.start + batch.records):
+            metrics.update(outputs, named_arrays(batch.labels))
+    if metrics.records == 0:
+        raise ConfigError(f"--data {inference.data.describe()}: 0 records to evaluate")
+    return {**metrics.result(), "records": metrics.records}
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def)
-    model = load_trained_model(spec, args.model)
-    results = evaluate(spec, model, open_storage(args.data), args.minibatch_size)
+    results = evaluate(Inference(spec, args.model, open_storage(args.data), args.minibatch_size))
     log.info("evaluation_done", data=args.data, **results)
     if args.output:
-        open_storage(args.output).write(
-            "metrics.json", json.dumps(results, indent=2, sort_keys=True).encode()
-        )
-    print(json.dumps(results, sort_keys=True))
+        open_storage(args.output).write("metrics.json", dumps(results, indent=2, sort_keys=True).encode())
+    print(dumps(results, sort_keys=True))
     return 0
 
 
-def run_predict(args: argparse.Namespace) -> int:
-    from edl_argo.worker.main import write_predictions
+def predict(inference: Inference, local_dir: Path) -> dict[str, int]:
+    """Write the prediction files of every shard into ``local_dir``; records per shard."""
+    processor = inference.spec.prediction_outputs_processor
+    processor = processor() if processor is not None else None
+    counts = dict.fromkeys(inference.shards, 0)
+    with ExitStack() as files:
+        opened: dict[str, IO[str]] = {}
+        for batch in inference.batches(Mode.PREDICTION):
+            outputs = inference.outputs(batch)
+            if processor is not None:
+                processor.process(as_given(outputs), 0)
+            if batch.shard not in opened:
+                path = local_dir / (batch.shard + PREDICTION_SUFFIX)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                opened[batch.shard] = files.enter_context(path.open("w", encoding="utf-8"))
+            opened[batch.shard].writelines(
+                line + "\n" for line in prediction_lines(batch.shard, batch.start, outputs)
+            )
+            counts[batch.shard] += batch.records
+    for shard, count in counts.items():
+        if count == 0:  # an empty shard still has its (empty) file: one file per input shard
+            path = local_dir / (shard + PREDICTION_SUFFIX)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+    return counts
 
+
+def prediction_target(url: str) -> tuple[Storage, str]:
+    """(the storage holding ``url``, the tree key of ``url`` in it); ConfigError if ``url`` is not a folder
+    that may be replaced: it holds files other than an earlier prediction output, or is a bucket's root."""
+    head, separator, name = url.strip().rstrip("/").rpartition("/")
+    if not name or name in (".", "..") or head in ("s3:", "s3:/"):
+        raise ConfigError(
+            f"--output {url}: name a folder (or a prefix below an S3 bucket) for the predictions"
+        )
+    if not separator:
+        head = "."
+    elif not head or head.endswith(":/"):
+        head += "/"
+    parent = open_storage(head)
+    foreign = [
+        info.key[len(name) + 1 :]
+        for info in parent.list(name + "/")
+        if not (
+            info.key.endswith(PREDICTION_SUFFIX)
+            or info.key[len(name) + 1 :] in (PREDICTIONS_SUMMARY, TREE_COMPLETE_MARKER)
+        )
+    ]
+    if foreign:
+        raise ConfigError(
+            f"--output {url} holds {len(foreign)} file(s) that are not predictions (first: {foreign[0]}); "
+            "predict replaces its output as a whole: choose an empty or new folder"
+        )
+    return parent, name
+
+
+def run_predict(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def)
-    model = load_trained_model(spec, args.model)
-    processor = spec.prediction_outputs_processor() if spec.prediction_outputs_processor else None
-    count = 0
-    for shard, start, features in _batches(
-        spec, open_storage(args.data), Mode.PREDICTION, args.minibatch_size
-    ):
-        outputs = np.asarray(model(features, training=False))
-        if processor is not None:
-            processor.process(outputs, 0)
-        write_predictions(args.output, shard, start, outputs)
-        count += len(outputs)
-    log.info("predictions_written", output=args.output, records=count)
-    print(f"wrote {count} predictions to {args.output}")
+    target, name = prediction_target(args.output)
+    inference = Inference(spec, args.model, open_storage(args.data), args.minibatch_size)
+    with tempfile.TemporaryDirectory(prefix="edl-predictions-") as tmp:
+        local_dir = Path(tmp) / "predictions"
+        local_dir.mkdir()
+        counts = predict(inference, local_dir)
+        summary = {"records": sum(counts.values()), "shards": counts, "model": args.model, "data": args.data}
+        (local_dir / PREDICTIONS_SUMMARY).write_text(dumps(summary, indent=2, sort_keys=True))
+        target.put_tree(local_dir, name)
+    log.info("predictions_written", output=args.output, records=summary["records"])
+    print(f"wrote {summary['records']} predictions to {args.output}")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,23 @@ from s3_stand_in import SERVER_DIR, S3StandIn
 from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Local masters' registry entries and pod files in this session's own folder (``EDL_RUN_DIR``).
+
+    The default run dir is per user, so two suites running at once (or a suite beside a real job) would
+    adopt or delete each other's pods when they use the same job name.
+    """
+    run_dir = tmp_path_factory.mktemp("run")
+    previous = os.environ.get("EDL_RUN_DIR")
+    os.environ["EDL_RUN_DIR"] = str(run_dir)
+    yield run_dir
+    if previous is None:
+        os.environ.pop("EDL_RUN_DIR", None)
+    else:
+        os.environ["EDL_RUN_DIR"] = previous
 
 
 @pytest.fixture(scope="session")

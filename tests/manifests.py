@@ -1,10 +1,10 @@
 """Checks of rendered manifests: Argo's JSON schema per kind, Kubernetes' own models for core kinds.
 
 Argo kinds (Workflow, WorkflowTemplate, ...) are validated against the definition of their kind in Argo's
-schema (vendored in ``tests/argo_schema/``), with one known quirk patched in memory: ``IntOrString`` is typed as a
-string only there, so an integer ``retryStrategy.limit`` would fail. Core Kubernetes kinds (RBAC, Secret,
-...) are not in that schema: they must survive a round trip through the official client's models, which
-drops every field the API does not know.
+schema (vendored in ``tests/argo_schema/``), with one known quirk patched in memory: ``IntOrString`` is
+typed as a string only there, so an integer ``retryStrategy.limit`` would fail. Core Kubernetes kinds (RBAC,
+Secret, ...) are not in that schema: they must survive a round trip through the official client's models,
+which drops every field the API does not know.
 """
 
 from __future__ import annotations

@@ -3,14 +3,18 @@ backend-specific checks (atomic local writes; S3 errors, credentials and retries
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
+from fault_proxy import FAULTS, FaultProxy, self_signed_certificate
 from s3_stand_in import S3StandIn
 
 from edl_argo.errors import ConfigError, StorageError
@@ -25,7 +29,15 @@ from edl_argo.storage import (
     open_storage,
 )
 from edl_argo.storage.local import TEMP_PREFIX
-from edl_argo.storage.retry import RetryBudgetExhausted, RetryPolicy, call_with_retry
+from edl_argo.storage.retry import (
+    Progress,
+    RetryBudgetExhausted,
+    RetryPolicy,
+    call_with_retry,
+    is_transient,
+    socket_timeouts,
+)
+from edl_argo.storage.s3 import READ_CHUNK
 
 # -- fixtures -------------------------------------------------------------------------------------
 
@@ -476,8 +488,232 @@ def test_retry_does_not_repeat_permanent_errors() -> None:
 
 
 def test_retry_policy_from_env() -> None:
-    assert RetryPolicy.from_env({}) == RetryPolicy(max_seconds=30, max_attempts=8)
-    assert RetryPolicy.from_env({"EDL_STORAGE_RETRY_SECONDS": "2"}).max_attempts == 8
-    assert RetryPolicy.from_env({"EDL_STORAGE_RETRY_SECONDS": "300"}).max_attempts == 80
+    assert RetryPolicy.from_env({}) == RetryPolicy(max_seconds=30)
+    assert RetryPolicy.from_env({"EDL_STORAGE_RETRY_SECONDS": "300"}) == RetryPolicy(max_seconds=300)
+    assert RetryPolicy.from_env({}).max_attempts is None  # the budget in seconds decides
     with pytest.raises(ConfigError, match="EDL_STORAGE_RETRY_SECONDS='soon'"):
         RetryPolicy.from_env({"EDL_STORAGE_RETRY_SECONDS": "soon"})
+
+
+# -- S3 under network faults (tests/fault_proxy.py between S3Storage and the stand-in) ---------------
+
+#: The retry budget of the fault tests, and how long each fault lasts: well inside the budget.
+FAULT_BUDGET_S = 8.0
+FAULT_SECONDS = 3.0
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return self_signed_certificate(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(params=["http", "https"])
+def proxied(
+    request: pytest.FixtureRequest,
+    s3_env: str,
+    s3_server: S3StandIn,
+    certificate: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[FaultProxy, S3Storage]]:
+    """The stand-in behind a fault proxy (TLS-terminating for https), and a storage going through it."""
+    tls = certificate if request.param == "https" else None
+    with FaultProxy((s3_server.host, s3_server.port), tls=tls) as proxy:
+        monkeypatch.setenv("EDL_S3_ENDPOINT", proxy.endpoint)
+        monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+        monkeypatch.setenv("EDL_STORAGE_RETRY_SECONDS", str(FAULT_BUDGET_S))
+        yield proxy, S3Storage(s3_env)
+
+
+@pytest.mark.parametrize(
+    ("proxied", "fault"),
+    [
+        (scheme, fault)
+        for scheme in ("http", "https")
+        for fault in FAULTS
+        if (scheme, fault) != ("http", "tls_drop")
+    ],
+    indirect=["proxied"],
+)
+def test_s3_rides_out_a_fault_shorter_than_the_budget(
+    fault: str, proxied: tuple[FaultProxy, S3Storage], events: _Events
+) -> None:
+    proxy, storage = proxied
+    storage.write("before", b"written before the fault")
+
+    proxy.fault(fault, FAULT_SECONDS)
+    started = time.monotonic()
+    assert storage.read("before") == b"written before the fault"
+    storage.write("during", b"x" * 100_000)
+    elapsed = time.monotonic() - started
+
+    assert storage.read("during") == b"x" * 100_000
+    assert FAULT_SECONDS - 0.5 <= elapsed < FAULT_SECONDS + FAULT_BUDGET_S / 2, elapsed
+    retries = events.named("storage_retry")
+    assert len(retries) >= 2 and retries[0]["url"] == f"{storage.url}/before"
+
+
+@pytest.mark.parametrize("fault", ["refuse", "stall", "http_429"])
+def test_s3_gives_up_when_a_fault_outlasts_the_budget(
+    fault: str, proxied: tuple[FaultProxy, S3Storage], events: _Events
+) -> None:
+    proxy, storage = proxied
+    storage.write("k", b"v")
+    proxy.fault(fault, 3 * FAULT_BUDGET_S)
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"\(after \d+ attempts over \d+\.\d s\)"):
+        storage.read("k")
+    elapsed = time.monotonic() - started
+    connect, read = socket_timeouts(RetryPolicy(max_seconds=FAULT_BUDGET_S))
+    assert FAULT_BUDGET_S <= elapsed <= FAULT_BUDGET_S + max(connect, read) + 1.0, elapsed
+    assert len(events.named("storage_retry")) >= 3
+
+
+def test_s3_download_cut_midway_resumes_where_it_broke_off(
+    proxied: tuple[FaultProxy, S3Storage], events: _Events
+) -> None:
+    proxy, storage = proxied
+    data = os.urandom(6 << 20)
+    storage.write("big", data)
+    before = proxy.bytes_to_client
+
+    proxy.cut_after(7 << 19)  # 3.5 MiB into the download
+    assert storage.read("big", 1000) == data[1000:]
+
+    assert len(events.named("storage_retry")) == 1
+    relayed = proxy.bytes_to_client - before
+    # Resumed, not restarted (that would relay 3.5 MiB more): at most the chunk being read is fetched again.
+    assert len(data) - 1000 <= relayed < len(data) + READ_CHUNK + (64 << 10)
+
+
+def test_s3_certificate_errors_are_not_retried(
+    s3_env: str, s3_server: S3StandIn, certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FaultProxy((s3_server.host, s3_server.port), tls=certificate) as proxy:
+        monkeypatch.setenv("EDL_S3_ENDPOINT", proxy.endpoint)
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # the self-signed certificate is not trusted
+        started = time.monotonic()
+        with pytest.raises(StorageError, match="CERTIFICATE_VERIFY_FAILED"):
+            S3Storage(s3_env).read("k")
+        assert time.monotonic() - started < 2
+
+
+class _ObjectsByName:
+    """The three minio calls naming needs, over a dict of object names. The S3 stand-in cannot hold names
+    with ``//`` (s3rver stores objects as files, where ``a//b`` is ``a/b``); real S3 and MinIO can."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+
+    def list_objects(self, bucket: str, prefix: str, recursive: bool) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(object_name=name, size=len(data))
+            for name, data in sorted(self.objects.items())
+            if name.startswith(prefix)
+        ]
+
+    def stat_object(self, bucket: str, name: str) -> SimpleNamespace:
+        return SimpleNamespace(size=len(self.objects[name]))
+
+    def get_object(self, bucket: str, name: str, offset: int, length: int, **_: object) -> _Response:
+        data = self.objects[name][offset:]
+        return _Response(data[:length] if length else data)
+
+
+class _Response(io.BytesIO):
+    headers: ClassVar[dict[str, str]] = {}
+
+    def stream(self, amount: int) -> Iterator[bytes]:
+        while chunk := self.read(amount):
+            yield chunk
+
+    def release_conn(self) -> None:
+        pass
+
+
+def test_s3_object_names_with_empty_segments_are_read_as_listed() -> None:
+    storage = S3Storage("s3://bucket/prefix")
+    storage._client = _ObjectsByName(  # type: ignore[assignment]
+        {"prefix/data//shard-0": b"double", "prefix/data/shard-0": b"single", "prefix//top": b"unaddressable"}
+    )
+
+    keys = [info.key for info in storage.list("data/")]
+
+    assert keys == ["data//shard-0", "data/shard-0"]
+    assert [storage.read(key) for key in keys] == [b"double", b"single"]
+    assert storage.stat("data//shard-0") == ObjectInfo("data//shard-0", 6)
+    assert storage.read("data//shard-0", 2, 3) == b"ubl"
+    assert "top" not in [info.key.strip("/") for info in storage.list()]  # not read as "prefix/top"
+
+
+def test_retry_uses_the_whole_budget_however_many_attempts_it_takes() -> None:
+    fake = _FakeTime()
+    calls, fn = _failing(ConnectionResetError("reset"), 10)  # backoff of at most 28 s: inside the budget
+    policy = RetryPolicy.from_env({})
+    assert call_with_retry(fn, url="u", policy=policy, sleep=fake.sleep, clock=fake.clock) == "ok"
+    assert len(calls) == 11 and fake.now < 30
+
+    fake = _FakeTime()
+    calls, fn = _failing(ConnectionResetError("reset"), 1000)
+    with pytest.raises(RetryBudgetExhausted):
+        call_with_retry(fn, url="u", policy=policy, sleep=fake.sleep, clock=fake.clock)
+    assert fake.now == pytest.approx(30.0)
+
+
+def test_retry_budget_counts_from_the_last_progress() -> None:
+    """A transfer that progressed for 40 s and then broke gets the whole budget again; attempts that only
+    repeat what was already transferred do not extend it."""
+    fake = _FakeTime()
+    progress = Progress(clock=fake.clock)
+    attempts: list[int] = []
+
+    def transfer() -> str:
+        attempts.append(1)
+        progress.begin(0)
+        if len(attempts) == 1:
+            for _ in range(40):  # 40 s of progress, then the connection is reset
+                fake.now += 1.0
+                progress.advance(1000)
+            raise ConnectionResetError("reset after 40 s")
+        progress.advance(1000)  # a retry starts over: no further than before
+        if len(attempts) < 6:
+            raise ConnectionResetError("reset")
+        return "ok"
+
+    policy = RetryPolicy(max_seconds=30)
+    assert call_with_retry(
+        transfer, url="u", policy=policy, sleep=fake.sleep, clock=fake.clock, progress=progress
+    )
+
+    fake = _FakeTime()
+    progress = Progress(clock=fake.clock)
+
+    def never() -> str:
+        progress.begin(0)
+        fake.now += 1.0
+        progress.advance(10)  # the same 10 bytes every time
+        raise ConnectionResetError("reset")
+
+    with pytest.raises(RetryBudgetExhausted):
+        call_with_retry(never, url="u", policy=policy, sleep=fake.sleep, clock=fake.clock, progress=progress)
+    assert 31 <= fake.now <= 33  # 30 s after the first (and only) progress, at 1 s
+
+
+def test_transient_errors() -> None:
+    import ssl
+
+    import urllib3
+    from minio.error import InvalidResponseError, ServerError
+
+    handshake_cut = urllib3.exceptions.SSLError(ssl.SSLEOFError(8, "EOF occurred in violation of protocol"))
+    bad_certificate = urllib3.exceptions.SSLError(
+        ssl.SSLCertVerificationError(1, "CERTIFICATE_VERIFY_FAILED")
+    )
+    assert is_transient(handshake_cut)
+    assert is_transient(ConnectionResetError(104, "Connection reset by peer"))
+    assert is_transient(InvalidResponseError(429, "text/plain", "Too Many Requests"))
+    assert is_transient(ServerError("server failed with HTTP status code 429", 429))
+    assert is_transient(InvalidResponseError(503, "text/html", "Service Unavailable"))
+    assert not is_transient(bad_certificate)
+    assert not is_transient(InvalidResponseError(400, "text/plain", "Bad Request"))
+    connect, read = socket_timeouts(RetryPolicy(max_seconds=30))
+    assert connect <= 5 and read <= 10  # well below the budget: a stalled connection costs a fraction of it

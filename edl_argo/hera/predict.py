@@ -1,6 +1,7 @@
 """predict: a trained model + shards -> predictions (``edl-argo predict``).
 
-Output: the ``predictions`` artifact, one JSON line per record (``{"shard", "record", "output"}``).
+Output: the ``predictions`` artifact: one ``<shard>.jsonl`` per input shard, one JSON line per record
+(``{"shard", "record", "output"}``), plus ``predictions.json`` and ``_COMPLETE`` (:mod:`edl_argo.inference`).
 """
 
 from __future__ import annotations

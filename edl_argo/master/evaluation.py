@@ -4,7 +4,14 @@ Every ``evaluation_steps`` model versions (as reported by workers) and once when
 evaluation round over the validation shards is queued. Workers send model outputs and labels per task;
 the master feeds them to the metrics of the model file's ``eval_metrics_fn()``: a Keras metric is
 updated with ``update_state(labels, outputs)``; a plain function ``fn(labels, outputs)`` returns
-per-record values whose mean is the metric (ElasticDL's convention).
+per-record values whose mean is the metric (ElasticDL's convention), or one value for the whole batch (a
+mean), which is weighted by the batch's records.
+
+Outputs and labels arrive named (:mod:`edl_argo.model.outputs`). ``eval_metrics_fn()`` returns either
+``{metric name: metric}``, fed the model's output as it returns it (one array, or a dict of them for a
+multi-output model) and the labels as ``feed`` gives them; or, for a multi-output model as Keras compiles
+one, ``{output name: {metric name: metric}}``, each fed that output and the labels of the same name (or
+the only labels). The results of the second form are named ``<output>_<metric>``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import numpy as np
 
 from edl_argo.log import get_logger
 from edl_argo.master.task_dispatcher import TaskDispatcher
+from edl_argo.model.outputs import as_given
 
 log = get_logger(__name__)
 
@@ -27,20 +35,51 @@ class MetricsAccumulator:
     """Aggregates one evaluation round's metrics over batches of (outputs, labels)."""
 
     def __init__(self, eval_metrics_fn: Callable[[], Mapping[str, Any]]) -> None:
-        self._metrics = dict(eval_metrics_fn())
+        #: result name -> (output name or None for the whole output, metric)
+        self._targets: dict[str, tuple[str | None, Any]] = {}
+        for name, metric in eval_metrics_fn().items():
+            if isinstance(metric, Mapping):
+                for metric_name, output_metric in metric.items():
+                    self._targets[f"{name}_{metric_name}"] = (str(name), output_metric)
+            else:
+                self._targets[str(name)] = (None, metric)
+        self._metrics = {name: metric for name, (_, metric) in self._targets.items()}
         self._sums: dict[str, float] = dict.fromkeys(self._metrics, 0.0)
         self._counts: dict[str, int] = dict.fromkeys(self._metrics, 0)
         self.records = 0
 
-    def update(self, outputs: Any, labels: Any) -> None:
-        self.records += len(labels)
-        for name, metric in self._metrics.items():
-            if hasattr(metric, "update_state"):
-                metric.update_state(labels, outputs)
+    def update(self, outputs: Mapping[str, np.ndarray], labels: Mapping[str, np.ndarray]) -> None:
+        """Add one batch: named outputs and labels (:func:`~edl_argo.model.outputs.named_arrays`).
+
+        ValueError if they do not have the same number of rows, a metric names an output the model does not
+        have, or a plain function returns neither one value per record nor one for the batch.
+        """
+        count = len(next(iter(labels.values())))
+        if any(len(array) != count for array in (*outputs.values(), *labels.values())):
+            raise ValueError("outputs and labels must have one row per record, as many of each")
+        for name, (output, metric) in self._targets.items():
+            if output is None:
+                batch_outputs, batch_labels = as_given(outputs), as_given(labels)
+            elif output not in outputs:
+                raise ValueError(f"metric {name} is for output {output!r}; the model's are {sorted(outputs)}")
             else:
-                values = np.asarray(metric(labels, outputs), dtype=np.float64).ravel()
+                batch_outputs = outputs[output]
+                batch_labels = labels[output] if output in labels else as_given(labels)
+            if hasattr(metric, "update_state"):
+                metric.update_state(batch_labels, batch_outputs)
+                continue
+            values = np.asarray(metric(batch_labels, batch_outputs), dtype=np.float64).ravel()
+            if values.size == count:
                 self._sums[name] += float(values.sum())
-                self._counts[name] += values.size
+            elif values.size == 1:  # a mean over the batch: weighted by its records
+                self._sums[name] += float(values[0]) * count
+            else:
+                raise ValueError(
+                    f"metric {name} returned {values.size} values for {count} records: "
+                    "return one per record, or one for the batch"
+                )
+            self._counts[name] += count
+        self.records += count
 
     def state(self) -> dict[str, Any]:
         """What was aggregated so far, as JSON data (a Keras metric's variables as nested lists)."""

@@ -7,23 +7,33 @@ Layout of the published model tree (one atomic :meth:`Storage.put_tree`)::
     <output>/model/metrics.json   final and per-evaluation metrics, accounting, relaunches, wall time
     <output>/model/flags.json     the job's configuration
     <output>/model/_COMPLETE      written last
+
+``edl-argo evaluate`` and ``predict`` build the model from the model file and load ``model.keras``'s
+weights into it (:mod:`edl_argo.inference`); the SavedModel is for serving.
+
+**Publishing that fails keeps the trained model.** If the tree cannot be published (the store stays
+unreachable beyond the retry budget), the master puts the same tree under ``master/trained-model/`` of its
+state storage (``--master-state``, by default ``--output``), keeps its state, and fails with exit code 1.
+The next run of the same job (same name and settings) finds it and publishes it, without training again.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
-from edl_argo.errors import JobFailedError
+from edl_argo.errors import JobFailedError, StorageError
+from edl_argo.json_values import dumps
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
 from edl_argo.model.inventory import ModelInventory
-from edl_argo.storage import Storage
+from edl_argo.storage import TREE_COMPLETE_MARKER, Storage
 from edl_argo.worker.embedding import embedding_layers
 from edl_argo.worker.ps_client import ParameterServerClient
 from edl_argo.worker.replica import build_model
@@ -35,6 +45,12 @@ SAVED_MODEL_DIR = "saved_model"
 KERAS_FILE = "model.keras"
 METRICS_FILE = "metrics.json"
 FLAGS_FILE = "flags.json"
+#: Where a trained model that could not be published waits, in the master's state storage.
+KEPT_MODEL_KEY = "master/trained-model"
+
+
+class ModelNotPublishedError(JobFailedError):
+    """Training finished but the model could not be published (exit code 1)."""
 
 
 def model_from_parameter_servers(
@@ -72,23 +88,70 @@ def model_from_state(spec: ModelSpec, values: list[np.ndarray], sample_features:
     return model
 
 
+def write_model_tree(
+    root: Path, model: keras.Model, metrics: Mapping[str, Any], flags: Mapping[str, Any]
+) -> None:
+    """The model tree's files (all but the marker) in the local folder ``root``."""
+    model.export(str(root / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
+    model.save(root / KERAS_FILE)
+    (root / METRICS_FILE).write_text(dumps(metrics, indent=2, sort_keys=True))
+    (root / FLAGS_FILE).write_text(json.dumps(flags, indent=2, sort_keys=True))
+
+
 def publish_model(
-    storage: Storage, model: keras.Model, metrics: dict[str, Any], flags: dict[str, Any]
+    storage: Storage,
+    model: keras.Model,
+    metrics: Mapping[str, Any],
+    flags: Mapping[str, Any],
+    keep_in: Storage | None = None,
 ) -> str:
-    """Save ``model`` in both formats with its metrics and flags, and publish them all or nothing."""
+    """Save ``model`` in both formats with its metrics and flags, and publish them all or nothing.
+
+    If that fails and ``keep_in`` is given, the tree is kept there (:data:`KEPT_MODEL_KEY`) and
+    :class:`ModelNotPublishedError` raised; without ``keep_in`` the StorageError propagates.
+    """
     with tempfile.TemporaryDirectory(prefix="edl-export-") as tmp:
         root = Path(tmp)
-        model.export(str(root / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
-        model.save(root / KERAS_FILE)
-        (root / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True, default=_json_default))
-        (root / FLAGS_FILE).write_text(json.dumps(flags, indent=2, sort_keys=True))
-        storage.put_tree(root, MODEL_KEY)
+        write_model_tree(root, model, metrics, flags)
+        return _publish_tree(storage, root, keep_in)
+
+
+def _publish_tree(storage: Storage, root: Path, keep_in: Storage | None) -> str:
     url = storage.describe(MODEL_KEY)
+    try:
+        storage.put_tree(root, MODEL_KEY)
+    except StorageError as failure:
+        if keep_in is None:
+            raise
+        kept = keep_in.describe(KEPT_MODEL_KEY)
+        try:
+            keep_in.put_tree(root, KEPT_MODEL_KEY)
+        except StorageError as error:
+            raise ModelNotPublishedError(
+                f"training finished but publishing the model to {url} failed ({failure}), and keeping it at "
+                f"{kept} failed too ({error})"
+            ) from None
+        log.error("model_kept", url=url, kept=kept, error=str(failure))
+        raise ModelNotPublishedError(
+            f"training finished but publishing the model to {url} failed ({failure}); the trained model is "
+            f"kept at {kept}: run the job again to publish it without training"
+        ) from None
     log.info("model_published", url=url)
     return url
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+def publish_kept_model(storage: Storage, keep_in: Storage) -> dict[str, Any] | None:
+    """Publish the model an earlier run of the job kept in ``keep_in`` and remove it there; its metrics,
+    or None if no model is kept. A failure to publish raises StorageError and keeps it."""
+    if not keep_in.tree_complete(KEPT_MODEL_KEY):
+        return None
+    with tempfile.TemporaryDirectory(prefix="edl-kept-model-") as tmp:
+        root = Path(tmp)
+        keep_in.get_tree(KEPT_MODEL_KEY, root)
+        metrics = json.loads((root / METRICS_FILE).read_text())
+        _publish_tree(storage, root, keep_in=None)
+    keep_in.delete(f"{KEPT_MODEL_KEY}/{TREE_COMPLETE_MARKER}")
+    for info in keep_in.list(KEPT_MODEL_KEY + "/"):
+        keep_in.delete(info.key)
+    log.info("kept_model_published", url=storage.describe(MODEL_KEY), kept=keep_in.describe(KEPT_MODEL_KEY))
+    return metrics

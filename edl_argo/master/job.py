@@ -37,12 +37,18 @@ import numpy as np
 
 from edl_argo.collective.learning_rate import check_world_size_scaling
 from edl_argo.collective.membership import max_state_difference, member_states
-from edl_argo.errors import ConfigError, DataFormatError, JobFailedError
+from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
-from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model
+from edl_argo.master.export import (
+    ModelNotPublishedError,
+    model_from_parameter_servers,
+    model_from_state,
+    publish_kept_model,
+    publish_model,
+)
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
@@ -256,8 +262,13 @@ class TrainingJob:
 
     def run(self) -> dict[str, Any]:
         """Train to completion and publish the model; returns the metrics written to metrics.json."""
-        self._started = time.time() if self._saved is None else float(self._saved["started_at"])
         c = self.config
+        kept = publish_kept_model(self.output, self.state_store.storage) if self._saved is not None else None
+        if kept is not None:  # an earlier run trained it and could not publish it
+            self.state_store.remove()
+            log.info("job_succeeded", job=c.job_name, published="kept_model", **kept.get("final_metrics", {}))
+            return kept
+        self._started = time.time() if self._saved is None else float(self._saved["started_at"])
         log.info(
             "job_started",
             job=c.job_name,
@@ -304,9 +315,13 @@ class TrainingJob:
                 **metrics["final_metrics"],
             )
             return metrics
+        except ModelNotPublishedError:
+            raise  # the state stays with the kept model: the next run publishes it
         except JobFailedError:
             self._forget_state()  # failed for good: a new run starts afresh
             raise
+        except StorageError as error:  # the store failed while the job ran: a run-time failure (exit 1)
+            raise JobFailedError(f"job {c.job_name} failed while running: {error}") from error
         finally:
             progress.close()
             self._state_writer.close()
@@ -540,7 +555,7 @@ class TrainingJob:
                 model = model_from_parameter_servers(self.spec, ps, self._sample_features())
             finally:
                 ps.close()
-        publish_model(self.output, model, metrics, self.config.to_json())
+        publish_model(self.output, model, metrics, self.config.to_json(), keep_in=self.state_store.storage)
 
 
 def run_train(args: Any) -> int:

@@ -19,6 +19,7 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
+from edl_argo.model.outputs import SINGLE
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
 from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
@@ -140,12 +141,24 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         rpc = "ReportEvaluationOutputs"
         _check_worker_id(context, rpc, request.worker_id)
         try:
-            outputs = [from_tensor(t) for t in request.outputs]
-            labels = from_tensor(request.labels)
+            outputs = {t.name or SINGLE: from_tensor(t) for t in request.outputs}
+            label_tensors = list(request.named_labels)
+            labels = {t.name: from_tensor(t) for t in label_tensors}
+            if not label_tensors:  # one labels tensor
+                label_tensors = [request.labels]
+                labels = {SINGLE: from_tensor(request.labels)}
         except TensorDecodeError as error:
             reject_request(context, rpc, _INVALID, str(error))
-        if len(outputs) != 1 or labels.ndim == 0 or outputs[0].ndim == 0 or len(outputs[0]) != len(labels):
-            reject_request(context, rpc, _INVALID, "one output tensor with one row per label expected")
+        arrays = [*outputs.values(), *labels.values()]
+        if (
+            not outputs
+            or len(outputs) != len(request.outputs)
+            or len(labels) != len(label_tensors)
+            or any(a.ndim == 0 or len(a) != len(arrays[0]) for a in arrays)
+        ):
+            reject_request(
+                context, rpc, _INVALID, "uniquely named outputs and labels with one row per label expected"
+            )
         task = self._dispatcher.held_task(request.task_id, request.worker_id)
         if (
             task is None
@@ -155,7 +168,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             log.warning("outputs_ignored", task=request.task_id, worker=request.worker_id, reason="not_held")
             return tensor_pb2.Empty()
         try:
-            self._evaluation.report_outputs(request.task_id, request.model_version, outputs[0], labels)
+            self._evaluation.report_outputs(request.task_id, request.model_version, outputs, labels)
         except Exception as error:  # the model's metrics refuse them (wrong width, dtype, ...)
             reason = f"{task.describe()}: the metrics refuse its outputs: {type(error).__name__}: {error}"
             reject_request(context, rpc, _INVALID, reason.splitlines()[0][:500])

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from edl_argo.proto import tensor_pb2 as edl__argo_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64l_argo/proto/master.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"\x9c\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12 \n\x04type\x18\x02 \x01(\x0e\x32\x12.edl_argo.TaskType\x12\x10\n\x08\x64\x61ta_url\x18\x03 \x01(\t\x12\r\n\x05shard\x18\x04 \x01(\t\x12\r\n\x05start\x18\x05 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x06 \x01(\x03\x12\r\n\x05\x65poch\x18\x07 \x01(\x05\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\"#\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\x99\x01\n\x0fGetTaskResponse\x12,\n\x04kind\x18\x01 \x01(\x0e\x32\x1e.edl_argo.GetTaskResponse.Kind\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0e.edl_argo.Task\":\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04TASK\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\"\x92\x02\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x41\n\x08\x63ounters\x18\x05 \x03(\x0b\x32/.edl_argo.ReportTaskResultRequest.CountersEntry\x12\x11\n\tmean_loss\x18\x06 \x01(\x01\x12\r\n\x05\x66\x61tal\x18\x07 \x01(\x08\x12\x15\n\rget_next_task\x18\x08 \x01(\x08\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"Z\n\x18ReportTaskResultResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12,\n\tnext_task\x18\x02 \x01(\x0b\x32\x19.edl_argo.GetTaskResponse\"\xa0\x01\n\x1eReportEvaluationOutputsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12!\n\x07outputs\x18\x04 \x03(\x0b\x32\x10.edl_argo.Tensor\x12 \n\x06labels\x18\x05 \x01(\x0b\x32\x10.edl_argo.Tensor\"@\n\x14ReportVersionRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"*\n\x13ScaleWorkersRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"+\n\x14ScaleWorkersResponse\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"7\n\x11RendezvousRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"6\n\x10RendezvousMember\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"a\n\x12RendezvousResponse\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.edl_argo.RendezvousMember\"q\n\x1eReportCollectiveFailureRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x10\n\x08round_id\x18\x02 \x01(\x03\x12\x19\n\x11suspect_worker_id\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t*S\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03\x32\xa9\x04\n\x06Master\x12>\n\x07GetTask\x12\x18.edl_argo.GetTaskRequest\x1a\x19.edl_argo.GetTaskResponse\x12Y\n\x10ReportTaskResult\x12!.edl_argo.ReportTaskResultRequest\x1a\".edl_argo.ReportTaskResultResponse\x12T\n\x17ReportEvaluationOutputs\x12(.edl_argo.ReportEvaluationOutputsRequest\x1a\x0f.edl_argo.Empty\x12@\n\rReportVersion\x12\x1e.edl_argo.ReportVersionRequest\x1a\x0f.edl_argo.Empty\x12M\n\x0cScaleWorkers\x12\x1d.edl_argo.ScaleWorkersRequest\x1a\x1e.edl_argo.ScaleWorkersResponse\x12G\n\nRendezvous\x12\x1b.edl_argo.RendezvousRequest\x1a\x1c.edl_argo.RendezvousResponse\x12T\n\x17ReportCollectiveFailure\x12(.edl_argo.ReportCollectiveFailureRequest\x1a\x0f.edl_argo.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64l_argo/proto/master.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"\x9c\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12 \n\x04type\x18\x02 \x01(\x0e\x32\x12.edl_argo.TaskType\x12\x10\n\x08\x64\x61ta_url\x18\x03 \x01(\t\x12\r\n\x05shard\x18\x04 \x01(\t\x12\r\n\x05start\x18\x05 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x06 \x01(\x03\x12\r\n\x05\x65poch\x18\x07 \x01(\x05\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\"#\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\x99\x01\n\x0fGetTaskResponse\x12,\n\x04kind\x18\x01 \x01(\x0e\x32\x1e.edl_argo.GetTaskResponse.Kind\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0e.edl_argo.Task\":\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04TASK\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\"\x92\x02\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x41\n\x08\x63ounters\x18\x05 \x03(\x0b\x32/.edl_argo.ReportTaskResultRequest.CountersEntry\x12\x11\n\tmean_loss\x18\x06 \x01(\x01\x12\r\n\x05\x66\x61tal\x18\x07 \x01(\x08\x12\x15\n\rget_next_task\x18\x08 \x01(\x08\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"Z\n\x18ReportTaskResultResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12,\n\tnext_task\x18\x02 \x01(\x0b\x32\x19.edl_argo.GetTaskResponse\"\xc8\x01\n\x1eReportEvaluationOutputsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12!\n\x07outputs\x18\x04 \x03(\x0b\x32\x10.edl_argo.Tensor\x12 \n\x06labels\x18\x05 \x01(\x0b\x32\x10.edl_argo.Tensor\x12&\n\x0cnamed_labels\x18\x06 \x03(\x0b\x32\x10.edl_argo.Tensor\"@\n\x14ReportVersionRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"*\n\x13ScaleWorkersRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"+\n\x14ScaleWorkersResponse\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"7\n\x11RendezvousRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"6\n\x10RendezvousMember\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"a\n\x12RendezvousResponse\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.edl_argo.RendezvousMember\"q\n\x1eReportCollectiveFailureRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x10\n\x08round_id\x18\x02 \x01(\x03\x12\x19\n\x11suspect_worker_id\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t*S\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03\x32\xa9\x04\n\x06Master\x12>\n\x07GetTask\x12\x18.edl_argo.GetTaskRequest\x1a\x19.edl_argo.GetTaskResponse\x12Y\n\x10ReportTaskResult\x12!.edl_argo.ReportTaskResultRequest\x1a\".edl_argo.ReportTaskResultResponse\x12T\n\x17ReportEvaluationOutputs\x12(.edl_argo.ReportEvaluationOutputsRequest\x1a\x0f.edl_argo.Empty\x12@\n\rReportVersion\x12\x1e.edl_argo.ReportVersionRequest\x1a\x0f.edl_argo.Empty\x12M\n\x0cScaleWorkers\x12\x1d.edl_argo.ScaleWorkersRequest\x1a\x1e.edl_argo.ScaleWorkersResponse\x12G\n\nRendezvous\x12\x1b.edl_argo.RendezvousRequest\x1a\x1c.edl_argo.RendezvousResponse\x12T\n\x17ReportCollectiveFailure\x12(.edl_argo.ReportCollectiveFailureRequest\x1a\x0f.edl_argo.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REPORTTASKRESULTREQUEST_COUNTERSENTRY']._loaded_options = None
   _globals['_REPORTTASKRESULTREQUEST_COUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKTYPE']._serialized_start=1436
-  _globals['_TASKTYPE']._serialized_end=1519
+  _globals['_TASKTYPE']._serialized_start=1476
+  _globals['_TASKTYPE']._serialized_end=1559
   _globals['_TASK']._serialized_start=71
   _globals['_TASK']._serialized_end=227
   _globals['_GETTASKREQUEST']._serialized_start=229
@@ -51,21 +51,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTTASKRESULTRESPONSE']._serialized_start=699
   _globals['_REPORTTASKRESULTRESPONSE']._serialized_end=789
   _globals['_REPORTEVALUATIONOUTPUTSREQUEST']._serialized_start=792
-  _globals['_REPORTEVALUATIONOUTPUTSREQUEST']._serialized_end=952
-  _globals['_REPORTVERSIONREQUEST']._serialized_start=954
-  _globals['_REPORTVERSIONREQUEST']._serialized_end=1018
-  _globals['_SCALEWORKERSREQUEST']._serialized_start=1020
-  _globals['_SCALEWORKERSREQUEST']._serialized_end=1062
-  _globals['_SCALEWORKERSRESPONSE']._serialized_start=1064
-  _globals['_SCALEWORKERSRESPONSE']._serialized_end=1107
-  _globals['_RENDEZVOUSREQUEST']._serialized_start=1109
-  _globals['_RENDEZVOUSREQUEST']._serialized_end=1164
-  _globals['_RENDEZVOUSMEMBER']._serialized_start=1166
-  _globals['_RENDEZVOUSMEMBER']._serialized_end=1220
-  _globals['_RENDEZVOUSRESPONSE']._serialized_start=1222
-  _globals['_RENDEZVOUSRESPONSE']._serialized_end=1319
-  _globals['_REPORTCOLLECTIVEFAILUREREQUEST']._serialized_start=1321
-  _globals['_REPORTCOLLECTIVEFAILUREREQUEST']._serialized_end=1434
-  _globals['_MASTER']._serialized_start=1522
-  _globals['_MASTER']._serialized_end=2075
+  _globals['_REPORTEVALUATIONOUTPUTSREQUEST']._serialized_end=992
+  _globals['_REPORTVERSIONREQUEST']._serialized_start=994
+  _globals['_REPORTVERSIONREQUEST']._serialized_end=1058
+  _globals['_SCALEWORKERSREQUEST']._serialized_start=1060
+  _globals['_SCALEWORKERSREQUEST']._serialized_end=1102
+  _globals['_SCALEWORKERSRESPONSE']._serialized_start=1104
+  _globals['_SCALEWORKERSRESPONSE']._serialized_end=1147
+  _globals['_RENDEZVOUSREQUEST']._serialized_start=1149
+  _globals['_RENDEZVOUSREQUEST']._serialized_end=1204
+  _globals['_RENDEZVOUSMEMBER']._serialized_start=1206
+  _globals['_RENDEZVOUSMEMBER']._serialized_end=1260
+  _globals['_RENDEZVOUSRESPONSE']._serialized_start=1262
+  _globals['_RENDEZVOUSRESPONSE']._serialized_end=1359
+  _globals['_REPORTCOLLECTIVEFAILUREREQUEST']._serialized_start=1361
+  _globals['_REPORTCOLLECTIVEFAILUREREQUEST']._serialized_end=1474
+  _globals['_MASTER']._serialized_start=1562
+  _globals['_MASTER']._serialized_end=2115
 # @@protoc_insertion_point(module_scope)

@@ -99,18 +99,20 @@ class ReportTaskResultResponse(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., next_task: _Optional[_Union[GetTaskResponse, _Mapping]] = ...) -> None: ...
 
 class ReportEvaluationOutputsRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "model_version", "outputs", "labels")
+    __slots__ = ("worker_id", "task_id", "model_version", "outputs", "labels", "named_labels")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    NAMED_LABELS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     model_version: int
     outputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     labels: _tensor_pb2.Tensor
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., model_version: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., labels: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    named_labels: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., model_version: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., labels: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., named_labels: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class ReportVersionRequest(_message.Message):
     __slots__ = ("worker_id", "model_version")

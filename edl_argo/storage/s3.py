@@ -12,7 +12,12 @@ Configuration comes only from environment variables (names in :data:`ENV_VARS`):
     Retry budget, see :mod:`edl_argo.storage.retry`.
 
 Every request goes through :func:`~edl_argo.storage.retry.call_with_retry`; the HTTP pool below minio has
-short timeouts and no retries of its own. Errors are raised as StorageError messages that name the URL and
+socket timeouts well below the retry budget and no retries of its own. Transfers report their progress, so
+an upload or download interrupted after progress gets the whole budget again, and a download continues
+from the byte where it broke off (pinned to the object's ETag, so it never mixes two versions).
+
+Object names map to keys below the URL's prefix. A name with an empty segment (``a//b``) keeps it: the key
+``a//b`` reads that object, not ``a/b``. Errors are raised as StorageError messages that name the URL and
 the endpoint, and for authentication failures the *names* of the variables to check, never their values.
 """
 
@@ -46,11 +51,13 @@ from edl_argo.storage.base import (
     tree_files,
 )
 from edl_argo.storage.retry import (
+    Progress,
     RetryBudgetExhausted,
     RetryPolicy,
     call_with_retry,
     describe_error,
     is_connection_error,
+    socket_timeouts,
 )
 
 __all__ = ["ENDPOINT_ENV", "ENV_VARS", "S3Storage"]
@@ -70,9 +77,8 @@ ENV_VARS = (ENDPOINT_ENV, ACCESS_KEY_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV, REG
 DEFAULT_ENDPOINT = "https://s3.amazonaws.com"
 DEFAULT_REGION = "us-east-1"
 
-#: Per-request socket timeouts. Short, so that a dead endpoint costs little of the retry budget.
-CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 30.0
+#: Bytes read per chunk of a download (each chunk is progress for the retry budget).
+READ_CHUNK = 1 << 20
 #: Connections kept per host; data loaders read shards from several threads.
 POOL_SIZE = 32
 
@@ -104,10 +110,11 @@ def _endpoint_from_env() -> tuple[str, str, bool]:
     return f"{parts.scheme}://{parts.netloc}", parts.netloc, parts.scheme == "https"
 
 
-def _http_pool() -> urllib3.PoolManager:
+def _http_pool(policy: RetryPolicy) -> urllib3.PoolManager:
     """A pool with short timeouts and no retries or redirects of its own: :mod:`.retry` owns the budget."""
+    connect, read = socket_timeouts(policy)
     return urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
+        timeout=urllib3.Timeout(connect=connect, read=read),
         maxsize=POOL_SIZE,
         cert_reqs="CERT_REQUIRED",
         ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
@@ -146,7 +153,7 @@ class S3Storage(Storage):
             session_token=os.environ.get(SESSION_TOKEN_ENV) or None,
             secure=secure,
             region=os.environ.get(REGION_ENV) or DEFAULT_REGION,
-            http_client=_http_pool(),
+            http_client=_http_pool(self._policy),
         )
 
     def __repr__(self) -> str:
@@ -155,19 +162,27 @@ class S3Storage(Storage):
     # -- naming -----------------------------------------------------------------------------------
 
     def _name(self, key: str) -> str:
-        """The object name of ``key`` (which must not be empty)."""
-        return join_url(self.prefix, normalize_key(key, allow_empty=False))
+        """The object name of ``key`` (which must not be empty): its empty inner segments are kept."""
+        normalize_key(key, allow_empty=False)  # the checks only: "a//b" names another object than "a/b"
+        rel = key.strip("/")
+        return f"{self.prefix}/{rel}" if self.prefix else rel
 
     def _key(self, name: str) -> str:
         return name[len(self.prefix) + 1 :] if self.prefix else name
 
     # -- the one place that talks to minio ----------------------------------------------------------
 
-    def _call(self, key: str, fn: Callable[[], T], policy: RetryPolicy | None = None) -> T:
+    def _call(
+        self,
+        key: str,
+        fn: Callable[[], T],
+        policy: RetryPolicy | None = None,
+        progress: Progress | None = None,
+    ) -> T:
         """Run one idempotent request with retries and turn every failure into a StorageError."""
         url = self.describe(key)
         try:
-            return call_with_retry(fn, url=url, policy=policy or self._policy)
+            return call_with_retry(fn, url=url, policy=policy or self._policy, progress=progress)
         except RetryBudgetExhausted as exc:
             if is_connection_error(exc.last_error):
                 raise StorageError(f"cannot reach S3 endpoint {self.endpoint}: {exc}") from exc.last_error
@@ -218,11 +233,16 @@ class S3Storage(Storage):
 
         def op() -> list[ObjectInfo]:
             objects = self._client.list_objects(self.bucket, prefix=name_prefix, recursive=True)
-            return [
-                ObjectInfo(self._key(o.object_name), o.size or 0)
-                for o in objects
-                if o.object_name and not o.object_name.endswith("/")  # skip "folder" placeholders
-            ]
+            found = []
+            for o in objects:
+                if not o.object_name or o.object_name.endswith("/"):  # skip "folder" placeholders
+                    continue
+                key = self._key(o.object_name)
+                if key.startswith("/"):  # "prefix//x": no key below this root names it
+                    log.warning("s3_object_skipped", bucket=self.bucket, object=o.object_name)
+                    continue
+                found.append(ObjectInfo(key, o.size or 0))
+            return found
 
         return sorted(self._call(prefix, op, policy), key=lambda info: info.key)
 
@@ -235,7 +255,7 @@ class S3Storage(Storage):
             if not self._call("", lambda: self._client.bucket_exists(self.bucket)):
                 raise self._no_bucket() from None
             raise
-        return ObjectInfo(normalize_key(key), result.size or 0)
+        return ObjectInfo(key.strip("/"), result.size or 0)
 
     def read(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         check_range(offset, length)
@@ -243,25 +263,50 @@ class S3Storage(Storage):
             self.stat(key)  # same errors as any read
             return b""
         name = self._name(key)
+        chunks: list[bytes] = []
+        progress = Progress()
+        etag: list[str] = []  # of the first response: a resumed read must get the same object
 
         def op() -> bytes:
+            done = sum(len(chunk) for chunk in chunks)
+            if length is not None and done >= length:
+                return b"".join(chunks)
+            progress.begin(done)
             try:
-                response = self._client.get_object(self.bucket, name, offset=offset, length=length or 0)
+                response = self._client.get_object(
+                    self.bucket,
+                    name,
+                    offset=offset + done,
+                    length=length - done if length is not None else 0,
+                    request_headers={"If-Match": etag[0]} if etag else None,
+                )
             except S3Error as exc:
                 if exc.code == "InvalidRange":  # offset at or past the end
-                    return b""
+                    return b"".join(chunks)
                 raise
             try:
-                return response.read()
+                if not etag and response.headers.get("ETag"):
+                    etag.append(response.headers["ETag"])
+                for chunk in response.stream(READ_CHUNK):
+                    chunks.append(chunk)
+                    progress.advance(len(chunk))
             finally:
                 response.close()
                 response.release_conn()
+            return b"".join(chunks)
 
-        return self._call(key, op)
+        return self._call(key, op, progress=progress)
 
     def write(self, key: str, data: bytes) -> None:
         name = self._name(key)
-        self._call(key, lambda: self._client.put_object(self.bucket, name, io.BytesIO(data), len(data)))
+        progress = Progress()
+        self._call(
+            key,
+            lambda: self._client.put_object(
+                self.bucket, name, io.BytesIO(data), len(data), progress=progress
+            ),
+            progress=progress,
+        )
 
     def delete(self, key: str) -> None:
         name = self._name(key)
@@ -277,10 +322,11 @@ class S3Storage(Storage):
             new_keys = set()
             for rel, path in files:
                 file_key = join_url(tree, rel)
+                progress = Progress()
                 upload = functools.partial(
-                    self._client.fput_object, self.bucket, self._name(file_key), str(path)
+                    self._client.fput_object, self.bucket, self._name(file_key), str(path), progress=progress
                 )
-                self._call(file_key, upload)
+                self._call(file_key, upload, progress=progress)
                 new_keys.add(file_key)
             self._delete_all(old_keys - new_keys - {marker})
             self.write(marker, b"")
@@ -304,7 +350,8 @@ class S3Storage(Storage):
     def get_tree(self, key: str, local_dir: Path) -> None:
         for file_key, rel in self._published_files(key):
             target = str(Path(local_dir) / rel)
-            self._call(
-                file_key,
-                functools.partial(self._client.fget_object, self.bucket, self._name(file_key), target),
+            progress = Progress()
+            download = functools.partial(
+                self._client.fget_object, self.bucket, self._name(file_key), target, progress=progress
             )
+            self._call(file_key, download, progress=progress)

@@ -13,7 +13,6 @@ fails the job at once: retrying elsewhere would meet the same NaN.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any, Protocol
 
@@ -26,6 +25,14 @@ from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
 from edl_argo.log import get_logger
 from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.outputs import (
+    as_given,
+    concatenate,
+    named_arrays,
+    num_records,
+    output_names,
+    prediction_lines,
+)
 from edl_argo.proto import master_pb2
 from edl_argo.storage import open_storage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
@@ -106,6 +113,9 @@ class Replica(Protocol):
     def flush(self) -> None: ...
 
     def predict(self, features: Any) -> Any: ...
+
+    @property
+    def model(self) -> Any: ...
 
     def idle_step(self) -> bool: ...
 
@@ -232,39 +242,35 @@ class Worker:
             self._reported_version = version
 
     def _evaluate(self, task: master_pb2.Task, batches: Any) -> dict[str, int]:
-        outputs: list[np.ndarray] = []
-        labels: list[np.ndarray] = []
-        synced = False
+        outputs: list[dict[str, np.ndarray]] = []
+        labels: list[dict[str, np.ndarray]] = []
         for batch in batches:
             features, batch_labels, _weights = split_batch(batch)
-            if not synced:
+            if not outputs:
                 self._replica.ensure_built(features)
                 self._replica.sync()
-                synced = True
-            outputs.append(np.asarray(self._replica.predict(features)))
-            labels.append(np.asarray(batch_labels))
+            names = output_names(self._replica.model)
+            outputs.append(named_arrays(self._replica.predict(features), names))
+            labels.append(named_arrays(batch_labels))
         if outputs:
             self._master.report_evaluation_outputs(
-                task.task_id,
-                task.model_version,
-                {"output": np.concatenate(outputs)},
-                np.concatenate(labels),
+                task.task_id, task.model_version, concatenate(outputs), concatenate(labels)
             )
-        return {"records": sum(len(o) for o in outputs)}
+        return {"records": sum(num_records(o) for o in outputs)}
 
     def _predict(self, task: master_pb2.Task, batches: Any) -> dict[str, int]:
-        outputs: list[np.ndarray] = []
+        outputs: list[dict[str, np.ndarray]] = []
         for features in batches:
             if not outputs:
                 self._replica.ensure_built(features)
                 self._replica.sync()
-            batch = np.asarray(self._replica.predict(features))
+            batch = named_arrays(self._replica.predict(features), output_names(self._replica.model))
             if self._processor is not None:
-                self._processor.process(batch, self.worker_id)
+                self._processor.process(as_given(batch), self.worker_id)
             outputs.append(batch)
         if self._prediction_output and outputs:
-            write_predictions(self._prediction_output, task.shard, task.start, np.concatenate(outputs))
-        return {"records": sum(len(o) for o in outputs)}
+            write_predictions(self._prediction_output, task.shard, task.start, concatenate(outputs))
+        return {"records": sum(num_records(o) for o in outputs)}
 
 
 def split_batch(batch: Any) -> tuple[Any, Any, Any]:
@@ -276,14 +282,12 @@ def split_batch(batch: Any) -> tuple[Any, Any, Any]:
     return features, labels, None
 
 
-def write_predictions(url: str, shard: str, start: int, outputs: np.ndarray) -> str:
-    """Write one JSON line per record, ``{"shard", "record", "output"}``, as one object per range."""
+def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.ndarray]) -> str:
+    """Write one JSON line per record (:func:`~edl_argo.model.outputs.prediction_lines`) as one object."""
     key = f"{shard}.{start:012d}.jsonl"
-    lines = (
-        json.dumps({"shard": shard, "record": start + i, "output": np.asarray(row).tolist()})
-        for i, row in enumerate(outputs)
+    open_storage(url).write(
+        key, "".join(line + "\n" for line in prediction_lines(shard, start, outputs)).encode()
     )
-    open_storage(url).write(key, ("\n".join(lines) + "\n").encode())
     return key
 
 

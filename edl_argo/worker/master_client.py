@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from edl_argo.model.outputs import SINGLE
 from edl_argo.proto import master_pb2, master_pb2_grpc
 from edl_argo.rpc.channel import call_with_retry, make_channel
 from edl_argo.rpc.tensors import to_tensor
@@ -51,15 +52,23 @@ class MasterClient:
         return self._call("ReportTaskResult", request)
 
     def report_evaluation_outputs(
-        self, task_id: int, model_version: int, outputs: Mapping[str, np.ndarray], labels: np.ndarray
+        self,
+        task_id: int,
+        model_version: int,
+        outputs: Mapping[str, np.ndarray],
+        labels: Mapping[str, np.ndarray],
     ) -> None:
+        """Send a task's named outputs and labels (:func:`edl_argo.model.outputs.named_arrays`)."""
         request = master_pb2.ReportEvaluationOutputsRequest(
             worker_id=self.worker_id,
             task_id=task_id,
             model_version=model_version,
             outputs=[to_tensor(v, k) for k, v in outputs.items()],
-            labels=to_tensor(labels, "labels"),
         )
+        if list(labels) == [SINGLE]:
+            request.labels.CopyFrom(to_tensor(labels[SINGLE], SINGLE))
+        else:
+            request.named_labels.extend(to_tensor(v, k) for k, v in labels.items())
         self._call("ReportEvaluationOutputs", request)
 
     def report_version(self, model_version: int) -> None:
