@@ -9,15 +9,20 @@ STAMP := $(VENV)/.installed-stamp
 S3SERVER := tests/s3server
 S3SERVER_STAMP := $(S3SERVER)/node_modules/.installed-stamp
 DEMO_DIR ?= out/demo
+#: The package version, declared once in edl_argo/__init__.py; the image tag defaults to it.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' edl_argo/__init__.py)
+IMAGE ?= edl-argo:$(VERSION)
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv test-servers test lint format demo templates bench chaos proto clean
+.PHONY: help venv test-servers test lint format demo templates image lock bench chaos proto clean
 
 help:
 	@echo "make demo   - run the digits pipeline here: prepare the dataset, train, evaluate, predict"
 	@echo "make templates - render templates/ (Argo WorkflowTemplates, RBAC, ...) from components/"
+	@echo "make image IMAGE=registry/name:tag - build the container image (docker, podman or buildah)"
+	@echo "make lock   - pin the dependencies the image installs (requirements.lock) to those of .venv"
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make chaos  - run the chaos suite: training jobs with injected faults (docs/reliability.md)"
@@ -56,6 +61,12 @@ demo: $(STAMP)
 
 templates: $(STAMP)
 	$(BIN)/edl-argo templates render
+
+image:
+	tools/build-image.sh '$(IMAGE)'
+
+lock: $(STAMP)
+	$(BIN)/python tools/requirements_lock.py --output requirements.lock
 
 bench: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md

@@ -2,15 +2,21 @@
 
 Each subcommand lives in its own module, which provides ``register(subparsers)``: it adds the command's
 parser and sets ``run=<callable(args) -> int>``. :data:`COMMANDS` names those modules; ``main`` imports
-only the one being run (TensorFlow is slow to import, ``edl-argo data`` needs none of it), while
-:func:`build_parser` registers them all, so tests and the Argo template checks can parse any step's
-command line exactly as the real program would.
+only the one being run, while :func:`build_parser` registers them all, so tests and the Argo template
+checks can parse any step's command line exactly as the real program would.
+
+**Quiet and fast.** Importing a command module never imports TensorFlow (its modules import it inside
+the functions that run): ``edl-argo --help``, ``COMMAND --help``, ``data``, ``templates`` and ``pipeline
+render`` answer without it. Before anything else, :func:`quiet_native_logs` keeps TensorFlow's C++
+start-up notices (absl, oneDNN, CPU features) out of the output unless ``--log-level DEBUG``; pods run
+this same entry, so theirs are quiet too.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import NoReturn
@@ -39,8 +45,31 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+def quiet_native_logs(log_level: str | None) -> None:
+    """Hide TensorFlow's C++ log lines below ERROR unless ``log_level`` (else ``$EDL_LOG_LEVEL``) is DEBUG.
+
+    Must run before TensorFlow is imported. A ``TF_CPP_MIN_LOG_LEVEL`` already in the environment wins
+    (set by hand, or inherited from the master by a local pod, whose log level is the master's).
+    """
+    level = (log_level or os.environ.get("EDL_LOG_LEVEL") or "INFO").upper()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if level == "DEBUG" else "2")
+
+
+def _log_level_in(argv: Sequence[str]) -> str | None:
+    """The value of ``--log-level`` in ``argv`` (any command's), without parsing the rest."""
+    for i, arg in enumerate(argv):
+        if arg == "--log-level" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--log-level="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
-    """The parser with ``commands`` registered (all of them by default)."""
+    """The parser with ``commands`` registered (all of them by default).
+
+    The other commands get a bare entry (name and help), so the top-level help and a mistyped command's
+    error still list them all without importing their modules."""
     parser = OneLineArgumentParser(
         prog="edl-argo",
         description="Elastic, fault-tolerant TensorFlow training as an Argo Workflows step.",
@@ -50,16 +79,20 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=OneLineArgumentParser
     )
-    modules = dict.fromkeys(COMMANDS[name][0] for name in (COMMANDS if commands is None else commands))
-    for module in modules:
+    chosen = COMMANDS if commands is None else commands
+    for module in dict.fromkeys(COMMANDS[name][0] for name in chosen):
         importlib.import_module(module).register(subparsers)
+    for name, (_, text) in COMMANDS.items():
+        if name not in subparsers.choices:
+            subparsers.add_parser(name, help=text)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_native_logs(_log_level_in(argv))
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser([chosen] if chosen in COMMANDS else None)
+    parser = build_parser([chosen] if chosen in COMMANDS else [])
     args = parser.parse_args(argv)
     log.configure(getattr(args, "log_level", None))
     try:

@@ -1,11 +1,13 @@
 """What every edl-argo step container has in common: the image, its model zoo, and the storage Secret.
 
-**Model definitions live in the image.** The master passes ``--model-def`` on to every worker and
-parameter-server pod it starts, so the model file must exist in all of them, not only in the step's
-container: an input artifact would reach the master alone. The edl-argo image therefore holds the
-project under :data:`IMAGE_HOME` (``/opt/edl-argo``), with the model zoo at :data:`MODEL_ZOO`; a model of
-your own goes into an image built ``FROM`` it (``COPY my_model.py /opt/edl-argo/models/``), or is a
-Python module installed in that image (``--model-def my_package.my_model``).
+**Model definitions live in the image or in storage.** The master passes ``--model-def`` on to every
+worker and parameter-server pod it starts, so every one of them must reach the model, not only the step's
+container: an input artifact would reach the master alone. The edl-argo image holds the project under
+:data:`IMAGE_HOME` (``/opt/edl-argo``), with the model zoo at :data:`MODEL_ZOO`. A model of your own needs
+no image of its own: give its storage URL (``s3://bucket/models/my_model.py``; the master stages it for
+its pods, :mod:`edl_argo.model.source`); or build an image ``FROM`` this one
+(``COPY my_model.py /opt/edl-argo/models/``), or install it there as a module
+(``--model-def my_package.my_model``).
 
 **Storage settings come from a Secret.** Data and models live in MinIO or another S3 endpoint; each step
 gets ``EDL_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` from the Secret named by
@@ -50,7 +52,10 @@ StorageSecret = Annotated[
 #: The ``model_def`` argument of the steps that load a model.
 ModelDef = Annotated[
     Text,
-    Input(f"model definition in the image: a file such as {MODEL_ZOO}/digits.py, or package.module"),
+    Input(
+        f"model definition: a file in the image such as {MODEL_ZOO}/digits.py, package.module, or a file"
+        " in storage (s3://bucket/models/model.py)"
+    ),
 ]
 
 

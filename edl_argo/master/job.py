@@ -35,20 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from edl_argo.collective.learning_rate import check_world_size_scaling
 from edl_argo.collective.membership import max_state_difference, member_states
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
-from edl_argo.master.export import (
-    ModelNotPublishedError,
-    model_from_parameter_servers,
-    model_from_state,
-    publish_kept_model,
-    publish_model,
-)
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
@@ -56,6 +48,7 @@ from edl_argo.master.state_store import DurableMasterServicer, GroupCommit, Mast
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, PodStatus, find_free_port
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
@@ -63,8 +56,6 @@ from edl_argo.recordio import ShardReader, list_shards
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage import open_storage
-from edl_argo.worker.data import make_batches
-from edl_argo.worker.ps_client import ParameterServerClient
 
 log = get_logger(__name__)
 
@@ -99,10 +90,17 @@ class VersionTracker:
 class TrainingJob:
     """Runs one job: start the master service and pods, dispatch until done, export, clean up."""
 
+    #: The model its pods run, when ``--model-def`` is in storage (:mod:`edl_argo.model.source`).
+    model: StagedModel | None = None
+
     def __init__(self, config: TrainConfig, backend: PodBackend | None = None) -> None:
         self.config = config
-        self.spec: ModelSpec = load_model_spec(config.model_def)
+        state_url = config.master_state or config.output
+        self.model = stage_model_def(config.model_def, state_url, shared=config.kubernetes is not None)
+        self.spec: ModelSpec = load_model_spec(self.pod_model_def)
         if config.scale_lr_by_world_size:
+            from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
+
             check_world_size_scaling(self.spec.optimizer)
         self.training_shards = dataset_shards(config.training_data, "--training-data")
         self.validation_shards = (
@@ -137,6 +135,11 @@ class TrainingJob:
         state_storage = open_storage(config.master_state) if config.master_state else self.output
         self.state_store = MasterStateStore(state_storage, config.job_name, fingerprint)
         self._saved = self.state_store.load()  # what an earlier master of this job saved, if anything
+        if self.model is not None:  # a continued job keeps its model, even if the URL changed since
+            staged = self.model
+            self.model = pin_model_def(staged, state_url, config.job_name, continuing=self._saved is not None)
+            if self.model != staged:
+                self.spec = load_model_spec(self.pod_model_def)
         if self._saved is not None:
             self._restored_dispatcher(None)  # a corrupt state fails here, before any pod starts
         self._state_writer = GroupCommit(self._state, self.state_store.save)
@@ -160,6 +163,11 @@ class TrainingJob:
 
     # ------------------------------------------------------------------ pod commands
 
+    @property
+    def pod_model_def(self) -> str:
+        """The ``--model-def`` of the job's pods: the staged bundle of a model in storage, else as given."""
+        return self.model.pod_model_def if self.model else self.config.model_def
+
     def _ps_addresses(self) -> str:
         return ",".join(self.backend.address(PodRole.PS, i) for i in range(self.config.num_ps))
 
@@ -170,7 +178,7 @@ class TrainingJob:
             "--ps-id", str(ps_id),
             "--num-ps", str(c.num_ps),
             "--port", str(self.ps_ports[ps_id]),
-            "--model-def", c.model_def,
+            "--model-def", self.pod_model_def,
             "--grads-to-wait", str(c.grads_to_wait),
             "--sync-version-tolerance", str(c.sync_version_tolerance),
             "--checkpoint-steps", str(c.checkpoint_steps),
@@ -190,7 +198,7 @@ class TrainingJob:
             "edl-argo", "worker",
             "--worker-id", str(worker_id),
             "--master-addr", self._master_address,
-            "--model-def", c.model_def,
+            "--model-def", self.pod_model_def,
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
             "--nan-loss", c.nan_loss,
@@ -262,6 +270,8 @@ class TrainingJob:
 
     def run(self) -> dict[str, Any]:
         """Train to completion and publish the model; returns the metrics written to metrics.json."""
+        from edl_argo.master.export import ModelNotPublishedError, publish_kept_model  # TensorFlow: see cli
+
         c = self.config
         kept = publish_kept_model(self.output, self.state_store.storage) if self._saved is not None else None
         if kept is not None:  # an earlier run trained it and could not publish it
@@ -535,6 +545,8 @@ class TrainingJob:
 
     def _sample_batch(self, mode: str) -> Any:
         """The first minibatch of the training data, as ``feed`` makes it for ``mode``."""
+        from edl_argo.worker.data import make_batches  # TensorFlow: imported when run, not for --help
+
         storage = open_storage(self.config.training_data)
         shard = next(iter(self.training_shards))
         records = ShardReader(storage, shard).read(
@@ -546,6 +558,9 @@ class TrainingJob:
         return self._sample_batch(Mode.EVALUATION)[0]
 
     def _export(self, metrics: dict[str, Any]) -> None:
+        from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model
+        from edl_argo.worker.ps_client import ParameterServerClient
+
         if self._group_state is not None:
             values = [np.array(from_tensor(t)) for t in self._group_state.variables]
             model = model_from_state(self.spec, values, self._sample_features())
@@ -555,7 +570,8 @@ class TrainingJob:
                 model = model_from_parameter_servers(self.spec, ps, self._sample_features())
             finally:
                 ps.close()
-        publish_model(self.output, model, metrics, self.config.to_json(), keep_in=self.state_store.storage)
+        flags = {**self.config.to_json(), **(self.model.flags() if self.model else {})}
+        publish_model(self.output, model, metrics, flags, keep_in=self.state_store.storage)
 
 
 def run_train(args: Any) -> int:

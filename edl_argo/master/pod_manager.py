@@ -209,7 +209,7 @@ class PodManager:
             reason=removed_reason or event.reason,
             exit_code=event.exit_code,
             tasks_requeued=len(requeued),
-            message=event.message[-300:],
+            message=event.summary,
         )
         if self.dispatcher.finished:
             return
@@ -223,7 +223,7 @@ class PodManager:
             self._fail_if_no_workers(
                 f"workers died {self.worker_relaunches + 1} times, more than --max-worker-relaunches "
                 f"{self.policy.max_worker_relaunches}; last: worker {worker_id} {event.reason} "
-                f"{event.message[-200:]}"
+                f"{event.summary}"
             )
             return
         with self._lock:
@@ -233,7 +233,7 @@ class PodManager:
         new_id = self._start_worker()
         self.relaunches.append(
             RelaunchRecord(
-                PodRole.WORKER.value, worker_id, new_id, removed_reason or event.reason, event.message[-200:]
+                PodRole.WORKER.value, worker_id, new_id, removed_reason or event.reason, event.summary
             )
         )
         log.info(
@@ -255,12 +255,12 @@ class PodManager:
             ps=event.pod_id,
             reason=event.reason,
             exit_code=event.exit_code,
-            message=event.message[-300:],
+            message=event.summary,
         )
         if self.ps_relaunches >= self.policy.max_ps_relaunches:
             self.failure = JobFailedError(
                 f"PS {event.pod_id} stopped ({event.reason}) after {self.ps_relaunches} PS relaunches "
-                f"(--max-ps-relaunches {self.policy.max_ps_relaunches}): {event.message[-200:]}"
+                f"(--max-ps-relaunches {self.policy.max_ps_relaunches}): {event.summary}"
             )
             return
         self.backend.start(self.ps_spec(event.pod_id))

@@ -1,8 +1,9 @@
 """Load and check a model definition named by ``--model-def``.
 
-Accepted forms: ``path/to/file.py`` (function ``custom_model``), ``path/to/file.py:factory_name``, or a
-dotted ``package.module.factory_name`` importable from ``sys.path``. Every required function is checked
-at load time so that a missing or misspelt name fails before any worker or PS starts.
+Accepted forms: ``path/to/file.py`` (function ``custom_model``), ``path/to/file.py:factory_name``, a
+dotted ``package.module.factory_name`` importable from ``sys.path``, or a model in storage
+(``s3://bucket/models/file.py[:factory_name]``, see :mod:`edl_argo.model.source`). Every required
+function is checked at load time so that a missing or misspelt name fails before any worker or PS starts.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class ModelSpec:
 
 def load_model_spec(model_def: str) -> ModelSpec:
     """Import the model definition and check the contract; :class:`ConfigError` names what is wrong."""
-    module, factory_name = _import(model_def)
+    from edl_argo.model.source import local_model_def
+
+    module, factory_name = _import(local_model_def(model_def))
     missing = [n for n in (factory_name, *REQUIRED_FUNCTIONS) if not callable(getattr(module, n, None))]
     if missing:
         raise ConfigError(

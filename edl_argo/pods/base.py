@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Container, Mapping
+import re
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Final, TypeVar
@@ -140,6 +141,50 @@ class PodEvent:
     def name(self) -> str:
         """The pod's name, ``"<role>-<pod_id>"``."""
         return pod_name(self.role, self.pod_id)
+
+    @property
+    def summary(self) -> str:
+        """``message`` in one line, for logs and reports: what happened (``"exited with status 1"``) and,
+        when the message quotes the pod's output, the error's own last line (:func:`failure_line`)."""
+        lines = self.message.splitlines()
+        if len(lines) <= 1:
+            return self.message.strip()
+        head, tail = lines[0].split(_TAIL_HEADER, 1)[0], lines[1:]
+        if _TAIL_HEADER not in lines[0]:  # too long, cut from the front: only the output is left
+            head, tail = "", lines
+        last = failure_line(tail)
+        return f"{head}: {last}" if head and last else head or last
+
+
+#: What separates a terminal event's ``message`` from the pod's last output lines it quotes
+#: (``"exited with status 1; last lines of stderr:\n..."``).
+_TAIL_HEADER = "; last lines of "
+
+#: Lines native libraries write on their own (TensorFlow's C++ start-up notices through absl or glog,
+#: gRPC's): ``I0000 00:00:1795617865.911643   11482 cpu_feature_guard.cc:227] ...``,
+#: ``2026-05-04 10:11:12.345678: I tensorflow/core/util/port.cc:153] oneDNN ...``, absl's preamble and the
+#: continuation line of the CPU-feature notice.
+_NATIVE_NOTICE = re.compile(
+    r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\]"
+    r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|To enable the following instructions: .* rebuild TensorFlow"
+)
+
+
+def is_native_notice(line: str) -> bool:
+    """Whether ``line`` is a native library's log line (TensorFlow's C++ notices), not the program's."""
+    return _NATIVE_NOTICE.match(line) is not None
+
+
+def failure_line(lines: Sequence[str]) -> str:
+    """The last non-blank line of a failed process's output that is not a native notice ("" if none):
+    the error's own last line (``ValueError: ...``, a ``SystemExit`` message), even when TensorFlow's
+    notices came after it."""
+    for line in reversed(lines):
+        if line.strip() and not is_native_notice(line):
+            return line.strip()
+    return ""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import argparse
 import signal
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -23,11 +24,12 @@ from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
 from edl_argo.proto import ps_pb2_grpc
-from edl_argo.ps.checkpoint import ps_checkpointer, restore_latest
-from edl_argo.ps.optimizer import OptimizerFactory
-from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.channel import make_server
 from edl_argo.storage.base import Storage
+
+if TYPE_CHECKING:  # TensorFlow: imported when a server is created, not for --help (see edl_argo.cli)
+    from edl_argo.ps.optimizer import OptimizerFactory
+    from edl_argo.ps.servicer import ParameterServerServicer
 
 _log = log.get_logger(__name__)
 
@@ -63,6 +65,9 @@ def create_servicer(
     ``open_storage(config.checkpoint_dir)`` (None when there is no checkpoint dir).
     Raises :class:`ConfigError` for inconsistent settings.
     """
+    from edl_argo.ps.checkpoint import ps_checkpointer, restore_latest
+    from edl_argo.ps.servicer import ParameterServerServicer
+
     if config.checkpoint_steps < 0:
         raise ConfigError(f"--checkpoint-steps must be at least 0, got {config.checkpoint_steps}")
     if optimizer_factory is None:

@@ -35,11 +35,7 @@ from edl_argo.model.outputs import (
 )
 from edl_argo.proto import master_pb2
 from edl_argo.storage import open_storage
-from edl_argo.worker.allreduce_replica import AllreduceReplica
-from edl_argo.worker.data import RecordSource, make_batches
 from edl_argo.worker.master_client import MasterClient
-from edl_argo.worker.ps_client import ParameterServerClient
-from edl_argo.worker.replica import ModelReplica, NonFiniteLossError
 
 log = get_logger(__name__)
 
@@ -145,6 +141,8 @@ class Worker:
         self._spec = spec
         self._master = master
         self._replica = replica
+        from edl_argo.worker.data import RecordSource  # TensorFlow: imported when run, not for --help
+
         self._source = RecordSource()
         self._minibatch_size = minibatch_size
         self._evaluation_steps = evaluation_steps
@@ -172,6 +170,9 @@ class Worker:
 
     def _run_task(self, task: master_pb2.Task) -> master_pb2.GetTaskResponse:
         """Run ``task``, report its outcome, and return the master's next answer (given with the report)."""
+        from edl_argo.worker.data import make_batches
+        from edl_argo.worker.replica import NonFiniteLossError
+
         started = time.monotonic()
         try:
             records = self._source.read(task.data_url, task.shard, task.start, task.end)
@@ -204,6 +205,8 @@ class Worker:
         return report.next_task
 
     def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
+        from edl_argo.worker.replica import NonFiniteLossError
+
         steps = 0
         skipped = 0
         total_loss = 0.0
@@ -292,6 +295,10 @@ def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.nd
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from edl_argo.worker.allreduce_replica import AllreduceReplica  # TensorFlow: see edl_argo.cli
+    from edl_argo.worker.ps_client import ParameterServerClient
+    from edl_argo.worker.replica import ModelReplica
+
     spec = load_model_spec(args.model_def)
     master = MasterClient(args.master_addr, args.worker_id)
     replica: Replica

@@ -4,9 +4,10 @@
     python examples/pipelines/digits_pipeline.py > digits.yaml                         # for `argo submit`
     edl-argo pipeline submit examples/pipelines/digits_pipeline.py                     # to $ARGO_SERVER
 
-Workflow parameters (``-p NAME=VALUE``): ``data``, where the dataset goes; ``epochs``, ``minibatch-size``,
-``minibatches-per-task``, ``workers``, ``ps``; ``image``, the edl-argo image. The defaults train to an
-accuracy of about 0.97 in a minute on two cores.
+Workflow parameters (``-p NAME=VALUE``): ``data``, where the dataset goes; ``model-def``, the model (the
+image's model zoo by default; ``digits_s3_model_pipeline.py`` takes it from S3); ``epochs``,
+``minibatch-size``, ``minibatches-per-task``, ``workers``, ``ps``; ``image``, the edl-argo image. The
+defaults train to an accuracy of about 0.97 in a minute on two cores.
 """
 
 from hera.workflows import DAG, Parameter, Workflow
@@ -32,6 +33,7 @@ with (
             Parameter(
                 name="data", value="s3://my-bucket/datasets/digits", description="where the dataset goes"
             ),
+            Parameter(name="model-def", value=MODEL, description="the model file: in the image, or s3://..."),
             Parameter(name="epochs", value="8"),
             Parameter(name="minibatch-size", value="32"),
             Parameter(name="minibatches-per-task", value="4"),
@@ -44,7 +46,7 @@ with (
 ):
     data = prepare_digits(output=DATA, **IMAGE_ARGUMENT)
     train = elastic_train(
-        model_def=MODEL,
+        model_def=parameter("model-def"),
         training_data=f"{DATA}/train",
         master_state=f"{DATA}/jobs/{{{{workflow.name}}}}",  # durable: a retried master continues the job
         validation_data=f"{DATA}/test",
@@ -56,8 +58,9 @@ with (
         **IMAGE_ARGUMENT,
     )
     data >> train
-    evaluate(model=train.get_artifact("model"), model_def=MODEL, data=f"{DATA}/test", **IMAGE_ARGUMENT)
-    predict(model=train.get_artifact("model"), model_def=MODEL, data=f"{DATA}/test", **IMAGE_ARGUMENT)
+    model = {"model": train.get_artifact("model"), "model_def": parameter("model-def")}
+    evaluate(**model, data=f"{DATA}/test", **IMAGE_ARGUMENT)
+    predict(**model, data=f"{DATA}/test", **IMAGE_ARGUMENT)
 
 if __name__ == "__main__":
     print(workflow.to_yaml())
