@@ -138,6 +138,8 @@ class Checkpointer(Generic[Snapshot]):
         self._encode = encode
         #: The version of the last snapshot submitted (or restored).
         self.marked_version = 0
+        #: The version of the last snapshot saved by this checkpointer (None: none yet).
+        self.saved_version: int | None = None
         self._thread: threading.Thread | None = None
 
     def mark(self, version: int) -> None:
@@ -178,6 +180,7 @@ class Checkpointer(Generic[Snapshot]):
                 "checkpoint_failed", version=snapshot.version, reason=f"{type(error).__name__}: {error}"
             )
             return
+        self.saved_version = snapshot.version
         log.info(
             "checkpoint_saved",
             key=self.series.storage.describe(key),

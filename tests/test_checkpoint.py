@@ -8,38 +8,45 @@ import numpy as np
 import pytest
 
 from edl_argo.checkpoint import Checkpointer, CheckpointSeries, open_checkpoint_storage
-from edl_argo.collective.checkpoint import (
-    GroupSnapshot,
-    decode_state,
-    encode_snapshot,
-    group_checkpointer,
-    group_checkpoints,
-)
+from edl_argo.collective.checkpoint import decode_state, group_checkpointer, group_checkpoints
+from edl_argo.collective.state import GroupState, Lineage
+from edl_argo.collective.transport import encode_state
 from edl_argo.errors import ConfigError, DataFormatError
-from edl_argo.rpc.tensors import from_tensor
+from edl_argo.proto import collective_pb2
+from edl_argo.rpc.tensors import to_tensor
 from edl_argo.storage import LocalStorage
 
 
-def snapshot(version: int) -> GroupSnapshot:
+def snapshot(version: int) -> GroupState:
     values = [np.full((2, 3), version, np.float32), np.arange(4, dtype=np.int64)]
-    return GroupSnapshot(version=version, round_id=7, values=values, recent_step_rounds=[6, 7])
+    return GroupState(7, version, values, Lineage(((6, 0), (7, version - 1))))
 
 
 def test_a_group_snapshot_round_trips_and_garbage_is_a_format_error_naming_the_source() -> None:
-    state = decode_state(encode_snapshot(snapshot(12)), "s3://b/ckpt")
-    assert (state.version, state.round_id, list(state.recent_step_rounds)) == (12, 7, [6, 7])
-    values = [from_tensor(t) for t in state.variables]
+    state = decode_state(encode_state(snapshot(12)), "s3://b/ckpt")
+    assert (state.version, state.round_id, state.lineage.spans) == (12, 7, ((6, 0), (7, 11)))
+    values = state.values
     assert values[0].dtype == np.float32 and np.all(values[0] == 12) and values[1].tolist() == [0, 1, 2, 3]
-    for garbage in (b"\xff\xfe not a message", b""):
+    whole = encode_state(snapshot(12))
+    for garbage in (b"\xff\xfe not a message", b"", whole[:-3], whole + b"x"):
         with pytest.raises(DataFormatError, match="s3://b/ckpt"):
             decode_state(garbage, "s3://b/ckpt")
+
+
+def test_a_checkpoint_of_an_earlier_version_is_read_with_the_lineage_of_its_last_step() -> None:
+    earlier = collective_pb2.ModelState(
+        round_id=7, version=12, variables=[to_tensor(np.ones(3, np.float32), "0")], recent_step_rounds=[6, 7]
+    )
+    state = decode_state(earlier.SerializeToString(), "s3://b/ckpt")
+    assert state.version == 12 and state.values[0].tolist() == [1.0, 1.0, 1.0]
+    assert state.lineage.round_of(12) == 7 and state.lineage.round_of(11) is None
 
 
 def test_the_series_keeps_the_newest_three_and_newest_skips_an_unreadable_one(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     series = group_checkpoints(storage)
     for version in (5, 10, 15, 20):
-        series.save(version, encode_snapshot(snapshot(version)))
+        series.save(version, encode_state(snapshot(version)))
     storage.write("allreduce/notes.txt", b"not a checkpoint name: ignored")
     assert [v for v, _ in series.list()] == [10, 15, 20]
     assert series.newest(decode_state).version == 20  # type: ignore[union-attr]
@@ -49,13 +56,13 @@ def test_the_series_keeps_the_newest_three_and_newest_skips_an_unreadable_one(tm
 
 
 def test_a_checkpointer_is_due_once_per_interval_and_saves_in_the_background(tmp_path: Path) -> None:
-    checkpointer: Checkpointer[GroupSnapshot] = group_checkpointer(LocalStorage(tmp_path), every=10)
+    checkpointer: Checkpointer[GroupState] = group_checkpointer(LocalStorage(tmp_path), every=10)
     checkpointer.mark(10)  # restored at version 10
     assert [v for v in (11, 19) if checkpointer.due(v)] == []
     assert checkpointer.due(20)
     checkpointer.submit(snapshot(21))
     assert checkpointer.wait(30) and not checkpointer.due(29) and checkpointer.due(30)
-    assert [v for v, _ in checkpointer.series.list()] == [21]
+    assert [v for v, _ in checkpointer.series.list()] == [21] and checkpointer.saved_version == 21
 
 
 def test_checkpoint_steps_without_a_checkpoint_dir_is_a_config_error(tmp_path: Path) -> None:

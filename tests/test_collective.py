@@ -4,6 +4,7 @@ timeouts, and the master's rendezvous bookkeeping. (End-to-end jobs: tests/test_
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import socket
 import threading
@@ -15,9 +16,12 @@ import numpy as np
 import pytest
 
 from edl_argo.collective import CollectiveAborted, CollectiveGroup, CollectiveServer, ring_allreduce
-from edl_argo.collective.membership import member_states, state_message
+from edl_argo.collective.checkpoint import decode_state
+from edl_argo.collective.membership import survey_member_states
 from edl_argo.collective.ring import segment_bounds
+from edl_argo.collective.state import GroupState, Lineage, StatePoint
 from edl_argo.collective.transport import (
+    FRAME_CAP_ENV,
     HEADER,
     MAGIC,
     MAX_PAYLOAD_BYTES,
@@ -25,11 +29,12 @@ from edl_argo.collective.transport import (
     FrameKind,
     PeerConnections,
     StateProvider,
+    encode_state,
 )
 from edl_argo.errors import JobFailedError
 from edl_argo.log import configure as configure_logging
 from edl_argo.master.rendezvous import RendezvousManager
-from edl_argo.proto import collective_pb2
+from edl_argo.proto import master_pb2
 
 
 def _in_threads(count: int, body: Callable[[int], Any], timeout: float = 30.0) -> list[Any]:
@@ -88,7 +93,7 @@ def test_segments_cover_the_vector_once() -> None:
             assert max(e - s for s, e in bounds) - min(e - s for s, e in bounds) <= 1
 
 
-def _no_state(_round_id: int) -> collective_pb2.ModelState | None:
+def _no_state(_round_id: int) -> GroupState | None:
     return None
 
 
@@ -283,17 +288,17 @@ def test_a_large_vector_is_bit_identical_to_the_rings_sum(three_members: _Member
 def test_a_state_is_pulled_once_its_source_publishes_it() -> None:
     """The source answers "not yet" twice, then publishes: the pull asks again until it gets the state. A
     state never published for a round ends the pull within the timeout, blaming the source."""
-    state = state_message(1, 7, [np.arange(5, dtype=np.float32)], [1])
+    state = GroupState(1, 7, [np.arange(5, dtype=np.float32)], Lineage.origin(1, 7))
     requests: list[int] = []
 
-    def source(round_id: int) -> collective_pb2.ModelState | None:
+    def source(round_id: int) -> GroupState | None:
         requests.append(round_id)
         return state if round_id == 1 and len(requests) >= 3 else None
 
     members = _Members(2, {0: source})
     try:
         pulled = members.group(1, timeout=10).pull_state(0)
-        assert requests == [1, 1, 1] and pulled == state
+        assert requests == [1, 1, 1] and _same_state(pulled, state)
         started = time.monotonic()
         with pytest.raises(CollectiveAborted, match="not published") as aborted:
             members.group(1, timeout=1, round_id=2).pull_state(0)
@@ -302,20 +307,94 @@ def test_a_state_is_pulled_once_its_source_publishes_it() -> None:
         members.close()
 
 
-def test_member_states_reads_every_member_that_has_one() -> None:
+def _same_state(a: GroupState | None, b: GroupState) -> bool:
+    return (
+        a is not None
+        and (a.round_id, a.version, a.lineage) == (b.round_id, b.version, b.lineage)
+        and len(a.values) == len(b.values)
+        and all(
+            x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+            for x, y in zip(a.values, b.values, strict=True)
+        )
+    )
+
+
+def test_the_master_surveys_every_member_that_has_a_state() -> None:
     """The master's export: members answer with their current state (round -1); a member without one, or
-    one that is gone, is left out and named when nobody has a state."""
-    current = state_message(-1, 12, [np.ones(3, dtype=np.float32)], [4, 5])
-    members = _Members(3, {0: lambda _round: current, 2: lambda _round: current})
+    one that is gone, is left out and named when nobody has a state. The newest state is kept, and the
+    largest difference of any other from it is reported."""
+    current = GroupState(-1, 12, [np.ones(3, dtype=np.float32)], Lineage.origin(4, 12))
+    older = GroupState(-1, 11, [np.array([1.0, 1.5, 1.0], np.float32)], Lineage.origin(4, 11))
+    members = _Members(3, {0: lambda _round: older, 2: lambda _round: current})
     try:
         addresses = [server.address for server in members.servers]
-        assert member_states(addresses, timeout=10) == [current, current]
+        survey = survey_member_states(addresses, timeout=10)
+        assert _same_state(survey.newest, current)
+        assert (survey.members_compared, survey.max_abs_difference, survey.versions) == (2, 0.5, [11, 12])
         members.servers[2].stop()
-        assert member_states(addresses, timeout=10) == [current]
+        assert _same_state(survey_member_states(addresses, timeout=10).newest, older)
         with pytest.raises(JobFailedError, match=f"{addresses[1]}: no state; {addresses[2]}: .*refused"):
-            member_states(addresses[1:], timeout=10)
+            survey_member_states(addresses[1:], timeout=10)
     finally:
         members.close()
+
+
+def _state_of_every_kind(rng: np.random.Generator) -> GroupState:
+    values = [
+        rng.standard_normal((70, 30)).astype(np.float32),  # 8,400 bytes: three frames at a 4 KiB cap
+        np.array(5, dtype=np.int64),  # a scalar (the optimizer's iterations)
+        np.zeros((0, 4), dtype=np.float32),  # no bytes at all
+        rng.integers(0, 2**32, size=2, dtype=np.uint32),  # a seed generator's state
+        rng.standard_normal(4096 // 8).astype(np.float64),  # exactly one frame
+    ]
+    return GroupState(3, 41, values, Lineage(((2, 0), (3, 40))))
+
+
+def test_a_state_larger_than_the_frame_cap_streams_to_its_puller_and_into_a_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a 4 KiB cap, a state of 12 KiB travels in frames no larger than the cap, every dtype and shape
+    intact, and a checkpoint holds the same frames; a piece over the cap is still refused."""
+    monkeypatch.setenv(FRAME_CAP_ENV, "4096")
+    state = _state_of_every_kind(np.random.default_rng(7))
+    assert state.nbytes > 3 * 4096
+    members = _Members(2, {0: lambda round_id: state if round_id == 3 else None})
+    try:
+        assert _same_state(members.group(1, timeout=10, round_id=3).pull_state(0), state)
+    finally:
+        members.close()
+    encoded = encode_state(state)
+    assert _same_state(decode_state(encoded), state)
+    offset, sizes = 0, []
+    while offset < len(encoded):
+        length = HEADER.unpack(encoded[offset : offset + HEADER.size])[-1]
+        sizes.append(length)
+        offset += HEADER.size + length
+    assert max(sizes) <= 4096 and len(sizes) >= 6
+
+
+def test_a_vector_whose_pieces_exceed_the_frame_cap_is_summed_in_blocks(
+    three_members: _Members, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1 KiB frames, 10,007 float32 per member (13 KiB per ring piece): the sum is the in-memory ring's,
+    bit for bit, on every member."""
+    monkeypatch.setenv(FRAME_CAP_ENV, "1024")
+    rng = np.random.default_rng(3)
+    vectors = [rng.standard_normal(10_007).astype(np.float32) for _ in range(3)]
+    totals = _in_threads(3, lambda rank: three_members.group(rank, timeout=20).allreduce(vectors[rank]))
+    np.testing.assert_allclose(totals[0], np.sum(vectors, axis=0), rtol=1e-5, atol=1e-5)
+    for total in totals:
+        assert isinstance(total, np.ndarray) and total.tobytes() == totals[0].tobytes()
+
+
+def test_lineage_names_the_round_that_made_each_version() -> None:
+    lineage = Lineage.origin(5).after_step(1, 5).after_step(2, 5).after_step(3, 8).after_step(4, 8)
+    assert lineage.spans == ((5, 0), (8, 3))
+    assert [lineage.round_of(v) for v in range(5)] == [5, 5, 5, 8, 8]
+    assert lineage.descends_from(4, StatePoint(2, 5)) and lineage.descends_from(4, StatePoint(3, 8))
+    assert not lineage.descends_from(4, StatePoint(3, 7))  # version 3 of another round: another branch
+    assert not lineage.descends_from(2, StatePoint(3, 8))  # behind it
+    assert Lineage().round_of(0) is None and not Lineage().descends_from(9, StatePoint(0, 1))
 
 
 def test_a_taken_port_falls_back_to_a_free_one_and_stop_releases_it() -> None:
@@ -347,3 +426,31 @@ def test_rendezvous_rounds_follow_membership() -> None:
     rendezvous.remove(1, "Killed")
     assert rendezvous.current.round_id == 5 and rendezvous.current.rank_of(1) == -1
     assert rendezvous.rendezvous(1, "b:1").rank_of(1) == -1  # a stopped pod's late call is not a join
+
+
+def test_the_master_commits_reports_of_its_current_round_only_and_a_restart_keeps_them() -> None:
+    rendezvous = RendezvousManager()
+    current = rendezvous.rendezvous(0, "a:1")
+    formed = master_pb2.RendezvousRequest(formed_round=current.round_id)
+
+    def report(version: int, made_in: int, formed_round: int, checkpoint: int = 0) -> None:
+        request = master_pb2.RendezvousRequest(
+            formed_round=formed_round,
+            state=master_pb2.StatePoint(version=version, round_id=made_in),
+            checkpoint=master_pb2.StatePoint(version=checkpoint, round_id=made_in if checkpoint else 0),
+        )
+        rendezvous.rendezvous(0, "a:1", request)
+
+    report(5, current.round_id, formed_round=0)  # not agreed in this round yet: ignored
+    assert rendezvous.committed is None
+    report(5, current.round_id, formed.formed_round, checkpoint=4)
+    assert rendezvous.committed == StatePoint(5, current.round_id)
+    assert rendezvous.checkpoint == StatePoint(4, current.round_id)
+    report(3, current.round_id, formed.formed_round)  # behind: the committed state stays
+    assert rendezvous.committed == StatePoint(5, current.round_id)
+
+    restarted = RendezvousManager(first_round=100)
+    restarted.restore(json.loads(json.dumps(rendezvous.snapshot())))
+    assert (restarted.committed, restarted.checkpoint) == (rendezvous.committed, rendezvous.checkpoint)
+    answer = restarted.response(restarted.rendezvous(0, "a:1"), 0)
+    assert (answer.committed.version, answer.checkpoint.version) == (5, 4)

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from edl_argo import log
 from edl_argo.collective.learning_rate import WorldSizeScaling
+from edl_argo.collective.transport import FRAME_CAP_ENV
 from edl_argo.errors import ConfigError
 from edl_argo.master.job import TrainingJob
 from edl_argo.pods import PodRole
@@ -160,3 +161,24 @@ def test_a_group_that_loses_every_member_at_once_restarts_from_its_checkpoint(
     assert formed and formed[0] >= min(restored), formed
     saved = sorted((tmp_path / "job" / "checkpoints" / "allreduce").iterdir())
     assert saved and len(saved) <= 3 and stale not in saved  # the newest three are kept
+
+
+def test_a_model_whose_state_exceeds_the_frame_cap_trains_and_exports(
+    digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """With frames capped at 1 MiB, the digits CNN's state (4.8 MB of weights, as much again of momentum)
+    still reaches a joining member, its ring pieces (2.4 MB each with two workers) still travel, and the
+    master still reads it for the export: every transfer is cut into frames under the cap."""
+    monkeypatch.setenv(FRAME_CAP_ENV, str(1 << 20))
+    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_epochs=2, **ALLREDUCE))
+    assert job.worker_spec(0).env[FRAME_CAP_ENV] == str(1 << 20)  # in a cluster too, not only inherited
+    metrics = JobThread(job).start().join(400)
+
+    assert_no_record_lost(metrics)
+    assert metrics["allreduce_replicas"]["members_compared"] == 2
+    assert metrics["allreduce_replicas"]["max_abs_difference"] == 0.0
+    assert (tmp_path / "job" / "model" / "model.keras").is_file()
+    err = capfd.readouterr().err
+    assert "exceeds the cap" not in err
+    pulled = re.findall(r"group_formed round=\d+ rank=1 world_size=2 state_from=(\d+)", err)
+    assert pulled, "the second member never took the group's state"

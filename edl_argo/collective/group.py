@@ -23,8 +23,8 @@ import numpy as np
 
 from edl_argo.collective.mailbox import Mailbox, RoundChanged
 from edl_argo.collective.ring import ring_allreduce
-from edl_argo.collective.transport import PeerConnections, request_state
-from edl_argo.proto import collective_pb2
+from edl_argo.collective.state import GroupState
+from edl_argo.collective.transport import PeerConnections, max_payload_bytes, request_state
 
 #: Pause between two state requests while the round's source has not published its state yet.
 STATE_POLL_SECONDS = 0.02
@@ -73,7 +73,21 @@ class CollectiveGroup:
         return self.members[rank % self.size][0]
 
     def allreduce(self, vector: np.ndarray) -> np.ndarray:
-        """The sum of every member's ``vector`` (same length and dtype everywhere)."""
+        """The sum of every member's ``vector`` (same length and dtype everywhere).
+
+        A vector whose ring pieces would exceed the frame cap is summed in consecutive blocks, each its own
+        ring operation, so that no piece does; the result is one array (the only copy made).
+        """
+        block = self.size * max(1, max_payload_bytes() // vector.dtype.itemsize)
+        if len(vector) <= block:
+            return self._ring(vector)
+        result = np.empty_like(vector)
+        for start in range(0, len(vector), block):
+            result[start : start + block] = self._ring(vector[start : start + block])
+        return result
+
+    def _ring(self, vector: np.ndarray) -> np.ndarray:
+        """One ring allreduce of ``vector`` as the round's next operation."""
         self._operation += 1
         operation = self._operation
         right_id, right_address = self.members[(self.rank + 1) % self.size]
@@ -131,7 +145,7 @@ class CollectiveGroup:
                 f"round {self.round_id} ended (the master started a newer one)", self.round_id
             )
 
-    def pull_state(self, source_rank: int) -> collective_pb2.ModelState:
+    def pull_state(self, source_rank: int) -> GroupState:
         """The state the member at ``source_rank`` published for this round (it publishes it first).
 
         Asks again every :data:`STATE_POLL_SECONDS` while the source has not published it yet, for up to the

@@ -2,35 +2,50 @@
 
 :meth:`ElasticMember.group` returns the :class:`~edl_argo.collective.group.CollectiveGroup` of the
 master's current round, forming it first when the round is new. Forming a round makes every member hold
-the same state, whatever happened before:
+the same state, whatever happened before. The master's answer names the job's last committed state and
+checkpoint (:mod:`edl_argo.master.rendezvous`); a member's state is *eligible* when it descends from the
+committed one (:mod:`edl_argo.collective.state`; any state is while nothing is committed). Then:
 
-1. an allreduce of the members' versions (steps applied; -1 for a member that never held the group's
-   state, such as a new worker) tells everyone who holds the newest state — the *source*: the highest
-   version, the lowest rank among equals;
-2. the source publishes its state for the round on its collective server; every other member pulls it
+1. an allreduce of the members' versions (steps applied, eligible or not) tells everyone who holds the
+   newest eligible state: that member is the *source*, the lowest rank among equals;
+2. when no member is eligible, the member of rank 0 restores the committed checkpoint, and is the source;
+   if it cannot (there is none, or it cannot be read), the member holding the newest state is, whatever
+   its lineage; if nobody holds any, rank 0's freshly initialised model (at the very first round: the
+   group's first model);
+3. the source publishes its state for the round on its collective server; every other member pulls it
    (a broadcast by pull) and loads it.
 
-So a new member receives the current model and optimizer state from a surviving member before it trains,
-and members whose last step was cut short by a failure (some applied it, some did not) converge on the
-newest state. No checkpoint on durable storage is involved. At the very first round every member is new
-and the source's freshly initialised model becomes everyone's.
+So a new member receives the current model and optimizer state from a surviving member before it trains;
+members whose last step was cut short by a failure (some applied it, some did not) converge on the newest
+state; a member left behind on a stale branch (dropped from the group while others trained on) never
+overrides the group's progress; and a group whose members are all new continues from the committed
+checkpoint rather than from scratch. A round formed by step 2 moves the model backwards: every member
+reports how, and the master logs and counts the steps lost.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from edl_argo.collective.group import CollectiveAborted, CollectiveGroup
 from edl_argo.collective.mailbox import CollectiveServer
+from edl_argo.collective.state import (
+    GroupState,
+    Lineage,
+    StatePoint,
+    max_difference,
+    point_from_message,
+    point_message,
+)
 from edl_argo.collective.transport import PeerConnections, request_state
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
-from edl_argo.proto import collective_pb2, master_pb2
-from edl_argo.rpc.tensors import from_tensor, to_tensor
+from edl_argo.proto import master_pb2
 
 log = get_logger(__name__)
 
@@ -43,7 +58,11 @@ class RendezvousClient(Protocol):
 
     worker_id: int
 
-    def rendezvous(self, address: str) -> master_pb2.RendezvousResponse: ...
+    def rendezvous(
+        self, address: str, report: master_pb2.RendezvousRequest | None = None
+    ) -> master_pb2.RendezvousResponse:
+        """Join or stay in the group; ``report``: what this member holds (its worker id and address are
+        filled in)."""
 
     def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None: ...
 
@@ -55,22 +74,22 @@ class ReplicaState(Protocol):
     def version(self) -> int:
         """Steps applied since the group's first state; -1 while the replica never held the group's state."""
 
-    def export_state(self) -> tuple[list[np.ndarray], list[int]]:
-        """A consistent copy of every variable (model, then optimizer), and the rounds of recent steps."""
+    def export_state(self) -> GroupState:
+        """A consistent copy of every variable (model, then optimizer), its version and lineage."""
 
-    def import_state(self, values: list[np.ndarray], version: int, recent_step_rounds: list[int]) -> None:
-        """Replace every variable with ``values`` (the order of :meth:`export_state`)."""
+    def import_state(self, state: GroupState) -> None:
+        """Replace every variable with ``state``'s values (the order of :meth:`export_state`)."""
 
+    @property
+    def lineage(self) -> Lineage:
+        """The lineage of the state held."""
 
-def state_message(
-    round_id: int, version: int, values: list[np.ndarray], rounds: list[int]
-) -> collective_pb2.ModelState:
-    return collective_pb2.ModelState(
-        round_id=round_id,
-        version=version,
-        variables=[to_tensor(v, str(i)) for i, v in enumerate(values)],
-        recent_step_rounds=rounds,
-    )
+    @property
+    def saved_checkpoint(self) -> StatePoint | None:
+        """The newest checkpoint this replica saved, if any."""
+
+    def load_checkpoint(self, point: StatePoint) -> bool:
+        """Load the checkpoint of ``point`` (its version, made in its round); False if it cannot."""
 
 
 class ElasticMember:
@@ -91,20 +110,35 @@ class ElasticMember:
         self._master = master
         self._replica = replica
         self._timeout = timeout
-        self._published: collective_pb2.ModelState | None = None
+        self._published: GroupState | None = None
         self._publish_lock = threading.Lock()
         self._server = CollectiveServer(host, port, self._state_for)
         self._peers = PeerConnections()
         self._group: CollectiveGroup | None = None
         self.address = self._server.address
+        # How this member's state was agreed last: the round, and the origin and point it formed on.
+        self._formed = master_pb2.RendezvousRequest()
 
     @property
     def current(self) -> CollectiveGroup | None:
         return self._group
 
+    def _rendezvous(self) -> master_pb2.RendezvousResponse:
+        """The master's current round, told what this member holds."""
+        report = master_pb2.RendezvousRequest()
+        report.CopyFrom(self._formed)
+        version, lineage = self._replica.version, self._replica.lineage
+        point = lineage.point(version) if version >= 0 else None
+        if point is not None:
+            report.state.CopyFrom(point_message(point))
+        saved = self._replica.saved_checkpoint
+        if saved is not None and lineage.round_of(saved.version) == saved.round_id:
+            report.checkpoint.CopyFrom(point_message(saved))
+        return self._master.rendezvous(self.address, report)
+
     def group(self) -> CollectiveGroup:
         """The group of the master's current round, formed (state agreed) if the round is new."""
-        response = self._master.rendezvous(self.address)
+        response = self._rendezvous()
         if self._group is not None and response.round_id == self._group.round_id:
             return self._group
         self._group = None
@@ -116,7 +150,7 @@ class ElasticMember:
                     f"{NOT_A_MEMBER_GIVE_UP_SECONDS:.0f} s"
                 )
             time.sleep(0.1)
-            response = self._master.rendezvous(self.address)
+            response = self._rendezvous()
         self._peers.retain({m.address for m in response.members})
         group = CollectiveGroup(
             response.round_id,
@@ -124,31 +158,57 @@ class ElasticMember:
             [(m.worker_id, m.address) for m in response.members],
             self._server.mailbox,
             self._peers,
-            lambda: self._master.rendezvous(self.address).round_id == response.round_id,
+            lambda: self._rendezvous().round_id == response.round_id,
             self._timeout,
         )
-        self._agree_on_state(group)
+        self._agree_on_state(
+            group, point_from_message(response.committed), point_from_message(response.checkpoint)
+        )
         self._group = group
+        if self._formed.formed_from != master_pb2.DESCENDANT:
+            self._rendezvous()  # the master records the step back now, not at the next step
         return group
 
-    def _agree_on_state(self, group: CollectiveGroup) -> None:
-        votes = np.zeros(group.size, dtype=np.float64)
-        votes[group.rank] = self._replica.version + 1
+    def _agree_on_state(
+        self, group: CollectiveGroup, committed: StatePoint | None, checkpoint: StatePoint | None
+    ) -> None:
+        version = self._replica.version
+        eligible = version >= 0 and (
+            committed is None or self._replica.lineage.descends_from(version, committed)
+        )
+        votes = np.zeros(2 * group.size, dtype=np.float64)
+        votes[group.rank] = version + 1 if eligible else 0
+        votes[group.size + group.rank] = version + 1
         votes = group.allreduce(votes)
-        source = int(np.argmax(votes))  # the first maximum: the lowest rank among equals
-        if source == group.rank:
-            values, rounds = self._replica.export_state()
-            if self._replica.version < 0:  # the group's first state is this member's initial model
-                self._replica.import_state(values, 0, rounds)
-            with self._publish_lock:
-                self._published = state_message(group.round_id, self._replica.version, values, rounds)
+        eligible_votes, held = votes[: group.size], votes[group.size :]
+        origin = master_pb2.DESCENDANT
+        if eligible_votes.max() > 0 or committed is None:
+            source = int(np.argmax(eligible_votes))  # the first maximum: the lowest rank among equals
         else:
-            state = group.pull_state(source)
-            self._replica.import_state(
-                [np.array(from_tensor(t)) for t in state.variables],
-                state.version,
-                list(state.recent_step_rounds),
-            )
+            restored = np.zeros(1)
+            if group.rank == 0 and checkpoint is not None:
+                restored[0] = self._replica.load_checkpoint(checkpoint)
+            if group.allreduce(restored)[0] > 0:
+                source, origin = 0, master_pb2.CHECKPOINT
+            elif held.max() > 0:
+                source, origin = int(np.argmax(held)), master_pb2.MEMBER
+            else:
+                source, origin = 0, master_pb2.FRESH
+        if source == group.rank:
+            state = self._replica.export_state()
+            if state.version < 0:  # a fresh model (at the first round: the group's first state)
+                state = GroupState(-1, 0, state.values, Lineage.origin(group.round_id))
+                self._replica.import_state(state)
+            with self._publish_lock:
+                self._published = GroupState(group.round_id, state.version, state.values, state.lineage)
+        else:
+            self._replica.import_state(group.pull_state(source))
+        formed = self._replica.lineage.point(self._replica.version)
+        self._formed = master_pb2.RendezvousRequest(
+            formed_round=group.round_id,
+            formed_from=origin,
+            formed_state=point_message(formed) if formed else None,
+        )
         log.info(
             "group_formed",
             round=group.round_id,
@@ -157,6 +217,16 @@ class ElasticMember:
             state_from=group.worker_id_of(source),
             version=self._replica.version,
         )
+        if origin != master_pb2.DESCENDANT:
+            assert committed is not None
+            log.warning(
+                "group_state_restored",
+                round=group.round_id,
+                origin=master_pb2.StateOrigin.Name(origin).lower(),
+                committed_version=committed.version,
+                version=self._replica.version,
+                steps_lost=max(0, committed.version - self._replica.version),
+            )
 
     def abandon(self, error: CollectiveAborted) -> None:
         """A round failed: report the suspect (if any); the next :meth:`group` call forms the next round."""
@@ -165,10 +235,9 @@ class ElasticMember:
         if error.suspect is not None:
             self._master.report_collective_failure(error.round_id, error.suspect, str(error))
 
-    def _state_for(self, round_id: int) -> collective_pb2.ModelState | None:
+    def _state_for(self, round_id: int) -> GroupState | None:
         if round_id < 0:
-            values, rounds = self._replica.export_state()
-            return state_message(-1, self._replica.version, values, rounds)
+            return self._replica.export_state()
         with self._publish_lock:
             published = self._published
         return published if published is not None and published.round_id == round_id else None
@@ -178,13 +247,27 @@ class ElasticMember:
         self._peers.close()
 
 
-def member_states(addresses: list[str], timeout: float = 30.0) -> list[collective_pb2.ModelState]:
-    """The current state of every member at ``addresses`` that answers with one within ``timeout`` seconds
-    (the master's export); members that cannot be reached or have none are left out.
+@dataclass
+class GroupStateSurvey:
+    """The master's reading of the group's states at the end of training: the newest state, and how far the
+    others differ from it."""
 
-    Raises :class:`JobFailedError` if none answers with a state.
+    newest: GroupState
+    members_compared: int
+    max_abs_difference: float
+    versions: list[int]
+
+
+def survey_member_states(addresses: list[str], timeout: float = 30.0) -> GroupStateSurvey:
+    """Read the current state of every member at ``addresses`` that answers with one, each frame within
+    ``timeout`` seconds (the master's export); members that cannot be reached or have none are left out.
+
+    One member's state is held at a time besides the newest (so the master holds at most two states): each
+    is compared with the newest so far as it arrives. Raises :class:`JobFailedError` if none answers.
     """
-    states: list[collective_pb2.ModelState] = []
+    newest: GroupState | None = None
+    differences: list[float] = []
+    versions: set[int] = set()
     errors: list[str] = []
     for address in addresses:
         try:
@@ -194,20 +277,12 @@ def member_states(addresses: list[str], timeout: float = 30.0) -> list[collectiv
             continue
         if state is None:
             errors.append(f"{address}: no state")
-        else:
-            states.append(state)
-    if not states:
+            continue
+        versions.add(state.version)
+        if newest is not None:
+            differences.append(max_difference(newest, state))
+        if newest is None or state.version > newest.version:
+            newest = state
+    if newest is None:
         raise JobFailedError(f"no worker of the group returned the trained model ({'; '.join(errors)})")
-    return states
-
-
-def max_state_difference(states: list[collective_pb2.ModelState]) -> float:
-    """The largest absolute difference between any variable of any two states (0.0: identical replicas)."""
-    reference = [from_tensor(t) for t in states[0].variables]
-    worst = 0.0
-    for state in states[1:]:
-        for ref, tensor in zip(reference, state.variables, strict=True):
-            value = from_tensor(tensor)
-            if value.size and np.issubdtype(value.dtype, np.number):
-                worst = max(worst, float(np.max(np.abs(value.astype(np.float64) - ref.astype(np.float64)))))
-    return worst
+    return GroupStateSurvey(newest, len(differences) + 1, max(differences, default=0.0), sorted(versions))

@@ -16,7 +16,7 @@ offset     field       meaning
 16         operation   collective operation within the round (int64)
 24         step        ring step within the operation (int32)
 28         sender      rank of the sending member (int32)
-32         length      payload bytes (uint64), at most :data:`MAX_PAYLOAD_BYTES`
+32         length      payload bytes (uint64), at most :func:`max_payload_bytes`
 =========  ==========  =================================================================================
 
 Kinds:
@@ -25,8 +25,18 @@ Kinds:
   receiver reads it straight into a freshly allocated numpy array (``recv_into``, no intermediate copy) and
   hands it to its mailbox; the sender's bytes leave from the array's own memory.
 * ``STATE_REQUEST`` (no payload) -> ``STATE_RESPONSE``: the state the member serves for ``round_id``
-  (``round_id < 0``: its current state), encoded as an ``edl_argo.ModelState`` message, with
-  :data:`FLAG_FOUND`; without the flag and with no payload when it has none for that round (yet).
+  (``round_id < 0``: its current state), with :data:`FLAG_FOUND`; without the flag and with no payload
+  when it has none for that round (yet). A state is streamed (:func:`state_frames`): the response's payload
+  is its manifest (an ``edl_argo.ModelState`` message naming each variable's dtype and shape, the version
+  and the lineage), then each variable's bytes follow in ``STATE_DATA`` frames of at most the cap each. So
+  no state is too large to travel, and the receiver reads the bytes straight into the arrays it keeps.
+  A group's checkpoint is the same frames (:func:`encode_state`).
+
+The cap on a frame's payload (:func:`max_payload_bytes`) is the project's message limit, 256 MiB; the
+environment variable :data:`FRAME_CAP_ENV` lowers it (the tests use a few kilobytes). Every member of a job
+must use the same cap (the master passes its own to every worker pod): a ring piece, which is at most the
+cap on the sending side (:mod:`~edl_argo.collective.group` cuts larger vectors into blocks), is refused by a
+receiver with a smaller one.
 
 A frame this side cannot accept (wrong magic or version, unknown kind or dtype, a payload over the cap or not
 a whole number of elements) closes its connection: the server logs ``collective_frame_rejected`` naming the
@@ -43,31 +53,36 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import os
 import queue
 import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.log import get_logger
-from edl_argo.proto import collective_pb2
+from edl_argo.proto import collective_pb2, tensor_pb2
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES
 
 log = get_logger(__name__)
 
 MAGIC = b"EDLC"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: magic, version, kind, dtype code, flags, round_id, operation, step, sender rank, payload bytes.
 HEADER = struct.Struct("<4sBBBBqqiiQ")
-#: Largest payload a frame may announce (the project's message limit, as for gRPC messages).
+#: Largest payload a frame may announce by default (the project's message limit, as for gRPC messages).
 MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES
+#: Environment variable that sets a smaller cap (bytes) for every frame this process sends or accepts.
+FRAME_CAP_ENV = "EDL_ARGO_COLLECTIVE_FRAME_BYTES"
 #: Element types a piece may carry; a piece's dtype code is its index here plus one.
 PIECE_DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(name).newbyteorder("<") for name in ("float32", "float64", "float16", "int32", "int64")
@@ -78,19 +93,37 @@ FLAG_FOUND = 1
 STOP_JOIN_SECONDS = 2.0
 #: How often the accept loop looks whether the server is stopping.
 ACCEPT_POLL_SECONDS = 0.5
+#: How long a member serving a state waits for the requester to take each frame of it.
+STATE_FRAME_SECONDS = 60.0
 
 #: ``(round_id, operation, step)``: where a piece belongs.
 PieceKey = tuple[int, int, int]
 
-#: ``state_provider(round_id)``: the :class:`ModelState` served for that round (``round_id < 0``: the
-#: current state), or None if there is none (yet).
-StateProvider = Callable[[int], "collective_pb2.ModelState | None"]
+#: ``state_provider(round_id)``: the state served for that round (``round_id < 0``: the current state), or
+#: None if there is none (yet).
+StateProvider = Callable[[int], GroupState | None]
+
+
+def max_payload_bytes() -> int:
+    """The cap on a frame's payload: :data:`FRAME_CAP_ENV` if set (a positive integer), else
+    :data:`MAX_PAYLOAD_BYTES`."""
+    configured = os.environ.get(FRAME_CAP_ENV, "")
+    if not configured:
+        return MAX_PAYLOAD_BYTES
+    try:
+        cap = int(configured)
+    except ValueError:
+        cap = 0
+    if cap < 16:
+        raise ValueError(f"{FRAME_CAP_ENV}={configured!r}: give a number of bytes of at least 16")
+    return min(cap, MAX_PAYLOAD_BYTES)
 
 
 class FrameKind(enum.IntEnum):
     PIECE = 1
     STATE_REQUEST = 2
     STATE_RESPONSE = 3
+    STATE_DATA = 4
 
 
 class FrameError(ConnectionError):
@@ -138,10 +171,9 @@ class FrameHeader:
             raise FrameError(f"bad magic {magic!r}")
         if version != PROTOCOL_VERSION:
             raise FrameError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
-        if header.payload_bytes > MAX_PAYLOAD_BYTES:
-            raise FrameError(
-                f"payload of {header.payload_bytes} bytes exceeds the cap of {MAX_PAYLOAD_BYTES}"
-            )
+        cap = max_payload_bytes()
+        if header.payload_bytes > cap:
+            raise FrameError(f"payload of {header.payload_bytes} bytes exceeds the cap of {cap}")
         return header
 
 
@@ -322,16 +354,11 @@ class FrameServer:
 
     def _answer_state(self, sock: socket.socket, round_id: int) -> None:
         state = self._state_provider(round_id)
-        payload = b"" if state is None else state.SerializeToString()
-        header = FrameHeader(
-            FrameKind.STATE_RESPONSE,
-            round_id=round_id,
-            flags=0 if state is None else FLAG_FOUND,
-            payload_bytes=len(payload),
-        )
-        sock.sendall(header.pack())
-        if payload:
-            sock.sendall(payload)
+        try:
+            for part in state_frames(state, round_id):
+                send_parts(sock, [part], time.monotonic() + STATE_FRAME_SECONDS)
+        finally:
+            sock.settimeout(None)  # back to blocking reads of the next request
 
     def stop(self) -> None:
         """Stop accepting, close every connection, and join the threads."""
@@ -474,26 +501,158 @@ class PeerConnections:
         self.retain(())
 
 
-def request_state(address: str, round_id: int, timeout: float) -> collective_pb2.ModelState | None:
+def request_state(address: str, round_id: int, timeout: float) -> GroupState | None:
     """The state the member at ``address`` serves for ``round_id`` (``< 0``: its current state), or None if
-    it has none for that round; over a connection of its own, answered within ``timeout`` seconds.
+    it has none for that round; over a connection of its own. Each frame must arrive within ``timeout``
+    seconds (a large state takes as many frames as it needs).
 
     Raises OSError when the member cannot be reached, does not answer in time, or answers with something
-    other than a state response (:class:`FrameError`).
+    other than a state (:class:`FrameError`).
     """
-    deadline = time.monotonic() + timeout
-    with _connect(address, deadline) as sock:
-        send_parts(sock, [FrameHeader(FrameKind.STATE_REQUEST, round_id=round_id).pack()], deadline)
-        header = read_header(sock, deadline)
+    with _connect(address, time.monotonic() + timeout) as sock:
+        send_parts(
+            sock, [FrameHeader(FrameKind.STATE_REQUEST, round_id=round_id).pack()], time.monotonic() + timeout
+        )
+        return read_state(_SocketFrames(sock, address, timeout), f"the state from {address}")
+
+
+# ------------------------------------------------------------------------------------------------ states
+
+
+class FrameSource(Protocol):
+    """Where :func:`read_state` reads frames from: a connection, or a checkpoint's bytes."""
+
+    def header(self) -> FrameHeader:
+        """The next frame's header (OSError if there is none)."""
+
+    def payload(self, into: memoryview) -> None:
+        """Fill ``into`` with the payload of the frame whose header was read last."""
+
+
+class _SocketFrames:
+    def __init__(self, sock: socket.socket, address: str, timeout: float) -> None:
+        self._sock = sock
+        self._address = address
+        self._timeout = timeout
+        self._deadline = 0.0
+
+    def header(self) -> FrameHeader:
+        self._deadline = time.monotonic() + self._timeout  # each frame in its own time
+        header = read_header(self._sock, self._deadline)
         if header is None:
-            raise ConnectionError(f"{address} closed the connection without answering a state request")
-        if header.kind != FrameKind.STATE_RESPONSE:
-            raise FrameError(f"{address} answered a state request with a frame of kind {header.kind}")
-        payload = bytearray(header.payload_bytes)
-        _read_payload(sock, memoryview(payload), deadline)
+            raise ConnectionError(f"{self._address} closed the connection without a whole state")
+        return header
+
+    def payload(self, into: memoryview) -> None:
+        _read_payload(self._sock, into, self._deadline)
+
+
+class BufferFrames:
+    """The frames in ``data`` (a checkpoint), read without copying them."""
+
+    def __init__(self, data: bytes | memoryview, source: str) -> None:
+        self._data = memoryview(data)
+        self._offset = 0
+        self._source = source
+
+    def header(self) -> FrameHeader:
+        if self._offset + HEADER.size > len(self._data):
+            raise FrameError(f"{self._source} ends in the middle of a state")
+        header = FrameHeader.unpack(self._data[self._offset : self._offset + HEADER.size])
+        self._offset += HEADER.size
+        return header
+
+    def payload(self, into: memoryview) -> None:
+        end = self._offset + len(into)
+        if end > len(self._data):
+            raise FrameError(f"{self._source} ends in the middle of a state")
+        into[:] = self._data[self._offset : end]
+        self._offset = end
+
+    @property
+    def exhausted(self) -> bool:
+        return self._offset == len(self._data)
+
+
+def _little_endian(value: np.ndarray) -> np.ndarray:
+    array = np.ascontiguousarray(value)
+    return array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
+
+
+def state_frames(state: GroupState | None, round_id: int) -> Iterator[bytes | memoryview]:
+    """The frames of a state response: a ``STATE_RESPONSE`` header and the manifest, then each variable's
+    bytes as ``STATE_DATA`` frames of at most :func:`max_payload_bytes` each (a header, then its payload as a
+    view of the variable's own memory). ``state`` None: a response without a state."""
+    if state is None:
+        yield FrameHeader(FrameKind.STATE_RESPONSE, round_id=round_id).pack()
+        return
+    manifest = collective_pb2.ModelState(
+        round_id=state.round_id,
+        version=state.version,
+        variables=[
+            tensor_pb2.Tensor(name=str(i), dtype=_little_endian(v).dtype.str, shape=v.shape)
+            for i, v in enumerate(state.values)
+        ],
+        lineage_rounds=[r for r, _ in state.lineage.spans],
+        lineage_versions=[v for _, v in state.lineage.spans],
+    ).SerializeToString()
+    cap = max_payload_bytes()
+    if len(manifest) > cap:
+        raise FrameError(f"a state's manifest of {len(manifest)} bytes exceeds the frame cap of {cap}")
+    yield FrameHeader(
+        FrameKind.STATE_RESPONSE, round_id=round_id, flags=FLAG_FOUND, payload_bytes=len(manifest)
+    ).pack()
+    yield manifest
+    for value in state.values:
+        data = memoryview(_little_endian(value).reshape(-1).view(np.uint8))
+        for start in range(0, len(data), cap):
+            chunk = data[start : start + cap]
+            yield FrameHeader(FrameKind.STATE_DATA, round_id=round_id, payload_bytes=len(chunk)).pack()
+            yield chunk
+
+
+def encode_state(state: GroupState) -> bytes:
+    """The state as the bytes of its frames (a checkpoint; :func:`read_state` of :class:`BufferFrames`)."""
+    return b"".join(state_frames(state, state.round_id))
+
+
+def read_state(frames: FrameSource, source: str) -> GroupState | None:
+    """The state :func:`state_frames` sent, each variable read straight into a new array; None for a
+    response without a state. :class:`FrameError` naming ``source`` for anything else."""
+    header = frames.header()
+    if header.kind != FrameKind.STATE_RESPONSE:
+        raise FrameError(f"{source}: a frame of kind {header.kind} where a state response belongs")
     if not header.flags & FLAG_FOUND:
+        if header.payload_bytes:
+            raise FrameError(f"{source}: a response without a state has a payload")
         return None
+    manifest_bytes = bytearray(header.payload_bytes)
+    frames.payload(memoryview(manifest_bytes))
     try:
-        return collective_pb2.ModelState.FromString(bytes(payload))
-    except DecodeError as error:
-        raise FrameError(f"{address} sent an undecodable state: {error}") from None
+        manifest = collective_pb2.ModelState.FromString(bytes(manifest_bytes))
+        values = [_empty_array(tensor) for tensor in manifest.variables]
+    except (DecodeError, TypeError, ValueError, MemoryError) as error:
+        raise FrameError(f"{source}: an undecodable state manifest: {error}") from None
+    for value in values:
+        view = memoryview(value.reshape(-1).view(np.uint8))
+        filled = 0
+        while filled < len(view):
+            header = frames.header()
+            if header.kind != FrameKind.STATE_DATA or not 0 < header.payload_bytes <= len(view) - filled:
+                raise FrameError(
+                    f"{source}: a frame of kind {header.kind} and {header.payload_bytes} bytes where "
+                    f"{len(view) - filled} bytes of a variable belong"
+                )
+            frames.payload(view[filled : filled + header.payload_bytes])
+            filled += header.payload_bytes
+    lineage = Lineage(tuple(zip(manifest.lineage_rounds, manifest.lineage_versions, strict=True)))
+    return GroupState(manifest.round_id, manifest.version, values, lineage)
+
+
+def _empty_array(tensor: tensor_pb2.Tensor) -> np.ndarray:
+    dtype = np.dtype(tensor.dtype)
+    if dtype.kind not in "biuf" or dtype.byteorder == ">":
+        raise ValueError(f"variable {tensor.name}: dtype {tensor.dtype} cannot be part of a state")
+    if any(d < 0 for d in tensor.shape):
+        raise ValueError(f"variable {tensor.name}: negative dimension in {list(tensor.shape)}")
+    return np.empty(tuple(tensor.shape), dtype=dtype)

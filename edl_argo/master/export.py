@@ -77,7 +77,11 @@ def model_from_parameter_servers(
 
 
 def model_from_state(spec: ModelSpec, values: list[np.ndarray], sample_features: Any) -> keras.Model:
-    """A Keras model holding an AllreduceStrategy member's state (model variables come first in it)."""
+    """A Keras model holding an AllreduceStrategy member's state (model variables, then the optimizer's).
+
+    With an optimizer that keeps moving averages (``use_ema``), the model holds the averages, as at the end
+    of ``model.fit`` (``finalize_variable_values``).
+    """
     model = build_model(spec, sample_features)
     if len(values) < len(model.variables):
         raise JobFailedError(
@@ -85,6 +89,18 @@ def model_from_state(spec: ModelSpec, values: list[np.ndarray], sample_features:
         )
     for variable, value in zip(model.variables, values, strict=False):
         variable.assign(value)
+    optimizer = spec.optimizer()
+    if getattr(optimizer, "use_ema", False):
+        optimizer.build(model.trainable_variables)
+        slots = values[len(model.variables) :]
+        if len(slots) != len(optimizer.variables):
+            raise JobFailedError(
+                f"the workers' state has {len(slots)} optimizer variables, the model file's optimizer "
+                f"{len(optimizer.variables)}"
+            )
+        for variable, value in zip(optimizer.variables, slots, strict=True):
+            variable.assign(value)
+        optimizer.finalize_variable_values(model.trainable_variables)
     return model
 
 

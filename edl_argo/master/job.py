@@ -25,6 +25,7 @@ left in ``<output>/checkpoints`` are removed too, so a new run never restores th
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -33,9 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from edl_argo.collective.membership import max_state_difference, member_states
+from edl_argo.collective.membership import survey_member_states
+from edl_argo.collective.transport import FRAME_CAP_ENV
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
 from edl_argo.flags import add_flag, pod_host
 from edl_argo.log import get_logger
@@ -54,7 +54,6 @@ from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import ShardReader, list_shards
 from edl_argo.rpc.channel import make_server
-from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage import open_storage
 
 log = get_logger(__name__)
@@ -154,6 +153,8 @@ class TrainingJob:
         self.pods: PodManager | None = None
         # AllreduceStrategy: the workers' group, and the trained state fetched from it before they exit.
         self.rendezvous = RendezvousManager(clock_round_base()) if config.allreduce else None
+        if self.rendezvous is not None and self._saved is not None:
+            self.rendezvous.restore(self._saved.get("allreduce_group"))
         self._group_state: Any = None
         self._replicas: dict[str, Any] = {}
         self._server: Any = None
@@ -227,7 +228,12 @@ class TrainingJob:
             command += ("--ps-addrs", self._ps_addresses())
         if c.pipelined:
             command += ("--pipelined",)
-        return PodSpec(PodRole.WORKER, worker_id, command, port=port)
+        env = (
+            {FRAME_CAP_ENV: os.environ[FRAME_CAP_ENV]}
+            if c.allreduce and os.environ.get(FRAME_CAP_ENV)
+            else {}
+        )
+        return PodSpec(PodRole.WORKER, worker_id, command, env=env, port=port)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -356,6 +362,8 @@ class TrainingJob:
             "model_version": self.versions.version,
             "training_loss": self.training_loss.snapshot(),
             "pods": self.pods.snapshot(),
+            # Not in STATE_PARTS: a state saved before it existed is still read.
+            "allreduce_group": self.rendezvous.snapshot() if self.rendezvous is not None else None,
         }
 
     def _restored_dispatcher(self, live_workers: Collection[int] | None) -> TaskDispatcher:
@@ -491,13 +499,15 @@ class TrainingJob:
         """Read every member's state; keep the newest for the export and record how far replicas differ."""
         assert self.rendezvous is not None
         current = self.rendezvous.current
-        states = member_states([m.address for m in current.members])
-        newest = max(states, key=lambda state: state.version)
+        survey = survey_member_states([m.address for m in current.members])
+        newest = survey.newest
         self._replicas = {
-            "members_compared": len(states),
-            "max_abs_difference": max_state_difference(states),
-            "versions": sorted({state.version for state in states}),
+            "members_compared": survey.members_compared,
+            "max_abs_difference": survey.max_abs_difference,
+            "versions": survey.versions,
             "final_round": current.round_id,
+            "state_restores": self.rendezvous.restores,
+            "steps_lost": self.rendezvous.steps_lost,
         }
         log.info(
             "group_state_fetched", version=newest.version, **{k: str(v) for k, v in self._replicas.items()}
@@ -562,8 +572,7 @@ class TrainingJob:
         from edl_argo.worker.ps_client import ParameterServerClient
 
         if self._group_state is not None:
-            values = [np.array(from_tensor(t)) for t in self._group_state.variables]
-            model = model_from_state(self.spec, values, self._sample_features())
+            model = model_from_state(self.spec, self._group_state.values, self._sample_features())
         else:
             ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
             try:

@@ -13,7 +13,17 @@ order. Any change of membership starts a new round with a larger id:
 Workers call :meth:`rendezvous` before every step, so they learn of a new round at the next step; a
 collective operation already in progress sees the new round through the same call while it waits (see
 :mod:`edl_argo.collective`). What a round does with its members (broadcast of the state, rank order) is the
-workers' business: the manager only keeps the list.
+workers' business.
+
+With each call a member also reports the state it holds (a version and the round that made it, see
+:mod:`edl_argo.collective.state`) and the newest checkpoint it saved. The manager keeps the job's **last
+committed state** and **last committed checkpoint** from the reports of members that formed in the
+current round (their states all descend from the state the round formed on), and hands both to every
+member: a round forms only on a member's state that descends from the committed one, and restores the
+committed checkpoint when no member holds one. When a round had to form on a state older than the committed
+one (:attr:`restores`), the steps lost are logged (``model_moved_backwards``) and counted
+(:attr:`steps_lost`, in ``metrics.json``). The committed state lags a member's newest by at most the one step
+it has not reported yet.
 """
 
 from __future__ import annotations
@@ -21,8 +31,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from edl_argo.collective.state import StatePoint, point_from_message, point_message
 from edl_argo.log import get_logger
+from edl_argo.proto import master_pb2
 
 log = get_logger(__name__)
 
@@ -69,15 +82,30 @@ class RendezvousManager:
         self._members: dict[int, str] = {}  # worker id -> address, in join order
         self._round = Round(first_round, ())
         self._departed: set[int] = set()  # pods that stopped: a late call from them is not a join
+        self.committed: StatePoint | None = None
+        self.checkpoint: StatePoint | None = None
+        #: Every round that formed on a state older than the committed one: what it lost.
+        self.restores: list[dict[str, object]] = []
+        self._restored_round = 0
 
     @property
     def current(self) -> Round:
         with self._lock:
             return self._round
 
-    def rendezvous(self, worker_id: int, address: str) -> Round:
-        """The current round, after adding ``worker_id`` at ``address`` if it is not a member yet."""
+    @property
+    def steps_lost(self) -> int:
         with self._lock:
+            return sum(int(str(restore["steps_lost"])) for restore in self.restores)
+
+    def rendezvous(
+        self, worker_id: int, address: str, report: master_pb2.RendezvousRequest | None = None
+    ) -> Round:
+        """The current round, after taking ``report`` (what the worker holds) into account and adding
+        ``worker_id`` at ``address`` if it is not a member yet."""
+        with self._lock:
+            if report is not None and self._round.rank_of(worker_id) >= 0:
+                self._take_report_locked(worker_id, report)
             if worker_id in self._departed or self._members.get(worker_id) == address:
                 return self._round
             changed = "address" if worker_id in self._members else "joined"
@@ -113,6 +141,68 @@ class RendezvousManager:
             else:
                 # The suspect is unknown or already gone: still make every member start over together.
                 self._next_round_locked(f"worker {reporter} could not complete round {round_id}")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The committed state and checkpoint and the restores, for a restarted master (JSON-ready)."""
+        with self._lock:
+            return {
+                "committed": None
+                if self.committed is None
+                else [self.committed.version, self.committed.round_id],
+                "checkpoint": None
+                if self.checkpoint is None
+                else [self.checkpoint.version, self.checkpoint.round_id],
+                "restores": list(self.restores),
+            }
+
+    def restore(self, snapshot: dict[str, Any] | None) -> None:
+        """Continue from an earlier master's :meth:`snapshot` (None: there is none). What it committed may
+        be a few steps behind the group: those steps descend from it, so it is still a safe bound."""
+        if not snapshot:
+            return
+        with self._lock:
+            self.committed = StatePoint(*snapshot["committed"]) if snapshot.get("committed") else None
+            self.checkpoint = StatePoint(*snapshot["checkpoint"]) if snapshot.get("checkpoint") else None
+            self.restores = list(snapshot.get("restores", []))
+
+    def _take_report_locked(self, worker_id: int, report: master_pb2.RendezvousRequest) -> None:
+        if report.formed_round != self._round.round_id:
+            return  # its state may be older than the round's: not yet agreed, or from an earlier round
+        if report.formed_from != master_pb2.DESCENDANT and self._restored_round != report.formed_round:
+            self._restored_round = report.formed_round
+            formed = point_from_message(report.formed_state)
+            lost = max(0, self.committed.version - formed.version) if self.committed and formed else 0
+            restore: dict[str, object] = {
+                "round": report.formed_round,
+                "origin": master_pb2.StateOrigin.Name(report.formed_from).lower(),
+                "committed_version": self.committed.version if self.committed else -1,
+                "restored_version": formed.version if formed else 0,
+                "steps_lost": lost,
+            }
+            self.restores.append(restore)
+            log.warning("model_moved_backwards", worker=worker_id, **{k: str(v) for k, v in restore.items()})
+            self.committed = formed
+            self.checkpoint = formed if report.formed_from == master_pb2.CHECKPOINT else None
+        state = point_from_message(report.state)
+        if state is not None and (self.committed is None or state.version > self.committed.version):
+            self.committed = state
+        checkpoint = point_from_message(report.checkpoint)
+        if checkpoint is not None and (not self.checkpoint or checkpoint.version > self.checkpoint.version):
+            self.checkpoint = checkpoint
+
+    def response(self, current: Round, worker_id: int) -> master_pb2.RendezvousResponse:
+        """What the master answers ``worker_id``'s Rendezvous call in round ``current``."""
+        with self._lock:
+            committed, checkpoint = self.committed, self.checkpoint
+        return master_pb2.RendezvousResponse(
+            round_id=current.round_id,
+            rank=current.rank_of(worker_id),
+            members=[
+                master_pb2.RendezvousMember(worker_id=m.worker_id, address=m.address) for m in current.members
+            ],
+            committed=point_message(committed),
+            checkpoint=point_message(checkpoint),
+        )
 
     def _next_round_locked(self, why: str) -> None:
         members = tuple(Member(w, a) for w, a in sorted(self._members.items()))

@@ -209,14 +209,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         rendezvous = self._require_rendezvous(context)
         if request.worker_id < 0 or not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "worker_id >= 0 and an address are required")
-        current = rendezvous.rendezvous(request.worker_id, request.address)
-        return master_pb2.RendezvousResponse(
-            round_id=current.round_id,
-            rank=current.rank_of(request.worker_id),
-            members=[
-                master_pb2.RendezvousMember(worker_id=m.worker_id, address=m.address) for m in current.members
-            ],
-        )
+        current = rendezvous.rendezvous(request.worker_id, request.address, request)
+        return rendezvous.response(current, request.worker_id)
 
     def ReportCollectiveFailure(
         self, request: master_pb2.ReportCollectiveFailureRequest, context: grpc.ServicerContext

@@ -25,13 +25,13 @@ _sym_db = _symbol_database.Default()
 from edl_argo.proto import tensor_pb2 as edl__argo_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x64l_argo/proto/collective.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"p\n\nModelState\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12#\n\tvariables\x18\x03 \x03(\x0b\x32\x10.edl_argo.Tensor\x12\x1a\n\x12recent_step_rounds\x18\x04 \x03(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x64l_argo/proto/collective.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"\xa2\x01\n\nModelState\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12#\n\tvariables\x18\x03 \x03(\x0b\x32\x10.edl_argo.Tensor\x12\x1a\n\x12recent_step_rounds\x18\x04 \x03(\x03\x12\x16\n\x0elineage_rounds\x18\x05 \x03(\x03\x12\x18\n\x10lineage_versions\x18\x06 \x03(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edl_argo.proto.collective_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELSTATE']._serialized_start=74
-  _globals['_MODELSTATE']._serialized_end=186
+  _globals['_MODELSTATE']._serialized_start=75
+  _globals['_MODELSTATE']._serialized_end=237
 # @@protoc_insertion_point(module_scope)

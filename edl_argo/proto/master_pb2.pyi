@@ -14,10 +14,21 @@ class TaskType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRAINING: _ClassVar[TaskType]
     EVALUATION: _ClassVar[TaskType]
     PREDICTION: _ClassVar[TaskType]
+
+class StateOrigin(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DESCENDANT: _ClassVar[StateOrigin]
+    CHECKPOINT: _ClassVar[StateOrigin]
+    MEMBER: _ClassVar[StateOrigin]
+    FRESH: _ClassVar[StateOrigin]
 TASK_TYPE_UNSPECIFIED: TaskType
 TRAINING: TaskType
 EVALUATION: TaskType
 PREDICTION: TaskType
+DESCENDANT: StateOrigin
+CHECKPOINT: StateOrigin
+MEMBER: StateOrigin
+FRESH: StateOrigin
 
 class Task(_message.Message):
     __slots__ = ("task_id", "type", "data_url", "shard", "start", "end", "epoch", "model_version")
@@ -135,12 +146,30 @@ class ScaleWorkersResponse(_message.Message):
     def __init__(self, num_workers: _Optional[int] = ...) -> None: ...
 
 class RendezvousRequest(_message.Message):
-    __slots__ = ("worker_id", "address")
+    __slots__ = ("worker_id", "address", "state", "formed_round", "formed_from", "formed_state", "checkpoint")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FORMED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    FORMED_FROM_FIELD_NUMBER: _ClassVar[int]
+    FORMED_STATE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
-    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+    state: StatePoint
+    formed_round: int
+    formed_from: StateOrigin
+    formed_state: StatePoint
+    checkpoint: StatePoint
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[StatePoint, _Mapping]] = ..., formed_round: _Optional[int] = ..., formed_from: _Optional[_Union[StateOrigin, str]] = ..., formed_state: _Optional[_Union[StatePoint, _Mapping]] = ..., checkpoint: _Optional[_Union[StatePoint, _Mapping]] = ...) -> None: ...
+
+class StatePoint(_message.Message):
+    __slots__ = ("version", "round_id")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    round_id: int
+    def __init__(self, version: _Optional[int] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class RendezvousMember(_message.Message):
     __slots__ = ("worker_id", "address")
@@ -151,14 +180,18 @@ class RendezvousMember(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
 
 class RendezvousResponse(_message.Message):
-    __slots__ = ("round_id", "rank", "members")
+    __slots__ = ("round_id", "rank", "members", "committed", "checkpoint")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     rank: int
     members: _containers.RepeatedCompositeFieldContainer[RendezvousMember]
-    def __init__(self, round_id: _Optional[int] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RendezvousMember, _Mapping]]] = ...) -> None: ...
+    committed: StatePoint
+    checkpoint: StatePoint
+    def __init__(self, round_id: _Optional[int] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RendezvousMember, _Mapping]]] = ..., committed: _Optional[_Union[StatePoint, _Mapping]] = ..., checkpoint: _Optional[_Union[StatePoint, _Mapping]] = ...) -> None: ...
 
 class ReportCollectiveFailureRequest(_message.Message):
     __slots__ = ("worker_id", "round_id", "suspect_worker_id", "message")

@@ -4,9 +4,16 @@ gradients with a ring allreduce every step (synchronous SGD, no parameter server
 One *group step* (:meth:`AllreduceReplica.train_minibatch`, or :meth:`~AllreduceReplica.idle_step` for a
 member that has no data right now): make sure this member is in the master's current round
 (:class:`~edl_argo.collective.membership.ElasticMember`), compute the gradients of its minibatch, allreduce
-``[gradients × examples, examples, loss × examples]`` (so members with different batch sizes, or none, are
-weighted by their examples), divide by the group's examples and apply with the model file's optimizer.
+``[gradients × examples, statistics changes × examples, examples, loss × examples]`` (so members with
+different batch sizes, or none, are weighted by their examples), divide by the group's examples and apply
+the mean gradients with the model file's optimizer (``optimizer.apply``, exactly as ``model.fit`` does).
 A member without data contributes zeros, so members whose tasks ran out keep the others' steps going.
+
+*Statistics* are the model's non-trainable floating variables, which layers update in the forward pass
+(BatchNormalization's moving mean and variance): each member measures how its forward pass changed them,
+puts them back, and every member then adds the example-weighted mean change, so they stay bit-identical on
+every member (as trainable variables do) and equal what one forward pass over the group's batch would
+nearly make of them (exactly for a moving mean). Variables no forward pass changes stay exactly as they are.
 
 A step interrupted by a lost member is abandoned: the suspect is reported, the next round is formed (which
 makes every member hold the newest state) and the step is retried in it — unless the state adopted in the
@@ -21,7 +28,6 @@ With a checkpoint series (``--checkpoint-dir``), a replica starts from the newes
 from __future__ import annotations
 
 import threading
-from collections import deque
 from typing import Any
 
 import keras
@@ -30,13 +36,13 @@ import tensorflow as tf
 
 from edl_argo.checkpoint import Checkpointer, CheckpointSeries
 from edl_argo.collective import CollectiveAborted, CollectiveGroup
-from edl_argo.collective.checkpoint import GroupSnapshot, decode_state, group_checkpointer, group_checkpoints
+from edl_argo.collective.checkpoint import decode_state, group_checkpointer, group_checkpoints
 from edl_argo.collective.learning_rate import WorldSizeScaling
 from edl_argo.collective.membership import ElasticMember, RendezvousClient
-from edl_argo.errors import JobFailedError
+from edl_argo.collective.state import GroupState, Lineage, StatePoint
+from edl_argo.errors import EdlError, JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
-from edl_argo.rpc.tensors import from_tensor
 from edl_argo.storage.base import Storage
 from edl_argo.worker.replica import NonFiniteLossError, build_model
 
@@ -44,8 +50,6 @@ log = get_logger(__name__)
 
 #: How many times in a row one step may be abandoned before the worker gives up.
 MAX_STEP_ATTEMPTS = 50
-#: How many recent steps' rounds a state carries.
-RECENT_STEPS = 8
 #: How long closing waits for a checkpoint being written.
 CHECKPOINT_CLOSE_SECONDS = 60.0
 
@@ -77,7 +81,7 @@ class AllreduceReplica:
     ) -> None:
         self._spec = spec
         self._checkpoints: CheckpointSeries | None = None
-        self._checkpointer: Checkpointer[GroupSnapshot] | None = None
+        self._checkpointer: Checkpointer[GroupState] | None = None
         if checkpoint_storage is not None:
             self._checkpoints = group_checkpoints(checkpoint_storage)
             if checkpoint_steps:
@@ -88,8 +92,11 @@ class AllreduceReplica:
         self._lr_scaling: WorldSizeScaling | None = None
         self._lr_world_size = 0
         self._sizes: list[int] = []
+        self._statistics: list[Any] = []
+        self._trainable_count = 0
         self._state_lock = threading.Lock()
-        self._recent_rounds: deque[int] = deque(maxlen=RECENT_STEPS)
+        self._lineage = Lineage()
+        self._checkpoint_points: dict[int, StatePoint] = {}  # version -> point of each snapshot submitted
         self._version = -1
         self._member = ElasticMember(master, self, host, port, collective_timeout)
 
@@ -103,15 +110,17 @@ class AllreduceReplica:
         assert self._model is not None
         return [*self._model.variables, *self._optimizer.variables]
 
-    def export_state(self) -> tuple[list[np.ndarray], list[int]]:
+    def export_state(self) -> GroupState:
         with self._state_lock:
             if self._model is None:
                 raise RuntimeError("the replica is built on its first batch")
-            return [np.array(v.numpy()) for v in self._state_variables()], list(self._recent_rounds)
+            values = [np.asarray(v.numpy()) for v in self._state_variables()]
+            return GroupState(-1, self._version, values, self._lineage)
 
-    def import_state(self, values: list[np.ndarray], version: int, recent_step_rounds: list[int]) -> None:
+    def import_state(self, state: GroupState) -> None:
         with self._state_lock:
             variables = self._state_variables()
+            values = state.values
             mismatches = [
                 f"{v.path} {tuple(v.shape)} vs {value.shape}"
                 for v, value in zip(variables, values, strict=False)
@@ -125,8 +134,36 @@ class AllreduceReplica:
                 )
             for variable, value in zip(variables, values, strict=True):
                 variable.assign(value)
-            self._version = version
-            self._recent_rounds = deque(recent_step_rounds, maxlen=RECENT_STEPS)
+            self._version = state.version
+            self._lineage = state.lineage
+            # The imported optimizer state holds the learning rate its source scaled for its own group.
+            self._lr_world_size = 0
+
+    @property
+    def lineage(self) -> Lineage:
+        return self._lineage
+
+    @property
+    def saved_checkpoint(self) -> StatePoint | None:
+        saved = None if self._checkpointer is None else self._checkpointer.saved_version
+        return None if saved is None else self._checkpoint_points.get(saved)
+
+    def load_checkpoint(self, point: StatePoint) -> bool:
+        """Load the group's checkpoint at ``point.version`` if it is the state ``point`` names."""
+        if self._checkpoints is None:
+            return False
+        key = self._checkpoints.key(point.version)
+        where = self._checkpoints.storage.describe(key)
+        try:
+            state = decode_state(self._checkpoints.storage.read(key), where)
+            if state.version != point.version or state.lineage.round_of(point.version) != point.round_id:
+                raise JobFailedError(f"it holds version {state.version} of another lineage")
+            self.import_state(state)
+        except (EdlError, OSError) as error:
+            log.warning("checkpoint_not_restored", checkpoint=where, version=point.version, reason=str(error))
+            return False
+        log.info("replica_restored", version=state.version, checkpoint=where)
+        return True
 
     # -- the replica interface the worker uses -------------------------------------------------------
 
@@ -150,16 +187,21 @@ class AllreduceReplica:
         not_float32 = [v.path for v in model.trainable_variables if v.dtype != "float32"]
         if not_float32:
             raise JobFailedError(f"AllreduceStrategy averages float32 variables only; not: {not_float32[:3]}")
-        self._sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
+        self._statistics = [v for v in model.non_trainable_variables if _is_floating(v)]
+        self._trainable_count = len(model.trainable_variables)
+        # The pieces of a contribution before its examples and loss: gradients, statistics changes, and
+        # one flag per trainable variable (whether it has a gradient).
+        self._sizes = [int(np.prod(v.shape)) for v in [*model.trainable_variables, *self._statistics]]
+        self._sizes.append(self._trainable_count)
         self._optimizer = optimizer
         if self._scale_lr:
             self._lr_scaling = WorldSizeScaling(optimizer)
         with self._state_lock:
             self._model = model
         self._contribute = tf.function(self._contribution, reduce_retracing=True)
-        self._apply = tf.function(self._apply_mean_gradients)
+        self._apply = tf.function(self._apply_mean)
         self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
-        log.info("replica_built", variables=len(model.variables), parameters=sum(self._sizes))
+        log.info("replica_built", variables=len(model.variables), parameters=model.count_params())
         self._restore_checkpoint()
 
     def sync(self) -> None:
@@ -199,27 +241,44 @@ class AllreduceReplica:
     # -- internals ------------------------------------------------------------------------------------
 
     def _contribution(self, features: Any, labels: Any) -> tf.Tensor:
+        """This member's part of a group step: its gradients and changes to the statistics, both times its
+        examples, then its examples and loss times examples, as one float32 vector. The statistics are left
+        as they were (the group's mean change is applied with the gradients)."""
         model = self.model
+        before = [tf.identity(v) for v in self._statistics]
         with tf.GradientTape() as tape:
             outputs = model(features, training=True)
             loss = self._spec.loss(labels, outputs)
             if model.losses:
                 loss = loss + tf.add_n(model.losses)
+            scaled_loss = self._optimizer.scale_loss(loss)  # the optimizer unscales when it applies
         variables = model.trainable_variables
-        grads = tape.gradient(loss, variables)
+        grads = tape.gradient(scaled_loss, variables)
+        changes = [tf.cast(v - old, tf.float32) for v, old in zip(self._statistics, before, strict=True)]
+        for variable, old in zip(self._statistics, before, strict=True):
+            variable.assign(old)
         examples = tf.cast(tf.shape(tf.nest.flatten(outputs)[0])[0], tf.float32)
         flat = [
             tf.reshape(tf.zeros_like(v) if g is None else tf.convert_to_tensor(g), [-1])
             for v, g in zip(variables, grads, strict=True)
-        ]
+        ] + [tf.reshape(change, [-1]) for change in changes]
+        flat.append(tf.constant([0.0 if g is None else 1.0 for g in grads], tf.float32))
         loss = tf.cast(loss, tf.float32)
         return tf.concat([tf.concat(flat, 0) * examples, tf.stack([examples, loss * examples])], 0)
 
-    def _apply_mean_gradients(self, mean: tf.Tensor) -> None:
+    def _apply_mean(self, mean: tf.Tensor, has_gradient: tuple[bool, ...]) -> None:
+        """Apply the group's mean gradients with the optimizer (variables without a gradient on any member
+        are left out, as ``fit`` leaves them out) and add the mean changes to the statistics."""
         variables = self.model.trainable_variables
         pieces = tf.split(mean, self._sizes)
-        grads = [tf.reshape(p, v.shape) for p, v in zip(pieces, variables, strict=True)]
+        grads = [
+            tf.reshape(p, v.shape) if present else None
+            for p, v, present in zip(pieces, variables, has_gradient, strict=False)
+        ]
         self._optimizer.apply_gradients(zip(grads, variables, strict=True))
+        statistics = pieces[len(variables) : len(variables) + len(self._statistics)]
+        for variable, piece in zip(self._statistics, statistics, strict=True):
+            variable.assign_add(tf.cast(tf.reshape(piece, variable.shape), variable.dtype))
 
     def _current_group(self) -> CollectiveGroup:
         """The group of the current round, joining or re-forming it first if needed."""
@@ -263,11 +322,13 @@ class AllreduceReplica:
                 continue
             examples = float(total[-2])
             if examples > 0:
+                mean = total[:-2] / examples
+                has_gradient = tuple(bool(flag > 0) for flag in mean[len(mean) - self._trainable_count :])
                 with self._state_lock:
-                    self._apply(tf.constant(total[:-2] / examples))
+                    self._apply(tf.constant(mean), has_gradient)
                     self._version += 1
-                    first_of_round = not self._recent_rounds or self._recent_rounds[-1] != group.round_id
-                    self._recent_rounds.append(group.round_id)
+                    first_of_round = self._lineage.round_of(self._version - 1) != group.round_id
+                    self._lineage = self._lineage.after_step(self._version, group.round_id)
                 if first_of_round:  # training goes on in this round (after a join, a loss, a scale)
                     log.info(
                         "round_first_step", round=group.round_id, version=self._version, world_size=group.size
@@ -286,8 +347,7 @@ class AllreduceReplica:
             return
         where = self._checkpoints.storage.describe(self._checkpoints.key(state.version))
         try:
-            values = [np.array(from_tensor(t)) for t in state.variables]
-            self.import_state(values, state.version, list(state.recent_step_rounds))
+            self.import_state(state)
         except JobFailedError as error:
             raise JobFailedError(f"checkpoint {where}: {error}") from None
         if self._checkpointer is not None:
@@ -298,15 +358,14 @@ class AllreduceReplica:
         """As the member of rank 0: submit the group's state when a checkpoint is due."""
         if self._checkpointer is None or not self._checkpointer.due(self._version):
             return
-        values, rounds = self.export_state()
-        self._checkpointer.submit(GroupSnapshot(self._version, round_id, values, rounds))
+        state = self.export_state()
+        saved, point = self.saved_checkpoint, state.lineage.point(state.version)
+        self._checkpoint_points = {p.version: p for p in (saved, point) if p is not None}
+        self._checkpointer.submit(GroupState(round_id, state.version, state.values, state.lineage))
 
     def _contains_step(self, version_before: int, round_id: int) -> bool:
         """Whether the state now held includes the step attempted at ``version_before`` in ``round_id``."""
-        steps_after = self._version - version_before
-        if steps_after <= 0 or steps_after > len(self._recent_rounds):
-            return False
-        return self._recent_rounds[-steps_after] == round_id
+        return self._version > version_before and self._lineage.round_of(version_before + 1) == round_id
 
     def _scale_learning_rate(self, world_size: int) -> None:
         if self._lr_scaling is None or world_size == self._lr_world_size:
@@ -316,3 +375,7 @@ class AllreduceReplica:
         log.info(
             "learning_rate_scaled", world_size=world_size, learning_rate=rate, unscaled=rate / world_size
         )
+
+
+def _is_floating(variable: Any) -> bool:
+    return "float" in keras.backend.standardize_dtype(variable.dtype)

@@ -75,9 +75,15 @@ class MasterClient:
         request = master_pb2.ReportVersionRequest(worker_id=self.worker_id, model_version=model_version)
         self._call("ReportVersion", request)
 
-    def rendezvous(self, address: str) -> master_pb2.RendezvousResponse:
-        """Join the AllreduceStrategy group (first call) and return the current membership round."""
-        request = master_pb2.RendezvousRequest(worker_id=self.worker_id, address=address)
+    def rendezvous(
+        self, address: str, report: master_pb2.RendezvousRequest | None = None
+    ) -> master_pb2.RendezvousResponse:
+        """Join the AllreduceStrategy group (first call) and return the current membership round;
+        ``report``: the state this member holds (see :mod:`edl_argo.master.rendezvous`)."""
+        request = master_pb2.RendezvousRequest()
+        if report is not None:
+            request.CopyFrom(report)
+        request.worker_id, request.address = self.worker_id, address
         return self._call("Rendezvous", request)
 
     def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:

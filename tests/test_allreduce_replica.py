@@ -1,0 +1,287 @@
+"""AllreduceStrategy replicas in one process: real :class:`AllreduceReplica` objects (their collective servers
+on loopback) driven step by step from threads, with the master's real :class:`RendezvousManager`, so a test
+decides exactly when a member leaves, joins again or is replaced.
+(Whole jobs: tests/test_training_allreduce.py.)"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.model import load_model_spec
+from edl_argo.proto import master_pb2
+from edl_argo.storage import LocalStorage
+from edl_argo.worker.allreduce_replica import AllreduceReplica
+
+#: ``(features, labels)`` of one minibatch.
+Batch = tuple[np.ndarray, np.ndarray]
+
+#: A small regression model with BatchNormalization and a float learning rate.
+MODEL_FILE = """
+import keras
+import tensorflow as tf
+
+
+def custom_model():
+    inputs = keras.Input(shape=(4,), name="x")
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+def feed(dataset, mode, metadata):
+    return dataset
+
+
+def loss(labels, predictions):
+    return tf.reduce_mean(tf.square(labels - predictions))
+
+
+def optimizer():
+    return keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+
+
+def eval_metrics_fn():
+    return {}
+"""
+
+
+class _MasterOf:
+    """What a worker's master client does for the group, against ``manager`` in this process."""
+
+    def __init__(self, manager: RendezvousManager, worker_id: int) -> None:
+        self.manager = manager
+        self.worker_id = worker_id
+
+    def rendezvous(
+        self, address: str, report: master_pb2.RendezvousRequest | None = None
+    ) -> master_pb2.RendezvousResponse:
+        current = self.manager.rendezvous(self.worker_id, address, report)
+        return self.manager.response(current, self.worker_id)
+
+    def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:
+        self.manager.report_failure(self.worker_id, round_id, suspect_worker_id, message)
+
+
+class _Group:
+    """Replicas of one model by worker id, all on one :class:`RendezvousManager`."""
+
+    def __init__(self, model_file: Path, timeout: float = 20.0, **replica_options: Any) -> None:
+        self.spec = load_model_spec(str(model_file))
+        self.manager = RendezvousManager()
+        self.replicas: dict[int, AllreduceReplica] = {}
+        self._timeout = timeout
+        self._options = replica_options
+
+    def add(self, worker_id: int, join: bool = True) -> AllreduceReplica:
+        replica = AllreduceReplica(
+            self.spec,
+            _MasterOf(self.manager, worker_id),
+            "127.0.0.1",
+            collective_timeout=self._timeout,
+            **self._options,
+        )
+        replica.ensure_built(_batches(1)[0][0])  # here: Keras names layers unsafely across threads
+        self.replicas[worker_id] = replica
+        if join:
+            self.join(worker_id)
+        return replica
+
+    def join(self, worker_id: int) -> None:
+        """The worker's first (or next) rendezvous call: it is a member of the next round."""
+        self.manager.rendezvous(worker_id, self.replicas[worker_id].address)
+
+    def leave(self, worker_id: int) -> None:
+        """The worker's pod stops."""
+        self.manager.remove(worker_id, "Completed")
+        self.replicas.pop(worker_id).close()
+
+    def steps(
+        self,
+        workers: Sequence[int],
+        batches: Sequence[Batch | None],
+        after_step: Callable[[int, AllreduceReplica], None] = lambda worker, replica: None,
+    ) -> None:
+        """Each of ``workers`` trains on ``batches`` in order (one group step per batch), in threads."""
+        self.run({worker: batches for worker in workers}, after_step)
+
+    def run(
+        self,
+        plan: dict[int, Sequence[Batch | None]],
+        after_step: Callable[[int, AllreduceReplica], None] = lambda worker, replica: None,
+    ) -> None:
+        """Each worker of ``plan`` takes one group step per item of its list, in a thread of its own: a batch
+        to train on, or None for a step without data."""
+        errors: list[BaseException] = []
+
+        def run(worker: int) -> None:
+            try:
+                for batch in plan[worker]:
+                    replica = self.replicas[worker]
+                    if batch is None:
+                        replica.idle_step()
+                    else:
+                        replica.train_minibatch(*batch)
+                    after_step(worker, replica)
+            except BaseException as error:  # re-raised below
+                errors.append(error)
+
+        threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in plan]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+            assert not thread.is_alive(), "a replica hung"
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        for replica in self.replicas.values():
+            replica.close()
+
+
+def _batches(count: int, size: int = 8, seed: int = 0) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.standard_normal((size, 4)).astype(np.float32), rng.standard_normal((size, 1)).astype(np.float32))
+        for _ in range(count)
+    ]
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "bn_model.py"
+    path.write_text(MODEL_FILE)
+    return path
+
+
+def test_a_scaled_float_learning_rate_is_the_same_on_every_replica_across_a_leave_and_a_rejoin(
+    model_file: Path,
+) -> None:
+    """Worker 1 is dropped from the group (reported as silent) while alive, worker 0 trains alone (rate x1),
+    then worker 1 joins again and takes worker 0's state, which holds the rate of a group of one: every
+    replica must scale it back to the group of two."""
+    group = _Group(model_file, scale_lr_by_world_size=True)
+    rates: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
+
+    def record(worker: int, replica: AllreduceReplica) -> None:
+        rates[worker].append((replica.version, float(np.asarray(replica._optimizer.learning_rate))))
+
+    try:
+        group.add(0), group.add(1)
+        group.steps([0, 1], _batches(3, seed=1), record)
+        current = group.manager.current
+        group.manager.report_failure(0, current.round_id, 1, "silent")  # worker 1 is alive: it re-joins
+        group.steps([0], _batches(2, seed=2), record)
+        group.join(1)
+        group.steps([0, 1], _batches(3, seed=3), record)
+    finally:
+        group.close()
+    assert [r for _, r in rates[0]] == pytest.approx([0.02] * 3 + [0.01] * 2 + [0.02] * 3)
+    assert rates[1] == rates[0][:3] + rates[0][5:]  # the same rate at the same version
+
+
+def _max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(
+        float(np.max(np.abs(x.astype(np.float64) - y), initial=0.0)) for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_batch_normalization_statistics_are_identical_on_every_replica(model_file: Path) -> None:
+    """Two members train on different rows (and different batch sizes, one member idle for a step):
+    BatchNormalization's moving statistics, which no gradient reaches, end bit-identical everywhere, at
+    the example-weighted mean of what each member's batch made of them."""
+    group = _Group(model_file)
+    try:
+        first, second = group.add(0), group.add(1)
+        initial = [np.array(v.numpy()) for v in first.model.non_trainable_variables]
+        group.run({0: _batches(5, size=8, seed=5), 1: [*_batches(4, size=3, seed=6), None]})
+        states = [first.export_state().values, second.export_state().values]
+        statistics = [np.array(v.numpy()) for v in first.model.non_trainable_variables]
+    finally:
+        group.close()
+    assert _max_difference(*states) == 0.0
+    assert all(not np.array_equal(now, then) for now, then in zip(statistics, initial, strict=True))
+
+
+def test_replacing_every_member_of_a_group_loses_no_step(model_file: Path) -> None:
+    """Workers 0 and 1 train; 2 and 3 join and train with them; 0 and 1 leave; 2 and 3 go on from
+    where the group was: every step is kept, and the master committed the group's progress."""
+    group = _Group(model_file)
+    try:
+        group.add(0), group.add(1)
+        group.steps([0, 1], _batches(3, seed=7))
+        group.add(2), group.add(3)
+        group.steps([0, 1, 2, 3], _batches(2, seed=8))
+        group.leave(0), group.leave(1)
+        group.steps([2, 3], _batches(2, seed=9))
+        versions = [group.replicas[w].version for w in (2, 3)]
+        states = [group.replicas[w].export_state().values for w in (2, 3)]
+    finally:
+        group.close()
+    assert versions == [7, 7]
+    assert _max_difference(*states) == 0.0
+    assert group.manager.restores == [] and group.manager.steps_lost == 0
+    assert group.manager.committed is not None and group.manager.committed.version == 6  # reported at step 7
+
+
+def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the_steps_lost(
+    model_file: Path, tmp_path: Path
+) -> None:
+    """Workers 2 and 3 start before any checkpoint exists (so they hold no state), then every member that
+    held the model leaves at once. The new group must not start over from a fresh model: it restores the
+    checkpoint the master recorded (version 4), and the master logs and counts the steps it knew of since."""
+    group = _Group(model_file, checkpoint_storage=LocalStorage(tmp_path / "checkpoints"), checkpoint_steps=4)
+    try:
+        group.add(0), group.add(1)
+        group.add(2, join=False), group.add(3, join=False)
+        group.steps([0, 1], _batches(6, seed=10))
+        assert group.replicas[0]._checkpointer is not None and group.replicas[0]._checkpointer.wait(30)
+        group.steps([0, 1], _batches(1, seed=11))  # its rendezvous reports version 6 and checkpoint 4
+        assert group.manager.checkpoint is not None and group.manager.checkpoint.version == 4
+        group.leave(0), group.leave(1)
+        group.join(2), group.join(3)
+        group.steps([2, 3], _batches(2, seed=12))
+        versions = [group.replicas[w].version for w in (2, 3)]
+    finally:
+        group.close()
+    assert versions == [6, 6]  # 4 restored + 2 steps, not 0 + 2
+    assert group.manager.restores == [
+        {
+            "round": group.manager.restores[0]["round"],
+            "origin": "checkpoint",
+            "committed_version": 6,
+            "restored_version": 4,
+            "steps_lost": 2,
+        }
+    ]
+    assert group.manager.steps_lost == 2
+
+
+def test_a_member_left_behind_never_overrides_the_group_and_a_step_back_is_counted(model_file: Path) -> None:
+    """Worker 1 is dropped (silent) at version 3 while alive; worker 0 trains on to version 6 and leaves.
+    When worker 1 comes back alone, its state is behind the committed one: with no checkpoint it is all
+    there is, so the group goes on from it, and the master records that 2 committed steps were lost."""
+    group = _Group(model_file)
+    try:
+        group.add(0), group.add(1)
+        group.steps([0, 1], _batches(3, seed=13))
+        group.manager.report_failure(0, group.manager.current.round_id, 1, "silent")
+        group.steps([0], _batches(3, seed=14))
+        group.leave(0)
+        group.join(1)
+        group.steps([1], _batches(1, seed=15))
+        version = group.replicas[1].version
+    finally:
+        group.close()
+    assert version == 4
+    assert [(r["origin"], r["committed_version"], r["restored_version"]) for r in group.manager.restores] == [
+        ("member", 5, 3)
+    ]
+    assert group.manager.steps_lost == 2

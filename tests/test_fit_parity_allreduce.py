@@ -1,0 +1,171 @@
+"""AllreduceStrategy gives the model ``model.fit`` gives: a small model written as a user would, trained with
+``fit`` in this process and by a job with one worker on the same rows in the same order (no shuffling), and
+every variable of the exported ``model.keras``, and the SavedModel's outputs, compared with ``fit``'s.
+
+The tolerance is float32's (1e-5 relative): the job's step averages ``gradient × examples`` over the
+group's examples, which is exact for the power-of-two batch sizes used here, so what remains is the order
+of float32 operations in two differently traced steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from edl_argo.data.commands import write_dataset
+from edl_argo.data.examples import encode_example
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.job import TrainingJob
+from edl_argo.model import load_model_spec
+from edl_argo.recordio import Compressor
+from edl_argo.storage import LocalStorage
+
+ROWS = 100  # 12 minibatches of 8 and a partial one of 4 per epoch
+MINIBATCH = 8
+EPOCHS = 3
+
+#: What a user writes; ``OPTIMIZER`` and ``LAYERS`` vary by case.
+MODEL_FILE = """
+import keras
+import tensorflow as tf
+
+from edl_argo.model import Mode
+
+
+def _init(seed):
+    return keras.initializers.GlorotUniform(seed=seed)
+
+
+@keras.saving.register_keras_serializable(package="parity")
+class WithUnusedWeight(keras.layers.Layer):
+    # tanh(x @ kernel), with one more trainable weight that no loss reaches.
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        shape = (input_shape[-1], self.units)
+        self.kernel = self.add_weight(shape=shape, initializer=_init(1), name="kernel")
+        self.unused = self.add_weight(shape=(3,), initializer="ones", name="unused")
+
+    def call(self, inputs):
+        return keras.ops.tanh(keras.ops.matmul(inputs, self.kernel))
+
+    def get_config(self):
+        return {{**super().get_config(), "units": self.units}}
+
+
+def custom_model():
+    inputs = keras.Input(shape=(4,), name="x")
+    hidden = inputs
+{LAYERS}
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(9), name="out")(hidden)
+    return keras.Model(inputs, outputs)
+
+
+def feed(dataset, mode, metadata):
+    spec = {{"x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([1], tf.float32)}}
+    parsed = dataset.map(lambda record: tf.io.parse_single_example(record, spec))
+    if mode == Mode.PREDICTION:
+        return parsed.map(lambda r: r["x"])
+    return parsed.map(lambda r: (r["x"], r["y"]))
+
+
+def loss(labels, predictions):
+    return tf.reduce_mean(tf.square(labels - predictions))
+
+
+def optimizer():
+    return {OPTIMIZER}
+
+
+def eval_metrics_fn():
+    return {{"mse": lambda labels, predictions: tf.square(labels - predictions)}}
+"""
+
+CASES = {
+    "batchnorm-schedule-constraint-regularization": {
+        "LAYERS": """
+    hidden = keras.layers.Dense(
+        16,
+        activation="relu",
+        kernel_initializer=_init(1),
+        kernel_regularizer=keras.regularizers.L2(1e-3),
+        kernel_constraint=keras.constraints.NonNeg(),
+        name="hidden",
+    )(hidden)
+    hidden = keras.layers.BatchNormalization(name="norm")(hidden)""",
+        "OPTIMIZER": "keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9))",
+    },
+    "ema-loss-scaling-global-clipnorm-weight-decay-untouched-variable": {
+        "LAYERS": """
+    hidden = WithUnusedWeight(16, name="hidden")(hidden)""",
+        "OPTIMIZER": (
+            "keras.optimizers.AdamW(0.01, weight_decay=0.05, use_ema=True, ema_momentum=0.9, "
+            "loss_scale_factor=64.0, global_clipnorm=1.0)"
+        ),
+    },
+}
+
+
+def _rows() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((ROWS, 4)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32) + 0.1).astype(np.float32)
+    return x, y
+
+
+def _fit(model_def: Path) -> keras.Model:
+    spec = load_model_spec(str(model_def))
+    model = spec.custom_model()
+    model.compile(optimizer=spec.optimizer(), loss=spec.loss)
+    x, y = _rows()
+    model.fit(x, y, batch_size=MINIBATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model
+
+
+def _job(model_def: Path, tmp_path: Path) -> Path:
+    x, y = _rows()
+    records = [encode_example({"x": x[i], "y": y[i]}) for i in range(ROWS)]
+    write_dataset(LocalStorage(tmp_path / "data"), "train", records, 1, Compressor.NONE, overwrite=False)
+    config = TrainConfig(
+        model_def=str(model_def),
+        training_data=str(tmp_path / "data" / "train"),
+        output=str(tmp_path / "job"),
+        job_name=f"parity-{tmp_path.name}"[:40],
+        distribution_strategy="AllreduceStrategy",
+        num_ps=0,
+        num_workers=1,
+        minibatch_size=MINIBATCH,
+        num_minibatches_per_task=4,
+        num_epochs=EPOCHS,
+        shuffle=False,
+    )
+    TrainingJob(config).run()
+    return tmp_path / "job" / "model"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_allreduce_gives_the_model_fit_gives(case: str, tmp_path: Path) -> None:
+    model_def = tmp_path / "model.py"
+    model_def.write_text(MODEL_FILE.format(**CASES[case]))
+    fitted = _fit(model_def)
+    exported = _job(model_def, tmp_path)
+
+    trained = keras.saving.load_model(exported / "model.keras", compile=False)
+    assert [v.path for v in trained.variables] == [v.path for v in fitted.variables]
+    for mine, theirs in zip(trained.variables, fitted.variables, strict=True):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6, err_msg=mine.path)
+    x, _ = _rows()
+    saved_model = tf.saved_model.load(str(exported / "saved_model"))
+    served = saved_model.serve(tf.constant(x))
+    np.testing.assert_allclose(np.asarray(served), fitted.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    metrics: dict[str, Any] = json.loads((exported / "metrics.json").read_text())
+    assert metrics["model_version"] == EPOCHS * -(-ROWS // MINIBATCH)
