@@ -61,6 +61,7 @@ demo: $(STAMP)
 
 templates: $(STAMP)
 	$(BIN)/edl-argo templates render
+	$(BIN)/edl-argo templates render --components examples/cluster --output examples/cluster
 
 image:
 	tools/build-image.sh '$(IMAGE)'

@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from edl_argo import __version__, log
 from edl_argo.errors import EdlError
+from edl_argo.stop import TERMINATED_EXIT_CODE, Terminated
 
 #: command -> (module providing ``register``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -33,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("edl_argo.inference", "compute a trained model's metrics on shards"),
     "predict": ("edl_argo.inference", "write a trained model's predictions for shards"),
     "scale": ("edl_argo.master.scale", "change the number of workers of a running job"),
+    "cleanup": ("edl_argo.pods.cleanup", "delete a Kubernetes job's pods, Services and NetworkPolicy"),
     "templates": ("edl_argo.hera.render", "render templates/ (WorkflowTemplates, RBAC) from components/"),
     "pipeline": ("edl_argo.pipeline.commands", "run a pipeline here, render it, or submit it to Argo"),
 }
@@ -103,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"edl-argo {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"edl-argo {args.command}: terminated", file=sys.stderr)
+        return TERMINATED_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from edl_argo.pipeline.variables import substitute
 from tests.manifests import ARGO, ROOT, load_documents, schema_errors, validate
 
 TEMPLATES = ROOT / "templates"
+CLUSTER_EXAMPLES = ROOT / "examples" / "cluster"
 PIPELINES = sorted((ROOT / "examples" / "pipelines").glob("*.py"))
 HERA_CLASSES = {"Workflow": Workflow, "WorkflowTemplate": WorkflowTemplate}
 #: Values for the required parameters of the steps (the others have defaults).
@@ -44,7 +45,10 @@ WORKFLOW_VARIABLES = {"workflow.name": "digits-x7k2p", "workflow.uid": "0f6c1d",
 def rendered_documents() -> list[tuple[str, dict[str, Any]]]:
     """(source, manifest) of every file in templates/ and of every example pipeline."""
     documents = [
-        (path.name, doc) for path in sorted(TEMPLATES.glob("*.yaml")) for doc in load_documents(path)
+        (path.name, doc)
+        for folder in (TEMPLATES, CLUSTER_EXAMPLES)
+        for path in sorted(folder.glob("*.yaml"))
+        for doc in load_documents(path)
     ]
     documents += [(path.name, _manifest(path)) for path in PIPELINES]
     return documents
@@ -78,6 +82,22 @@ def test_templates_are_rendered_from_the_current_components() -> None:
     assert stale_files(render(ROOT / "components"), TEMPLATES) == [], (
         "templates/ is stale: run `make templates`"
     )
+    assert stale_files(render(CLUSTER_EXAMPLES), CLUSTER_EXAMPLES) == [], (
+        "examples/cluster/ is stale: run `make templates`"
+    )
+
+
+def test_templates_install_only_edl_argos_own_objects() -> None:
+    """`kubectl apply -f templates/` must not replace a namespace's settings (its artifact repository, its
+    Secrets): every object is edl-argo's, named edl-argo-*."""
+    for path in sorted(TEMPLATES.glob("*.yaml")):
+        for document in load_documents(path):
+            meta = document["metadata"]
+            assert document["kind"] not in ("ConfigMap", "Secret"), f"{path.name}: {document['kind']}"
+            assert meta["labels"]["app.kubernetes.io/part-of"] == "edl-argo", path.name
+            assert meta["name"].startswith("edl-argo-"), f"{path.name}: {meta['name']}"
+    (minio,) = [path.read_text() for path in CLUSTER_EXAMPLES.glob("*.yaml")]
+    assert "REPLACES the namespace's ConfigMap artifact-repositories" in minio.split("apiVersion", 1)[0]
 
 
 def test_templates_install_every_step() -> None:
@@ -162,12 +182,16 @@ def _ancestors(name: str, tasks: dict[str, Any]) -> set[str]:
 
 def test_the_train_step_has_what_the_master_relies_on() -> None:
     (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
-    (template,) = document["spec"]["templates"]
+    template, cleanup = document["spec"]["templates"]
     rbac = {d["kind"]: d for d in load_documents(TEMPLATES / "rbac.yaml")}
     priorities = {d["metadata"]["name"] for d in load_documents(TEMPLATES / "priority-classes.yaml")}
     defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
 
     assert template["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"] == "edl-argo-master"
+    assert cleanup["serviceAccountName"] == "edl-argo-master"
+    assert cleanup["container"]["command"] == [
+        "edl-argo", "cleanup", "--backend", "kubernetes", "--job-name", "{{inputs.parameters.job-name}}"
+    ]  # fmt: skip
     assert {"pods", "services", "workflowtaskresults"} <= {
         r for rule in rbac["Role"]["rules"] for r in rule["resources"]
     }
@@ -226,6 +250,9 @@ def test_steps_by_template_ref_name_the_installed_templates() -> None:
     }
     refs = {(t["templateRef"]["name"], t["templateRef"]["template"]) for t in dag["dag"]["tasks"]}
     assert refs <= installed and len(refs) == 4
+    (train_task,) = [t for t in dag["dag"]["tasks"] if t["name"] == "elastic-train"]
+    hook = train_task["hooks"]["exit"]["templateRef"]
+    assert (hook["name"], hook["template"]) in installed
     depends = {t["name"]: t.get("depends") for t in dag["dag"]["tasks"]}
     assert depends == {
         "prepare-digits": None,
@@ -253,3 +280,87 @@ def test_the_documented_example_builds_a_valid_workflow() -> None:
     validate(manifest)
     tasks = {t["name"]: t.get("depends") for t in manifest["spec"]["templates"][0]["dag"]["tasks"]}
     assert tasks == {"prepare-digits": None, "elastic-train": "prepare-digits", "evaluate": "elastic-train"}
+
+
+def _training_tasks(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(task, template) of every task of the manifest's DAGs that runs ``edl-argo train``."""
+    templates = {t["name"]: t for t in manifest["spec"]["templates"]}
+    found = []
+    for dag in (t for t in manifest["spec"]["templates"] if "dag" in t):
+        for task in dag["dag"]["tasks"]:
+            template = _template(task, templates)
+            if template.get("container", {}).get("command", [])[:2] == ["edl-argo", "train"]:
+                found.append((task, template))
+    return found
+
+
+def _job_name(task: dict[str, Any], template: dict[str, Any]) -> str:
+    given = {p["name"]: p["value"] for p in task.get("arguments", {}).get("parameters", [])}
+    defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
+    return given.get("job-name", defaults["job-name"])
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
+def test_every_training_task_of_the_examples_has_an_exit_hook_cleaning_up_its_own_job(pipeline: Path) -> None:
+    manifest = _manifest(pipeline)
+    templates = {t["name"]: t for t in manifest["spec"]["templates"]}
+    tasks = _training_tasks(manifest)
+    assert tasks
+    for task, template in tasks:
+        hook = task["hooks"]["exit"]
+        hook_template = _template(hook, templates)
+        assert hook_template["container"]["command"][:2] == ["edl-argo", "cleanup"]
+        hook_job = {p["name"]: p["value"] for p in hook["arguments"]["parameters"]}["job-name"]
+        assert hook_job == _job_name(task, template) == "{{workflow.name}}-" + task["name"]
+
+
+@pytest.mark.parametrize("template_ref", [False, True], ids=["embedded", "template-ref"])
+def test_two_training_tasks_of_one_workflow_run_two_jobs_each_cleaned_up_by_its_hook(
+    template_ref: bool,
+) -> None:
+    with Workflow(generate_name="two-", entrypoint="main") as workflow, DAG(name="main"):
+        for name in ("train-small", "train-large"):
+            elastic_train(name, model_def="m.py", training_data="s3://d/train", template_ref=template_ref)
+    manifest = workflow.to_dict()
+    validate(manifest)
+    tasks = _training_tasks(manifest)
+    variables = dict(WORKFLOW_VARIABLES)
+    names = {substitute(_job_name(task, template), variables, "test") for task, template in tasks}
+    assert names == {"digits-x7k2p-train-small", "digits-x7k2p-train-large"}
+    hooks = {
+        p["value"]
+        for task, _ in tasks
+        for p in task["hooks"]["exit"]["arguments"]["parameters"]
+        if p["name"] == "job-name"
+    }
+    assert {substitute(h, variables, "test") for h in hooks} == names
+    if not template_ref:
+        assert [t["name"] for t in manifest["spec"]["templates"]].count("elastic-train-cleanup") == 1
+
+
+def test_the_training_steps_deadline_bounds_its_retries() -> None:
+    """active-deadline-seconds is the pod's deadline and the retries' maxDuration (Argo then gives a retried
+    pod only what is left of it), and a master stopped at its deadline is not retried."""
+    from edl_argo.pipeline.expressions import evaluate
+
+    (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
+    template = document["spec"]["templates"][0]
+    strategy = template["retryStrategy"]
+    assert strategy["backoff"]["maxDuration"] == template["activeDeadlineSeconds"]
+    assert template["activeDeadlineSeconds"] == "{{inputs.parameters.active-deadline-seconds}}"
+
+    def retried(status: str, exit_code: str, message: str = "") -> bool:
+        variables = {
+            "lastRetry.status": status,
+            "lastRetry.exitCode": exit_code,
+            "lastRetry.message": message,
+            "lastRetry.duration": "60",
+            "retries": 0,
+        }
+        return bool(evaluate(strategy["expression"], variables))
+
+    assert retried("Error", "")  # lost its node
+    assert retried("Failed", "137") and retried("Failed", "143")  # killed, drained
+    assert not retried("Failed", "1") and not retried("Failed", "2")  # failed on its own, misconfigured
+    assert not retried("Failed", "143", "Pod was active on the node longer than the specified deadline")
+    assert not retried("Failed", "137", "Step exceeded its deadline")

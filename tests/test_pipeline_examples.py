@@ -37,6 +37,7 @@ def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, 
     assert [(s.name, s.phase) for s in result.steps] == [
         ("prepare-digits", Phase.SUCCEEDED),
         ("elastic-train", Phase.SUCCEEDED),
+        ("elastic-train.onExit", Phase.SUCCEEDED),  # the clean-up hook: nothing of the job is left
         ("evaluate", Phase.SUCCEEDED),
         ("predict", Phase.SUCCEEDED),
     ]
@@ -65,7 +66,7 @@ def test_ctr_pipeline_trains_embeddings_sharded_over_two_parameter_servers(tmp_p
         "ctr_pipeline.py", tmp_path / "runs", data=str(data), records="2500", epochs="2", workers="1"
     )
 
-    assert [s.phase for s in result.steps] == [Phase.SUCCEEDED] * 3
+    assert [s.phase for s in result.steps] == [Phase.SUCCEEDED] * 4  # with the training's exit hook
     evaluation = json.loads(result.step("evaluate").parameters["metrics"])
     assert set(evaluation) == {"auc", "log_loss", "accuracy", "records"} and evaluation["records"] == 500
     model_dir = Path(result.step("elastic-train").artifacts["model"])

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hera.workflows import DAG, Container, Parameter, RawArtifact, Script, Task, Workflow
-from hera.workflows.models import TemplateRef
+from hera.workflows import DAG, Container, Parameter, RawArtifact, RetryStrategy, Script, Task, Workflow
+from hera.workflows.models import Arguments, Backoff, IntOrString, LifecycleHook, TemplateRef
+from hera.workflows.models import Parameter as ModelParameter
 
 from edl_argo.errors import ConfigError
 from edl_argo.hera import IMAGE_HOME, convert_csv, prepare_digits
 from edl_argo.pipeline.filesystem import ContainerFilesystem, source_root
 from edl_argo.pipeline.invocation import _on_this_machine
 from edl_argo.pipeline.loader import load_workflow, with_parameters
-from edl_argo.pipeline.runner import LocalRunner, Phase
+from edl_argo.pipeline.runner import DEADLINE_MESSAGE, LocalRunner, Phase
 from tests.test_cli import error_lines, run_cli
 
 
@@ -27,14 +29,17 @@ def inspect_template() -> Container:
     )
 
 
-def test_a_failed_step_stops_the_rest_and_is_named(capsys, tmp_path: Path) -> None:
+def test_ready_tasks_start_at_once_and_a_failure_stops_only_tasks_not_started(capsys, tmp_path: Path) -> None:
+    """As Argo: the roots ``bad`` and ``prepare-digits`` start together; ``bad`` fails at once, yet
+    ``prepare-digits`` (already running) finishes; failFast then omits what had not started."""
     with Workflow(name="failing", entrypoint="main") as workflow, DAG(name="main"):
         inspect = inspect_template()
         data = prepare_digits(output=str(tmp_path / "data"), shards=1)
         bad = inspect(name="bad", arguments={"url": str(tmp_path / "nowhere")})
-        after = inspect(name="after-bad", arguments={"url": str(tmp_path / "data" / "train")})
-        data >> bad >> after
-        inspect(name="unrelated", arguments={"url": str(tmp_path / "data" / "test")})
+        after_bad = inspect(name="after-bad", arguments={"url": str(tmp_path / "data" / "train")})
+        after_data = inspect(name="after-data", arguments={"url": str(tmp_path / "data" / "test")})
+        bad >> after_bad
+        data >> after_data
     (tmp_path / "failing.yaml").write_text(workflow.to_yaml())
 
     code, out, err = run_cli(
@@ -48,12 +53,81 @@ def test_a_failed_step_stops_the_rest_and_is_named(capsys, tmp_path: Path) -> No
     summary = out.splitlines()
     assert summary[0].startswith("pipeline failing failed: step bad failed")
     assert [row.split()[:2] for row in summary[1:]] == [
-        ["prepare-digits", "Succeeded"],
+        ["prepare-digits", "Succeeded"],  # started with bad, not stopped by its failure
         ["bad", "Failed"],
         ["after-bad", "Omitted"],
-        ["unrelated", "Omitted"],
+        ["after-data", "Omitted"],
     ]
     assert "it depends on bad" in summary[3] and "bad failed and the DAG fails fast" in summary[4]
+
+
+def test_parallelism_limits_the_tasks_running_at_once(tmp_path: Path) -> None:
+    def workflow() -> Workflow:
+        with Workflow(name="wide", entrypoint="main") as built, DAG(name="main"):
+            for name in ("a", "b", "c"):
+                prepare_digits(name, output=str(tmp_path / name), shards=1)
+        return built
+
+    together = LocalRunner(workflow().build(), tmp_path / "runs").run()
+    one_by_one = LocalRunner(workflow().build(), tmp_path / "runs", parallelism=1).run()
+
+    def overlaps(steps: list) -> int:
+        spans = [(s.started, s.started + s.seconds) for s in steps]
+        return sum(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1 :])
+
+    assert [s.phase for s in together.steps + one_by_one.steps] == [Phase.SUCCEEDED] * 6
+    assert overlaps(together.steps) == 3  # all three ran at the same time
+    assert overlaps(one_by_one.steps) == 0
+
+
+def test_retry_strategy_limit_expression_and_backoff_are_honoured(tmp_path: Path) -> None:
+    def failing(name: str, **retry: Any) -> None:
+        Container(
+            name=name,
+            image="edl-argo:test",
+            command=["edl-argo", "data", "inspect", str(tmp_path / "nowhere")],  # exit 2 every time
+            retry_strategy=RetryStrategy(**retry),
+        )(name=name)
+
+    with Workflow(name="retries", entrypoint="main") as workflow, DAG(name="main", fail_fast=False):
+        failing(
+            "limited", limit=2, retry_policy="Always", backoff=Backoff(duration="1s", factor=IntOrString(2))
+        )
+        failing("expression", limit=3, expression="asInt(lastRetry.exitCode) > 2")
+        failing("bounded", limit=5, backoff=Backoff(duration="1s", factor=IntOrString(1), max_duration="8"))
+
+    result = LocalRunner(workflow.build(), tmp_path / "runs").run()
+
+    limited, expression, bounded = (result.step(name) for name in ("limited", "expression", "bounded"))
+    assert [s.phase for s in (limited, expression, bounded)] == [Phase.FAILED] * 3
+    assert limited.attempts == 3  # the first run and two retries, 1 s then 2 s apart
+    assert expression.attempts == 1  # exit code 2: the expression says no
+    assert 1 < bounded.attempts < 6  # maxDuration 8 s stops the retries (an attempt takes seconds)
+
+
+def test_a_step_past_its_deadline_is_stopped_and_its_exit_hook_still_runs(tmp_path: Path) -> None:
+    with Workflow(name="slow", entrypoint="main") as workflow, DAG(name="main"):
+        inspect_template()  # the hook's template, in the workflow
+        generate = Container(
+            name="generate",
+            image="edl-argo:test",
+            command=["edl-argo", "data", "ctr", "--output", str(tmp_path / "ctr"), "--records", "300000"],
+            active_deadline_seconds=2,
+        )(name="generate")
+        generate.hooks = {
+            "exit": LifecycleHook(
+                template="inspect",
+                arguments=Arguments(parameters=[ModelParameter(name="url", value=str(tmp_path / "nowhere"))]),
+            )
+        }
+
+    result = LocalRunner(workflow.build(), tmp_path / "runs").run()
+
+    step, hook = result.steps
+    assert step.phase is Phase.FAILED and step.message.startswith(DEADLINE_MESSAGE)
+    assert "(activeDeadlineSeconds=2)" in step.message
+    assert step.seconds < 30
+    assert hook.name == "generate.onExit" and hook.phase is Phase.FAILED and "no shards at" in hook.message
 
 
 def test_a_referenced_template_runs_with_raw_artifacts_at_their_paths(tmp_path: Path) -> None:
@@ -71,22 +145,6 @@ def test_a_referenced_template_runs_with_raw_artifacts_at_their_paths(tmp_path: 
         "data-00001",
     ]
     assert (result.folder / "steps" / "convert-csv" / "tmp" / "input.csv").read_text().startswith("a,b,label")
-
-
-def test_a_step_past_its_deadline_is_stopped(tmp_path: Path) -> None:
-    with Workflow(name="slow", entrypoint="main") as workflow, DAG(name="main"):
-        Container(
-            name="generate",
-            image="edl-argo:test",
-            command=["edl-argo", "data", "ctr", "--output", str(tmp_path / "ctr"), "--records", "300000"],
-            active_deadline_seconds=2,
-        )(name="generate")
-
-    result = LocalRunner(workflow.build(), tmp_path / "runs").run()
-
-    (step,) = result.steps
-    assert step.phase is Phase.FAILED and step.message == "stopped after activeDeadlineSeconds=2"
-    assert step.seconds < 30
 
 
 def _workflow_with(make_task) -> Workflow:

@@ -670,7 +670,9 @@ def test_a_refusing_or_unreachable_api_server_and_a_bad_job_name_are_one_line_er
     with KubernetesStandIn(tmp_path) as server:
         server.enforce_rules([])  # a service account without the Role
         monkeypatch.setenv(API_URL_ENV, server.url)
-        with pytest.raises(ConfigError, match="cannot list the pods of namespace default: 403"):
+        with pytest.raises(
+            ConfigError, match=r"cannot list the job.s pods and services in namespace default"
+        ):
             KubernetesBackend("job", KubernetesConfig(image="img"))
         with pytest.raises(ConfigError, match="--job-name 'Job_1'"):
             KubernetesBackend("Job_1", KubernetesConfig(image="img"))

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from edl_argo.addresses import join_host_port
 from edl_argo.collective.transport import FrameServer, PieceKey, StateProvider, open_listener
 from edl_argo.log import get_logger
 
@@ -99,9 +100,9 @@ class CollectiveServer:
             log.warning("collective_port_taken", port=port, fallback="any free port")
             listener = open_listener(host, 0)
         if listener is None:
-            raise OSError(f"cannot listen on {host}:{port} for the collective service")
+            raise OSError(f"cannot listen on {join_host_port(host, port)} for the collective service")
         self._server = FrameServer(listener, self.mailbox.put, state_provider)
-        self.address = f"{host}:{self._server.port}"
+        self.address = join_host_port(host, self._server.port)
 
     def stop(self) -> None:
         """Close the port and every connection; pieces in flight are lost."""

@@ -68,6 +68,7 @@ from typing import Protocol
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from edl_argo.addresses import split_host_port
 from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.log import get_logger
 from edl_argo.proto import collective_pb2, tensor_pb2
@@ -179,8 +180,7 @@ class FrameHeader:
 
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` (IPv6 hosts possibly in brackets) as ``(host, port)``."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
+    return split_host_port(address)
 
 
 def _remaining(deadline: float | None) -> float | None:

@@ -19,7 +19,7 @@ the WorkflowTemplate installed from ``templates/`` (``kubectl apply -f templates
 """
 
 from edl_argo.hera.container import IMAGE, IMAGE_HOME, MODEL_ZOO, STORAGE_SECRET
-from edl_argo.hera.elastic_train import ELASTIC_TRAIN, elastic_train
+from edl_argo.hera.elastic_train import ELASTIC_TRAIN, ELASTIC_TRAIN_CLEANUP, elastic_train
 from edl_argo.hera.evaluate import EVALUATE, evaluate
 from edl_argo.hera.predict import PREDICT, predict
 from edl_argo.hera.prepare_data import (
@@ -33,7 +33,15 @@ from edl_argo.hera.prepare_data import (
 from edl_argo.hera.step import Step, StepTask, workflow_template
 
 #: Every step edl-argo provides.
-STEPS: tuple[Step, ...] = (PREPARE_DIGITS, PREPARE_CTR, CONVERT_CSV, ELASTIC_TRAIN, EVALUATE, PREDICT)
+STEPS: tuple[Step, ...] = (
+    PREPARE_DIGITS,
+    PREPARE_CTR,
+    CONVERT_CSV,
+    ELASTIC_TRAIN,
+    ELASTIC_TRAIN_CLEANUP,
+    EVALUATE,
+    PREDICT,
+)
 
 __all__ = [
     "IMAGE",

@@ -37,7 +37,7 @@ IMAGE = f"edl-argo:{__version__}"
 IMAGE_HOME = "/opt/edl-argo"
 #: The model zoo in the image: ``f"{MODEL_ZOO}/digits.py"``.
 MODEL_ZOO = f"{IMAGE_HOME}/examples/model_zoo"
-#: The default Secret with the S3 settings (``templates/minio.yaml`` holds an example).
+#: The default Secret with the S3 settings (``examples/cluster/minio.yaml`` holds an example).
 STORAGE_SECRET = "edl-argo-storage"
 
 #: The ``image`` argument of every step function.
@@ -70,14 +70,18 @@ def step_container(
 ) -> Container:
     """The template of an edl-argo step: ``edl-argo <command> <the step's flags>`` in the image of its
     ``image`` parameter, with its input parameters (and input ``artifacts``), its ``outputs``, and the S3
-    settings of its ``storage-secret``. ``template``: further fields of the template (``env``, ...)."""
+    settings of its ``storage-secret`` (if it has one). ``template``: further fields of the template
+    (``env``, ...)."""
+    secret = None
+    if "storage-secret" in inputs:
+        secret = [SecretEnvFrom(name=inputs.ref("storage-secret"), optional=True)]
     return Container(
         name=name,
         image=inputs.ref("image"),
         command=["edl-argo", *command, *inputs.flags()],
         inputs=[*inputs.declarations(), *artifacts],
         outputs=list(outputs) or None,
-        env_from=[SecretEnvFrom(name=inputs.ref("storage-secret"), optional=True)],
+        env_from=secret,
         pod_security_context=PodSecurityContext.model_validate(POD_SECURITY_CONTEXT),
         security_context=SecurityContext.model_validate(CONTAINER_SECURITY_CONTEXT),
         **template,

@@ -7,7 +7,10 @@ by the workflow (see :mod:`edl_argo.pods.kubernetes_config`). It writes ``N/M`` 
 ``$ARGO_PROGRESS_FILE``, which Argo shows as the step's progress.
 
 A master that is killed or loses its node (an exit by signal, an ``Error`` node) is retried; a job that
-fails on its own (exit 1) or is misconfigured (exit 2) is not. The job name stays the same across
+fails on its own (exit 1) or is misconfigured (exit 2) is not, nor one stopped by its deadline.
+``active-deadline-seconds`` bounds the whole step: it is the pod's ``activeDeadlineSeconds`` and the retry
+strategy's ``backoff.maxDuration``, so retries stop once it has passed since the first attempt and a retried
+master only gets what is left of it. The job name stays the same across
 retries (the workflow's name by default), so a retried master adopts the pods of the one before. The
 step's pod carries :func:`~edl_argo.pods.manifests.master_labels` of the job, which the master's
 ``<job>-master`` Service selects: the workers reach a retried master, in its new pod, at the same address.
@@ -25,7 +28,7 @@ from hera.workflows import Artifact, Container, Env, FieldEnv, Parameter, RetryP
 from hera.workflows.models import Backoff, ContainerPort, IntOrString, ResourceRequirements, ValueFrom
 
 from edl_argo.collective.flags import PARAMETER_SERVER, STRATEGIES
-from edl_argo.hera.container import IMAGE, STORAGE_SECRET, ModelDef, step_container
+from edl_argo.hera.container import IMAGE, STORAGE_SECRET, Image, ModelDef, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.step import Step, StepTask
 from edl_argo.pods.manifests import PORT_NAME, master_labels
@@ -44,20 +47,38 @@ METRICS_FILE = f"{JOB_DIR}/final-metrics.json"
 MASTER_PORT = 2221
 #: How often a master that was killed or lost is started again.
 MASTER_RETRIES = 2
-#: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed.
-RETRY_WHEN = 'lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2'
+#: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed, nor one
+#: stopped by its deadline (Argo's message for that names the deadline).
+RETRY_WHEN = (
+    '(lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2)'
+    ' && !(lastRetry.message contains "deadline")'
+)
+#: The exit hook of every elastic-train task (:func:`elastic_train_cleanup`).
+CLEANUP_TEMPLATE = "elastic-train-cleanup"
+#: How often a clean-up that failed (API server trouble) is tried again.
+CLEANUP_RETRIES = 3
+#: The job-name input's default in the template; a task's own default is ``<workflow>-<task>``.
+DEFAULT_JOB_NAME = "{{workflow.name}}"
+JobName = Input(
+    "name of the job (its pods are <job>-worker-N); default <workflow>-<task>, one job per training task;"
+    " a name longer than 50 characters is shortened with a hash suffix"
+)
 #: The master's environment: its pod (downward API) and its workflow (the owner of the job's pods).
 POD_FIELDS = {"EDL_POD_NAME": "metadata.name", "EDL_POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
-WORKFLOW_ENV = {"EDL_WORKFLOW_NAME": "{{workflow.name}}", "EDL_WORKFLOW_UID": "{{workflow.uid}}"}
+WORKFLOW_ENV = {
+    "EDL_WORKFLOW_NAME": "{{workflow.name}}",
+    "EDL_WORKFLOW_UID": "{{workflow.uid}}",
+    "EDL_NODE_NAME": "{{node.name}}",
+}
+#: The exit hook's: what identifies the step whose job it removes (``manifests.step_identity``).
+STEP_ENV = {name: WORKFLOW_ENV[name] for name in ("EDL_WORKFLOW_UID", "EDL_NODE_NAME")}
 
 
 def elastic_train(
     name: str = "elastic-train",
     *,
     model_def: ModelDef,
-    job_name: Annotated[
-        Text, Input("name of the job (its pods are <job>-worker-N): one per training step of a workflow")
-    ] = "{{workflow.name}}",
+    job_name: Annotated[Text, JobName] = DEFAULT_JOB_NAME,
     training_data: Annotated[Text, Input("URL of the training shards (s3://bucket/prefix)")],
     validation_data: Annotated[Text, Input("URL of the validation shards; empty: no evaluation")] = "",
     master_state: Annotated[
@@ -108,7 +129,11 @@ def elastic_train(
         Text, Input("PriorityClass of the master pod", flag=False)
     ] = "edl-argo-high",
     active_deadline_seconds: Annotated[
-        Int, Input("the job fails when its master has run this long", flag=False)
+        Int,
+        Input(
+            "seconds after which the whole step (its retries included) ends, and its job with it",
+            flag=False,
+        ),
     ] = 86_400,
     template_ref: bool = False,
 ) -> StepTask:
@@ -117,8 +142,31 @@ def elastic_train(
     ``task.get_artifact("model")`` is the trained model (for :func:`~edl_argo.hera.evaluate` and
     :func:`~edl_argo.hera.predict`), ``task.get_parameter("metrics")`` its final metrics (JSON).
     ``template_ref``: reference the installed WorkflowTemplate instead of embedding the template.
+
+    The job is named after the workflow and the task (``<workflow>-<task>``) unless ``job_name`` says
+    otherwise, so two training tasks of one workflow run two jobs. The task gets an exit hook
+    (:func:`elastic_train_cleanup`) that deletes the job's pods, Services and NetworkPolicy once the task
+    has ended for good, whatever the outcome.
     """
-    return ELASTIC_TRAIN.task(name, locals(), template_ref)
+    values = dict(locals())
+    if job_name == DEFAULT_JOB_NAME:
+        values["job_name"] = job_name = f"{{{{workflow.name}}}}-{name}"
+    task = ELASTIC_TRAIN.task(name, values, template_ref)
+    cleanup = {"job_name": job_name, "image": image}
+    task.hooks = {"exit": ELASTIC_TRAIN_CLEANUP.hook(cleanup, template_ref)}
+    return task
+
+
+def elastic_train_cleanup(
+    name: str = CLEANUP_TEMPLATE,
+    *,
+    job_name: Annotated[Text, JobName] = DEFAULT_JOB_NAME,
+    image: Image = IMAGE,
+) -> None:
+    """The exit hook of an elastic-train task: ``edl-argo cleanup`` of its job (see
+    :mod:`edl_argo.pods.cleanup`). :func:`elastic_train` attaches it; this function only declares its
+    inputs."""
+    raise TypeError("elastic_train_cleanup is the exit hook elastic_train attaches; it is not a task")
 
 
 def _template(inputs: StepInputs) -> Container:
@@ -157,9 +205,32 @@ def _template(inputs: StepInputs) -> Container:
             limit=MASTER_RETRIES,
             retry_policy=RetryPolicy.always,
             expression=RETRY_WHEN,
-            backoff=Backoff(duration="30s", factor=IntOrString(2)),
+            # The deadline bounds the whole step: retries stop once it has passed since the first attempt,
+            # and a retried master's pod gets only what is left of it.
+            backoff=Backoff(
+                duration="30s", factor=IntOrString(2), max_duration=inputs.ref("active-deadline-seconds")
+            ),
         ),
     )
 
 
 ELASTIC_TRAIN = Step("elastic-train", WORKFLOW_TEMPLATE, elastic_train, _template)
+
+
+def _cleanup_template(inputs: StepInputs) -> Container:
+    return step_container(
+        CLEANUP_TEMPLATE,
+        inputs,
+        ["cleanup", "--backend", "kubernetes"],
+        service_account_name=SERVICE_ACCOUNT,
+        env=[Env(name=name, value=value) for name, value in STEP_ENV.items()],
+        resources=ResourceRequirements(requests={"cpu": "100m", "memory": "256Mi"}),
+        retry_strategy=RetryStrategy(
+            limit=CLEANUP_RETRIES,
+            retry_policy=RetryPolicy.always,
+            backoff=Backoff(duration="10s", factor=IntOrString(2)),
+        ),
+    )
+
+
+ELASTIC_TRAIN_CLEANUP = Step(CLEANUP_TEMPLATE, WORKFLOW_TEMPLATE, elastic_train_cleanup, _cleanup_template)

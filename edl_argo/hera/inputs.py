@@ -114,6 +114,9 @@ class StepInputs:
                 return parameter
         raise KeyError(f"no input parameter {name!r}; declared: {', '.join(p.name for p in self.parameters)}")
 
+    def __contains__(self, name: object) -> bool:
+        return any(parameter.name == name for parameter in self.parameters)
+
     def ref(self, name: str) -> str:
         """``{{inputs.parameters.<name>}}``; KeyError if the step declares no such parameter."""
         return self[name].reference

@@ -1,9 +1,11 @@
 """``edl-argo templates render``: ``components/*.py`` -> ``templates/*.yaml`` (``make templates``).
 
 Each component file defines ``MANIFESTS``, a list of Kubernetes objects: Hera objects (rendered with
-their ``to_yaml``) or plain dicts. ``components/elastic_train.py`` becomes ``templates/elastic-train.yaml``,
-its manifests separated by ``---``. Rendering is deterministic, so ``--check`` can tell whether
-``templates/`` is stale: it writes nothing and fails, naming the files that differ.
+their ``to_yaml``) or plain dicts, and optionally ``WARNING``, text written as comments at the top of the
+file. ``components/elastic_train.py`` becomes ``templates/elastic-train.yaml``, its manifests separated by
+``---``. ``examples/cluster/`` (cluster settings that are only examples) is rendered the same way.
+Rendering is deterministic, so ``--check`` can tell whether ``templates/`` is stale: it writes nothing and
+fails, naming the files that differ.
 """
 
 from __future__ import annotations
@@ -20,9 +22,7 @@ from edl_argo.log import get_logger
 
 log = get_logger(__name__)
 
-HEADER = (
-    "# Generated from components/{source} by `make templates` (edl-argo templates render); do not edit.\n"
-)
+HEADER = "# Generated from {source} by `make templates` (edl-argo templates render); do not edit.\n"
 
 
 def render(components: Path) -> dict[str, str]:
@@ -32,12 +32,16 @@ def render(components: Path) -> dict[str, str]:
         raise ConfigError(f"--components {components}: no component files (*.py) there")
     rendered = {}
     for source in sources:
-        manifests = runpy.run_path(str(source)).get("MANIFESTS")
+        defined = runpy.run_path(str(source))
+        manifests = defined.get("MANIFESTS")
         if not isinstance(manifests, list) or not manifests:
             raise ConfigError(f"{source}: defines no MANIFESTS (a non-empty list of manifests)")
+        warning = str(defined.get("WARNING", ""))
         documents = [_to_yaml(manifest, source) for manifest in manifests]
         name = source.stem.replace("_", "-") + ".yaml"
-        rendered[name] = HEADER.format(source=source.name) + "---\n".join(documents)
+        header = HEADER.format(source=f"{components.name}/{source.name}")
+        header += "".join(f"# {line}".rstrip() + "\n" for line in warning.splitlines())
+        rendered[name] = header + "---\n".join(documents)
     return rendered
 
 

@@ -14,6 +14,7 @@ inputs (command, artifacts, environment, retry strategy, ...). The same template
 from __future__ import annotations
 
 import contextvars
+import copy
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ from functools import cached_property
 from typing import Any, Literal, Optional
 
 from hera.workflows import Artifact, Container, Parameter, Task, WorkflowTemplate
+from hera.workflows.models import Arguments, LifecycleHook, TemplateRef
 from hera.workflows.models import Template as TemplateModel
-from hera.workflows.models import TemplateRef
 
 from edl_argo.hera.inputs import StepInputs
 
@@ -73,6 +74,19 @@ class Step:
         """Names of the template's output parameters or artifacts."""
         wanted = Artifact if kind == "artifacts" else Parameter
         return [o.name for o in _as_list(self.template.outputs) if isinstance(o, wanted) and o.name]
+
+    def hook(self, values: Mapping[str, Any], template_ref: bool) -> LifecycleHook:
+        """A lifecycle hook (``hooks.exit`` of a task) running this step with ``values`` (the function's
+        arguments by name). An embedded template is added to the current workflow."""
+        arguments = self.inputs.arguments(values)
+        if template_ref:
+            reference = TemplateRef(name=self.workflow_template, template=self.name)
+            source: dict[str, Any] = {"template_ref": reference}
+        else:
+            _add_to_workflow(self.template)
+            source = {"template": self.name}
+        parameters = [argument.as_argument() for argument in arguments]
+        return LifecycleHook(arguments=Arguments(parameters=parameters) if parameters else None, **source)
 
     def task(self, name: str, values: Mapping[str, Any], template_ref: bool) -> StepTask:
         """A task of the current DAG running this step with ``values`` (the function's arguments by name).
@@ -150,6 +164,18 @@ def workflow_template(*steps: Step, description: str) -> WorkflowTemplate:
             templates=[step.template for step in steps],
         )
     )
+
+
+def _add_to_workflow(template: Container) -> None:
+    """Add ``template`` to the workflow being defined (once), as Hera does for a task's own template."""
+    from hera.workflows import Workflow
+    from hera.workflows._context import _context
+
+    workflow = _context.pieces[0] if _context.pieces else None
+    if not isinstance(workflow, Workflow):
+        raise ValueError(f"the {template.name} hook must be added inside a Workflow")
+    if all(existing.name != template.name for existing in workflow.templates):
+        workflow._add_sub(copy.deepcopy(template))
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -17,6 +17,8 @@ from edl_argo.pods.kubernetes_config import (
     add_kubernetes_flags,
     kubernetes_config_from_args,
 )
+from edl_argo.pods.manifests import fit_job_name
+from edl_argo.rpc.master_watch import DEFAULT_MASTER_TIMEOUT_SECONDS, add_master_timeout_flag
 
 #: ``--nan-loss``: what a worker does with a minibatch whose loss is NaN or infinite. ``fail``: the job
 #: fails at once, naming the model version, task and shard; ``skip``: the minibatch is not pushed, and
@@ -58,6 +60,8 @@ class TrainConfig:
     max_ps_relaunches: int = 8
     min_task_timeout_seconds: int = 60
     """A task held longer than max(this, 5 x the longest of the last 100 task durations) is reclaimed."""
+    master_timeout: int = DEFAULT_MASTER_TIMEOUT_SECONDS
+    """A worker or PS that cannot reach the master this long ends (:mod:`edl_argo.rpc.master_watch`)."""
     job_name: str = ""
     backend: str = "local"
     master_port: int = 0
@@ -176,6 +180,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         help="reclaim a task held longer than max(this, 5 x the longest recent task) and replace its worker",
     )
     add_flag(cluster, "--master-port", type=non_negative_int, default=0, help="0: any free port")
+    add_master_timeout_flag(cluster)
     add_kubernetes_flags(parser)
 
 
@@ -226,6 +231,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values["job_name"] = args.job_name or f"edl-{uuid.uuid4().hex[:8]}"
+    if args.backend == "kubernetes":
+        values["job_name"] = fit_job_name(values["job_name"])  # <workflow>-<task> may be too long
     if args.distribution_strategy == ALLREDUCE:
         values["num_ps"] = 0
     if args.yaml and args.backend != "kubernetes":

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edl_argo.addresses import join_host_port
 from edl_argo.collective.membership import survey_member_states
 from edl_argo.collective.transport import FRAME_CAP_ENV
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
@@ -54,6 +55,7 @@ from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import ShardReader, list_shards
 from edl_argo.rpc.channel import make_server
+from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
 
 log = get_logger(__name__)
@@ -179,6 +181,8 @@ class TrainingJob:
             "--ps-id", str(ps_id),
             "--num-ps", str(c.num_ps),
             "--port", str(self.ps_ports[ps_id]),
+            "--master-addr", self._master_address,
+            "--master-timeout", str(c.master_timeout),
             "--model-def", self.pod_model_def,
             "--grads-to-wait", str(c.grads_to_wait),
             "--sync-version-tolerance", str(c.sync_version_tolerance),
@@ -199,6 +203,7 @@ class TrainingJob:
             "edl-argo", "worker",
             "--worker-id", str(worker_id),
             "--master-addr", self._master_address,
+            "--master-timeout", str(c.master_timeout),
             "--model-def", self.pod_model_def,
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
@@ -263,15 +268,17 @@ class TrainingJob:
         # A restarted master serves where the workers it adopts expect it.
         wanted = int(self._saved["master_port"]) if self._saved is not None else self.config.master_port
         try:
-            port = self._server.add_insecure_port(f"{self.host}:{wanted}")
+            port = self._server.add_insecure_port(join_host_port(self.host, wanted))
         except RuntimeError:
             port = 0
         if not port or (wanted and port != wanted):
-            raise JobFailedError(f"the master cannot serve on {self.host}:{wanted}: the port is taken")
+            raise JobFailedError(
+                f"the master cannot serve on {join_host_port(self.host, wanted)}: the port is taken"
+            )
         self._master_port = port
         self._server.start()
-        self._master_address = self.backend.expose_master(f"{self.host}:{port}")
-        register_master(self.config.job_name, f"{self.host}:{port}")
+        self._master_address = self.backend.expose_master(join_host_port(self.host, port))
+        register_master(self.config.job_name, join_host_port(self.host, port))
         log.info("master_started", job=self.config.job_name, address=self._master_address)
 
     def run(self) -> dict[str, Any]:
@@ -592,6 +599,11 @@ def run_train(args: Any) -> int:
 
         print(render_train_manifests(config), end="")
         return 0
+    if config.backend == "local":
+        # Local pods are this master's to stop. On Kubernetes a SIGTERM may be a node drain after which
+        # Argo retries the master, which then adopts the pods: they stay (the step's exit hook and
+        # --master-timeout remove them once the step has ended for good).
+        stop_on_sigterm()
     try:
         metrics = TrainingJob(config).run()
     except JobFailedError as error:
@@ -610,7 +622,7 @@ def run_train(args: Any) -> int:
 
 def _default_backend(config: TrainConfig) -> PodBackend:
     if config.backend != "kubernetes":
-        return LocalProcessBackend(config.job_name)
+        return LocalProcessBackend(config.job_name, host=pod_host())
     if config.kubernetes is None:
         raise ConfigError("--backend kubernetes needs its settings (TrainConfig.kubernetes)")
     from edl_argo.pods.kubernetes import KubernetesBackend  # the client is slow to import: only when used

@@ -17,6 +17,7 @@ from pathlib import Path
 from hera.workflows.models import Workflow as WorkflowModel
 
 from edl_argo.errors import JobFailedError
+from edl_argo.flags import positive_int
 from edl_argo.pipeline.loader import load_workflow, parse_parameters, with_parameters
 
 
@@ -28,7 +29,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
     from edl_argo.pipeline.runner import LocalRunner
     from edl_argo.pipeline.summary import summary
 
-    result = LocalRunner(_workflow(args), Path(args.workdir), args.artifacts).run()
+    result = LocalRunner(
+        _workflow(args), Path(args.workdir), args.artifacts, parallelism=args.parallelism
+    ).run()
     print(summary(result))
     failed = result.failed
     if failed is not None:
@@ -83,6 +86,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="URL",
         help="artifact repository: a folder or s3://bucket/prefix (default: WORKDIR/artifacts)",
+    )
+    commands.choices["run"].add_argument(
+        "--parallelism",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="run at most N tasks at once (default: the workflow's spec.parallelism, else no limit)",
     )
     commands.choices["submit"].add_argument(
         "--namespace", default="", help="default: $ARGO_NAMESPACE, else argo"

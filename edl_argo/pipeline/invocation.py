@@ -70,6 +70,8 @@ class Context:
     artifact_keys: Mapping[str, str]
     """``tasks.<task>.outputs.artifacts.<name>`` -> where the runner saved that artifact."""
     pod_name: str
+    node_name: str
+    """``{{node.name}}``: ``<workflow>.<task>`` (an exit hook's task is ``<task>.onExit``)."""
     sandbox: Path
     image_home: Path
 
@@ -94,6 +96,7 @@ def invoke(task: PlannedTask, context: Context) -> Invocation:
         **context.scope,
         **paths,
         "pod.name": context.pod_name,
+        "node.name": context.node_name,
         **{f"inputs.parameters.{name}": value for name, value in parameters.items()},
     }
     container = substitute(template.container.model_dump(by_alias=True, exclude_none=True), scope, where)
@@ -113,6 +116,13 @@ def invoke(task: PlannedTask, context: Context) -> Invocation:
             if p.value_from
         ),
     )
+
+
+def task_scope(task: PlannedTask, scope: Mapping[str, str]) -> dict[str, str]:
+    """``scope`` with the task's input parameters bound (``inputs.parameters.<name>``): what the fields of
+    its template may use. ConfigError as :func:`invoke`."""
+    parameters = _bind_parameters(task, scope, f"task {task.name}")
+    return {**scope, **{f"inputs.parameters.{name}": value for name, value in parameters.items()}}
 
 
 def _bind_parameters(task: PlannedTask, scope: Mapping[str, str], where: str) -> dict[str, str]:
@@ -189,9 +199,13 @@ def _deadline(template: Template, scope: Mapping[str, str], where: str) -> float
         raise ConfigError(f"{where}: activeDeadlineSeconds {text!r} is not a number of seconds") from None
 
 
+#: The commands whose pods run on the ``--backend`` they are given.
+_BACKEND_COMMANDS = (["edl-argo", "train"], ["edl-argo", "cleanup"])
+
+
 def _on_this_machine(argv: list[str]) -> list[str]:
-    """``edl-argo train`` with its pods run by the local backend (``--backend local``)."""
-    if argv[:2] != ["edl-argo", "train"]:
+    """``edl-argo train`` (and ``cleanup``) with pods of the local backend (``--backend local``)."""
+    if argv[:2] not in _BACKEND_COMMANDS:
         return argv
     local = [f"--backend={LOCAL_BACKEND}" if a.startswith("--backend=") else a for a in argv]
     for i, argument in enumerate(local[:-1]):

@@ -2,10 +2,10 @@
 
 :func:`plan` checks the whole workflow before anything runs and refuses, naming the task and the feature,
 what it cannot run the way Argo would: templates other than containers whose command is ``edl-argo``
-(scripts, resources, arbitrary images, ...), nested DAGs and steps, conditional or looping tasks, exit
-handlers, volumes and sidecars. The entrypoint is a DAG of container tasks, or a single container.
-Templates referenced with ``templateRef`` resolve to the edl-argo WorkflowTemplates of
-:data:`edl_argo.hera.STEPS`, which the runner knows without a cluster.
+(scripts, resources, arbitrary images, ...), nested DAGs and steps, conditional or looping tasks,
+workflow-level exit handlers, hooks other than a task's exit hook, volumes and sidecars. The entrypoint is
+a DAG of container tasks, or a single container. Templates referenced with ``templateRef`` resolve to the
+edl-argo WorkflowTemplates of :data:`edl_argo.hera.STEPS`, which the runner knows without a cluster.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ _UNSUPPORTED_TASK_FIELDS = (
     "with_param",
     "with_sequence",
     "continue_on",
-    "hooks",
     "on_exit",
 )
 _UNSUPPORTED_TEMPLATE_FIELDS = ("sidecars", "init_containers", "daemon", "volumes")
@@ -45,6 +44,8 @@ class PlannedTask:
     template: Template
     arguments: Arguments | None
     dependencies: tuple[str, ...]
+    exit_hook: PlannedTask | None = None
+    """The task's ``hooks.exit``, run once the task has ended, whatever its outcome (``<task>.onExit``)."""
 
 
 @dataclass(frozen=True)
@@ -92,14 +93,36 @@ def _planned(
     for field in _UNSUPPORTED_TASK_FIELDS:
         if getattr(task, field) is not None:
             raise ConfigError(f"{where} uses {field}, which the local runner cannot run")
-    if task.template_ref is not None:
-        template = _referenced(task.template_ref, references, where)
-    elif task.template in templates:
-        template = templates[task.template]
+    template = _resolved(task.template_ref, task.template or task.inline, templates, references, where)
+    hooks = dict(task.hooks or {})
+    exit_hook = hooks.pop("exit", None)
+    if hooks or (exit_hook is not None and exit_hook.expression):
+        raise ConfigError(f"{where} uses a hook other than an exit hook, which the local runner cannot run")
+    hook = None
+    if exit_hook is not None:
+        hook_where = f"{where} exit hook"
+        source = exit_hook.template_ref, exit_hook.template
+        hook_template = _resolved(*source, templates, references, hook_where)
+        hook = PlannedTask(f"{task.name}.onExit", hook_template, exit_hook.arguments, ())
+    return PlannedTask(task.name, template, task.arguments, _dependencies(task, where), hook)
+
+
+def _resolved(
+    ref: TemplateRef | None,
+    name: object,
+    templates: dict[str | None, Template],
+    references: dict[tuple[str, str], Template],
+    where: str,
+) -> Template:
+    """The container template a task (or hook) runs, by ``templateRef`` or by name; checked."""
+    if ref is not None:
+        template = _referenced(ref, references, where)
+    elif isinstance(name, str) and name in templates:
+        template = templates[name]
     else:
-        raise ConfigError(f"{where}: template {task.template or task.inline!r} is not one of the workflow's")
+        raise ConfigError(f"{where}: template {name!r} is not one of the workflow's")
     _check_container(template, f"{where} (template {template.name})")
-    return PlannedTask(task.name, template, task.arguments, _dependencies(task, where))
+    return template
 
 
 def _referenced(ref: TemplateRef, references: dict[tuple[str, str], Template], where: str) -> Template:

@@ -4,9 +4,9 @@ The process runs this installation of edl-argo (``python -m edl_argo.cli``, what
 session of its own, so a signal reaches everything it started (a training job's workers and parameter
 servers). Its output, stdout and stderr merged, is copied line by line with the step's name as prefix
 (``[train] ...``). While it runs, the ``N/M`` it writes to its ``ARGO_PROGRESS_FILE`` drives a progress
-bar. A deadline (the template's ``activeDeadlineSeconds``) or an interrupted runner stops it as Ctrl-C
-would (SIGINT: a training job then removes its worker and parameter-server processes), then SIGKILLs what
-is left after :data:`GRACE_SECONDS`.
+bar. A deadline (the template's ``activeDeadlineSeconds``) or an interrupted runner stops it with SIGTERM,
+as the kubelet stops a container (a training job then removes its worker and parameter-server processes),
+then SIGKILLs what is left after :data:`GRACE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from edl_argo.progress import ProgressReporter
 
 #: Lines of output kept to say why a step failed.
 TAIL_LINES = 20
-#: Seconds between SIGINT and SIGKILL when a step passes its deadline or the runner is interrupted.
+#: Seconds between SIGTERM and SIGKILL when a step passes its deadline or the runner is interrupted.
 GRACE_SECONDS = 10.0
 _POLL_SECONDS = 0.5
 _PROGRESS = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -50,8 +50,12 @@ def run_process(
     progress_file: Path,
     deadline_seconds: float | None,
     sink: Callable[[str], None],
+    stop: threading.Event | None = None,
 ) -> ProcessResult:
-    """Run ``edl-argo`` ``argv[1:]`` to its end, copying its output to ``sink`` as ``[name] line``."""
+    """Run ``edl-argo`` ``argv[1:]`` to its end, copying its output to ``sink`` as ``[name] line``.
+
+    ``stop`` set (the runner was interrupted while this ran in another thread) stops it as a deadline
+    does, and raises KeyboardInterrupt."""
     process = subprocess.Popen(
         [sys.executable, "-m", "edl_argo.cli", *argv[1:]],
         env={**env, "ARGO_PROGRESS_FILE": str(progress_file), "PYTHONUNBUFFERED": "1"},
@@ -72,7 +76,10 @@ def run_process(
             if not timed_out and time.monotonic() > deadline:
                 timed_out = True
                 _terminate(process)
-            time.sleep(_POLL_SECONDS)
+            if stop is not None and stop.wait(_POLL_SECONDS):
+                raise KeyboardInterrupt
+            if stop is None:
+                time.sleep(_POLL_SECONDS)
         _report(progress_file, progress)
         _signal(process, signal.SIGKILL)  # what the command left behind, as a container runtime does
     except BaseException:  # Ctrl-C: the step's processes go with the runner
@@ -104,8 +111,8 @@ def _report(progress_file: Path, progress: ProgressReporter) -> None:
 
 
 def _terminate(process: subprocess.Popen[bytes]) -> None:
-    """SIGINT the process's session, SIGKILL what is left after :data:`GRACE_SECONDS`."""
-    for sig, wait in ((signal.SIGINT, GRACE_SECONDS), (signal.SIGKILL, 5.0)):
+    """SIGTERM the process's session, SIGKILL what is left after :data:`GRACE_SECONDS`."""
+    for sig, wait in ((signal.SIGTERM, GRACE_SECONDS), (signal.SIGKILL, 5.0)):
         _signal(process, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=wait)

@@ -55,11 +55,12 @@ deleted as one of the job's pods (its role is ``master``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from edl_argo.addresses import join_host_port, split_host_port
 from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.pods import manifests
@@ -82,14 +84,20 @@ from edl_argo.pods.base import (
     admit_start,
     pod_name,
 )
+from edl_argo.pods.cleanup import delete_job_objects, job_objects, objects_of_other_steps
 from edl_argo.pods.event_queue import EventQueue
 from edl_argo.pods.kubernetes_api import (
     API_URL_ENV,
     CONNECTION_ERRORS,
     REQUEST_SECONDS,
+    RETRY_FIRST_SECONDS,
+    RETRY_MAX_SECONDS,
     JobApi,
+    Result,
     api_message,
+    is_transient,
     load_api_client,
+    retry_transient,
 )
 from edl_argo.pods.kubernetes_config import KubernetesConfig
 from edl_argo.pods.kubernetes_status import PodObservation, observe_pod
@@ -100,8 +108,8 @@ log = get_logger(__name__)
 
 #: Server-side duration of one watch request; the watch then resumes from its last resourceVersion.
 WATCH_SECONDS = 240
-#: Backoff of retried API calls: first delay, doubled up to the maximum.
-RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.2, 10.0
+#: How long the constructor retries transient API failures (429, 5xx, no connection) before giving up.
+START_RETRY_SECONDS = 120.0
 #: How long :meth:`KubernetesBackend.close` waits beyond the grace period for the pods to be gone.
 CLOSE_EXTRA_SECONDS = 30.0
 #: API statuses worth retrying a creation on (quota, admission, throttling, server trouble).
@@ -159,11 +167,14 @@ class KubernetesBackend(PodBackend):
         config: image, namespace, resources, owner, ... of the pods.
         api: the API client; default :func:`load_api_client`. A client passed in is not closed.
 
-    The constructor lists the job's existing pods and Services (adoption) and starts the watch thread.
+    The constructor lists the job's existing pods and Services (adoption) and starts the watch thread;
+    throttling (429), server errors (5xx) and lost connections meanwhile are retried with backoff for
+    :data:`START_RETRY_SECONDS` (an API server restarting).
 
     Raises:
-        ConfigError: an invalid job name, no API server configured, or one that refuses to list pods.
-        JobFailedError: the API server cannot be reached.
+        ConfigError: an invalid job name, no API server configured, one that refuses a request (403 RBAC,
+            404 unknown namespace, 422 invalid object), or a job name used by another step.
+        JobFailedError: the API server kept failing or could not be reached for START_RETRY_SECONDS.
     """
 
     def __init__(self, job_name: str, config: KubernetesConfig, api: k8s.ApiClient | None = None) -> None:
@@ -171,7 +182,7 @@ class KubernetesBackend(PodBackend):
         self.config = config
         self._client = api if api is not None else load_api_client()
         self._own_client = api is None
-        self._api = JobApi(self._client, config.namespace, manifests.job_selector(job_name))
+        self._api = JobApi(self._client, config.namespace, manifests.job_selector(job_name, config.step))
         self._lock = threading.Lock()
         self._pods: dict[_PodKey, _Pod] = {}
         self._stale_uids: dict[_PodKey, deque[str]] = {}
@@ -185,18 +196,7 @@ class KubernetesBackend(PodBackend):
         self._close_done = False
         self._closing = threading.Event()  # set by close: creators stop retrying
         self._unwatch = threading.Event()  # set once close no longer needs the watch
-        try:
-            for service in self._api.list_services():
-                self._remember_service(service)
-            resource_version = self._relist()
-        except ApiException as error:
-            raise ConfigError(
-                f"--backend kubernetes: cannot list the pods of namespace {config.namespace}:"
-                f" {api_message(error)} (the master's service account needs templates/rbac.yaml)"
-            ) from None
-        except CONNECTION_ERRORS as error:
-            raise JobFailedError(f"--backend kubernetes: cannot reach the Kubernetes API: {error}") from None
-        self._create_network_policy()
+        resource_version = self._start_up()
         self._watcher = threading.Thread(
             target=self._watch, args=(resource_version,), name=f"{job_name}-watch", daemon=True
         )
@@ -241,13 +241,9 @@ class KubernetesBackend(PodBackend):
         return sorted(adopted, key=lambda status: (status.role.value, status.pod_id))
 
     def expose_master(self, address: str) -> str:
-        port = int(address.rpartition(":")[2])
-        own_pod, labels = os.environ.get("EDL_POD_NAME", ""), {}
-        if own_pod:
-            try:
-                labels = self._api.read_pod(own_pod)["metadata"].get("labels") or {}
-            except (ApiException, *CONNECTION_ERRORS) as error:
-                log.warning("master_pod_unreadable", job=self.job_name, pod=own_pod, error=str(error))
+        port = split_host_port(address)[1]
+        own_pod = os.environ.get("EDL_POD_NAME", "")
+        labels = ((self._read_own_pod() or {}).get("metadata") or {}).get("labels") or {}
         wanted = manifests.master_labels(self.job_name)
         if any(labels.get(key) != value for key, value in wanted.items()):
             log.info(
@@ -268,7 +264,7 @@ class KubernetesBackend(PodBackend):
         if service is None:
             log.warning("master_service_failed", job=self.job_name, error=problem)
             return address
-        stable = f"{service['spec']['clusterIP']}:{port}"
+        stable = join_host_port(service["spec"]["clusterIP"], port)
         log.info("master_service", job=self.job_name, service=body["metadata"]["name"], address=stable)
         return stable
 
@@ -353,6 +349,21 @@ class KubernetesBackend(PodBackend):
             log.warning("pods_left_after_close", job=self.job_name, objects=",".join(remaining))
         if self._own_client:
             self._client.close()
+
+    def _read_own_pod(self) -> dict[str, Any] | None:
+        """The master's own pod (``EDL_POD_NAME``), whose labels and imagePullSecrets the job uses; None
+        outside a pod or if it cannot be read (logged)."""
+        own_pod = os.environ.get("EDL_POD_NAME", "")
+        if not own_pod:
+            return None
+        try:
+            pod: dict[str, Any] = retry_transient(
+                lambda: self._api.read_pod(own_pod), "read the master's pod", time.monotonic() + 30
+            )
+            return pod
+        except (ApiException, *CONNECTION_ERRORS) as error:
+            log.warning("master_pod_unreadable", job=self.job_name, pod=own_pod, error=str(error))
+            return None
 
     # -- creation --------------------------------------------------------------------------------
 
@@ -480,9 +491,9 @@ class KubernetesBackend(PodBackend):
         if host == "None":  # headless (not one of ours): its DNS name
             host = f"{service['metadata']['name']}.{self.config.namespace}.svc"
         with self._lock:
-            self._addresses[key[1]] = f"{host}:{port}"
+            address = self._addresses[key[1]] = join_host_port(host, port)
             self._ports.setdefault(key, port)
-        return f"{host}:{port}"
+        return address
 
     # -- deletion --------------------------------------------------------------------------------
 
@@ -499,43 +510,71 @@ class KubernetesBackend(PodBackend):
             log.warning("pod_delete_failed", job=self.job_name, pod=name, attempt=attempt + 1, error=problem)
             time.sleep(RETRY_FIRST_SECONDS * 2**attempt)
 
-    def _create_network_policy(self) -> None:
-        """Create the job's NetworkPolicy (see the module docstring); a refusal is a one-line error."""
-        body = manifests.network_policy_manifest(self.job_name, self.config)
-        try:
-            self._api.create_network_policy(body)
-        except ApiException as error:
+    def _start_up(self) -> str:
+        """What the constructor asks the API (see the module docstring): refuse another step's job name,
+        adopt the job's Services and pods, read the master's own pod, create the NetworkPolicy. Returns the
+        pods' resourceVersion. Transient failures are retried until :data:`START_RETRY_SECONDS` have
+        passed, then :class:`JobFailedError`; a refusal (403, an unknown namespace, an invalid object) is a
+        :class:`ConfigError` at once."""
+        config, deadline = self.config, time.monotonic() + START_RETRY_SECONDS
+        any_step = JobApi(self._client, config.namespace, manifests.job_selector(self.job_name))
+        others = self._starting(
+            lambda: objects_of_other_steps(any_step, config.step),
+            "list the job's pods and services",
+            deadline,
+        )
+        if others:
             raise ConfigError(
-                f"--backend kubernetes: cannot create NetworkPolicy {body['metadata']['name']} in namespace"
-                f" {self.config.namespace}: {api_message(error)} (the master's service account needs"
-                " templates/rbac.yaml)"
+                f"--job-name {self.job_name}: namespace {config.namespace} holds {', '.join(others)} of"
+                f" another step of that job name (label {manifests.STEP_LABEL}); give each training task its"
+                " own job name"
+            )
+        for service in self._starting(self._api.list_services, "list services", deadline):
+            self._remember_service(service)
+        resource_version = self._starting(self._relist, "list pods", deadline)
+        own_pod = self._read_own_pod()
+        if not config.image_pull_secrets and own_pod is not None:
+            secrets = (own_pod.get("spec") or {}).get("imagePullSecrets") or []
+            names = tuple(secret["name"] for secret in secrets if secret.get("name"))
+            self.config = dataclasses.replace(config, image_pull_secrets=names)
+        policy = manifests.network_policy_manifest(self.job_name, self.config)
+        what = f"create NetworkPolicy {policy['metadata']['name']}"
+        self._starting(lambda: self._api.create_network_policy(policy), what, deadline)
+        return resource_version
+
+    def _starting(self, call: Callable[[], Result], action: str, deadline: float) -> Result:
+        """``call()`` at start-up, retried as :meth:`_start_up` says, its failure a one-line error."""
+        try:
+            return retry_transient(call, action, deadline)
+        except ApiException as error:
+            if is_transient(error):
+                raise JobFailedError(
+                    f"--backend kubernetes: the Kubernetes API still answers {api_message(error)} after"
+                    f" {START_RETRY_SECONDS:.0f} s of retries to {action}"
+                ) from None
+            raise ConfigError(
+                f"--backend kubernetes: cannot {action} in namespace {self.config.namespace}:"
+                f" {api_message(error)} (the master's service account needs templates/rbac.yaml)"
             ) from None
         except CONNECTION_ERRORS as error:
-            raise JobFailedError(f"--backend kubernetes: cannot reach the Kubernetes API: {error}") from None
+            raise JobFailedError(
+                f"--backend kubernetes: cannot reach the Kubernetes API after {START_RETRY_SECONDS:.0f} s of"
+                f" retries to {action}: {type(error).__name__}"
+            ) from None
 
     def _delete_everything(self, grace_seconds: float) -> list[str]:
         """Delete every pod and Service of the job, and its NetworkPolicy; returns ``kind/name`` of the pods
         and Services that still exist."""
         try:
-            for pod in self._job_pods():
-                self._delete_pod(pod["metadata"]["name"], pod["metadata"]["uid"], grace_seconds)
-            for service in self._api.list_services():
-                self._api.delete_service(service["metadata"]["name"])
-            self._api.delete_network_policy(manifests.network_policy_name(self.job_name))
+            delete_job_objects(self._api, self.job_name, grace_seconds)
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("job_delete_failed", job=self.job_name, error=str(error))
         return self._list_everything()
 
-    def _job_pods(self) -> list[dict[str, Any]]:
-        """The job's worker and PS pods (not the master's own pod, which carries the job's labels too)."""
-        pods: list[dict[str, Any]] = self._api.list_pods()["items"]
-        return [pod for pod in pods if manifests.pod_key(pod["metadata"].get("labels")) is not None]
-
     def _list_everything(self) -> list[str]:
         """``kind/name`` of every pod and Service of the job (``["?"]`` if the API cannot tell)."""
         try:
-            pods = [f"pod/{p['metadata']['name']}" for p in self._job_pods()]
-            return pods + [f"service/{s['metadata']['name']}" for s in self._api.list_services()]
+            return job_objects(self._api)
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("job_list_failed", job=self.job_name, error=str(error))
             return ["?"]

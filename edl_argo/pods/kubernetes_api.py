@@ -15,8 +15,9 @@ import json
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client as k8s
@@ -26,6 +27,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from edl_argo import __version__
 from edl_argo.errors import ConfigError
+from edl_argo.log import get_logger
 from edl_argo.pods import manifests
 
 #: Environment variable with the API server's URL; overrides in-cluster and kubeconfig settings.
@@ -37,8 +39,16 @@ LOG_TAIL_LINES = 10
 
 #: The errors of a request that got no answer (connection refused, reset, timed out).
 CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+#: API statuses that mean "try again later": throttling and server trouble (an API server restarting).
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: Backoff of retried API calls: first delay, doubled up to the maximum.
+RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.2, 10.0
+
+Result = TypeVar("Result")
 
 Json = dict[str, Any]
+
+log = get_logger(__name__)
 
 
 def load_api_client() -> k8s.ApiClient:
@@ -76,6 +86,33 @@ def api_message(error: ApiException) -> str:
     except (ValueError, AttributeError):
         message = None
     return f"{error.status} {message or error.reason or ''}".strip()
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a failed request may succeed if repeated: no answer, or a :data:`TRANSIENT_STATUSES`."""
+    if isinstance(error, ApiException):
+        return error.status in TRANSIENT_STATUSES
+    return isinstance(error, CONNECTION_ERRORS)
+
+
+def retry_transient(call: Callable[[], Result], what: str, deadline: float) -> Result:
+    """``call()``, repeated with backoff while it fails transiently (:func:`is_transient`) and the
+    ``time.monotonic()`` ``deadline`` allows; any other error, or the last one, is raised."""
+    delay = RETRY_FIRST_SECONDS
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return call()
+        except (ApiException, *CONNECTION_ERRORS) as error:
+            if not is_transient(error) or time.monotonic() + delay > deadline:
+                raise
+            problem = (
+                api_message(error) if isinstance(error, ApiException) else f"{type(error).__name__}: {error}"
+            )
+            log.warning("api_retry", action=what, attempt=attempt, error=problem[:300], retry_in_s=delay)
+        time.sleep(delay)
+        delay = min(delay * 2, RETRY_MAX_SECONDS)
 
 
 class JobApi:

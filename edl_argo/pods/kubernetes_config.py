@@ -9,6 +9,9 @@ at fault, on one line). Some settings come from the master's environment, which 
   pods are also labelled ``workflows.argoproj.io/workflow`` so ``argo logs`` finds them.
 * Otherwise ``EDL_POD_NAME`` / ``EDL_POD_UID`` (downward API ``metadata.name``/``metadata.uid``): the
   master's own pod is the owner. With neither, pods have no owner and outlive a master that dies.
+* ``EDL_NODE_NAME`` (``{{node.name}}``) with ``EDL_WORKFLOW_UID``: the step that owns the job; its objects
+  are labelled ``edl-argo/step`` with a hash of both, and the master touches no object of its job name
+  labelled for another step.
 * ``EDL_S3_ENDPOINT`` and ``AWS_REGION`` are passed on to the pods as plain values; the credentials never
   are (see ``--storage-secret``).
 
@@ -88,6 +91,8 @@ class KubernetesConfig:
     image: str
     namespace: str = "default"
     image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets for pulling the image; empty: those of the master's own pod (the backend reads them)."""
     service_account: str = ""
     worker: RoleSettings = field(default_factory=RoleSettings)
     ps: RoleSettings = field(default_factory=RoleSettings)
@@ -101,6 +106,8 @@ class KubernetesConfig:
     storage_endpoint: str = ""
     storage_region: str = ""
     workflow_name: str = ""
+    step: str = ""
+    """The identity of the Argo step that owns the job (``manifests.step_identity``); ``""`` outside Argo."""
     owner: Owner | None = None
     ps_port: int = 2222
     """PS ``i`` listens on ``ps_port + i`` (distinct ports, so PSes may share a host, as in tests)."""
@@ -124,6 +131,14 @@ def add_kubernetes_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("kubernetes (with --backend kubernetes)")
     add_flag(group, "--image", default="", help="container image of the worker and PS pods")
     add_flag(group, "--image-pull-policy", default="IfNotPresent", choices=PULL_POLICIES)
+    add_flag(
+        group,
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Secret for pulling the image (repeatable; default: the master's own pod's imagePullSecrets)",
+    )
     add_flag(
         group,
         "--namespace",
@@ -201,8 +216,9 @@ def kubernetes_config_from_args(
         raise ConfigError(f"--ps-port {args.ps_port}: the last PS would listen on {last_port}, past 65535")
     return KubernetesConfig(
         image=args.image,
-        namespace=_namespace(args.namespace),
+        namespace=namespace_from_flag(args.namespace),
         image_pull_policy=args.image_pull_policy,
+        image_pull_secrets=tuple(_dns_name(name, "--image-pull-secret") for name in args.image_pull_secret),
         service_account=_dns_name(args.service_account, "--service-account"),
         worker=_role_settings(args, "worker"),
         ps=_role_settings(args, "ps"),
@@ -214,10 +230,19 @@ def kubernetes_config_from_args(
         storage_endpoint=env.get("EDL_S3_ENDPOINT", ""),
         storage_region=env.get("AWS_REGION", ""),
         workflow_name=env.get("EDL_WORKFLOW_NAME", ""),
+        step=step_from_env(env),
         owner=owner_from_env(env),
         ps_port=args.ps_port,
         pod_creation_timeout=float(args.pod_creation_timeout),
     )
+
+
+def step_from_env(env: Mapping[str, str]) -> str:
+    """The owning step's identity from ``EDL_WORKFLOW_UID`` and ``EDL_NODE_NAME`` (``{{node.name}}``, which
+    the elastic-train template and its exit hook set); ``""`` without them."""
+    from edl_argo.pods.manifests import step_identity
+
+    return step_identity(env.get("EDL_WORKFLOW_UID", ""), env.get("EDL_NODE_NAME", ""))
 
 
 def owner_from_env(env: Mapping[str, str]) -> Owner | None:
@@ -336,7 +361,8 @@ def _role_settings(args: argparse.Namespace, role: str) -> RoleSettings:
     return RoleSettings(requests, limits, priority)
 
 
-def _namespace(flag_value: str) -> str:
+def namespace_from_flag(flag_value: str) -> str:
+    """``--namespace``'s value, else the namespace of this pod's service account, else ``default``."""
     namespace = flag_value
     if not namespace and SERVICE_ACCOUNT_NAMESPACE_FILE.is_file():
         namespace = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip()

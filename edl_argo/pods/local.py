@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from edl_argo.addresses import join_host_port
 from edl_argo.log import get_logger
 from edl_argo.master.registry import run_dir
 from edl_argo.pods.base import (
@@ -269,7 +270,7 @@ class LocalProcessBackend(PodBackend):
             if role is PodRole.PS:
                 raise KeyError(f"{pod_name(role, pod_id)} was never started, so it has no address")
             raise ValueError(f"{pod_name(role, pod_id)} does not listen on a port")
-        return f"{self.host}:{port}"
+        return join_host_port(self.host, port)
 
     def list_pods(self) -> list[PodStatus]:
         with self._lock:

@@ -17,12 +17,14 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
   ``restartPolicy: Never`` (the master relaunches, Kubernetes does not), no service-account token (pods
   never call the API), non-root (uid and gid 1000, seccomp ``RuntimeDefault``) without privilege
   escalation or capabilities (:data:`POD_SECURITY_CONTEXT`, :data:`CONTAINER_SECURITY_CONTEXT`). Storage
-  credentials come from the ``--storage-secret`` Secret via ``secretKeyRef``, never as values.
+  credentials come from the ``--storage-secret`` Secret via ``secretKeyRef``, never as values. The image is
+  pulled with the config's ``imagePullSecrets`` (by default the master's own pod's).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from typing import Any
 
@@ -35,6 +37,9 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 ROLE_LABEL = "edl-argo/role"
 ID_LABEL = "edl-argo/id"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+#: The identity of the Argo step that owns the job (:func:`step_identity`); a master never touches objects
+#: of its job name that carry another step's identity.
+STEP_LABEL = "edl-argo/step"
 APP = "edl-argo"
 #: ``edl-argo/role`` of the master's pod and Service (not a worker nor a PS: :func:`pod_key` is None).
 MASTER_ROLE = "master"
@@ -80,6 +85,16 @@ MAX_JOB_NAME = 63 - len("-worker-99999")
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
+def fit_job_name(job_name: str) -> str:
+    """``job_name`` if it has at most :data:`MAX_JOB_NAME` characters, else its beginning and a hash of the
+    whole name (``<first 41>-<8 hex>``): the same long name always gives the same short one, so a retried
+    master and the step's exit hook find the job's pods."""
+    if len(job_name) <= MAX_JOB_NAME:
+        return job_name
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
+    return f"{job_name[: MAX_JOB_NAME - len(digest) - 1].rstrip('-')}-{digest}"
+
+
 def validate_job_name(job_name: str) -> str:
     """``job_name`` if it can name Kubernetes pods and Services, else :class:`ConfigError`."""
     if len(job_name) > MAX_JOB_NAME or not _DNS_LABEL.match(job_name):
@@ -95,9 +110,32 @@ def object_name(job_name: str, role: PodRole, pod_id: int) -> str:
     return f"{job_name}-{PodRole(role).value}-{pod_id}"
 
 
-def job_selector(job_name: str) -> str:
-    """The label selector of every pod and Service of the job."""
-    return f"{NAME_LABEL}={APP},{INSTANCE_LABEL}={job_name}"
+def job_selector(job_name: str, step: str | None = None) -> str:
+    """The label selector of every pod and Service of the job; with a ``step`` (``""``: none), only those of
+    that step (:data:`STEP_LABEL` equal to it, or absent for ``""``)."""
+    selector = f"{NAME_LABEL}={APP},{INSTANCE_LABEL}={job_name}"
+    if step is None:
+        return selector
+    return f"{selector},{STEP_LABEL}={step}" if step else f"{selector},!{STEP_LABEL}"
+
+
+_RETRY_SUFFIX = re.compile(r"\(\d+\)$")
+_HOOK_SUFFIX = ".onExit"
+
+
+def step_identity(workflow_uid: str, node_name: str) -> str:
+    """The value of :data:`STEP_LABEL` for the Argo step whose node is ``node_name`` (``{{node.name}}``) in
+    the workflow ``workflow_uid``; ``""`` outside Argo.
+
+    Stable across the step's retries (``wf.train(1)`` is ``wf.train``) and the same in its exit hook
+    (``wf.train.onExit``), distinct for every other task: a hash of the workflow's uid and the task's node.
+    """
+    if not workflow_uid or not node_name:
+        return ""
+    node = _RETRY_SUFFIX.sub("", node_name)
+    node = node.removesuffix(_HOOK_SUFFIX)
+    node = _RETRY_SUFFIX.sub("", node)
+    return hashlib.sha256(f"{workflow_uid}/{node}".encode()).hexdigest()[:16]
 
 
 def pod_labels(job_name: str, config: KubernetesConfig, role: PodRole, pod_id: int) -> dict[str, str]:
@@ -108,8 +146,16 @@ def pod_labels(job_name: str, config: KubernetesConfig, role: PodRole, pod_id: i
         ROLE_LABEL: PodRole(role).value,
         ID_LABEL: str(pod_id),
     }
+    return labels | _owner_labels(config)
+
+
+def _owner_labels(config: KubernetesConfig) -> dict[str, str]:
+    """The labels that name the job's owners: its workflow and its step."""
+    labels = {}
     if config.workflow_name:
         labels[WORKFLOW_LABEL] = config.workflow_name
+    if config.step:
+        labels[STEP_LABEL] = config.step
     return labels
 
 
@@ -174,6 +220,8 @@ def pod_manifest(job_name: str, config: KubernetesConfig, spec: PodSpec) -> dict
         pod_spec["priorityClassName"] = settings.priority_class
     if config.service_account:
         pod_spec["serviceAccountName"] = config.service_account
+    if config.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in config.image_pull_secrets]
     if config.node_selector:
         pod_spec["nodeSelector"] = dict(config.node_selector)
     if config.tolerations:
@@ -206,7 +254,9 @@ def pod_manifest(job_name: str, config: KubernetesConfig, spec: PodSpec) -> dict
 def service_manifest(job_name: str, config: KubernetesConfig, ps_id: int, port: int) -> dict[str, Any]:
     """The ClusterIP Service that gives PS ``ps_id`` an address that survives its relaunches."""
     selector = {
-        k: v for k, v in pod_labels(job_name, config, PodRole.PS, ps_id).items() if k != WORKFLOW_LABEL
+        k: v
+        for k, v in pod_labels(job_name, config, PodRole.PS, ps_id).items()
+        if k not in (WORKFLOW_LABEL, STEP_LABEL)
     }
     return {
         "apiVersion": "v1",
@@ -238,9 +288,7 @@ def master_service_dns_address(job_name: str, config: KubernetesConfig, port: in
 def master_service_manifest(job_name: str, config: KubernetesConfig, port: int) -> dict[str, Any]:
     """The ClusterIP Service in front of the master serving on ``port``: its address stays when Argo
     replaces the master's pod, so the workers' ``--master-addr`` stays valid."""
-    labels = master_labels(job_name)
-    if config.workflow_name:
-        labels[WORKFLOW_LABEL] = config.workflow_name
+    labels = master_labels(job_name) | _owner_labels(config)
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -275,7 +323,7 @@ def network_policy_manifest(job_name: str, config: KubernetesConfig) -> dict[str
     enforce policies it changes nothing.
     """
     job_labels = {NAME_LABEL: APP, INSTANCE_LABEL: job_name}
-    labels = job_labels | ({WORKFLOW_LABEL: config.workflow_name} if config.workflow_name else {})
+    labels = job_labels | _owner_labels(config)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

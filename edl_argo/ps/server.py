@@ -2,8 +2,9 @@
 
 The server restores the newest checkpoint of its ``--ps-id`` from ``--checkpoint-dir`` when there is one
 (logging ``ps_restored``), serves ``edl_argo.ParameterServer`` on ``--host:--port`` and runs until SIGTERM
-or SIGINT. It then stops accepting requests, lets running ones finish, saves a last checkpoint when
-checkpoints are on and the state changed since the last one, and exits 0.
+or SIGINT, or until its master (``--master-addr``) has been unreachable for ``--master-timeout`` seconds
+(:mod:`edl_argo.rpc.master_watch`). It then stops accepting requests, lets running ones finish, saves a
+last checkpoint when checkpoints are on and the state changed since the last one, and exits 0.
 
 ``--checkpoint-dir`` without ``--checkpoint-steps`` only restores; ``--checkpoint-steps`` needs a
 ``--checkpoint-dir``.
@@ -20,11 +21,13 @@ from typing import TYPE_CHECKING
 import grpc
 
 from edl_argo import log
+from edl_argo.addresses import join_host_port
 from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
 from edl_argo.proto import ps_pb2_grpc
 from edl_argo.rpc.channel import make_server
+from edl_argo.rpc.master_watch import MasterWatch, add_master_timeout_flag
 from edl_argo.storage.base import Storage
 
 if TYPE_CHECKING:  # TensorFlow: imported when a server is created, not for --help (see edl_argo.cli)
@@ -104,7 +107,7 @@ def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tup
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port."""
     server = make_server(SERVER_THREADS)
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
-    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    address = join_host_port(host, port)
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError:
@@ -112,7 +115,7 @@ def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tup
     if bound == 0:
         raise ConfigError(f"cannot listen on {address}: the address is in use or not local")
     server.start()
-    _log.info("ps_started", address=address.rsplit(":", 1)[0] + f":{bound}", version=servicer.version)
+    _log.info("ps_started", address=join_host_port(host, bound), version=servicer.version)
     return server, bound
 
 
@@ -158,6 +161,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="synchronous SGD: accept pushes up to this many versions old (default 0)",
     )
     add_checkpoint_flags(parser)
+    add_flag(
+        parser,
+        "--master-addr",
+        default="",
+        help="host:port of the job's master: the PS stops (saving its checkpoint) once it has been"
+        " unreachable for --master-timeout (default: no master, serve until SIGTERM)",
+    )
+    add_master_timeout_flag(parser)
     add_flag(parser, "--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.set_defaults(run=run_ps)
 
@@ -186,11 +197,20 @@ def run_ps(args: argparse.Namespace) -> int:
         _log.info("ps_stopping", signal=signal.Signals(signum).name)
         stop.set()
 
+    def master_lost() -> None:
+        _log.info("ps_stopping", reason="master_lost")
+        stop.set()
+
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    watch = MasterWatch(args.master_addr, args.master_timeout, master_lost) if args.master_addr else None
+    if watch is not None:
+        watch.start()
     try:
         while not stop.wait(1.0):
             pass
     finally:
+        if watch is not None:
+            watch.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.stop(STOP_GRACE_SECONDS).wait()

@@ -13,6 +13,8 @@ fails the job at once: retrying elsewhere would meet the same NaN.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import time
 from typing import Any, Protocol
 
@@ -34,6 +36,7 @@ from edl_argo.model.outputs import (
     prediction_lines,
 )
 from edl_argo.proto import master_pb2
+from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch, add_master_timeout_flag
 from edl_argo.storage import open_storage
 from edl_argo.worker.master_client import MasterClient
 
@@ -50,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("worker", help="run one worker of a job (started by the master)")
     add_flag(parser, "--worker-id", type=non_negative_int, required=True)
     add_flag(parser, "--master-addr", required=True, help="host:port of the master")
+    add_master_timeout_flag(parser)
     add_flag(
         parser,
         "--ps-addrs",
@@ -300,7 +304,11 @@ def run_worker(args: argparse.Namespace) -> int:
     from edl_argo.worker.replica import ModelReplica
 
     spec = load_model_spec(args.model_def)
-    master = MasterClient(args.master_addr, args.worker_id)
+    # The watch ends the worker when the master is lost; calls keep retrying a little longer, so that
+    # the watch, not a call, decides.
+    budget = args.master_timeout + 2 * PROBE_SECONDS
+    master = MasterClient(args.master_addr, args.worker_id, retry_budget_seconds=budget)
+    watch = MasterWatch(args.master_addr, args.master_timeout, _master_lost).start()
     replica: Replica
     if args.distribution_strategy == ALLREDUCE:
         replica = AllreduceReplica(
@@ -333,5 +341,18 @@ def run_worker(args: argparse.Namespace) -> int:
     try:
         worker.run()
     finally:
+        watch.close()
         replica.close()
     return 0
+
+
+#: Exit status of a worker whose master stayed unreachable for ``--master-timeout``.
+MASTER_LOST_EXIT_CODE = 3
+
+
+def _master_lost() -> None:
+    """The master is gone for good: end the worker at once, whatever its main thread is waiting for (a
+    parameter server, a peer, the master itself); a worker holds nothing that must be saved."""
+    log.error("worker_stopping", reason="master_lost", exit_code=MASTER_LOST_EXIT_CODE)
+    logging.shutdown()
+    os._exit(MASTER_LOST_EXIT_CODE)

@@ -88,7 +88,9 @@ class KubernetesStandIn:
     """A stand-in Kubernetes API server on 127.0.0.1 whose pods run as local processes. TEST-ONLY.
 
     Use as a context manager. ``workdir`` holds the pods' logs and is their working directory (default: a
-    temporary folder). ``echo_logs`` copies pod output to ``sys.stderr`` as ``[pod-name] line``.
+    temporary folder). ``echo_logs`` copies pod output to ``sys.stderr`` as ``[pod-name] line``. ``port``:
+    where it listens (0: any free port); a client pointed at a port before the stand-in starts there sees
+    refused connections, as while an API server restarts. :meth:`fail_requests` injects error answers.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class KubernetesStandIn:
         echo_logs: bool = True,
         watch_max_seconds: float = 60.0,
         history: int = 10_000,
+        port: int = 0,
     ) -> None:
         self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="k8s-stand-in-")
         self.workdir = workdir if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
@@ -109,7 +112,7 @@ class KubernetesStandIn:
         self._rules: tuple[str, list[dict[str, Any]]] | None = None
         self._failures: list[_Failure] = []
         self._closing = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
         self._server.daemon_threads = True
         self._server.stand_in = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, name="k8s-stand-in", daemon=True)

@@ -2,7 +2,11 @@
 quick-start (service minio:9000, bucket my-bucket, credentials in the Secret my-minio-cred): the default
 artifact repository of the namespace, where step outputs such as the trained model go, and the
 edl-argo-storage Secret from which steps and training pods read and write datasets. Edit both for your
-own object store."""
+own object store.
+
+Not part of templates/: applying it REPLACES the namespace's ConfigMap artifact-repositories, the default
+artifact repository of every workflow in that namespace. Apply it only to a namespace of your own (Argo's
+quick-start), or merge its `minio` key into your existing ConfigMap by hand."""
 
 import yaml
 from hera.workflows.models import ArtifactRepository, S3ArtifactRepository, SecretKeySelector
@@ -10,6 +14,11 @@ from kubernetes.client import ApiClient, V1ConfigMap, V1ObjectMeta, V1Secret
 
 from edl_argo.hera import STORAGE_SECRET
 from edl_argo.hera.step import LABELS
+
+WARNING = """\
+EXAMPLE ONLY. `kubectl apply -f` of this file REPLACES the namespace's ConfigMap artifact-repositories:
+every workflow of that namespace that relied on its own default artifact repository then uses this MinIO.
+Apply it to a namespace of your own (Argo's quick-start), or merge the `minio` key into your ConfigMap."""
 
 ENDPOINT = "minio:9000"
 CREDENTIALS = "my-minio-cred"
