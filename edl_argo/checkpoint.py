@@ -106,6 +106,14 @@ class CheckpointSeries:
             self.storage.delete(old)
         return key
 
+    def clear(self) -> int:
+        """Delete every checkpoint of the series (only keys named like one: nothing else in the folder is
+        touched); returns how many were deleted."""
+        keys = [key for _, key in self.list()]
+        for key in keys:
+            self.storage.delete(key)
+        return len(keys)
+
     def newest(self, decode: Callable[[bytes, str], Decoded]) -> Decoded | None:
         """The newest checkpoint that ``decode(data, url)`` accepts, or None when there is none.
 

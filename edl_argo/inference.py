@@ -10,7 +10,8 @@ the model file, in EVALUATION or PREDICTION mode); metrics are aggregated exactl
 ``predict --output URL`` is one tree, replaced as a whole (:meth:`Storage.put_tree`) and only when every
 record was predicted::
 
-    URL/<shard>.jsonl      one JSON line per record of that input shard, in record order:
+    URL/<shard>.jsonl      one JSON line per record of that input shard (its name in the dataset, e.g.
+                           data-00000, without the dataset's version folder), in record order:
                            {"shard": ..., "record": <index in the shard>, "output": ...}
     URL/predictions.json   {"records": N, "shards": {"<shard>": n, ...}, "model": ..., "data": ...}
     URL/_COMPLETE          written last
@@ -44,7 +45,7 @@ from edl_argo.model.outputs import (
     prediction_lines,
 )
 from edl_argo.progress import ProgressReporter
-from edl_argo.recordio import ShardReader, list_shards
+from edl_argo.recordio import ShardReader, open_dataset
 from edl_argo.storage import TREE_COMPLETE_MARKER, Storage, open_storage
 
 log = get_logger(__name__)
@@ -117,15 +118,17 @@ class Inference:
                 "(expected the <output>/model of a finished job)"
             )
         self._tree = tree
-        self.shards = list_shards(data)
-        if not self.shards:
-            raise ConfigError(f"--data {data.describe()}: no shards there")
+        # Only the shards the dataset's manifest names, each pinned to its version now.
+        self.dataset = open_dataset(data, what="--data")
+        self.shards = list(self.dataset.records)
+        #: Storage key -> the shard's name in the dataset (``data-00000``), which predictions are named by.
+        self.names = self.dataset.names
 
     def batches(self, mode: str) -> Iterator[Batch]:
         """Every minibatch of every shard, in order. ``feed`` errors name the shard."""
         from edl_argo.worker.data import make_batches
 
-        readers = [ShardReader(self.data, key) for key in self.shards]
+        readers = [ShardReader(self.data, key, version=self.dataset.versions[key]) for key in self.shards]
         total = sum(r.num_records for r in readers)
         progress = ProgressReporter(f"{mode} {self.data.describe()}", unit="record")
         done = 0
@@ -233,24 +236,23 @@ def predict(inference: Inference, local_dir: Path) -> dict[str, int]:
     """Write the prediction files of every shard into ``local_dir``; records per shard."""
     processor = inference.spec.prediction_outputs_processor
     processor = processor() if processor is not None else None
-    counts = dict.fromkeys(inference.shards, 0)
+    counts = {inference.names[key]: 0 for key in inference.shards}
     with ExitStack() as files:
         opened: dict[str, IO[str]] = {}
         for batch in inference.batches(Mode.PREDICTION):
             outputs = inference.outputs(batch)
             if processor is not None:
                 processor.process(as_given(outputs), 0)
-            if batch.shard not in opened:
-                path = local_dir / (batch.shard + PREDICTION_SUFFIX)
+            name = inference.names[batch.shard]
+            if name not in opened:
+                path = local_dir / (name + PREDICTION_SUFFIX)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                opened[batch.shard] = files.enter_context(path.open("w", encoding="utf-8"))
-            opened[batch.shard].writelines(
-                line + "\n" for line in prediction_lines(batch.shard, batch.start, outputs)
-            )
-            counts[batch.shard] += batch.records
-    for shard, count in counts.items():
+                opened[name] = files.enter_context(path.open("w", encoding="utf-8"))
+            opened[name].writelines(line + "\n" for line in prediction_lines(name, batch.start, outputs))
+            counts[name] += batch.records
+    for name, count in counts.items():
         if count == 0:  # an empty shard still has its (empty) file: one file per input shard
-            path = local_dir / (shard + PREDICTION_SUFFIX)
+            path = local_dir / (name + PREDICTION_SUFFIX)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.touch()
     return counts

@@ -70,3 +70,42 @@ def test_checkpoint_steps_without_a_checkpoint_dir_is_a_config_error(tmp_path: P
         open_checkpoint_storage(None, 5)
     assert open_checkpoint_storage(None, 0) is None
     assert open_checkpoint_storage(str(tmp_path), 5) is not None
+
+
+@pytest.mark.parametrize("strategy", ["ParameterServerStrategy", "AllreduceStrategy"])
+def test_a_fresh_job_removes_only_its_own_checkpoints_by_name(tmp_path: Path, strategy: str) -> None:
+    """A shared --checkpoint-dir keeps other series, unrelated files and foreign names inside the job's
+    own series folders: only the checkpoints this job's holders would restore are removed."""
+    from types import SimpleNamespace
+
+    from edl_argo.master.config import TrainConfig
+    from edl_argo.master.job import TrainingJob
+
+    shared = tmp_path / "shared"
+    storage = LocalStorage(shared)
+    own = ["allreduce"] if strategy == "AllreduceStrategy" else ["ps-0", "ps-1"]
+    for series in ("ps-0", "ps-1", "ps-7", "allreduce", "other-job"):
+        CheckpointSeries(storage, series).save(3, b"state")
+    keep = {
+        "notes.txt": b"a user's file",
+        "ps-0/README": b"a user's file in a series folder",
+        "ps-0/version-1.ckpt.bak": b"not a checkpoint name",
+        "datasets/train/data-00000": b"someone's shard",
+    }
+    for key, data in keep.items():
+        storage.write(key, data)
+    config = TrainConfig(
+        model_def="m.py",
+        training_data="d",
+        output=str(tmp_path / "out"),
+        checkpoint_dir=str(shared),
+        checkpoint_steps=5,
+        num_ps=2,
+        distribution_strategy=strategy,
+    )
+    TrainingJob._remove_stale_checkpoints(SimpleNamespace(config=config))  # type: ignore[arg-type]
+
+    remaining = {info.key for info in storage.list()}
+    assert set(keep) <= remaining
+    for series in ("ps-0", "ps-1", "ps-7", "allreduce", "other-job"):
+        assert (CheckpointSeries(storage, series).key(3) in remaining) == (series not in own), series

@@ -121,14 +121,14 @@ def test_digits_refuses_to_mix_with_an_existing_dataset(capsys, tmp_path: Path) 
     assert (
         run_cli(capsys, "data", "digits", "--output", str(tmp_path), "--overwrite", "--shards", "2")[0] == 0
     )
-    assert sorted(p.name for p in (tmp_path / "train").iterdir() if ".edl-index" not in p.name) == [
+    assert sorted(p.name for p in (tmp_path / "train").glob("*/*") if ".edl-index" not in p.name) == [
         "data-00000",
         "data-00001",
     ]
 
 
 def test_inspect_names_the_corrupt_shard_and_chunk(capsys, dataset: Path) -> None:
-    shard = dataset / "train" / "data-00001"
+    (shard,) = (dataset / "train").glob("v-*/data-00001")
     data = bytearray(shard.read_bytes())
     data[40] ^= 0xFF
     shard.write_bytes(bytes(data))

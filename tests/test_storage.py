@@ -21,6 +21,7 @@ from edl_argo.errors import ConfigError, StorageError
 from edl_argo.storage import (
     TREE_COMPLETE_MARKER,
     LocalStorage,
+    ObjectChangedError,
     ObjectInfo,
     ObjectNotFoundError,
     S3Storage,
@@ -147,6 +148,30 @@ def test_stat_exists_delete(storage: Storage) -> None:
     storage.delete("x/y")
     assert not storage.exists("x/y")
     assert storage.list() == []
+
+
+def test_versions_pin_an_object_and_change_when_it_is_replaced(storage: Storage) -> None:
+    """stat and list report the same version token; rewriting the object (even with the same size) changes
+    it; read_version returns the bytes with the version they came from, or refuses when it changed."""
+    storage.write("d/shard", b"0123456789")
+    pinned = storage.stat("d/shard").version
+    assert pinned and [i.version for i in storage.list("d/")] == [pinned]
+    assert storage.read_version("d/shard", 2, 3, version=pinned) == b"234"
+    time.sleep(0.01)  # a later mtime on coarse clocks
+    storage.write("d/shard", b"abcdefghij")  # same size, new content
+    assert storage.stat("d/shard").version != pinned
+    with pytest.raises(ObjectChangedError, match=r"d/shard.*changed"):
+        storage.read_version("d/shard", 2, 3, version=pinned)
+
+
+def test_write_file_uploads_a_local_file_atomically(storage: Storage, tmp_path: Path) -> None:
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(300_000))
+    storage.write_file("f/big.bin", source)
+    assert storage.read("f/big.bin") == source.read_bytes()
+    with pytest.raises(StorageError, match=r"missing\.bin"):
+        storage.write_file("f/other", tmp_path / "missing.bin")
+    assert not storage.exists("f/other")
 
 
 def test_keys_cannot_escape_the_root(storage: Storage) -> None:
@@ -606,13 +631,13 @@ class _ObjectsByName:
 
     def list_objects(self, bucket: str, prefix: str, recursive: bool) -> list[SimpleNamespace]:
         return [
-            SimpleNamespace(object_name=name, size=len(data))
+            SimpleNamespace(object_name=name, size=len(data), etag=None)
             for name, data in sorted(self.objects.items())
             if name.startswith(prefix)
         ]
 
     def stat_object(self, bucket: str, name: str) -> SimpleNamespace:
-        return SimpleNamespace(size=len(self.objects[name]))
+        return SimpleNamespace(size=len(self.objects[name]), etag=None)
 
     def get_object(self, bucket: str, name: str, offset: int, length: int, **_: object) -> _Response:
         data = self.objects[name][offset:]

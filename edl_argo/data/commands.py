@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import csv
+import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from edl_argo.data.csv_table import csv_examples, scan_csv
 from edl_argo.data.examples import encode_example
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.flags import positive_int
 from edl_argo.log import get_logger
-from edl_argo.recordio import Compressor, ShardReader, list_shards, write_shard
-from edl_argo.storage import Storage, open_storage
+from edl_argo.recordio import Compressor, DatasetWriter, ShardReader, open_dataset, seal_dataset
+from edl_argo.storage import Storage, join_url, open_storage
 
 log = get_logger(__name__)
 
@@ -44,12 +45,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     convert = commands.add_parser("convert", help="convert a CSV file (with a header row) to shards")
     convert.add_argument("--from", dest="source", required=True, metavar="CSV_FILE", help="CSV file to read")
     convert.add_argument("--label-column", required=True, help="name of the label column")
+    convert.add_argument(
+        "--fill-missing",
+        metavar="VALUE",
+        default="",
+        help="stands for every empty value (default, or empty: an empty value is an error naming its line "
+        "and column)",
+    )
     _add_output_flags(convert)
     convert.set_defaults(run=run_convert)
 
-    inspect = commands.add_parser("inspect", help="list shards, verify every chunk's checksum")
+    inspect = commands.add_parser(
+        "inspect", help="list a dataset's shards, verify every chunk and the manifest's checksums"
+    )
     inspect.add_argument("url", help="dataset folder or s3://bucket/prefix")
     inspect.set_defaults(run=run_inspect)
+
+    seal = commands.add_parser(
+        "seal", help="write the manifest of RecordIO shards made elsewhere (after checksumming them)"
+    )
+    seal.add_argument("url", help="folder or s3://bucket/prefix holding only RecordIO shards")
+    seal.set_defaults(run=run_seal)
 
 
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -69,33 +85,19 @@ def write_dataset(
     compressor: Compressor,
     overwrite: bool,
 ) -> list[str]:
-    """Write ``records`` as ``num_shards`` contiguous shards under ``prefix``; returns the shard keys.
+    """Write ``records`` as the dataset at ``prefix``: ``num_shards`` contiguous shards, then the manifest
+    (see :mod:`edl_argo.recordio.dataset`); returns the shards' storage keys.
 
-    Refuses to mix with an existing dataset unless ``overwrite``. If any shard fails to write, the shards
-    already written are removed, so a failed run leaves no partial dataset behind.
+    Refuses to replace an existing dataset unless ``overwrite``; replaces it as a whole, and touches
+    nothing else. A failed run leaves the previous dataset (or none) and no shard of its own.
     """
-    existing = list_shards(storage, prefix)
-    if existing and not overwrite:
-        raise ConfigError(
-            f"{storage.describe(prefix)} already holds {len(existing)} shard(s); "
-            "pass --overwrite to replace them"
-        )
     num_shards = max(1, min(num_shards, len(records)))
     bounds = np.linspace(0, len(records), num_shards + 1).astype(int)
-    keys = [f"{prefix}/data-{i:05d}".lstrip("/") for i in range(num_shards)]
-    written: list[str] = []
-    try:
-        for key, start, end in zip(keys, bounds[:-1], bounds[1:], strict=True):
-            write_shard(storage, key, records[start:end], compressor=compressor)
-            written.append(key)
-            log.info("shard_written", url=storage.describe(key), records=int(end - start))
-    except BaseException:
-        for key in written:
-            storage.delete(key)
-        raise
-    for key in sorted(set(existing) - set(keys)):
-        storage.delete(key)
-    return keys
+    with DatasetWriter(storage, prefix, overwrite=overwrite, compressor=compressor) as writer:
+        for start, end in itertools.pairwise(bounds):
+            writer.write_shard(records[start:end])
+        manifest = writer.commit()
+    return [join_url(writer.prefix, shard.key) for shard in manifest.shards]
 
 
 def digits_records(test_fraction: float, seed: int) -> tuple[list[bytes], list[bytes]]:
@@ -150,74 +152,49 @@ def run_ctr(args: argparse.Namespace) -> int:
     return 0
 
 
-def csv_records(path: Path, label_column: str) -> list[bytes]:
-    """Rows of a CSV file as ``tf.train.Example`` records, one feature per column.
-
-    Columns whose every value parses as a number become float features (the label: int64 when every
-    value is an integer); others become bytes features.
-    """
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
-    except OSError as error:
-        raise ConfigError(f"cannot read CSV file {path}: {error.strerror or error}") from None
-    except (UnicodeDecodeError, csv.Error) as error:
-        raise DataFormatError(f"CSV file {path} is not valid UTF-8 CSV: {error}") from None
-    if not rows:
-        raise DataFormatError(f"CSV file {path} is empty; it needs a header row and data rows")
-    header, body = rows[0], rows[1:]
-    if label_column not in header:
-        raise ConfigError(
-            f"--label-column {label_column!r} is not a column of {path}; columns: {', '.join(header)}"
-        )
-    for line, row in enumerate(body, start=2):
-        if len(row) != len(header):
-            raise DataFormatError(
-                f"CSV file {path} line {line}: {len(row)} fields, the header has {len(header)}"
-            )
-    if not body:
-        raise DataFormatError(f"CSV file {path} has a header but no data rows")
-    columns = {name: [row[i] for row in body] for i, name in enumerate(header)}
-    typed = {name: _typed_column(values, is_label=name == label_column) for name, values in columns.items()}
-    names = [n for n in header if n != label_column] + [label_column]
-    return [
-        encode_example({"label" if n == label_column else n: typed[n][i] for n in names})
-        for i in range(len(body))
-    ]
-
-
-def _typed_column(values: Iterable[str], is_label: bool) -> list[int] | list[float] | list[str]:
-    values = list(values)
-    try:
-        floats = [float(v) for v in values]
-    except ValueError:
-        return values
-    if is_label and all(f.is_integer() for f in floats):
-        return [int(f) for f in floats]
-    return floats
-
-
 def run_convert(args: argparse.Namespace) -> int:
-    records = csv_records(Path(args.source), args.label_column)
+    schema = scan_csv(Path(args.source), args.label_column, args.fill_missing or None)
     storage = open_storage(args.output)
-    write_dataset(storage, "", records, args.shards, _COMPRESSORS[args.compressor], args.overwrite)
-    print(f"wrote {len(records)} records from {args.source} to {storage.describe()}")
+    num_shards = min(args.shards, schema.rows)
+    bounds = np.linspace(0, schema.rows, num_shards + 1).astype(int)
+    examples = csv_examples(schema)
+    with DatasetWriter(
+        storage, "", overwrite=args.overwrite, compressor=_COMPRESSORS[args.compressor]
+    ) as writer:
+        for start, end in itertools.pairwise(bounds):
+            writer.write_shard(itertools.islice(examples, int(end - start)))
+        if next(examples, None) is not None:  # also runs the file's last check
+            raise DataFormatError(f"CSV file {args.source}: the file changed while it was converted")
+        writer.commit()
+    where = f"from {args.source} to {storage.describe()}"
+    print(f"wrote {schema.rows} records {where} (columns: {schema.describe()})")
     return 0
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    storage = open_storage(args.url)
-    shards = list_shards(storage)
-    if not shards:
-        raise ConfigError(f"no shards at {storage.describe()}")
-    print(f"{'shard':<32} {'records':>9} {'chunks':>7} {'bytes':>12}  compressor")
+    dataset = open_dataset(open_storage(args.url))
+    print(f"{'shard':<48} {'records':>9} {'chunks':>7} {'bytes':>12}  compressor")
     totals = [0, 0, 0]
-    for key in shards:
-        summary = ShardReader(storage, key).verify()
+    for shard in dataset.manifest.shards:
+        key = dataset.key(shard)
+        summary = ShardReader(dataset.storage, key, version=dataset.versions[key]).verify()
+        found = (summary.records, summary.bytes, summary.sha256)
+        if found != (shard.records, shard.bytes, shard.sha256):
+            raise DataFormatError(
+                f"shard {dataset.storage.describe(key)} does not match the dataset's manifest: it holds "
+                f"{summary.records} records, {summary.bytes} bytes, sha256 {summary.sha256}; the manifest "
+                f"says {shard.records}, {shard.bytes}, {shard.sha256}"
+            )
         compressors = ",".join(sorted(summary.compressors))
-        print(f"{key:<32} {summary.records:>9} {summary.chunks:>7} {summary.bytes:>12}  {compressors}")
+        print(f"{shard.key:<48} {summary.records:>9} {summary.chunks:>7} {summary.bytes:>12}  {compressors}")
         totals = [totals[0] + summary.records, totals[1] + summary.chunks, totals[2] + summary.bytes]
-    print(
-        f"{'total (' + str(len(shards)) + ' shards)':<32} {totals[0]:>9} {totals[1]:>7} {totals[2]:>12}  ok"
-    )
+    label = f"total ({len(dataset.manifest.shards)} shards)"
+    print(f"{label:<48} {totals[0]:>9} {totals[1]:>7} {totals[2]:>12}  ok")
+    return 0
+
+
+def run_seal(args: argparse.Namespace) -> int:
+    storage = open_storage(args.url)
+    manifest = seal_dataset(storage)
+    print(f"sealed {len(manifest.shards)} shards ({manifest.records} records) at {storage.describe()}")
     return 0

@@ -68,6 +68,9 @@ def convert_csv(
     label_column: Annotated[Text, Input("name of the label column")],
     output: Output,
     shards: Shards = 4,
+    fill_missing: Annotated[
+        Text, Input("stands for every empty value (default empty: an empty value fails the step)")
+    ] = "",
     image: Image = IMAGE,
     storage_secret: StorageSecret = STORAGE_SECRET,
     template_ref: bool = False,

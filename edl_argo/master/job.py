@@ -19,7 +19,8 @@ AllreduceStrategy the model lives in the workers: the job continues if any worke
 re-forms around it; round ids come from the clock, so they only grow across masters) or, when none did,
 from the group's newest checkpoint; without ``--checkpoint-steps`` it starts afresh. Without a saved
 state, pods left by an earlier master are removed and the job starts afresh: checkpoints an earlier run
-left in ``<output>/checkpoints`` are removed too, so a new run never restores them.
+left in its checkpoint series (``<output>/checkpoints/ps-<id>``, ``allreduce``) are removed too, so a new
+run never restores them; nothing else there is touched.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, PodStatus, find_free_port
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
-from edl_argo.recordio import ShardReader, list_shards
+from edl_argo.recordio import ShardReader, open_dataset
 from edl_argo.rpc.channel import make_server
 from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
@@ -65,14 +66,9 @@ WORKER_EXIT_GRACE_SECONDS = 15.0
 
 
 def dataset_shards(url: str, flag: str) -> dict[str, int]:
-    """Shard key -> record count of every shard under ``url``; :class:`ConfigError` if there are none."""
-    storage = open_storage(url)
-    shards = {key: ShardReader(storage, key).num_records for key in list_shards(storage)}
-    if not shards:
-        raise ConfigError(
-            f"{flag} {url}: no shards there (expected RecordIO files, e.g. from `edl-argo data`)"
-        )
-    return shards
+    """Shard key -> record count of every shard the dataset manifest at ``url`` names; DataFormatError
+    naming ``flag`` and what is missing if the dataset is incomplete."""
+    return open_dataset(open_storage(url), what=flag).records
 
 
 @dataclass
@@ -103,10 +99,14 @@ class TrainingJob:
             from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
 
             check_world_size_scaling(self.spec.optimizer)
-        self.training_shards = dataset_shards(config.training_data, "--training-data")
-        self.validation_shards = (
-            dataset_shards(config.validation_data, "--validation-data") if config.validation_data else {}
+        # Each shard's version is pinned here: tasks carry it, and workers read only that version.
+        self.training_data = open_dataset(open_storage(config.training_data), what="--training-data")
+        self.training_shards = self.training_data.records
+        validation = config.validation_data
+        self.validation_data = (
+            open_dataset(open_storage(validation), what="--validation-data") if validation else None
         )
+        self.validation_shards = self.validation_data.records if self.validation_data else {}
         if config.allreduce and len(self._sample_batch(Mode.TRAINING)) == 3:
             raise ConfigError(
                 f"feed of {config.model_def} yields (features, labels, sample_weights) in training: "
@@ -254,6 +254,10 @@ class TrainingJob:
                 TaskType.TRAINING: self.config.training_data,
                 TaskType.EVALUATION: self.config.validation_data,
                 TaskType.PREDICTION: "",
+            },
+            shard_versions={
+                TaskType.TRAINING: self.training_data.versions,
+                TaskType.EVALUATION: self.validation_data.versions if self.validation_data else {},
             },
             current_version=lambda: self.versions.version,
             on_version=self._on_version,
@@ -442,17 +446,25 @@ class TrainingJob:
         return adopted, holders
 
     def _remove_stale_checkpoints(self) -> None:
-        """A job that starts afresh never restores the checkpoints an earlier run of it left."""
+        """A job that starts afresh never restores the checkpoints an earlier run of it left. Only the
+        checkpoints its own holders would restore are removed, by name (the series ``ps-<id>`` of its PSes,
+        or ``allreduce``); anything else under ``--checkpoint-dir`` is left alone."""
+        from edl_argo.collective.checkpoint import group_checkpoints
+        from edl_argo.ps.checkpoint import ps_checkpoints
+
         c = self.config
         if not c.checkpoint_steps:
             return
         storage = open_storage(c.checkpoints_url)
-        stale = [info.key for info in storage.list("")]
-        for key in stale:
-            storage.delete(key)
-        if stale:
+        own = (
+            [group_checkpoints(storage)]
+            if c.allreduce
+            else [ps_checkpoints(storage, i) for i in range(c.num_ps)]
+        )
+        removed = sum(series.clear() for series in own)
+        if removed:
             log.warning(
-                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=len(stale)
+                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=removed
             )
 
     def _forget_state(self) -> None:

@@ -36,7 +36,9 @@ _TASK_TYPES = {
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
-    """Serves workers. ``data_urls`` maps a task type to the dataset root its shards belong to.
+    """Serves workers. ``data_urls`` maps a task type to the dataset root its shards belong to, and
+    ``shard_versions`` (optional) a task type to the version of each shard pinned when the master opened
+    that dataset: every task carries it, and workers read only that version.
 
     When the dispatcher has nothing left, the final evaluation round is queued before any worker is
     told DONE, so the final model is always evaluated.
@@ -53,7 +55,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         training_loss: TrainingLoss | None = None,
         rendezvous: RendezvousManager | None = None,
         ready_to_finish: Callable[[], bool] = lambda: True,
+        shard_versions: dict[TaskType, dict[str, str]] | None = None,
     ) -> None:
+        self._shard_versions = shard_versions or {}
         self._training_loss = training_loss or TrainingLoss()
         self._rendezvous = rendezvous
         self._ready_to_finish = ready_to_finish
@@ -96,6 +100,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             type=_TASK_TYPES[task.type],
             data_url=self._data_urls[task.type],
             shard=task.shard,
+            shard_version=self._shard_versions.get(task.type, {}).get(task.shard, ""),
             start=task.start,
             end=task.end,
             epoch=task.epoch,

@@ -3,6 +3,8 @@
 Byte-compatible with the Go library ``github.com/wangkuiyi/recordio``. See ``docs/recordio.md`` for the
 on-disk layout, the ``.edl-index`` sidecar and how a range of records is fetched with one ranged read.
 
+A dataset is a set of shards named by a manifest written last (:mod:`edl_argo.recordio.dataset`).
+
 Typical use::
 
     index = write_shard(storage, "train/shard-0000", records)
@@ -24,8 +26,18 @@ from edl_argo.recordio.chunk import (
     encode_chunk,
     parse_header,
 )
+from edl_argo.recordio.dataset import (
+    MANIFEST_NAME,
+    Dataset,
+    DatasetManifest,
+    DatasetWriter,
+    ShardEntry,
+    open_dataset,
+    read_manifest,
+    seal_dataset,
+)
 from edl_argo.recordio.index import INDEX_SUFFIX, ChunkEntry, ChunkIndex
-from edl_argo.recordio.reader import ShardReader, ShardSummary
+from edl_argo.recordio.reader import ShardChangedError, ShardReader, ShardSummary
 from edl_argo.recordio.writer import DEFAULT_MAX_CHUNK_BYTES, RecordIOWriter, write_shard
 from edl_argo.storage.base import Storage
 
@@ -34,18 +46,27 @@ __all__ = [
     "HEADER_SIZE",
     "INDEX_SUFFIX",
     "MAGIC",
+    "MANIFEST_NAME",
     "ChunkEntry",
     "ChunkHeader",
     "ChunkIndex",
     "Compressor",
+    "Dataset",
+    "DatasetManifest",
+    "DatasetWriter",
     "RecordIOError",
     "RecordIOWriter",
+    "ShardChangedError",
+    "ShardEntry",
     "ShardReader",
     "ShardSummary",
     "decode_chunk",
     "encode_chunk",
     "list_shards",
+    "open_dataset",
     "parse_header",
+    "read_manifest",
+    "seal_dataset",
     "write_shard",
 ]
 

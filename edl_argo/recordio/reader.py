@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from edl_argo.errors import DataFormatError
 from edl_argo.log import get_logger
 from edl_argo.recordio.chunk import RecordIOError, decode_chunk_at
 from edl_argo.recordio.index import INDEX_SUFFIX, ChunkIndex
-from edl_argo.storage.base import ObjectNotFoundError, Storage
+from edl_argo.storage.base import ObjectChangedError, ObjectInfo, ObjectNotFoundError, Storage
 
 log = get_logger(__name__)
 
 #: Sequential readers (:meth:`ShardReader.iter_records`, :meth:`ShardReader.verify`) fetch whole chunks
 #: in pieces of about this many bytes (one piece is never smaller than one chunk).
 SEQUENTIAL_READ_BYTES = 16 << 20
+
+
+class ShardChangedError(DataFormatError):
+    """A shard is no longer the version pinned when its dataset was opened: it was replaced or deleted
+    while a job read it."""
+
+    def __init__(self, url: str, pinned: str, found: str) -> None:
+        now = f"now version {found}" if found else "now it is gone"
+        super().__init__(
+            f"shard {url} changed while this job was reading it (pinned version {pinned}, {now}); a dataset "
+            "must not be replaced while a job reads it: run the job again"
+        )
+        self.url = url
 
 
 @dataclass(frozen=True)
@@ -29,6 +44,8 @@ class ShardSummary:
     bytes: int
     #: Number of chunks per compressor label, e.g. ``{"snappy": 12}``.
     compressors: dict[str, int]
+    #: SHA-256 of the shard's bytes (hex), as a dataset manifest records it.
+    sha256: str = ""
 
 
 class ShardReader:
@@ -42,13 +59,20 @@ class ShardReader:
 
     Every chunk read is fully validated (magic, checksum, decompression, record count, agreement with the
     index); problems raise :class:`RecordIOError` naming the shard URL, chunk number and byte offset.
+
+    With ``version`` (an :attr:`~edl_argo.storage.base.ObjectInfo.version` pinned when the dataset was
+    opened), every read is of that version only: a shard replaced or rewritten since raises
+    :class:`ShardChangedError` naming it.
     """
 
-    def __init__(self, storage: Storage, key: str, index: ChunkIndex | None = None) -> None:
+    def __init__(
+        self, storage: Storage, key: str, index: ChunkIndex | None = None, *, version: str | None = None
+    ) -> None:
         self.storage = storage
         self.key = key
         #: The shard's URL, used in messages.
         self.url = storage.describe(key)
+        self.version = version
         self._index = index if index is not None else self._load_index()
 
     @property
@@ -83,7 +107,7 @@ class ShardReader:
         Also checks that the shard's size still matches the index. Raises :class:`RecordIOError` at the
         first problem.
         """
-        size = self.storage.stat(self.key).size
+        size = self._stat().size
         if size != self._index.file_size:
             raise RecordIOError(
                 self.url,
@@ -91,8 +115,11 @@ class ShardReader:
                 "(it changed after it was indexed)",
             )
         records = 0
-        for span in self._sequential_spans():
-            records += len(self._decode(span, self._read_span(span)))
+        digest = hashlib.sha256()
+        for span in self._sequential_spans():  # consecutive spans that tile the file
+            data = self._read_span(span)
+            digest.update(data)
+            records += len(self._decode(span, data))
         compressors = Counter(entry.compressor.label for entry in self._index.entries)
         return ShardSummary(
             key=self.key,
@@ -100,12 +127,19 @@ class ShardReader:
             chunks=len(self._index.entries),
             bytes=self._index.file_size,
             compressors=dict(sorted(compressors.items())),
+            sha256=digest.hexdigest(),
         )
 
     # ----------------------------------------------------------------------------------------- internals
 
+    def _stat(self) -> ObjectInfo:
+        info = self.storage.stat(self.key)
+        if self.version is not None and info.version != self.version:
+            raise ShardChangedError(self.url, self.version, info.version)
+        return info
+
     def _load_index(self) -> ChunkIndex:
-        size = self.storage.stat(self.key).size
+        size = self._stat().size
         sidecar_key = self.key + INDEX_SUFFIX
         sidecar_url = self.storage.describe(sidecar_key)
         try:
@@ -126,7 +160,20 @@ class ShardReader:
         return ChunkIndex.scan(self._read_range, size, file=self.url)
 
     def _read_range(self, offset: int, length: int) -> bytes:
-        return self.storage.read(self.key, offset, length)
+        if self.version is None:
+            return self.storage.read(self.key, offset, length)
+        try:
+            return self.storage.read_version(self.key, offset, length, version=self.version)
+        except ObjectChangedError:
+            raise ShardChangedError(self.url, self.version, self._current_version()) from None
+        except ObjectNotFoundError:
+            raise ShardChangedError(self.url, self.version, "") from None
+
+    def _current_version(self) -> str:
+        try:
+            return self.storage.stat(self.key).version
+        except ObjectNotFoundError:
+            return ""
 
     def _read_span(self, span: range) -> bytes:
         return self._read_range(*self._index.span_bytes(span))

@@ -14,13 +14,21 @@ import re
 from urllib.parse import unquote, urlsplit
 
 from edl_argo.errors import StorageError
-from edl_argo.storage.base import TREE_COMPLETE_MARKER, ObjectInfo, ObjectNotFoundError, Storage, join_url
+from edl_argo.storage.base import (
+    TREE_COMPLETE_MARKER,
+    ObjectChangedError,
+    ObjectInfo,
+    ObjectNotFoundError,
+    Storage,
+    join_url,
+)
 from edl_argo.storage.local import LocalStorage
 from edl_argo.storage.s3 import S3Storage
 
 __all__ = [
     "TREE_COMPLETE_MARKER",
     "LocalStorage",
+    "ObjectChangedError",
     "ObjectInfo",
     "ObjectNotFoundError",
     "S3Storage",

@@ -20,7 +20,7 @@ other failure (denied, unreachable, missing bucket) raises a plain ``StorageErro
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from edl_argo.errors import StorageError
@@ -32,10 +32,17 @@ class ObjectInfo:
 
     key: str
     size: int
+    #: What identifies this content of the object, to pin it: the ETag on S3; size, modification time and
+    #: inode of a local file. Rewriting the object changes it. Empty when unknown; not compared by ``==``.
+    version: str = field(default="", compare=False)
 
 
 class ObjectNotFoundError(StorageError):
     """No object exists at the key (the location itself is reachable and readable)."""
+
+
+class ObjectChangedError(StorageError):
+    """The object is no longer the version a reader pinned (it was replaced or rewritten)."""
 
 
 class Storage(abc.ABC):
@@ -60,9 +67,37 @@ class Storage(abc.ABC):
         ``b""``); a missing object raises :class:`ObjectNotFoundError`. Negative values raise ValueError.
         """
 
+    def read_version(self, key: str, offset: int = 0, length: int | None = None, *, version: str) -> bytes:
+        """Like :meth:`read`, but only from the content ``version`` (an :attr:`ObjectInfo.version` that
+        :meth:`stat` or :meth:`list` reported): :class:`ObjectChangedError` naming the URL if the object was
+        replaced since. This default costs a :meth:`stat` before and after the read; backends that learn
+        the version with the read itself override it."""
+        self._check_version(key, self.stat(key).version, version)
+        data = self.read(key, offset, length)
+        self._check_version(key, self.stat(key).version, version)
+        return data
+
+    def _check_version(self, key: str, found: str, pinned: str) -> None:
+        if found != pinned:
+            raise ObjectChangedError(
+                f"{self.describe(key)} changed since it was pinned (version {pinned}, now {found})"
+            )
+
     @abc.abstractmethod
     def write(self, key: str, data: bytes) -> None:
         """Atomically create or replace one object."""
+
+    def write_file(self, key: str, path: Path) -> None:
+        """Atomically create or replace one object with the content of the local file ``path``.
+
+        Backends stream the file (memory does not grow with its size); this default reads it whole.
+        StorageError naming ``path`` if it cannot be read.
+        """
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read local file {path}: {exc.strerror or exc}") from exc
+        self.write(key, data)
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:

@@ -14,8 +14,9 @@ import errno
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from edl_argo.errors import StorageError
 from edl_argo.storage.base import (
@@ -60,6 +61,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _version(st: os.stat_result) -> str:
+    """The version token of a file: its size, modification time and inode (a rename-over makes a new one)."""
+    return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
+
+
 def _remove(path: Path) -> None:
     """Remove a file or directory tree if it exists."""
     if path.is_dir() and not path.is_symlink():
@@ -88,13 +94,13 @@ class LocalStorage(Storage):
         rel = normalize_prefix(prefix)
         start = self._path(rel.rsplit("/", 1)[0] if "/" in rel else "", allow_empty=True)
         try:
-            found = [ObjectInfo(key, size) for key, size in self._walk(start) if key.startswith(rel)]
+            found = [info for info in self._walk(start) if info.key.startswith(rel)]
         except OSError as exc:
             raise _os_error(start, exc) from exc
         return sorted(found, key=lambda info: info.key)
 
-    def _walk(self, directory: Path) -> Iterator[tuple[str, int]]:
-        """``(key, size)`` of every non-temporary file below ``directory``; nothing if it is missing."""
+    def _walk(self, directory: Path) -> Iterator[ObjectInfo]:
+        """Every non-temporary file below ``directory``; nothing if it is missing."""
         try:
             entries = list(os.scandir(directory))
         except (FileNotFoundError, NotADirectoryError):
@@ -106,7 +112,10 @@ class LocalStorage(Storage):
                 if entry.is_dir():
                     yield from self._walk(Path(entry.path))
                 elif entry.is_file():
-                    yield Path(entry.path).relative_to(self.root).as_posix(), entry.stat().st_size
+                    st = entry.stat()
+                    yield ObjectInfo(
+                        Path(entry.path).relative_to(self.root).as_posix(), st.st_size, _version(st)
+                    )
             except FileNotFoundError:
                 continue  # removed while listing
 
@@ -118,13 +127,22 @@ class LocalStorage(Storage):
             raise _os_error(path, exc) from exc
         if not path.is_file():
             raise ObjectNotFoundError(f"no file at {path} (it is a directory)")
-        return ObjectInfo(normalize_key(key), st.st_size)
+        return ObjectInfo(normalize_key(key), st.st_size, _version(st))
 
     def read(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        return self._read(key, offset, length, None)
+
+    def read_version(self, key: str, offset: int = 0, length: int | None = None, *, version: str) -> bytes:
+        return self._read(key, offset, length, version)
+
+    def _read(self, key: str, offset: int, length: int | None, version: str | None) -> bytes:
+        """Read from the opened file; with ``version``, ObjectChangedError unless it is that version."""
         check_range(offset, length)
         path = self._path(key)
         try:
             with path.open("rb") as f:
+                if version is not None:
+                    self._check_version(key, _version(os.fstat(f.fileno())), version)  # the file read below
                 f.seek(offset)
                 return f.read(-1 if length is None else length)
         except IsADirectoryError:
@@ -133,18 +151,34 @@ class LocalStorage(Storage):
             raise _os_error(path, exc) from exc
 
     def write(self, key: str, data: bytes) -> None:
+        self._replace(key, lambda f: f.write(data))
+
+    def write_file(self, key: str, path: Path) -> None:
+        def copy(target: BinaryIO) -> None:
+            try:
+                with Path(path).open("rb") as source:
+                    shutil.copyfileobj(source, target, 1 << 20)
+            except OSError as exc:
+                raise StorageError(f"cannot read local file {path}: {exc.strerror or exc}") from exc
+
+        self._replace(key, copy)
+
+    def _replace(self, key: str, fill: Callable[[BinaryIO], object]) -> None:
+        """Atomically replace the file of ``key`` with a temporary sibling that ``fill`` writes."""
         path = self._path(key)
         tmp = _temp_sibling(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tmp.open("wb") as f:
-                f.write(data)
+                fill(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except OSError as exc:
+        except BaseException as exc:
             _remove(tmp)
-            raise _os_error(path, exc) from exc
+            if isinstance(exc, OSError):
+                raise _os_error(path, exc) from exc
+            raise
         _fsync_dir(path.parent)
 
     def delete(self, key: str) -> None:

@@ -41,6 +41,7 @@ from edl_argo.errors import ConfigError, StorageError
 from edl_argo.log import get_logger
 from edl_argo.storage.base import (
     TREE_COMPLETE_MARKER,
+    ObjectChangedError,
     ObjectInfo,
     ObjectNotFoundError,
     Storage,
@@ -108,6 +109,11 @@ def _endpoint_from_env() -> tuple[str, str, bool]:
             "e.g. http://minio.minio:9000"
         )
     return f"{parts.scheme}://{parts.netloc}", parts.netloc, parts.scheme == "https"
+
+
+def _etag(value: str | None) -> str:
+    """An ETag as a version token (without the quotes some servers send)."""
+    return (value or "").strip('"')
 
 
 def _http_pool(policy: RetryPolicy) -> urllib3.PoolManager:
@@ -208,6 +214,8 @@ class S3Storage(Storage):
             return self._no_bucket()
         if exc.code == "NoSuchKey":
             return ObjectNotFoundError(f"no object at {url}")
+        if exc.code == "PreconditionFailed":  # a resumed read's If-Match: the object was replaced meanwhile
+            return ObjectChangedError(f"{url} changed while it was read")
         if exc.code in _DENIED_CODES:
             names = [ACCESS_KEY_ENV, SECRET_KEY_ENV] + ([SESSION_TOKEN_ENV] if self._uses_token else [])
             hint = f"check {', '.join(names[:-1])} and {names[-1]}"
@@ -241,7 +249,7 @@ class S3Storage(Storage):
                 if key.startswith("/"):  # "prefix//x": no key below this root names it
                     log.warning("s3_object_skipped", bucket=self.bucket, object=o.object_name)
                     continue
-                found.append(ObjectInfo(key, o.size or 0))
+                found.append(ObjectInfo(key, o.size or 0, _etag(o.etag)))
             return found
 
         return sorted(self._call(prefix, op, policy), key=lambda info: info.key)
@@ -255,12 +263,21 @@ class S3Storage(Storage):
             if not self._call("", lambda: self._client.bucket_exists(self.bucket)):
                 raise self._no_bucket() from None
             raise
-        return ObjectInfo(key.strip("/"), result.size or 0)
+        return ObjectInfo(key.strip("/"), result.size or 0, _etag(result.etag))
 
     def read(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        return self._read(key, offset, length, None)
+
+    def read_version(self, key: str, offset: int = 0, length: int | None = None, *, version: str) -> bytes:
+        return self._read(key, offset, length, version)
+
+    def _read(self, key: str, offset: int, length: int | None, version: str | None) -> bytes:
+        """One ranged GET; with ``version``, ObjectChangedError unless the response's ETag is that one."""
         check_range(offset, length)
         if length == 0:
-            self.stat(key)  # same errors as any read
+            found = self.stat(key)  # same errors as any read
+            if version is not None:
+                self._check_version(key, found.version, version)
             return b""
         name = self._name(key)
         chunks: list[bytes] = []
@@ -282,10 +299,14 @@ class S3Storage(Storage):
                 )
             except S3Error as exc:
                 if exc.code == "InvalidRange":  # offset at or past the end
+                    if version is not None and not chunks:
+                        self._check_version(key, self.stat(key).version, version)
                     return b"".join(chunks)
                 raise
             try:
                 if not etag and response.headers.get("ETag"):
+                    if version is not None:
+                        self._check_version(key, _etag(response.headers["ETag"]), version)
                     etag.append(response.headers["ETag"])
                 for chunk in response.stream(READ_CHUNK):
                     chunks.append(chunk)
@@ -307,6 +328,13 @@ class S3Storage(Storage):
             ),
             progress=progress,
         )
+
+    def write_file(self, key: str, path: Path) -> None:
+        progress = Progress()
+        upload = functools.partial(
+            self._client.fput_object, self.bucket, self._name(key), str(path), progress=progress
+        )
+        self._call(key, upload, progress=progress)
 
     def delete(self, key: str) -> None:
         name = self._name(key)

@@ -13,24 +13,29 @@ from edl_argo.storage import Storage, open_storage
 
 
 class RecordSource:
-    """Reads record ranges of shards, one ranged read per range, caching storages and shard indexes."""
+    """Reads record ranges of shards, one ranged read per range, caching storages and shard indexes.
+
+    A shard read with a ``version`` (the one the master pinned, sent with the task) is read only in that
+    version: :class:`~edl_argo.recordio.ShardChangedError` names it if it was replaced since.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._storages: dict[str, Storage] = {}
-        self._readers: dict[tuple[str, str], ShardReader] = {}
+        self._readers: dict[tuple[str, str, str], ShardReader] = {}
 
-    def reader(self, data_url: str, shard: str) -> ShardReader:
+    def reader(self, data_url: str, shard: str, version: str = "") -> ShardReader:
         with self._lock:
-            key = (data_url, shard)
+            key = (data_url, shard, version)
             if key not in self._readers:
                 if data_url not in self._storages:
                     self._storages[data_url] = open_storage(data_url)
-                self._readers[key] = ShardReader(self._storages[data_url], shard)
+                storage = self._storages[data_url]
+                self._readers[key] = ShardReader(storage, shard, version=version or None)
             return self._readers[key]
 
-    def read(self, data_url: str, shard: str, start: int, end: int) -> list[bytes]:
-        return self.reader(data_url, shard).read(start, end)
+    def read(self, data_url: str, shard: str, start: int, end: int, version: str = "") -> list[bytes]:
+        return self.reader(data_url, shard, version).read(start, end)
 
 
 def make_batches(

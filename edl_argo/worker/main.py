@@ -36,6 +36,7 @@ from edl_argo.model.outputs import (
     prediction_lines,
 )
 from edl_argo.proto import master_pb2
+from edl_argo.recordio import ShardChangedError
 from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch, add_master_timeout_flag
 from edl_argo.storage import open_storage
 from edl_argo.worker.master_client import MasterClient
@@ -179,7 +180,7 @@ class Worker:
 
         started = time.monotonic()
         try:
-            records = self._source.read(task.data_url, task.shard, task.start, task.end)
+            records = self._source.read(task.data_url, task.shard, task.start, task.end, task.shard_version)
             batches = make_batches(self._spec, records, _MODES[task.type], self._minibatch_size)
             if task.type == master_pb2.TRAINING:
                 counters = self._train(batches, task)
@@ -188,13 +189,13 @@ class Worker:
             else:
                 counters = self._predict(task, batches)
         except NonFiniteLossError as error:
-            message = (
+            return self._fail_job(
+                task,
                 f"{error} (task {task.task_id}, shard {task.shard}); lower the learning rate or use"
-                " --nan-loss skip"
+                " --nan-loss skip",
             )
-            log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
-            self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
-            return self._master.get_task()  # the job failed: the master says DONE
+        except ShardChangedError as error:  # retrying cannot help: the data the job started with are gone
+            return self._fail_job(task, str(error))
         except JobFailedError:
             raise
         except Exception as error:  # a task-level failure: the master requeues the task
@@ -207,6 +208,12 @@ class Worker:
             task.task_id, success=True, counters=counters, mean_loss=mean_loss
         )
         return report.next_task
+
+    def _fail_job(self, task: master_pb2.Task, message: str) -> master_pb2.GetTaskResponse:
+        """Report ``task`` as a failure no retry can mend: the master fails the job with ``message``."""
+        log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
+        self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
+        return self._master.get_task()  # the job failed: the master says DONE
 
     def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
         from edl_argo.worker.replica import NonFiniteLossError

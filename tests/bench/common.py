@@ -78,9 +78,13 @@ class Goal:
     what: str
     measured: Stat
     threshold: float
+    #: True for a ceiling (``peak memory ≤ 400 MB``): met when the median is at most the threshold.
+    at_most: bool = False
 
     @property
     def met(self) -> bool:
+        if self.at_most:
+            return self.measured.median <= self.threshold
         return self.measured.median >= self.threshold
 
 

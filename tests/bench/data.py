@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edl_argo.data.commands import ctr_records, digits_records
+from edl_argo.data.commands import ctr_records, digits_records, write_dataset
 from edl_argo.data.examples import encode_example
-from edl_argo.recordio import Compressor, ShardReader, list_shards, write_shard
+from edl_argo.recordio import Compressor, ShardReader, open_dataset
 from edl_argo.storage import LocalStorage
 
 MNIST_SIDE = 28
@@ -46,18 +45,15 @@ def ctr_train_records(count: int) -> list[bytes]:
 
 
 def write_records(folder: Path, records: list[bytes], shards: int = 1) -> str:
-    """Write ``records`` as ``shards`` snappy RecordIO shards (with index sidecars) in ``folder``."""
-    storage = LocalStorage(folder)
-    bounds = np.linspace(0, len(records), shards + 1).astype(int)
-    for number, (start, end) in enumerate(itertools.pairwise(bounds)):
-        write_shard(storage, f"data-{number:05d}", records[start:end], compressor=Compressor.SNAPPY)
+    """Write ``records`` as a dataset of ``shards`` snappy shards (and its manifest) in ``folder``."""
+    write_dataset(LocalStorage(folder), "", records, shards, Compressor.SNAPPY, overwrite=False)
     return str(folder)
 
 
 def read_records(folder: str) -> list[bytes]:
-    """Every record of every shard in ``folder``, in shard order."""
-    storage = LocalStorage(folder)
-    return [record for key in list_shards(storage) for record in ShardReader(storage, key).iter_records()]
+    """Every record of the dataset in ``folder``, in shard order."""
+    dataset = open_dataset(LocalStorage(folder))
+    return [record for key in dataset.records for record in ShardReader(dataset.storage, key).iter_records()]
 
 
 def feed_to_arrays(spec: Any, records: list[bytes]) -> tuple[Any, Any]:

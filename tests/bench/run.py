@@ -38,6 +38,7 @@ Benchmark = Callable[[BenchContext], BenchResult]
 NAMES = (
     "recordio_local",
     "recordio_s3",
+    "csv_convert",
     "dispatch",
     "training_cnn",
     "training_ctr",
@@ -49,7 +50,7 @@ NAMES = (
 )
 GROUPS = {
     "recordio": NAMES[:2],
-    "training": NAMES[3:6],
+    "training": NAMES[4:7],
     "allreduce": tuple(name for name in NAMES if name.startswith("allreduce_")),
 }
 
@@ -57,6 +58,7 @@ GROUPS = {
 def benchmarks() -> dict[str, Benchmark]:
     """Every benchmark by name, in report order (imported here: training imports TensorFlow)."""
     from tests.bench.allreduce import allreduce_cnn, allreduce_recovery, allreduce_throughput
+    from tests.bench.csv_convert import csv_convert
     from tests.bench.dispatch import dispatch
     from tests.bench.k8s_relaunch import k8s_relaunch
     from tests.bench.recordio_bench import recordio_local, recordio_s3
@@ -65,6 +67,7 @@ def benchmarks() -> dict[str, Benchmark]:
     return {
         "recordio_local": recordio_local,
         "recordio_s3": recordio_s3,
+        "csv_convert": csv_convert,
         "dispatch": dispatch,
         "training_cnn": training_cnn,
         "training_ctr": training_ctr,
@@ -79,7 +82,14 @@ def benchmarks() -> dict[str, Benchmark]:
 #: What ``--quick`` runs without ``--only``: the CNN and CTR cases need minutes even when tiny (TensorFlow
 #: start-up and model builds in four processes), the digits case exercises the same harness in one; so do
 #: the AllreduceStrategy jobs, while the allreduce bandwidth needs no TensorFlow.
-QUICK_DEFAULT = ("recordio_local", "recordio_s3", "dispatch", "training_digits", "allreduce_throughput")
+QUICK_DEFAULT = (
+    "recordio_local",
+    "recordio_s3",
+    "csv_convert",
+    "dispatch",
+    "training_digits",
+    "allreduce_throughput",
+)
 
 
 def select(only: str | None, quick: bool = False) -> list[str]:
