@@ -32,10 +32,11 @@ from edl_argo.errors import JobFailedError, StorageError
 from edl_argo.json_values import dumps
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
+from edl_argo.model.inventory import ModelInventory
 from edl_argo.storage import TREE_COMPLETE_MARKER, Storage
 from edl_argo.worker.embedding import embedding_layers
 from edl_argo.worker.ps_client import ParameterServerClient
-from edl_argo.worker.replica import build_model, dense_variables
+from edl_argo.worker.replica import build_model
 
 log = get_logger(__name__)
 
@@ -55,11 +56,11 @@ class ModelNotPublishedError(JobFailedError):
 def model_from_parameter_servers(
     spec: ModelSpec, ps: ParameterServerClient, sample_features: Any
 ) -> keras.Model:
-    """A Keras model holding the PS's current parameters (dense variables and every embedding row)."""
+    """A Keras model holding the PS's parameters as ``fit`` ends with them: dense variables (EMA averages
+    when the optimizer keeps them), non-trainable variables and every embedding row."""
     model = build_model(spec, sample_features)
-    values, _, _ = ps.pull_dense([-1] * ps.num_ps)
-    for variable in dense_variables(model):
-        variable.assign(values[variable.path])
+    values, _, _ = ps.pull_dense([-1] * ps.num_ps, finalized=True)
+    ModelInventory.of(model).assign(values, complete=True)
     for layer in embedding_layers(model):
         rows, ids = ps.pull_embedding_table(layer.embeddings.path)
         if ids.size == 0:

@@ -116,6 +116,11 @@ class TrainingJob:
             open_dataset(open_storage(validation), what="--validation-data") if validation else None
         )
         self.validation_shards = self.validation_data.records if self.validation_data else {}
+        if config.allreduce and len(self._sample_batch(Mode.TRAINING)) == 3:
+            raise ConfigError(
+                f"feed of {config.model_def} yields (features, labels, sample_weights) in training: "
+                "AllreduceStrategy does not apply sample weights; use ParameterServerStrategy"
+            )
         self.output = open_storage(config.output)
         self.output.exists("model")  # reach --output now: a missing bucket or a denial fails here
         self.versions = VersionTracker()
@@ -641,7 +646,8 @@ class TrainingJob:
             **({"allreduce_replicas": self._replicas} if self._replicas else {}),
         }
 
-    def _sample_features(self) -> Any:
+    def _sample_batch(self, mode: str) -> Any:
+        """The first minibatch of the training data, as ``feed`` makes it for ``mode``."""
         from edl_argo.worker.data import make_batches  # TensorFlow: imported when run, not for --help
 
         storage = open_storage(self.config.training_data)
@@ -649,8 +655,10 @@ class TrainingJob:
         records = ShardReader(storage, shard).read(
             0, min(self.config.minibatch_size, self.training_shards[shard])
         )
-        features, _labels = next(iter(make_batches(self.spec, records, Mode.EVALUATION, len(records))))
-        return features
+        return next(iter(make_batches(self.spec, records, mode, len(records))))
+
+    def _sample_features(self) -> Any:
+        return self._sample_batch(Mode.EVALUATION)[0]
 
     def _export(self, metrics: dict[str, Any]) -> None:
         from edl_argo.master.export import model_from_parameter_servers, model_from_state, publish_model

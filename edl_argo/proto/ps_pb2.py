@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from edl_argo.proto import tensor_pb2 as edl__argo_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x64l_argo/proto/ps.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"S\n\x12\x45mbeddingTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x03\x12\x13\n\x0binitializer\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\x92\x02\n\x05Model\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12*\n\x10\x64\x65nse_parameters\x18\x02 \x03(\x0b\x32\x10.edl_argo.Tensor\x12;\n\x15\x65mbedding_table_infos\x18\x03 \x03(\x0b\x32\x1c.edl_argo.EmbeddingTableInfo\x12>\n\x10\x65mbedding_tables\x18\x04 \x03(\x0b\x32$.edl_argo.Model.EmbeddingTablesEntry\x1aO\n\x14\x45mbeddingTablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.edl_argo.IndexedSlices:\x02\x38\x01\"6\n\x11PushModelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"-\n\x1aPullDenseParametersRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x99\x01\n\x1bPullDenseParametersResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12*\n\x10\x64\x65nse_parameters\x18\x03 \x03(\x0b\x32\x10.edl_argo.Tensor\x12\x13\n\x0bsynced_step\x18\x04 \x01(\x03\x12\x13\n\x0bsynchronous\x18\x05 \x01(\x08\"J\n\x1bPullEmbeddingVectorsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x03ids\x18\x02 \x01(\x0b\x32\x10.edl_argo.Tensor\"Z\n PullEmbeddingVectorsBatchRequest\x12\x36\n\x07lookups\x18\x01 \x03(\x0b\x32%.edl_argo.PullEmbeddingVectorsRequest\"C\n!PullEmbeddingVectorsBatchResponse\x12\x1e\n\x04rows\x18\x01 \x03(\x0b\x32\x10.edl_argo.Tensor\")\n\x19PullEmbeddingTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x80\x01\n\x14PushGradientsRequest\x12\"\n\tgradients\x18\x01 \x01(\x0b\x32\x0f.edl_argo.Model\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1b\n\x13learning_rate_scale\x18\x03 \x01(\x02\x12\x16\n\x0e\x61uthority_step\x18\x04 \x01(\x03\"H\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\")\n\x10GetStatusRequest\x12\x15\n\rapply_pending\x18\x01 \x01(\x08\"\xb2\x01\n\x15ParameterServerStatus\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fpushes_accepted\x18\x03 \x01(\x03\x12\x16\n\x0epushes_refused\x18\x04 \x01(\x03\x12\x17\n\x0fpending_applied\x18\x05 \x01(\x03\x12\x0f\n\x07pending\x18\x06 \x01(\x03\x12\x18\n\x10restored_version\x18\x07 \x01(\x03\x32\xe7\x04\n\x0fParameterServer\x12\x39\n\tPushModel\x12\x0f.edl_argo.Model\x1a\x1b.edl_argo.PushModelResponse\x12\x62\n\x13PullDenseParameters\x12$.edl_argo.PullDenseParametersRequest\x1a%.edl_argo.PullDenseParametersResponse\x12O\n\x14PullEmbeddingVectors\x12%.edl_argo.PullEmbeddingVectorsRequest\x1a\x10.edl_argo.Tensor\x12t\n\x19PullEmbeddingVectorsBatch\x12*.edl_argo.PullEmbeddingVectorsBatchRequest\x1a+.edl_argo.PullEmbeddingVectorsBatchResponse\x12R\n\x12PullEmbeddingTable\x12#.edl_argo.PullEmbeddingTableRequest\x1a\x17.edl_argo.IndexedSlices\x12P\n\rPushGradients\x12\x1e.edl_argo.PushGradientsRequest\x1a\x1f.edl_argo.PushGradientsResponse\x12H\n\tGetStatus\x12\x1a.edl_argo.GetStatusRequest\x1a\x1f.edl_argo.ParameterServerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x64l_argo/proto/ps.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"g\n\x12\x45mbeddingTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x03\x12\x13\n\x0binitializer\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nconstraint\x18\x05 \x01(\t\"\xb1\x03\n\x05Model\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12*\n\x10\x64\x65nse_parameters\x18\x02 \x03(\x0b\x32\x10.edl_argo.Tensor\x12;\n\x15\x65mbedding_table_infos\x18\x03 \x03(\x0b\x32\x1c.edl_argo.EmbeddingTableInfo\x12>\n\x10\x65mbedding_tables\x18\x04 \x03(\x0b\x32$.edl_argo.Model.EmbeddingTablesEntry\x12\x32\n\x18non_trainable_parameters\x18\x05 \x03(\x0b\x32\x10.edl_argo.Tensor\x12\x35\n\x0b\x63onstraints\x18\x06 \x03(\x0b\x32 .edl_argo.Model.ConstraintsEntry\x1aO\n\x14\x45mbeddingTablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.edl_argo.IndexedSlices:\x02\x38\x01\x1a\x32\n\x10\x43onstraintsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"6\n\x11PushModelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"@\n\x1aPullDenseParametersRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x11\n\tfinalized\x18\x02 \x01(\x08\"\x99\x01\n\x1bPullDenseParametersResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12*\n\x10\x64\x65nse_parameters\x18\x03 \x03(\x0b\x32\x10.edl_argo.Tensor\x12\x13\n\x0bsynced_step\x18\x04 \x01(\x03\x12\x13\n\x0bsynchronous\x18\x05 \x01(\x08\"J\n\x1bPullEmbeddingVectorsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x03ids\x18\x02 \x01(\x0b\x32\x10.edl_argo.Tensor\"Z\n PullEmbeddingVectorsBatchRequest\x12\x36\n\x07lookups\x18\x01 \x03(\x0b\x32%.edl_argo.PullEmbeddingVectorsRequest\"C\n!PullEmbeddingVectorsBatchResponse\x12\x1e\n\x04rows\x18\x01 \x03(\x0b\x32\x10.edl_argo.Tensor\")\n\x19PullEmbeddingTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x92\x01\n\x14PushGradientsRequest\x12\"\n\tgradients\x18\x01 \x01(\x0b\x32\x0f.edl_argo.Model\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1b\n\x13learning_rate_scale\x18\x03 \x01(\x02\x12\x16\n\x0e\x61uthority_step\x18\x04 \x01(\x03\x12\x10\n\x08\x65xamples\x18\x05 \x01(\x03\"H\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\")\n\x10GetStatusRequest\x12\x15\n\rapply_pending\x18\x01 \x01(\x08\"\xb2\x01\n\x15ParameterServerStatus\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fpushes_accepted\x18\x03 \x01(\x03\x12\x16\n\x0epushes_refused\x18\x04 \x01(\x03\x12\x17\n\x0fpending_applied\x18\x05 \x01(\x03\x12\x0f\n\x07pending\x18\x06 \x01(\x03\x12\x18\n\x10restored_version\x18\x07 \x01(\x03\x32\xe7\x04\n\x0fParameterServer\x12\x39\n\tPushModel\x12\x0f.edl_argo.Model\x1a\x1b.edl_argo.PushModelResponse\x12\x62\n\x13PullDenseParameters\x12$.edl_argo.PullDenseParametersRequest\x1a%.edl_argo.PullDenseParametersResponse\x12O\n\x14PullEmbeddingVectors\x12%.edl_argo.PullEmbeddingVectorsRequest\x1a\x10.edl_argo.Tensor\x12t\n\x19PullEmbeddingVectorsBatch\x12*.edl_argo.PullEmbeddingVectorsBatchRequest\x1a+.edl_argo.PullEmbeddingVectorsBatchResponse\x12R\n\x12PullEmbeddingTable\x12#.edl_argo.PullEmbeddingTableRequest\x1a\x17.edl_argo.IndexedSlices\x12P\n\rPushGradients\x12\x1e.edl_argo.PushGradientsRequest\x1a\x1f.edl_argo.PushGradientsResponse\x12H\n\tGetStatus\x12\x1a.edl_argo.GetStatusRequest\x1a\x1f.edl_argo.ParameterServerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,34 +34,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODEL_EMBEDDINGTABLESENTRY']._loaded_options = None
   _globals['_MODEL_EMBEDDINGTABLESENTRY']._serialized_options = b'8\001'
+  _globals['_MODEL_CONSTRAINTSENTRY']._loaded_options = None
+  _globals['_MODEL_CONSTRAINTSENTRY']._serialized_options = b'8\001'
   _globals['_EMBEDDINGTABLEINFO']._serialized_start=66
-  _globals['_EMBEDDINGTABLEINFO']._serialized_end=149
-  _globals['_MODEL']._serialized_start=152
-  _globals['_MODEL']._serialized_end=426
-  _globals['_MODEL_EMBEDDINGTABLESENTRY']._serialized_start=347
-  _globals['_MODEL_EMBEDDINGTABLESENTRY']._serialized_end=426
-  _globals['_PUSHMODELRESPONSE']._serialized_start=428
-  _globals['_PUSHMODELRESPONSE']._serialized_end=482
-  _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_start=484
-  _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_end=529
-  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_start=532
-  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_end=685
-  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_start=687
-  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_end=761
-  _globals['_PULLEMBEDDINGVECTORSBATCHREQUEST']._serialized_start=763
-  _globals['_PULLEMBEDDINGVECTORSBATCHREQUEST']._serialized_end=853
-  _globals['_PULLEMBEDDINGVECTORSBATCHRESPONSE']._serialized_start=855
-  _globals['_PULLEMBEDDINGVECTORSBATCHRESPONSE']._serialized_end=922
-  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_start=924
-  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_end=965
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=968
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1096
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1098
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1170
-  _globals['_GETSTATUSREQUEST']._serialized_start=1172
-  _globals['_GETSTATUSREQUEST']._serialized_end=1213
-  _globals['_PARAMETERSERVERSTATUS']._serialized_start=1216
-  _globals['_PARAMETERSERVERSTATUS']._serialized_end=1394
-  _globals['_PARAMETERSERVER']._serialized_start=1397
-  _globals['_PARAMETERSERVER']._serialized_end=2012
+  _globals['_EMBEDDINGTABLEINFO']._serialized_end=169
+  _globals['_MODEL']._serialized_start=172
+  _globals['_MODEL']._serialized_end=605
+  _globals['_MODEL_EMBEDDINGTABLESENTRY']._serialized_start=474
+  _globals['_MODEL_EMBEDDINGTABLESENTRY']._serialized_end=553
+  _globals['_MODEL_CONSTRAINTSENTRY']._serialized_start=555
+  _globals['_MODEL_CONSTRAINTSENTRY']._serialized_end=605
+  _globals['_PUSHMODELRESPONSE']._serialized_start=607
+  _globals['_PUSHMODELRESPONSE']._serialized_end=661
+  _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_start=663
+  _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_end=727
+  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_start=730
+  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_end=883
+  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_start=885
+  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_end=959
+  _globals['_PULLEMBEDDINGVECTORSBATCHREQUEST']._serialized_start=961
+  _globals['_PULLEMBEDDINGVECTORSBATCHREQUEST']._serialized_end=1051
+  _globals['_PULLEMBEDDINGVECTORSBATCHRESPONSE']._serialized_start=1053
+  _globals['_PULLEMBEDDINGVECTORSBATCHRESPONSE']._serialized_end=1120
+  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_start=1122
+  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_end=1163
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=1166
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1312
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1314
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1386
+  _globals['_GETSTATUSREQUEST']._serialized_start=1388
+  _globals['_GETSTATUSREQUEST']._serialized_end=1429
+  _globals['_PARAMETERSERVERSTATUS']._serialized_start=1432
+  _globals['_PARAMETERSERVERSTATUS']._serialized_end=1610
+  _globals['_PARAMETERSERVER']._serialized_start=1613
+  _globals['_PARAMETERSERVER']._serialized_end=2228
 # @@protoc_insertion_point(module_scope)

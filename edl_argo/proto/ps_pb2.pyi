@@ -8,19 +8,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EmbeddingTableInfo(_message.Message):
-    __slots__ = ("name", "dim", "initializer", "dtype")
+    __slots__ = ("name", "dim", "initializer", "dtype", "constraint")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     INITIALIZER_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     initializer: str
     dtype: str
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+    constraint: str
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ..., constraint: _Optional[str] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("version", "dense_parameters", "embedding_table_infos", "embedding_tables")
+    __slots__ = ("version", "dense_parameters", "embedding_table_infos", "embedding_tables", "non_trainable_parameters", "constraints")
     class EmbeddingTablesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -28,15 +30,26 @@ class Model(_message.Message):
         key: str
         value: _tensor_pb2.IndexedSlices
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_tensor_pb2.IndexedSlices, _Mapping]] = ...) -> None: ...
+    class ConstraintsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DENSE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TABLE_INFOS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TABLES_FIELD_NUMBER: _ClassVar[int]
+    NON_TRAINABLE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
     version: int
     dense_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     embedding_table_infos: _containers.RepeatedCompositeFieldContainer[EmbeddingTableInfo]
     embedding_tables: _containers.MessageMap[str, _tensor_pb2.IndexedSlices]
-    def __init__(self, version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embedding_table_infos: _Optional[_Iterable[_Union[EmbeddingTableInfo, _Mapping]]] = ..., embedding_tables: _Optional[_Mapping[str, _tensor_pb2.IndexedSlices]] = ...) -> None: ...
+    non_trainable_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    constraints: _containers.ScalarMap[str, str]
+    def __init__(self, version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embedding_table_infos: _Optional[_Iterable[_Union[EmbeddingTableInfo, _Mapping]]] = ..., embedding_tables: _Optional[_Mapping[str, _tensor_pb2.IndexedSlices]] = ..., non_trainable_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., constraints: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PushModelResponse(_message.Message):
     __slots__ = ("accepted", "version")
@@ -47,10 +60,12 @@ class PushModelResponse(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PullDenseParametersRequest(_message.Message):
-    __slots__ = ("version",)
+    __slots__ = ("version", "finalized")
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINALIZED_FIELD_NUMBER: _ClassVar[int]
     version: int
-    def __init__(self, version: _Optional[int] = ...) -> None: ...
+    finalized: bool
+    def __init__(self, version: _Optional[int] = ..., finalized: _Optional[bool] = ...) -> None: ...
 
 class PullDenseParametersResponse(_message.Message):
     __slots__ = ("initialized", "version", "dense_parameters", "synced_step", "synchronous")
@@ -93,16 +108,18 @@ class PullEmbeddingTableRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("gradients", "version", "learning_rate_scale", "authority_step")
+    __slots__ = ("gradients", "version", "learning_rate_scale", "authority_step", "examples")
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_SCALE_FIELD_NUMBER: _ClassVar[int]
     AUTHORITY_STEP_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     gradients: Model
     version: int
     learning_rate_scale: float
     authority_step: int
-    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ..., authority_step: _Optional[int] = ...) -> None: ...
+    examples: int
+    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ..., authority_step: _Optional[int] = ..., examples: _Optional[int] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
     __slots__ = ("accepted", "version", "step")

@@ -3,8 +3,9 @@
 Parameter server ``ps_id`` keeps the :class:`~edl_argo.checkpoint.CheckpointSeries` ``ps-{ps_id}``
 (objects ``ps-{ps_id}/version-{version:010d}.ckpt``, the newest three kept). A checkpoint is an
 uncompressed ``.npz`` archive whose entry ``manifest`` (JSON as uint8) names the model version and, for
-every dense variable, optimizer variable and embedding table (ids, rows, slot rows, per-table optimizer
-scalars, initializer seed state), the entry ``a<N>`` that holds its array.
+every dense variable, optimizer variable (slots and EMA averages included), non-trainable variable and
+embedding table (ids, rows, slot rows, per-table optimizer scalars, initializer seed state), the entry
+``a<N>`` that holds its array, and the dense variables' constraints (JSON).
 
 :func:`ps_checkpointer` writes in a background thread, so that a parameter server only holds its lock
 while it copies its arrays (:meth:`Parameters.snapshot <edl_argo.ps.parameters.Parameters.snapshot>`),
@@ -56,10 +57,13 @@ def encode_state(state: ParametersState) -> bytes:
         "version": state.version,
         "dense": {name: ref(value) for name, value in state.dense.items()},
         "dense_optimizer": [ref(value) for value in state.dense_optimizer],
+        "non_trainable": {name: ref(value) for name, value in state.non_trainable.items()},
+        "constraints": state.constraints,
         "tables": {
             name: {
                 "dim": table.dim,
                 "initializer": table.initializer,
+                "constraint": table.constraint,
                 "dtype": table.dtype,
                 "ids": ref(table.arrays.ids),
                 "values": ref(table.arrays.values),
@@ -92,6 +96,9 @@ def decode_state(data: bytes, source: str = "checkpoint") -> ParametersState:
                 dense={name: get(i) for name, i in manifest["dense"].items()},
                 dense_optimizer=[get(i) for i in manifest["dense_optimizer"]],
                 tables={name: _decode_table(table, get) for name, table in manifest["tables"].items()},
+                # Absent from checkpoints written before non-trainable state and constraints lived on the PS.
+                non_trainable={name: get(i) for name, i in manifest.get("non_trainable", {}).items()},
+                constraints={str(k): str(v) for k, v in manifest.get("constraints", {}).items()},
             )
     except (ValueError, KeyError, TypeError, OSError, EOFError) as error:
         raise DataFormatError(f"{source} is not a parameter-server checkpoint: {error}") from None
@@ -102,6 +109,7 @@ def _decode_table(table: dict[str, Any], get: Any) -> TableState:
     return TableState(
         dim=int(table["dim"]),
         initializer=str(table["initializer"]),
+        constraint=str(table.get("constraint", "")),
         dtype=str(table["dtype"]),
         arrays=TableArrays(
             ids=get(table["ids"]),

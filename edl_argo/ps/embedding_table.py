@@ -18,6 +18,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from edl_argo.model.inventory import load_constraint
+
 _MIN_CAPACITY = 64
 #: dtypes a table (and a dense variable) may have.
 FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
@@ -74,11 +76,14 @@ class EmbeddingTable:
         initializer: str = "uniform",
         dtype: str = "float32",
         seed: int | None = None,
+        constraint: str = "",
     ) -> None:
-        """Raises :class:`ValueError` for a non-positive ``dim``, a non-float dtype or an unknown initializer.
+        """Raises :class:`ValueError` for a non-positive ``dim``, a non-float dtype or an unknown initializer
+        or constraint.
 
         ``seed`` seeds the row initializer; without one, the initializer's configured seed is used, or a
-        random seed when it has none.
+        random seed when it has none. ``constraint``: the table's Keras constraint as JSON (empty for none),
+        applied by :meth:`constrain`.
         """
         if dim < 1:
             raise ValueError(f"embedding table {name!r}: dim must be positive, got {dim}")
@@ -90,8 +95,10 @@ class EmbeddingTable:
         self.dim = int(dim)
         self.dtype = np.dtype(dtype)
         self.initializer = initializer
+        self.constraint = constraint
         try:
             self._initializer = parse_initializer(initializer)
+            self._constraint = load_constraint(constraint) if constraint else None
         except ValueError as error:
             raise ValueError(f"embedding table {name!r}: {error}") from None
         self._seed_generator: keras.random.SeedGenerator | None = None
@@ -184,6 +191,14 @@ class EmbeddingTable:
         self._values[rows] = values
         for name, slot_values in slots.items():
             self._slots[name][rows] = slot_values
+
+    def constrain(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` of this table after its constraint (the rows as they are when it has none). Keras applies
+        a constraint to the whole table; per-row constraints (NonNeg, MaxNorm(axis=1), ...) give the same
+        rows."""
+        if self._constraint is None:
+            return rows
+        return keras.ops.convert_to_numpy(self._constraint(keras.ops.convert_to_tensor(rows)))
 
     def ids(self) -> np.ndarray:
         """A copy of the ids the table holds, in the order their rows were created."""

@@ -189,8 +189,20 @@ class DenseOptimizer(_KerasOptimizer):
         return step
 
     def get_state(self) -> list[np.ndarray]:
-        """Copies of every optimizer variable (iterations, learning rate, slots) in a stable order."""
+        """Copies of every optimizer variable (iterations, learning rate, slots, EMA averages) in a stable
+        order."""
         return _state_of(self.optimizer.variables)
+
+    def finalized_values(self) -> dict[str, np.ndarray]:
+        """The variables' values as ``fit`` ends with them: after the optimizer's
+        ``finalize_variable_values`` (EMA averages with ``use_ema``). The variables do not change."""
+        variables = list(self._variables.values())
+        current = [np.array(v.numpy()) for v in variables]
+        self.optimizer.finalize_variable_values(variables)
+        finalized = {name: np.array(v.numpy()) for name, v in self._variables.items()}
+        for variable, value in zip(variables, current, strict=True):
+            variable.assign(value)
+        return finalized
 
     def set_state(self, state: Sequence[np.ndarray]) -> None:
         """Load a state from :meth:`get_state` of an optimizer built the same way on the same variables."""
@@ -272,7 +284,7 @@ class SparseOptimizer(_KerasOptimizer):
             end = offset + len(rows)
             table.scatter_rows(
                 rows,
-                new_values[offset:end],
+                table.constrain(new_values[offset:end]),
                 {name: slot[offset:end] for name, slot in zip(self._slot_names, new_slots, strict=True)},
             )
             offset = end

@@ -1,7 +1,8 @@
 """The partition of the model one parameter server holds, and the gradients it accepts.
 
-:class:`Parameters` owns this server's dense variables (one ``tf.Variable`` per name), its embedding tables,
-the optimizers that update them and the model version. It validates everything that arrives from a worker
+:class:`Parameters` owns this server's dense variables (one ``tf.Variable`` per name, carrying its Keras
+constraint), its non-trainable variables (values taken from pushes), its embedding tables, the optimizers
+that update them and the model version. It validates everything that arrives from a worker
 and raises :class:`InvalidRequestError` (the request does not fit this server's parameters) or
 :class:`NotInitializedError` (no worker has pushed the model yet) with a one-line reason naming the
 variable or table at fault; nothing changes when it raises.
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from edl_argo.errors import ConfigError
+from edl_argo.model.inventory import load_constraint
 from edl_argo.proto import ps_pb2
 from edl_argo.ps.embedding_table import FLOAT_DTYPES, EmbeddingTable, TableArrays
 from edl_argo.ps.optimizer import (
@@ -42,10 +45,12 @@ class NotInitializedError(RuntimeError):
 
 @dataclass
 class Gradients:
-    """Validated gradients of one push: dense by variable name, sparse as ``(ids, values)`` by table."""
+    """Validated gradients of one push: dense by variable name, sparse as ``(ids, values)`` by table, and
+    the values of non-trainable variables the push carries (``state``)."""
 
     dense: dict[str, np.ndarray] = field(default_factory=dict)
     embeddings: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +65,8 @@ class TableState:
     optimizer: list[np.ndarray]
     #: :meth:`EmbeddingTable.seed_state`.
     seed_state: np.ndarray | None
+    #: The table's constraint (JSON), empty for none.
+    constraint: str = ""
 
 
 @dataclass
@@ -71,6 +78,10 @@ class ParametersState:
     #: :meth:`DenseOptimizer.get_state`; empty when the server holds no dense variable.
     dense_optimizer: list[np.ndarray]
     tables: dict[str, TableState]
+    #: Non-trainable variables (BatchNormalization statistics, ...).
+    non_trainable: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The constraint of each dense variable that has one (JSON, see :mod:`edl_argo.model.inventory`).
+    constraints: dict[str, str] = field(default_factory=dict)
 
 
 class Parameters:
@@ -81,6 +92,8 @@ class Parameters:
     * Uninitialised until :meth:`init_from_model` or :meth:`restore`; only the first of them counts.
     * :attr:`version` increases by exactly one per :meth:`apply_gradients`.
     * Embedding rows are created on first pull (or first gradient) with the table's initializer.
+    * A dense variable's constraint is applied after each update that touches it (by the Keras optimizer);
+      a non-trainable variable takes the value a push carries, with that push's step.
     """
 
     def __init__(
@@ -127,17 +140,37 @@ class Parameters:
             if value.dtype.name not in FLOAT_DTYPES:
                 raise InvalidRequestError(f"dense variable {tensor.name!r}: dtype {value.dtype} is not float")
             dense[tensor.name] = value
+        non_trainable: dict[str, np.ndarray] = {}
+        for tensor in model.non_trainable_parameters:
+            value = from_tensor(tensor)
+            self._check_dense_name(tensor.name, [*dense, *non_trainable])
+            if value.dtype.name not in FLOAT_DTYPES:
+                raise InvalidRequestError(
+                    f"non-trainable variable {tensor.name!r}: dtype {value.dtype} is not float"
+                )
+            non_trainable[tensor.name] = np.array(value)
+        for name, serialized in model.constraints.items():
+            if name not in dense:
+                raise InvalidRequestError(f"constraint for unknown dense variable {name!r}")
+            try:
+                load_constraint(serialized)
+            except ValueError as error:
+                raise InvalidRequestError(f"dense variable {name!r}: {error}") from None
         tables: dict[str, EmbeddingTable] = {}
         for info in model.embedding_table_infos:
             if not info.name or info.name in tables:
                 raise InvalidRequestError(f"embedding table name {info.name!r} is empty or repeated")
             try:
                 tables[info.name] = EmbeddingTable(
-                    info.name, info.dim, info.initializer or "uniform", info.dtype or "float32"
+                    info.name,
+                    info.dim,
+                    info.initializer or "uniform",
+                    info.dtype or "float32",
+                    constraint=info.constraint,
                 )
             except ValueError as error:
                 raise InvalidRequestError(str(error)) from None
-        self._create(dense, tables)
+        self._create(dense, tables, non_trainable, dict(model.constraints))
         self.version = max(0, model.version)
         return True
 
@@ -145,7 +178,7 @@ class Parameters:
         """Become exactly the server that produced ``state`` (before it serves any request)."""
         if self.initialized:
             raise RuntimeError("restore() on parameters that are initialised already")
-        for name in state.dense:
+        for name in [*state.dense, *state.non_trainable]:
             if dense_owner(name, self.num_ps) != self.ps_id:
                 raise ConfigError(
                     f"the checkpoint of PS {self.ps_id} holds dense variable {name!r}, which belongs to "
@@ -154,9 +187,10 @@ class Parameters:
                 )
         try:
             tables = {
-                name: EmbeddingTable(name, t.dim, t.initializer, t.dtype) for name, t in state.tables.items()
+                name: EmbeddingTable(name, t.dim, t.initializer, t.dtype, constraint=t.constraint)
+                for name, t in state.tables.items()
             }
-            self._create(state.dense, tables)
+            self._create(state.dense, tables, state.non_trainable, state.constraints)
             if self._dense_optimizer is not None:
                 self._dense_optimizer.set_state(state.dense_optimizer)
             for name, table_state in state.tables.items():
@@ -181,6 +215,7 @@ class Parameters:
                 name: TableState(
                     dim=table.dim,
                     initializer=table.initializer,
+                    constraint=table.constraint,
                     dtype=table.dtype.name,
                     arrays=table.to_arrays(),
                     optimizer=self._table_optimizers[name].get_state(),
@@ -188,20 +223,30 @@ class Parameters:
                 )
                 for name, table in self.tables.items()
             },
+            non_trainable={name: np.array(value) for name, value in self.non_trainable.items()},
+            constraints=dict(self.constraints),
         )
 
     # -- pulls ----------------------------------------------------------------------------------------
 
-    def pull_dense(self, since_version: int) -> list[tuple[str, np.ndarray]] | None:
-        """Copies of every dense variable, or None when ``since_version`` is the current version.
+    def pull_dense(self, since_version: int, finalized: bool = False) -> list[tuple[str, np.ndarray]] | None:
+        """Copies of every dense variable, trainable then non-trainable, or None when ``since_version`` is
+        the current version.
 
         A caller whose version differs from this server's (older, -1 for none, or newer after this server
-        restarted from a checkpoint) gets every variable.
+        restarted from a checkpoint) gets every variable. ``finalized``: the trainable values as ``fit``
+        ends with them (the optimizer's ``finalize_variable_values``: EMA averages when it keeps them);
+        the variables themselves do not change.
         """
         self._require_initialized()
-        if since_version == self.version:
+        if since_version == self.version and not finalized:
             return None
-        return [(name, np.array(v.numpy())) for name, v in self.dense.items()]
+        trainable = (
+            self._dense_optimizer.finalized_values()
+            if finalized and self._dense_optimizer is not None
+            else {name: np.array(v.numpy()) for name, v in self.dense.items()}
+        )
+        return [*trainable.items(), *((name, np.array(v)) for name, v in self.non_trainable.items())]
 
     def pull_embeddings(self, name: str, ids: np.ndarray) -> np.ndarray:
         """The rows of ``ids`` (int64, 1-D, owned by this server) of table ``name``, created if new."""
@@ -224,20 +269,12 @@ class Parameters:
         """
         self._require_initialized()
         gradients = Gradients()
-        for tensor in model.dense_parameters:
-            variable = self.dense.get(tensor.name)
-            if variable is None:
-                raise InvalidRequestError(f"gradient for unknown dense variable {tensor.name!r}")
-            if tensor.name in gradients.dense:
-                raise InvalidRequestError(f"two gradients for dense variable {tensor.name!r}")
-            value = from_tensor(tensor)
-            expected = (variable.dtype.name, tuple(variable.shape))
-            if (value.dtype.name, value.shape) != expected:
-                raise InvalidRequestError(
-                    f"gradient for dense variable {tensor.name!r} is {value.dtype.name}{list(value.shape)}, "
-                    f"the variable {expected[0]}{list(expected[1])}"
-                )
-            gradients.dense[tensor.name] = value
+        dense = {name: (v.dtype.name, tuple(v.shape)) for name, v in self.dense.items()}
+        gradients.dense = _decode_named(model.dense_parameters, dense, "gradient", "dense variable")
+        state = {name: (v.dtype.name, v.shape) for name, v in self.non_trainable.items()}
+        gradients.state = _decode_named(
+            model.non_trainable_parameters, state, "value", "non-trainable variable"
+        )
         for name, slices in model.embedding_tables.items():
             table = self._table(name)
             values, ids = from_indexed_slices(slices)
@@ -251,7 +288,8 @@ class Parameters:
         return gradients
 
     def apply_gradients(self, gradients: Gradients, lr_scale: float = 1.0) -> None:
-        """Apply checked gradients as one optimizer step and advance the version by one.
+        """Apply checked gradients as one optimizer step, take the non-trainable values they carry, and
+        advance the version by one.
 
         ``lr_scale`` multiplies the learning rate for this step only; other than 1 it needs a float
         learning rate (:class:`LearningRateScaleError`, raised before anything changes).
@@ -275,6 +313,8 @@ class Parameters:
             by_group.setdefault(id(self._table_optimizers[name]), []).append((self.tables[name], ids, values))
         for updates in by_group.values():
             self._table_optimizers[updates[0][0].name].apply_many(updates, lr_scale)
+        for name, value in gradients.state.items():
+            self.non_trainable[name] = np.array(value, dtype=self.non_trainable[name].dtype)
         self.version += 1
 
     # -- helpers --------------------------------------------------------------------------------------
@@ -283,12 +323,28 @@ class Parameters:
         self.version = 0
         self.initialized = False
         self.dense: dict[str, tf.Variable] = {}
+        self.non_trainable: dict[str, np.ndarray] = {}
+        self.constraints: dict[str, str] = {}
         self.tables: dict[str, EmbeddingTable] = {}
         self._dense_optimizer: DenseOptimizer | None = None
         self._table_optimizers: dict[str, SparseOptimizer] = {}
 
-    def _create(self, dense: dict[str, np.ndarray], tables: dict[str, EmbeddingTable]) -> None:
-        variables = {name: tf.Variable(value, name=_variable_name(name)) for name, value in dense.items()}
+    def _create(
+        self,
+        dense: dict[str, np.ndarray],
+        tables: dict[str, EmbeddingTable],
+        non_trainable: dict[str, np.ndarray],
+        constraints: dict[str, str],
+    ) -> None:
+        # The Keras optimizer applies a variable's constraint after each update, as in fit.
+        variables = {
+            name: tf.Variable(
+                value,
+                name=_variable_name(name),
+                constraint=load_constraint(constraints[name]) if name in constraints else None,
+            )
+            for name, value in dense.items()
+        }
         dense_optimizer = DenseOptimizer(self._factory, variables, self._jit_compile) if variables else None
         groups: dict[tuple[int, str], list[EmbeddingTable]] = {}
         for table in tables.values():
@@ -300,6 +356,8 @@ class Parameters:
             for table in members
         }
         self.dense, self.tables = variables, tables
+        self.non_trainable = {name: np.array(value) for name, value in non_trainable.items()}
+        self.constraints = dict(constraints)
         self._dense_optimizer, self._table_optimizers = dense_optimizer, optimizers
         self.initialized = True
 
@@ -335,6 +393,28 @@ class Parameters:
     def _require_initialized(self) -> None:
         if not self.initialized:
             raise NotInitializedError("the model is not initialised yet: no worker has pushed it (PushModel)")
+
+
+def _decode_named(
+    tensors: Iterable[Any], expected: dict[str, tuple[str, tuple[int, ...]]], noun: str, kind: str
+) -> dict[str, np.ndarray]:
+    """Decode ``tensors``, each named after an entry of ``expected`` (its dtype name and shape), at most once;
+    :class:`InvalidRequestError` naming the tensor (``noun`` for ``kind`` NAME) otherwise."""
+    decoded: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        wanted = expected.get(tensor.name)
+        if wanted is None:
+            raise InvalidRequestError(f"{noun} for unknown {kind} {tensor.name!r}")
+        if tensor.name in decoded:
+            raise InvalidRequestError(f"two {noun}s for {kind} {tensor.name!r}")
+        value = from_tensor(tensor)
+        if (value.dtype.name, value.shape) != wanted:
+            raise InvalidRequestError(
+                f"{noun} for {kind} {tensor.name!r} is {value.dtype.name}{list(value.shape)}, "
+                f"the variable {wanted[0]}{list(wanted[1])}"
+            )
+        decoded[tensor.name] = value
+    return decoded
 
 
 def _variable_name(name: str) -> str:

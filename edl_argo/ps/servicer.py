@@ -6,12 +6,13 @@ Two ways to apply the gradients workers push:
   version advances by one. With ``lr_staleness_modulation`` the learning rate of that step is multiplied by
   ``1 / max(1, version - push.version)``, so gradients computed against an old model move it less.
 * **Synchronous** (default): pushes are accumulated until ``grads_to_wait`` have been accepted; their mean
-  (dense gradients summed, sparse rows concatenated, both divided by ``grads_to_wait``; a variable missing
-  from a push counts as a zero gradient) is applied as one step and the version advances by one. Accepted
+  weighted by each push's ``examples`` (dense gradients summed, sparse rows concatenated, each times its
+  push's examples, divided by the examples of all; a variable missing from a push counts as a zero
+  gradient) is applied as one step and the version advances by one. Accepted
   pushes still waiting for their step are not part of checkpoints. A push computed against a version
   older than ``version - sync_version_tolerance`` is refused (``accepted=false``, nothing changes): the
   worker pulls and recomputes. ``GetStatus(apply_pending=true)`` (the master, when training ends)
-  applies the pushes still waiting as one last step: their mean (divided by how many arrived).
+  applies the pushes still waiting as one last step: their mean, weighted by examples as a full step's.
 
 **Several PS, synchronous**: PS 0 is the authority. A worker pushes to PS 0 first; PS 0 decides as above
 and answers the ``step`` (its version + 1 while the step accumulates) the push belongs to. Only an
@@ -19,6 +20,13 @@ accepted push goes on to the other PS, with ``authority_step`` set: they apply i
 check of their own, so every PS applies the same minibatches, each at most once, and counts its versions
 in step with PS 0. A follower reports in every pull the authority step it applied last (``synced_step``),
 from which a worker tells whether the parameters it pulled from all PS are of one step.
+
+A push also carries the values of the non-trainable variables its forward pass computed: applied with the
+push (asynchronous), or averaged like the gradients over the step (synchronous).
+
+The optimizer is the model's, without the steps the worker takes of it
+(:func:`~edl_argo.model.train_step.ps_optimizer_factory`). A pull with ``finalized`` (for export) returns
+the values ``fit`` would end with (EMA averages).
 
 A push's ``learning_rate_scale`` (1 when unset) multiplies the learning rate of the step that applies it;
 in synchronous mode the step uses the mean scale of the pushes it averages.
@@ -49,6 +57,7 @@ import numpy as np
 from edl_argo.checkpoint import Checkpointer
 from edl_argo.errors import ConfigError, EdlError
 from edl_argo.log import get_logger
+from edl_argo.model.train_step import ps_optimizer_factory
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
 from edl_argo.ps.optimizer import LearningRateScaleError, OptimizerFactory, check_optimizer_factory
 from edl_argo.ps.parameters import (
@@ -102,39 +111,52 @@ def _non_negative_ids(table: str, ids: np.ndarray) -> np.ndarray:
 
 
 class _Accumulator:
-    """The pushes of one synchronous step, summed until there are enough of them."""
+    """The pushes of one synchronous step, summed (each weighted by its examples) until there are enough."""
 
     def __init__(self) -> None:
         self.count = 0
+        self._first: Gradients | None = None
         self._dense: dict[str, np.ndarray] = {}
         self._sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._state: dict[str, np.ndarray] = {}
+        self._weight = 0
         self._scale_sum = 0.0
         #: The newest step of PS 0 among the pushes PS 0 decided (-1: none).
         self.authority_step = -1
 
-    def add(self, gradients: Gradients, lr_scale: float, authority_step: int = 0) -> None:
+    def add(self, gradients: Gradients, lr_scale: float, examples: int = 0, authority_step: int = 0) -> None:
+        """Add one push of the mean gradients over ``examples`` examples (0 counts as 1); ``authority_step``
+        is the step PS 0 accepted it for (0: this PS decides)."""
         if authority_step > 0:
             self.authority_step = max(self.authority_step, authority_step)
-        for name, value in gradients.dense.items():
-            total = self._dense.get(name)
-            if total is None:
-                self._dense[name] = np.array(value)
-            else:
-                total += value
-        for name, rows in gradients.embeddings.items():
-            self._sparse.setdefault(name, []).append(rows)
+        weight = max(1, examples)
+        self._first = gradients if self.count == 0 else None
+        for total, values in ((self._dense, gradients.dense), (self._state, gradients.state)):
+            for name, value in values.items():
+                if name in total:
+                    total[name] += value * weight
+                else:
+                    total[name] = value * weight
+        for name, (ids, values) in gradients.embeddings.items():
+            self._sparse.setdefault(name, []).append((ids, values * weight))
+        self._weight += weight
         self._scale_sum += lr_scale
         self.count += 1
 
-    def mean(self, divisor: int) -> tuple[Gradients, float]:
-        """The summed gradients divided by ``divisor`` (``grads_to_wait``, or ``count`` for the pushes
-        left at the end of training), and the mean learning-rate scale."""
-        dense = {name: total / divisor for name, total in self._dense.items()}
+    def mean(self) -> tuple[Gradients, float]:
+        """The pushes' mean weighted by examples (a variable missing from a push counts as zero), and the
+        mean learning-rate scale. A single push is returned as it came. Used for a full step and for the
+        pushes left at the end of training alike."""
+        if self.count == 1 and self._first is not None:
+            return self._first, self._scale_sum
+        weight = self._weight
+        dense = {name: total / weight for name, total in self._dense.items()}
+        state = {name: total / weight for name, total in self._state.items()}
         embeddings = {
-            name: (np.concatenate([ids for ids, _ in rows]), np.concatenate([v for _, v in rows]) / divisor)
+            name: (np.concatenate([ids for ids, _ in rows]), np.concatenate([v for _, v in rows]) / weight)
             for name, rows in self._sparse.items()
         }
-        return Gradients(dense, embeddings), self._scale_sum / self.count
+        return Gradients(dense, embeddings, state), self._scale_sum / self.count
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
@@ -176,6 +198,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             raise ConfigError(
                 "--lr-staleness-modulation needs --use-async (synchronous SGD has no staleness)"
             )
+        optimizer_factory = ps_optimizer_factory(optimizer_factory)
         check_optimizer_factory(optimizer_factory, scale_learning_rate=lr_staleness_modulation)
         self.use_async = use_async
         self.grads_to_wait = grads_to_wait
@@ -232,6 +255,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     initialized=False, version=params.version, **self._pull_status()
                 )
             version = params.version
+            if request.finalized:
+                response = ps_pb2.PullDenseParametersResponse(initialized=True, version=version)
+                for name, value in params.pull_dense(since_version=-1, finalized=True) or []:
+                    fill_tensor(response.dense_parameters.add(), value, name)
+                return response
             if request.version == version:
                 return ps_pb2.PullDenseParametersResponse(
                     initialized=True, version=version, **self._pull_status()
@@ -282,6 +310,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         lr_scale = float(request.learning_rate_scale) or 1.0
         if not math.isfinite(lr_scale) or lr_scale < 0:
             raise InvalidRequestError(f"learning_rate_scale must be a finite number >= 0, got {lr_scale}")
+        if request.examples < 0:
+            raise InvalidRequestError(f"examples must be >= 0, got {request.examples}")
         with self._lock:
             params = self.parameters
             gradients = params.decode_gradients(request.gradients)
@@ -306,9 +336,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             else:
                 # PS 0 (or a lone PS) decided above; the others follow PS 0's decision.
                 step = request.authority_step if request.authority_step > 0 else params.version + 1
-                self._accumulator.add(gradients, lr_scale, request.authority_step)
+                self._accumulator.add(gradients, lr_scale, request.examples, request.authority_step)
                 if self._accumulator.count >= self.grads_to_wait:
-                    self._apply_accumulated(self.grads_to_wait)
+                    self._apply_accumulated()
             self._pushes_accepted += 1
             self._maybe_checkpoint()
             return ps_pb2.PushGradientsResponse(accepted=True, version=params.version, step=step)
@@ -321,7 +351,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         with self._lock:
             if request.apply_pending and self._accumulator.count:
                 applied = self._accumulator.count
-                self._apply_accumulated(applied)
+                self._apply_accumulated()
                 self._maybe_checkpoint()
                 log.info("pending_pushes_applied", pushes=applied, version=self.parameters.version)
             return ps_pb2.ParameterServerStatus(
@@ -334,10 +364,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 restored_version=self._restored_version,
             )
 
-    def _apply_accumulated(self, divisor: int) -> None:
+    def _apply_accumulated(self) -> None:
         """Apply the accumulated pushes as one step (under the lock)."""
         accumulator, self._accumulator = self._accumulator, _Accumulator()
-        mean, mean_scale = accumulator.mean(divisor)
+        mean, mean_scale = accumulator.mean()
         self.parameters.apply_gradients(mean, mean_scale)
         if accumulator.authority_step > 0:
             self._synced_step = accumulator.authority_step

@@ -34,6 +34,7 @@ class EmbeddingTableSpec:
     dim: int
     dtype: str
     initializer: str  # JSON of keras.initializers.serialize(...)
+    constraint: str = ""  # JSON of keras.constraints.serialize(...), empty for none
 
 
 @dataclass
@@ -51,10 +52,13 @@ class EmbeddingLookups:
     tape: tf.GradientTape | None = None
     #: Feed mode: the row tensors the lookups used, in lookup order; take the gradients of these.
     rows_used: list[tf.Tensor] = field(default_factory=list)
+    #: Feed mode: each lookup's rows per position (gathered from its unique rows), in lookup order. Their
+    #: gradients are the values of the ``IndexedSlices`` Keras's own ``Embedding`` would yield.
+    positions_used: list[tf.Tensor] = field(default_factory=list)
 
     def start(self, mode: str, rows: Sequence[tf.Tensor] = (), tape: tf.GradientTape | None = None) -> None:
         self.mode, self.rows, self.tape = mode, rows, tape
-        self.tables, self.unique_ids, self.rows_used = [], [], []
+        self.tables, self.unique_ids, self.rows_used, self.positions_used = [], [], [], []
 
     def lookup(self, table: str, dim: int, dtype: tf.DType, inputs: tf.Tensor) -> tf.Tensor:
         ids = tf.cast(inputs, tf.int64)
@@ -71,7 +75,10 @@ class EmbeddingLookups:
             if self.tape is not None:
                 self.tape.watch(rows)
             self.rows_used.append(rows)
-        outputs = tf.reshape(tf.gather(rows, positions), tf.concat([tf.shape(ids), [dim]], axis=0))
+        gathered = tf.gather(rows, positions)
+        if self.mode != "collect":
+            self.positions_used.append(gathered)
+        outputs = tf.reshape(gathered, tf.concat([tf.shape(ids), [dim]], axis=0))
         outputs.set_shape(ids.shape.concatenate([dim]))
         return outputs
 
@@ -88,6 +95,11 @@ def table_specs(model: keras.Model) -> list[EmbeddingTableSpec]:
             dim=int(layer.output_dim),
             dtype=str(layer.embeddings.dtype),
             initializer=json.dumps(keras.initializers.serialize(layer.embeddings_initializer)),
+            constraint=(
+                json.dumps(keras.constraints.serialize(layer.embeddings.constraint))
+                if layer.embeddings.constraint is not None
+                else ""
+            ),
         )
         for layer in embedding_layers(model)
     ]

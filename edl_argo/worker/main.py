@@ -238,13 +238,17 @@ class Worker:
         skipped = 0
         records = 0
         total_loss = 0.0
-        for index, (features, labels) in enumerate(batches):
-            records += _batch_size(features, labels)
+        for index, batch in enumerate(batches):
+            features, labels, weights = split_batch(batch)
+            records += num_records(features)
             if index == 0 and task.task_id == self._skip_minibatch_of_task:
                 log.warning("minibatch_skipped_by_test_fault", task=task.task_id)
                 continue
             try:
-                total_loss += self._replica.train_minibatch(features, labels)
+                if weights is None:
+                    total_loss += self._replica.train_minibatch(features, labels)
+                else:
+                    total_loss += self._replica.train_minibatch(features, labels, weights)  # type: ignore[call-arg]
             except NonFiniteLossError as error:
                 if self._nan_loss != "skip":
                     raise
@@ -277,7 +281,8 @@ class Worker:
     def _evaluate(self, task: master_pb2.Task, batches: Any) -> dict[str, int]:
         outputs: list[dict[str, np.ndarray]] = []
         labels: list[dict[str, np.ndarray]] = []
-        for features, batch_labels in batches:
+        for batch in batches:
+            features, batch_labels, _weights = split_batch(batch)
             if not outputs:
                 self._replica.ensure_built(features)
                 self._replica.sync()
@@ -305,13 +310,13 @@ class Worker:
         return {"records": sum(num_records(o) for o in outputs)}
 
 
-def _batch_size(features: Any, labels: Any) -> int:
-    """The number of examples in a minibatch (the first dimension of its labels, else of its features;
-    of the first tensor of a dict, list or tuple)."""
-    first = labels if labels is not None else features
-    while isinstance(first, dict | list | tuple):
-        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
-    return int(first.shape[0])
+def split_batch(batch: Any) -> tuple[Any, Any, Any]:
+    """``(features, labels, sample_weights or None)`` of a batch ``feed`` made as ``(features, labels)`` or
+    ``(features, labels, sample_weights)``."""
+    if isinstance(batch, tuple) and len(batch) == 3:
+        return batch
+    features, labels = batch
+    return features, labels, None
 
 
 def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.ndarray]) -> str:

@@ -96,17 +96,30 @@ class ParameterServerClient:
             self._timeout,
         )
 
-    def push_model(self, dense: Mapping[str, np.ndarray], tables: Iterable[EmbeddingTableSpec]) -> bool:
-        """Offer initial parameters; each PS keeps the first model it is offered. True if any took ours."""
+    def push_model(
+        self,
+        dense: Mapping[str, np.ndarray],
+        tables: Iterable[EmbeddingTableSpec],
+        non_trainable: Mapping[str, np.ndarray] | None = None,
+        constraints: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Offer initial parameters (trainable and non-trainable, with the trainable variables' constraints);
+        each PS keeps the first model it is offered. True if any took ours."""
         infos = [
-            ps_pb2.EmbeddingTableInfo(name=t.name, dim=t.dim, dtype=t.dtype, initializer=t.initializer)
+            ps_pb2.EmbeddingTableInfo(
+                name=t.name, dim=t.dim, dtype=t.dtype, initializer=t.initializer, constraint=t.constraint
+            )
             for t in tables
         ]
         by_owner = self._split_dense(dense)
+        state_by_owner = self._split_dense(non_trainable or {})
+        constraints_by_owner = self._split_dense(constraints or {})
 
         def push(ps_id: int) -> bool:
             model = ps_pb2.Model(
                 dense_parameters=[to_tensor(v, n) for n, v in by_owner[ps_id].items()],
+                non_trainable_parameters=[to_tensor(v, n) for n, v in state_by_owner[ps_id].items()],
+                constraints=constraints_by_owner[ps_id],
                 embedding_table_infos=infos,
             )
             return bool(self._call(ps_id, "PushModel", model).accepted)
@@ -114,9 +127,13 @@ class ParameterServerClient:
         return any(self._each(push))
 
     def pull_dense(
-        self, versions: Sequence[int], consistent_within: float = CONSISTENT_PULL_SECONDS
+        self,
+        versions: Sequence[int],
+        consistent_within: float = CONSISTENT_PULL_SECONDS,
+        finalized: bool = False,
     ) -> tuple[dict[str, np.ndarray], list[int], bool]:
-        """Dense parameters newer than ``versions`` (one per PS; -1 for none).
+        """Dense parameters, trainable and non-trainable, newer than ``versions`` (one per PS; -1 for none);
+        ``finalized``: all of them as ``fit`` ends with them (EMA averages; for export).
 
         Synchronous SGD with several PS: pulls again (for up to ``consistent_within`` seconds) until every
         PS has applied PS 0's current step. Returns the changed parameters, the versions now held, and
@@ -125,7 +142,7 @@ class ParameterServerClient:
         held = list(versions)
 
         def pull(ps_id: int) -> ps_pb2.PullDenseParametersResponse:
-            request = ps_pb2.PullDenseParametersRequest(version=held[ps_id])
+            request = ps_pb2.PullDenseParametersRequest(version=held[ps_id], finalized=finalized)
             return self._call(ps_id, "PullDenseParameters", request)
 
         values: dict[str, np.ndarray] = {}
@@ -203,9 +220,13 @@ class ParameterServerClient:
         sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
         versions: Sequence[int],
         learning_rate_scale: float = 1.0,
+        state: Mapping[str, np.ndarray] | None = None,
+        examples: int = 0,
     ) -> PushResult:
-        """Push one minibatch's gradients; ``sparse`` maps a table to ``(row_gradients, ids)``."""
+        """Push one minibatch's gradients; ``sparse`` maps a table to ``(row_gradients, ids)``, ``state``
+        holds the non-trainable values the minibatch's forward pass computed, ``examples`` its size."""
         dense_by_owner = self._split_dense(dense)
+        state_by_owner = self._split_dense(state or {})
         sparse_by_owner: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(self.num_ps)]
         for table, (values, ids) in sparse.items():
             owners = embedding_owner(ids, self.num_ps)
@@ -220,11 +241,14 @@ class ParameterServerClient:
                 version=versions[ps_id],
                 learning_rate_scale=learning_rate_scale,
                 authority_step=authority_step,
+                examples=examples,
             )
             gradients = request.gradients
             gradients.version = versions[ps_id]
             for name, gradient in dense_by_owner[ps_id].items():
                 fill_tensor(gradients.dense_parameters.add(), gradient, name)
+            for name, value in state_by_owner[ps_id].items():
+                fill_tensor(gradients.non_trainable_parameters.add(), value, name)
             for table, (values, ids) in sparse_by_owner[ps_id].items():
                 slices = gradients.embedding_tables[table]
                 fill_tensor(slices.values, values, table)
@@ -250,8 +274,8 @@ class ParameterServerClient:
         request = ps_pb2.GetStatusRequest(apply_pending=apply_pending)
         return self._each(lambda ps_id: self._call(ps_id, "GetStatus", request))
 
-    def _split_dense(self, values: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        by_owner: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+    def _split_dense(self, values: Mapping[str, T]) -> list[dict[str, T]]:
+        by_owner: list[dict[str, T]] = [{} for _ in range(self.num_ps)]
         for name, value in values.items():
             by_owner[dense_owner(name, self.num_ps)][name] = value
         return by_owner

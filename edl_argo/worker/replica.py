@@ -2,13 +2,16 @@
 
 One training step (:meth:`ModelReplica.train_minibatch`): pull the dense parameters that changed on the
 PS, compute the loss and gradients (a ``tf.function``; embedding rows are pulled inside it), push dense
-gradients and per-row embedding gradients. With synchronous SGD a push may be rejected as stale; the
-replica then pulls again and recomputes the same minibatch.
+gradients, per-row embedding gradients and the non-trainable values the forward pass computed. With
+synchronous SGD a push may be rejected as stale; the replica then pulls again and recomputes the same
+minibatch. What the worker does of the optimizer's step (loss scaling, global clipping) is in
+:mod:`edl_argo.model.train_step`; which state lives where, in :mod:`edl_argo.model.inventory`.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -18,13 +21,11 @@ import tensorflow as tf
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
-from edl_argo.worker.embedding import (
-    EmbeddingLookups,
-    bind_embeddings,
-    embedding_variable_paths,
-    table_specs,
-)
-from edl_argo.worker.ps_client import ParameterServerClient
+from edl_argo.model.inventory import ModelInventory
+from edl_argo.model.outputs import num_records
+from edl_argo.model.train_step import WorkerSteps, fit_loss
+from edl_argo.worker.embedding import EmbeddingLookups, bind_embeddings
+from edl_argo.worker.ps_client import ParameterServerClient, PushResult
 
 log = get_logger(__name__)
 
@@ -59,10 +60,14 @@ def build_model(spec: ModelSpec, sample_features: Any | None = None) -> keras.Mo
     return model
 
 
-def dense_variables(model: keras.Model) -> list[keras.Variable]:
-    """The trainable variables the PS keeps dense (everything but embedding tables), in a stable order."""
-    tables = embedding_variable_paths(model)
-    return [v for v in model.trainable_variables if v.path not in tables]
+@dataclass(frozen=True)
+class _Push:
+    """What one minibatch sends to the PS (see :meth:`ParameterServerClient.push_gradients`)."""
+
+    dense: dict[str, np.ndarray]
+    sparse: dict[str, tuple[np.ndarray, np.ndarray]]
+    state: dict[str, np.ndarray]
+    examples: int
 
 
 class ModelReplica:
@@ -81,13 +86,16 @@ class ModelReplica:
         self._ps = ps
         self._lr_scale = learning_rate_scale
         self._model: keras.Model | None = None
+        self._inventory = ModelInventory((), (), ())
         self._dense: list[keras.Variable] = []
-        self._by_name: dict[str, keras.Variable] = {}
+        self._steps = WorkerSteps(spec.optimizer())
         self._lookups = EmbeddingLookups()
         self._tables: dict[str, Any] = {}
         # Versions of the parameters this replica holds (as pulled), and the newest version a push saw.
         self.versions = [-1] * ps.num_ps
         self.version = -1
+        # The versions whose finalized values (EMA averages) the local model holds for predict(), if any.
+        self._finalized_versions: list[int] | None = None
 
     @property
     def model(self) -> keras.Model:
@@ -100,22 +108,36 @@ class ModelReplica:
         if self._model is not None:
             return
         model = build_model(self._spec, features)
-        self._dense = dense_variables(model)
-        self._by_name = {v.path: v for v in self._dense}
-        initial = {v.path: np.asarray(v.numpy()) for v in self._dense}
-        self._tables = {spec.name: spec for spec in table_specs(model)}
+        self._inventory = inventory = ModelInventory.of(model)
+        self._dense = list(inventory.trainable)
+        self._tables = {spec.name: spec for spec in inventory.tables}
         bind_embeddings(model, self._lookups)
         self._model = model
         self._collect = tf.function(self._collect_ids, reduce_retracing=True)
         self._compute = tf.function(self._compute_gradients, reduce_retracing=True)
         self._forward = tf.function(self._forward_pass, reduce_retracing=True)
-        if self._ps.push_model(initial, list(self._tables.values())):
-            log.info("model_initialized_on_ps", variables=len(initial))
+        if self._offer_model():
+            log.info(
+                "model_initialized_on_ps", variables=len(self._dense), state=len(inventory.non_trainable)
+            )
         self.sync()
+
+    def _offer_model(self) -> bool:
+        """Offer this replica's parameters to every PS; True if any took them."""
+        inventory = self._inventory
+        return self._ps.push_model(
+            inventory.values(inventory.trainable),
+            inventory.tables,
+            inventory.values(inventory.non_trainable),
+            inventory.constraints(),
+        )
 
     def sync(self) -> None:
         """Pull the dense parameters that changed since the last pull."""
         self.flush()
+        if self._finalized_versions is not None:  # predict() installed the EMA averages: pull every value
+            self._finalized_versions = None
+            self.versions = [-1] * self._ps.num_ps
         self._install(*self._fetch(self.versions))
 
     def _fetch(self, versions: list[int]) -> tuple[dict[str, np.ndarray], list[int]]:
@@ -124,8 +146,7 @@ class ModelReplica:
         if not initialized:
             # A PS came back without a checkpoint: offer it this replica's parameters, then pull again.
             log.warning("ps_uninitialized_reoffering_model")
-            current = {v.path: np.asarray(v.numpy()) for v in self._dense}
-            self._ps.push_model(current, list(self._tables.values()))
+            self._offer_model()
             values, new_versions, initialized = self._ps.pull_dense([-1] * self._ps.num_ps)
             if not initialized:
                 raise JobFailedError("a parameter server refuses the model; see its log")
@@ -133,11 +154,7 @@ class ModelReplica:
 
     def _install(self, values: dict[str, np.ndarray], versions: list[int]) -> None:
         """Load pulled parameters into the local model (on the thread that computes)."""
-        unknown = set(values) - set(self._by_name)
-        if unknown:
-            raise JobFailedError(f"the PS holds variables this model lacks: {sorted(unknown)[:3]}")
-        for name, value in values.items():
-            self._by_name[name].assign(value)
+        self._inventory.assign(values)
         self.versions = versions
         self.version = max(self.version, *versions)
 
@@ -155,41 +172,61 @@ class ModelReplica:
         tables = list(self._lookups.tables)
         return tables, ids, self._ps.pull_embeddings(list(zip(tables, ids, strict=True)), self._tables)
 
-    def _compute_gradients(self, features: Any, labels: Any, rows: list[tf.Tensor]) -> tuple[Any, ...]:
-        model = self.model
+    def _compute_gradients(
+        self, features: Any, labels: Any, sample_weight: Any, rows: list[tf.Tensor]
+    ) -> tuple[Any, ...]:
+        """Loss, gradients (dense, None for a variable the loss does not reach; per pulled embedding row),
+        whether they are finite, and the non-trainable values the forward pass computed. The local
+        non-trainable variables are left as they were: their values come from the PS."""
+        model, steps = self.model, self._steps
+        state = self._inventory.non_trainable
+        before = [tf.identity(v.value) for v in state]
         with tf.GradientTape() as tape:
             self._lookups.start("feed", rows, tape)
             outputs = model(features, training=True)
-            loss = self._spec.loss(labels, outputs)
-            if model.losses:
-                loss = loss + tf.add_n(model.losses)
+            loss = fit_loss(self._spec.loss, labels, outputs, sample_weight, model.losses)
+            scaled = steps.scale_loss(loss)
         used = list(self._lookups.rows_used)
+        positions = list(self._lookups.positions_used) if steps.needs_lookup_gradients else []
         self._lookups.tape = None
-        grads = tape.gradient(loss, [*self._dense, *used])
-        n = len(self._dense)
-        dense_grads = [
-            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-            for v, g in zip(self._dense, grads[:n], strict=True)
-        ]
-        row_grads = [tf.convert_to_tensor(g) for g in grads[n:]]
-        return loss, dense_grads, row_grads
+        grads = tape.gradient(scaled, [*self._dense, *used, *positions])
+        n, m = len(self._dense), len(self._dense) + len(used)
+        dense_grads, row_grads, finite = steps.finish(
+            list(grads[:n]),
+            [tf.convert_to_tensor(g) for g in grads[n:m]],
+            [tf.convert_to_tensor(g) for g in grads[m:]],
+        )
+        after = [tf.identity(v.value) for v in state]
+        for variable, value in zip(state, before, strict=True):
+            variable.assign(value)
+        return loss, dense_grads, row_grads, finite, after
 
     def _forward_pass(self, features: Any, rows: list[tf.Tensor]) -> Any:
         self._lookups.start("feed", rows)
         return self.model(features, training=False)
 
-    def _gradients(self, features: Any, labels: Any) -> tuple[float, dict[str, np.ndarray], dict[str, Any]]:
-        """Loss, dense gradients and per-table row gradients of one minibatch at the local parameters."""
+    def _gradients(self, features: Any, labels: Any, sample_weight: Any = None) -> tuple[float, _Push | None]:
+        """The loss of one minibatch at the local parameters and what to push for it (None: the step's
+        gradients are not finite under dynamic loss scaling, and the step is skipped, as Keras skips it)."""
         tables, ids, rows = self._pull_rows(features)
-        loss, dense_grads, row_grads = self._compute(features, labels, rows)
+        loss, dense_grads, row_grads, finite, state = self._compute(features, labels, sample_weight, rows)
         loss_value = float(loss)
         if not np.isfinite(loss_value):
             raise NonFiniteLossError(loss_value, self.version)
-        dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True)}
-        return loss_value, dense, _merge_rows(tables, ids, [g.numpy() for g in row_grads])
+        if not bool(finite) and self._steps.dynamic:
+            self._steps.step_done(finite=False)
+            log.info("step_skipped_non_finite_gradients", loss_scale=self._steps.dynamic_scale)
+            return loss_value, None
+        dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True) if g is not None}
+        return loss_value, _Push(
+            dense=dense,
+            sparse=_merge_rows(tables, ids, [g.numpy() for g in row_grads]),
+            state={v.path: s.numpy() for v, s in zip(self._inventory.non_trainable, state, strict=True)},
+            examples=num_records(features),
+        )
 
-    def train_minibatch(self, features: Any, labels: Any) -> float:
-        """One SGD step on one minibatch; returns its loss.
+    def train_minibatch(self, features: Any, labels: Any, sample_weight: Any = None) -> float:
+        """One SGD step on one minibatch (weighted by ``sample_weight`` when given); returns its loss.
 
         Synchronous SGD: pull, compute, push, and recompute when the push is rejected as stale.
         Pipelined (asynchronous SGD only): the push of this step and the pull after it run in the
@@ -201,34 +238,40 @@ class ModelReplica:
             if self._in_flight is None:
                 self.sync()
             computed_at = list(self.versions)  # flush() installs newer parameters: not these gradients'
-            loss_value, dense, sparse = self._gradients(features, labels)
+            loss_value, push = self._gradients(features, labels, sample_weight)
             self.flush()
-            self._in_flight = self._pipeline.submit(
-                self._push_and_pull, dense, sparse, computed_at, list(self.versions)
-            )
+            if push is not None:
+                self._in_flight = self._pipeline.submit(
+                    self._push_and_pull, push, computed_at, list(self.versions)
+                )
             return loss_value
         for _ in range(MAX_STALE_RETRIES):
             self.sync()
-            loss_value, dense, sparse = self._gradients(features, labels)
-            result = self._ps.push_gradients(dense, sparse, self.versions, self._lr_scale)
+            loss_value, push = self._gradients(features, labels, sample_weight)
+            if push is None:
+                return loss_value
+            result = self._push(push, self.versions)
             if result.accepted:
                 # The local parameters are still those pulled: the next sync() fetches this update.
                 self.version = max(self.version, result.version)
+                self._steps.step_done(finite=True)
                 return loss_value
         raise JobFailedError(f"gradients rejected as stale {MAX_STALE_RETRIES} times in a row")
 
+    def _push(self, push: _Push, versions: list[int]) -> PushResult:
+        return self._ps.push_gradients(
+            push.dense, push.sparse, versions, self._lr_scale, state=push.state, examples=push.examples
+        )
+
     def _push_and_pull(
-        self,
-        dense: dict[str, np.ndarray],
-        sparse: dict[str, Any],
-        computed_at: list[int],
-        held: list[int],
+        self, push: _Push, computed_at: list[int], held: list[int]
     ) -> tuple[dict[str, np.ndarray], list[int]]:
         """Push gradients computed from parameters of versions ``computed_at`` (their staleness is
         measured from there), then pull what changed since the versions ``held`` now."""
-        result = self._ps.push_gradients(dense, sparse, computed_at, self._lr_scale)
+        result = self._push(push, computed_at)
         if not result.accepted:
             raise JobFailedError("an asynchronous PS rejected gradients; is the PS in synchronous mode?")
+        self._steps.step_done(finite=True)
         return self._fetch(held)
 
     def flush(self) -> None:
@@ -249,8 +292,13 @@ class ModelReplica:
         self._ps.close()
 
     def predict(self, features: Any) -> Any:
-        """The model's outputs with the latest parameters (no gradients)."""
+        """The model's outputs with the latest parameters (no gradients). With an optimizer that keeps EMA
+        averages, with the averages: the values ``fit`` ends with and the job exports."""
         self.ensure_built(features)
+        if self._steps.keeps_averages and self._finalized_versions != self.versions:
+            values, versions, _ = self._ps.pull_dense([-1] * self._ps.num_ps, finalized=True)
+            self._inventory.assign(values)
+            self.versions = self._finalized_versions = versions
         return self._forward(features, self._pull_rows(features)[2])
 
 

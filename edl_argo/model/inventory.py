@@ -1,0 +1,92 @@
+"""The inventory of a Keras model's state and where each part lives in a ParameterServerStrategy job.
+
+* ``trainable`` (dense variables): on the PS that owns the name
+  (:func:`~edl_argo.ps.partition.dense_owner`). Gradients are pushed; the PS's Keras optimizer applies
+  them, then the variable's constraint; workers pull the values.
+* ``non_trainable`` (BatchNormalization statistics, any float variable a layer updates): on the PS that
+  owns the name. Every push carries the values the worker's forward pass computed; the PS takes them (the
+  mean over the pushes of a synchronous step, weighted by examples). The worker undoes its forward pass's
+  assignments and pulls the PS's values, so evaluation during training sees what gets exported.
+* ``tables`` (Embedding layers): rows on the PS that owns their id; row gradients pushed, rows pulled per
+  batch.
+* optimizer slots and EMA averages: on the PS, with its optimizer; never sent. At export the EMA averages
+  replace the trainable values (``finalize_variable_values``, as at the end of ``fit``).
+* the dynamic loss scale of ``LossScaleOptimizer``: on each worker (:mod:`edl_argo.model.train_step`).
+
+Every part a PS holds is in its checkpoints. Non-float non-trainable variables (random seed states,
+counters) stay on each worker and are exported as the model built them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+
+from edl_argo.errors import JobFailedError
+from edl_argo.worker.embedding import EmbeddingTableSpec, embedding_variable_paths, table_specs
+
+_FLOAT_KINDS = "f"
+
+
+@dataclass(frozen=True)
+class ModelInventory:
+    """The parts of one built model's state (see the module docstring), each in a stable order."""
+
+    trainable: tuple[keras.Variable, ...]
+    non_trainable: tuple[keras.Variable, ...]
+    tables: tuple[EmbeddingTableSpec, ...]
+
+    @classmethod
+    def of(cls, model: keras.Model) -> ModelInventory:
+        tables = embedding_variable_paths(model)
+        return cls(
+            trainable=tuple(v for v in model.trainable_variables if v.path not in tables),
+            non_trainable=tuple(
+                v for v in model.non_trainable_variables if np.dtype(v.dtype).kind in _FLOAT_KINDS
+            ),
+            tables=tuple(table_specs(model)),
+        )
+
+    @property
+    def held_by_ps(self) -> tuple[keras.Variable, ...]:
+        """The variables a PS holds whole: trainable, then non-trainable."""
+        return (*self.trainable, *self.non_trainable)
+
+    def constraints(self) -> dict[str, str]:
+        """The constraint of each trainable variable that has one, as JSON, by variable path."""
+        return {
+            v.path: json.dumps(keras.constraints.serialize(v.constraint))
+            for v in self.trainable
+            if v.constraint is not None
+        }
+
+    @staticmethod
+    def values(variables: tuple[keras.Variable, ...]) -> dict[str, np.ndarray]:
+        """Copies of ``variables``' values by path."""
+        return {v.path: np.array(v.numpy()) for v in variables}
+
+    def assign(self, values: Mapping[str, np.ndarray], complete: bool = False) -> None:
+        """Load PS values into the model; a name the model lacks (or, when ``complete``, a variable the
+        PS did not send) is a :class:`JobFailedError`."""
+        by_path = {v.path: v for v in self.held_by_ps}
+        unknown = set(values) - set(by_path)
+        if unknown:
+            raise JobFailedError(f"the PS holds variables this model lacks: {sorted(unknown)[:3]}")
+        missing = set(by_path) - set(values) if complete else set()
+        if missing:
+            raise JobFailedError(f"the PS lacks variables of this model: {sorted(missing)[:3]}")
+        for name, value in values.items():
+            by_path[name].assign(value)
+
+
+def load_constraint(serialized: str) -> keras.constraints.Constraint:
+    """A constraint from :meth:`ModelInventory.constraints`' JSON; :class:`ValueError` naming it if Keras
+    cannot build it (a custom constraint must be registered by the model file)."""
+    try:
+        return keras.constraints.get(json.loads(serialized))
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"unknown Keras constraint {serialized!r}: {error}") from None

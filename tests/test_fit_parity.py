@@ -1,0 +1,301 @@
+"""ParameterServerStrategy gives the model ``model.fit`` gives (issue 21).
+
+Each case is a small model file under ``tests/parity_models/``, written as a user would, trained twice on
+the same rows in the same order: once with ``model.fit`` in this process, once as an edl-argo job (1
+worker, no shuffling; 2 PS where a feature spans PS). Every variable of the exported ``model.keras`` and
+the SavedModel's outputs must equal ``fit``'s within float32 tolerance: ``RTOL`` relative, plus ``ATOL``
+absolute for values near zero (the PS applies Keras's update math in its own XLA-compiled graph, so
+results differ from ``fit``'s only by float32 rounding, which a few dozen steps amplify to ~1e-6).
+
+One job serves several features at once (a job costs seconds of process start-up):
+
+* ``dense_state`` (2 PS, each holding one of the BatchNormalization statistics): BatchNormalization, a
+  NonNeg constraint, an L2 regularizer, a weight without gradient, AdamW with a schedule, weight decay,
+  EMA and ``loss_scale_factor``, a partial last minibatch; evaluation during training sees the exported
+  values;
+* ``embedding_clip`` (2 PS): ``global_clipnorm`` over dense and embedding gradients of both PS, with
+  ``LossScaleOptimizer``, and a per-row constraint on the embedding table;
+* ``weighted``: a ``feed`` yielding sample weights, with ``--grads-to-wait 2`` and minibatches of unequal
+  sizes (``fit`` with twice the batch size is the same model).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from engine_helpers import read_metrics
+
+from edl_argo.data.commands import write_dataset
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.export import KERAS_FILE, SAVED_MODEL_DIR
+from edl_argo.master.job import TrainingJob
+from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.train_step import ps_optimizer_factory
+from edl_argo.recordio import Compressor
+from edl_argo.storage import LocalStorage
+
+MODELS = Path(__file__).parent / "parity_models"
+RTOL = 1e-5
+ATOL = 1e-6
+EPOCHS = 3
+
+
+@dataclass(frozen=True)
+class Case:
+    """One job and the ``fit`` it must equal."""
+
+    model: str
+    rows: int
+    minibatch_size: int = 8
+    #: ``fit``'s batch size (the job's minibatch times ``grads_to_wait`` when pushes are averaged).
+    fit_batch_size: int = 8
+    job: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = {
+    # 100 rows in minibatches of 8: the last of each epoch has 4.
+    "dense_state": Case("dense_state.py", rows=100, job={"num_ps": 2}),
+    "embedding_clip": Case("embedding_clip.py", rows=100, job={"num_ps": 2}),
+    # 92 rows: 11 minibatches of 8 and one of 4; pushed in pairs: fit's 5 batches of 16 and one of 12.
+    "weighted": Case("weighted.py", rows=92, fit_batch_size=16, job={"num_ps": 1, "grads_to_wait": 2}),
+}
+
+
+@dataclass
+class Trained:
+    """What a case produced: the job's exported model and metrics, and ``fit``'s model."""
+
+    spec: ModelSpec
+    records: list[bytes]
+    exported: keras.Model
+    saved_model: Any
+    metrics: dict[str, Any]
+    fitted: keras.Model
+    initial: dict[str, np.ndarray]
+
+
+def _dataset(spec: ModelSpec, records: list[bytes], mode: str, batch: int) -> tf.data.Dataset:
+    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(records, dtype=tf.string))
+    return spec.feed(dataset, mode, None).batch(batch)
+
+
+def _fit(spec: ModelSpec, records: list[bytes], batch: int) -> tuple[keras.Model, dict[str, np.ndarray]]:
+    keras.utils.clear_session()
+    model = spec.custom_model()
+    initial = {v.path: np.array(v.numpy()) for v in model.weights}
+    model.compile(optimizer=spec.optimizer(), loss=spec.loss)
+    model.fit(_dataset(spec, records, Mode.TRAINING, batch), epochs=EPOCHS, shuffle=False, verbose=0)
+    return model, initial
+
+
+@functools.cache
+def _trained(name: str, root: Path) -> Trained:
+    case = CASES[name]
+    spec = load_model_spec(str(MODELS / case.model))
+    from parity_models.parity_data import records as make_records
+
+    records = make_records(case.rows)
+    data = root / name / "data"
+    write_dataset(LocalStorage(data), "train", records, 1, Compressor.NONE, overwrite=False)
+    output = root / name / "out"
+    config = TrainConfig(
+        model_def=str(MODELS / case.model),
+        training_data=str(data / "train"),
+        validation_data=str(data / "train"),
+        output=str(output),
+        job_name=f"parity-{name}",
+        num_epochs=EPOCHS,
+        minibatch_size=case.minibatch_size,
+        num_minibatches_per_task=4,
+        num_workers=1,
+        shuffle=False,
+        **case.job,
+    )
+    TrainingJob(config).run()
+    fitted, initial = _fit(spec, records, case.fit_batch_size)
+    exported = keras.saving.load_model(output / "model" / KERAS_FILE, compile=False)
+    saved_model = tf.saved_model.load(str(output / "model" / SAVED_MODEL_DIR))
+    return Trained(spec, records, exported, saved_model, read_metrics(output), fitted, initial)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("parity")
+    return lambda name: _trained(name, root)
+
+
+def assert_variables_equal_fit(result: Trained) -> None:
+    """Every variable of the exported model equals fit's (same paths, same values)."""
+    exported = {v.path: np.asarray(v.numpy()) for v in result.exported.weights}
+    fitted = {v.path: np.asarray(v.numpy()) for v in result.fitted.weights}
+    assert sorted(exported) == sorted(fitted)
+    differences = {
+        path: float(np.max(np.abs(exported[path] - fitted[path]) / (ATOL + RTOL * np.abs(fitted[path]))))
+        for path in fitted
+    }
+    largest = {path: float(np.max(np.abs(exported[path] - fitted[path]))) for path in fitted}
+    print(f"parity_difference max_abs={max(largest.values()):.3g} per_variable={largest}")
+    worst = {path: largest[path] for path, d in differences.items() if d > 1.0}
+    assert not worst, f"variables that differ from fit (largest absolute difference): {worst}"
+
+
+def assert_saved_model_equals_fit(result: Trained) -> None:
+    features = next(iter(_dataset(result.spec, result.records, Mode.PREDICTION, len(result.records))))
+    served = np.asarray(result.saved_model.serve(features))
+    expected = np.asarray(result.fitted(features, training=False))
+    np.testing.assert_allclose(served, expected, rtol=RTOL, atol=ATOL)
+
+
+def assert_trained(result: Trained, path: str) -> None:
+    """The variable moved in training (so that equality with fit means something)."""
+    value = next(v for v in result.fitted.weights if v.path == path).numpy()
+    assert np.max(np.abs(value - result.initial[path])) > 1e-3, f"{path} did not change in fit"
+
+
+def test_dense_model_with_state_constraint_ema_and_loss_scale_equals_fit(trained) -> None:
+    result = trained("dense_state")
+    assert_trained(result, "batch_normalization/moving_mean")
+    assert_trained(result, "batch_normalization/moving_variance")
+    assert_variables_equal_fit(result)
+    assert_saved_model_equals_fit(result)
+    # (The exported kernel holds EMA averages, which Keras updates before it applies the constraint: they
+    # may be negative, in fit too.)
+    spare = next(v for v in result.exported.weights if v.path == "spare/spare").numpy()
+    assert np.array_equal(spare, np.ones(3)), "a weight without gradient moved"
+
+
+def test_evaluation_during_training_uses_the_exported_state(trained) -> None:
+    """The job's final evaluation (validation = training rows) is the exported model's, i.e. fit's."""
+    result = trained("dense_state")
+    features, labels = next(iter(_dataset(result.spec, result.records, Mode.EVALUATION, len(result.records))))
+    predictions = result.exported(features, training=False)
+    expected = float(np.mean(np.square(np.asarray(labels) - np.asarray(predictions))))
+    assert result.metrics["final_metrics"]["squared_error"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_global_clipnorm_spans_embedding_and_dense_gradients_of_two_ps(trained) -> None:
+    result = trained("embedding_clip")
+    assert_trained(result, "embedding/embeddings")
+    assert_variables_equal_fit(result)
+    assert_saved_model_equals_fit(result)
+    table = next(v for v in result.exported.weights if v.path == "embedding/embeddings").numpy()
+    assert (table == 0.0).any() and table.min() == 0.0, "the NonNeg constraint did not bind"
+
+
+def test_sample_weights_and_pushes_weighted_by_examples_equal_fit(trained) -> None:
+    result = trained("weighted")
+    assert_variables_equal_fit(result)
+    assert_saved_model_equals_fit(result)
+
+
+# -- the parameter server's share of the state, without a job ------------------------------------------
+
+
+def _model_message() -> Any:
+    from edl_argo.proto import ps_pb2
+    from edl_argo.rpc.tensors import to_tensor
+
+    non_negative = json.dumps(keras.constraints.serialize(keras.constraints.NonNeg()))
+    return ps_pb2.Model(
+        dense_parameters=[to_tensor(np.array([0.5, -0.2, 0.1], np.float32), "w")],
+        non_trainable_parameters=[to_tensor(np.zeros(2, np.float32), "moving_mean")],
+        constraints={"w": non_negative},
+        embedding_table_infos=[
+            ps_pb2.EmbeddingTableInfo(name="t", dim=2, initializer="zeros", constraint=non_negative)
+        ],
+    )
+
+
+def _adam_with_ema() -> keras.optimizers.Optimizer:
+    return keras.optimizers.Adam(0.1, use_ema=True)
+
+
+def _push(parameters: Any, step: int) -> None:
+    from edl_argo.ps.parameters import Gradients
+
+    gradient = np.array([1.0, -1.0, 0.5], np.float32) * (step + 1)
+    state = {"moving_mean": np.array([step, -step], np.float32)}
+    rows = (np.array([0, 3]), np.array([[1.0, -1.0], [2.0, 0.5]], np.float32) * (step + 1))
+    parameters.apply_gradients(Gradients(dense={"w": gradient}, embeddings={"t": rows}, state=state))
+
+
+def test_ps_checkpoint_restores_non_trainable_state_constraints_and_ema_exactly() -> None:
+    """A PS restored from its checkpoint continues exactly as the original: EMA averages, non-trainable
+    values and constraints (of dense variables and tables) survive (the checkpoint-restore case)."""
+    from edl_argo.ps.checkpoint import decode_state, encode_state
+    from edl_argo.ps.parameters import Parameters
+
+    original = Parameters(ps_optimizer_factory(_adam_with_ema), jit_compile=False)
+    assert original.init_from_model(_model_message())
+    for step in range(3):
+        _push(original, step)
+    assert original.dense["w"].numpy().min() >= 0.0  # NonNeg applied after the updates
+    assert original.export_table("t")[1].min() == 0.0  # and to the rows of the table an update changed
+    restored = Parameters(ps_optimizer_factory(_adam_with_ema), jit_compile=False)
+    restored.restore(decode_state(encode_state(original.snapshot())))
+    for parameters in (original, restored):
+        _push(parameters, 3)
+    finalized = dict(original.pull_dense(-1, finalized=True) or [])
+    assert dict(restored.pull_dense(-1, finalized=True) or []).keys() == finalized.keys()
+    for name, value in restored.pull_dense(-1, finalized=True) or []:
+        np.testing.assert_array_equal(value, finalized[name])
+    np.testing.assert_array_equal(finalized["moving_mean"], [3.0, -3.0])
+    np.testing.assert_array_equal(restored.export_table("t")[1], original.export_table("t")[1])
+    live = dict(original.pull_dense(-1) or [])
+    assert not np.array_equal(live["w"], finalized["w"]), "finalized values are not the EMA averages"
+
+
+def test_a_synchronous_step_weights_pushes_by_examples() -> None:
+    from edl_argo.ps.parameters import Gradients
+    from edl_argo.ps.servicer import _Accumulator
+
+    accumulator = _Accumulator()
+    accumulator.add(Gradients(dense={"w": np.array([1.0], np.float32)}, state={"m": np.array([2.0])}), 1.0, 8)
+    accumulator.add(Gradients(dense={"w": np.array([4.0], np.float32)}, state={"m": np.array([5.0])}), 1.0, 4)
+    mean, _ = accumulator.mean()
+    np.testing.assert_allclose(mean.dense["w"], [(8 * 1.0 + 4 * 4.0) / 12])
+    np.testing.assert_allclose(mean.state["m"], [(8 * 2.0 + 4 * 5.0) / 12])
+
+
+def test_the_ps_refuses_malformed_state_and_constraints_naming_the_variable() -> None:
+    from edl_argo.proto import ps_pb2
+    from edl_argo.ps.parameters import InvalidRequestError, Parameters
+    from edl_argo.rpc.tensors import to_tensor
+
+    bad_constraint = _model_message()
+    bad_constraint.constraints["w"] = json.dumps({"class_name": "NoSuchConstraint", "config": {}})
+    with pytest.raises(InvalidRequestError, match=r"'w'.*NoSuchConstraint"):
+        Parameters(_adam_with_ema).init_from_model(bad_constraint)
+    parameters = Parameters(_adam_with_ema, jit_compile=False)
+    assert parameters.init_from_model(_model_message())
+    for tensor, reason in [
+        (to_tensor(np.zeros(2, np.float32), "nope"), "unknown non-trainable variable 'nope'"),
+        (to_tensor(np.zeros(3, np.float32), "moving_mean"), r"'moving_mean' is float32\[3\], the .*\[2\]"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=reason):
+            parameters.decode_gradients(ps_pb2.Model(non_trainable_parameters=[tensor]))
+
+
+def test_allreduce_refuses_a_feed_with_sample_weights_before_any_pod_starts(tmp_path: Path) -> None:
+    from parity_models.parity_data import records
+
+    from edl_argo.errors import ConfigError
+
+    write_dataset(LocalStorage(tmp_path / "data"), "train", records(16), 1, Compressor.NONE, overwrite=False)
+    config = TrainConfig(
+        model_def=str(MODELS / "weighted.py"),
+        training_data=str(tmp_path / "data" / "train"),
+        output=str(tmp_path / "out"),
+        distribution_strategy="AllreduceStrategy",
+    )
+    with pytest.raises(ConfigError, match=r"weighted\.py yields \(features, labels, sample_weights\)"):
+        TrainingJob(config)
+    assert not (tmp_path / "out").exists()
