@@ -247,9 +247,11 @@ def assert_parameters(cluster: Cluster, expected: dict[str, np.ndarray]) -> None
 
 
 def test_the_linear_model_is_spread_over_two_ps(linear_spec: ModelSpec) -> None:
-    from edl_argo.worker.replica import build_model, dense_variables
+    from edl_argo.model.inventory import ModelInventory
+    from edl_argo.worker.replica import build_model
 
-    names = [v.path for v in dense_variables(build_model(linear_spec, np.zeros((1, FEATURES), np.float32)))]
+    model = build_model(linear_spec, np.zeros((1, FEATURES), np.float32))
+    names = [v.path for v in ModelInventory.of(model).held_by_ps]
     assert len(names) == PARTS + 1
     assert {dense_owner(name, 2) for name in names} == {0, 1}
 
