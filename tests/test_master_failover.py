@@ -23,6 +23,7 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.job import TrainingJob, dataset_shards
 from edl_argo.master.state_store import STATE_KEY, STATE_PARTS, GroupCommit, MasterStateStore, job_fingerprint
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.model.outputs import named_arrays
 from edl_argo.pods import find_free_port
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import (
@@ -288,6 +289,10 @@ def test_an_open_evaluation_round_continues_after_a_restore_and_counts_each_task
     rng = np.random.default_rng(0)
     labels, outputs = rng.integers(0, 2, 40), rng.random(40)
 
+    def named(start: int, end: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The outputs and labels of records ``start:end`` as workers report them (named arrays)."""
+        return named_arrays(outputs[start:end]), named_arrays(labels[start:end])
+
     def service() -> tuple[EvaluationService, TaskDispatcher]:
         evaluation = EvaluationService(metrics, {"v": 40}, evaluation_steps=0)
         # Training is over (no epoch): the final round is requested only then, and a restored one counts
@@ -303,9 +308,7 @@ def test_an_open_evaluation_round_continues_after_a_restore_and_counts_each_task
     def report(evaluation: EvaluationService, dispatcher: TaskDispatcher, worker: int) -> None:
         task = dispatcher.get_task(worker).task
         assert task is not None and task.type is TaskType.EVALUATION
-        evaluation.report_outputs(
-            task.task_id, 5, outputs[task.start : task.end], labels[task.start : task.end]
-        )
+        evaluation.report_outputs(task.task_id, 5, *named(task.start, task.end))
         assert dispatcher.report(task.task_id, worker, success=True)
 
     whole, whole_dispatcher = service()
@@ -318,7 +321,7 @@ def test_an_open_evaluation_round_continues_after_a_restore_and_counts_each_task
     report(before, dispatcher, 0)
     held = dispatcher.get_task(1).task  # its outputs arrive, its report is lost with the master
     assert held is not None
-    before.report_outputs(held.task_id, 5, outputs[held.start : held.end], labels[held.start : held.end])
+    before.report_outputs(held.task_id, 5, *named(held.start, held.end))
     snapshots = json.loads(json.dumps({"dispatcher": dispatcher.snapshot(), "evaluation": before.snapshot()}))
 
     after, _ = service()
