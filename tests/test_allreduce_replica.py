@@ -60,7 +60,10 @@ class _MasterOf:
         self.worker_id = worker_id
 
     def rendezvous(
-        self, address: str, report: master_pb2.RendezvousRequest | None = None
+        self,
+        address: str,
+        report: master_pb2.RendezvousRequest | None = None,
+        budget_seconds: float | None = None,
     ) -> master_pb2.RendezvousResponse:
         current = self.manager.rendezvous(self.worker_id, address, report)
         return self.manager.response(current, self.worker_id)
