@@ -127,7 +127,8 @@ def test_a_step_past_its_deadline_is_stopped_and_its_exit_hook_still_runs(tmp_pa
     assert step.phase is Phase.FAILED and step.message.startswith(DEADLINE_MESSAGE)
     assert "(activeDeadlineSeconds=2)" in step.message
     assert step.seconds < 30
-    assert hook.name == "generate.onExit" and hook.phase is Phase.FAILED and "not a complete dataset" in hook.message
+    assert hook.name == "generate.onExit" and hook.phase is Phase.FAILED
+    assert "not a complete dataset" in hook.message
 
 
 def test_a_referenced_template_runs_with_raw_artifacts_at_their_paths(tmp_path: Path) -> None:
