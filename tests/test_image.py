@@ -358,8 +358,11 @@ def stub_builders(folder: Path, working: str | None) -> Path:
 
 
 def make_image(folder: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
-    env.pop("IMAGE", None)
+    # Run as a top-level make even under `make test`: without MAKELEVEL/MAKEFLAGS its messages read
+    # "make: ..." rather than "make[1]: ...".
+    inherited = {"IMAGE", "MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"}
+    env = {key: value for key, value in os.environ.items() if key not in inherited}
+    env["PATH"] = f"{folder}:{os.environ['PATH']}"
     return subprocess.run(
         ["make", "--no-print-directory", "-s", "image", *arguments],
         cwd=ROOT,
