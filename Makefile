@@ -16,7 +16,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv test-servers test lint format demo templates image lock bench chaos proto clean
+.PHONY: help venv test-servers test test-slow lint format demo templates image lock bench chaos proto clean
 
 help:
 	@echo "make demo   - run the digits pipeline here: prepare the dataset, train, evaluate, predict"
@@ -24,6 +24,7 @@ help:
 	@echo "make image IMAGE=registry/name:tag - build the container image (docker, podman or buildah)"
 	@echo "make lock   - pin the dependencies the image installs (requirements.lock) to those of .venv"
 	@echo "make test   - install everything needed and run the whole test suite"
+	@echo "make test-slow - the repeated trials and soak runs make test leaves out (marked slow)"
 	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make chaos  - run the chaos suite: training jobs with injected faults (docs/reliability.md)"
 	@echo "make lint   - ruff check and format check"
@@ -47,6 +48,9 @@ test-servers: $(S3SERVER_STAMP)
 
 test: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/pytest
+
+test-slow: $(STAMP) $(S3SERVER_STAMP)
+	$(BIN)/pytest -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
