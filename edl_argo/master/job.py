@@ -39,11 +39,12 @@ from edl_argo.addresses import join_host_port
 from edl_argo.collective.membership import survey_member_states
 from edl_argo.collective.transport import FRAME_CAP_ENV
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
-from edl_argo.flags import add_flag, pod_host
+from edl_argo.flags import pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.ledger import PsReport, TrainingLedger
+from edl_argo.master.pod_commands import ps_command, worker_command
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.ps_watch import ParameterServerWatch
 from edl_argo.master.registry import register_master, unregister_master
@@ -191,73 +192,34 @@ class TrainingJob:
         return ",".join(self.backend.address(PodRole.PS, i) for i in range(self.config.num_ps))
 
     def ps_spec(self, ps_id: int) -> PodSpec:
-        c = self.config
-        command = [
-            "edl-argo", "ps",
-            "--ps-id", str(ps_id),
-            "--num-ps", str(c.num_ps),
-            "--port", str(self.ps_ports[ps_id]),
-            "--master-addr", self._master_address,
-            "--master-timeout", str(c.master_timeout),
-            "--model-def", self.pod_model_def,
-            *c.model_options.to_args(),
-            "--grads-to-wait", str(c.grads_to_wait),
-            "--sync-version-tolerance", str(c.sync_version_tolerance),
-            "--checkpoint-steps", str(c.checkpoint_steps),
-            "--log-level", c.log_level,
-        ]  # fmt: skip
-        if c.checkpoint_steps:
-            command += ["--checkpoint-dir", c.checkpoints_url]
-        if c.use_async:
-            command.append("--use-async")
-        if c.lr_staleness_modulation:
-            command.append("--lr-staleness-modulation")
+        command = ps_command(
+            self.config,
+            ps_id,
+            port=self.ps_ports[ps_id],
+            master_address=self._master_address,
+            model_def=self.pod_model_def,
+        )
         return PodSpec(PodRole.PS, ps_id, tuple(command), port=self.ps_ports[ps_id])
 
     def worker_spec(self, worker_id: int) -> PodSpec:
         c = self.config
-        command: tuple[str, ...] = (
-            "edl-argo", "worker",
-            "--worker-id", str(worker_id),
-            "--master-addr", self._master_address,
-            "--master-timeout", str(c.master_timeout),
-            "--model-def", self.pod_model_def,
-            *c.model_options.to_args(),
-            "--minibatch-size", str(c.minibatch_size),
-            "--evaluation-steps", str(c.evaluation_steps),
-            "--nan-loss", c.nan_loss,
-            "--rpc-timeout-seconds", str(c.rpc_timeout_seconds),
-            "--log-level", c.log_level,
-        )  # fmt: skip
-        port: int | None = None
-        if c.allreduce:
-            # In a cluster every pod has its own address, so one declared port (which the job's
-            # NetworkPolicy opens) serves every worker; on one machine each worker takes a free port.
-            port = c.kubernetes.collective_port if c.kubernetes else None
-            command += (
-                "--distribution-strategy", c.distribution_strategy,
-                "--collective-port", str(port or 0),
-                "--collective-timeout-seconds", str(c.collective_timeout_seconds),
-            )  # fmt: skip
-            if c.scale_lr_by_world_size:
-                command += ("--scale-lr-by-world-size",)
-            if c.checkpoint_steps:
-                command += (
-                    "--checkpoint-steps",
-                    str(c.checkpoint_steps),
-                    "--checkpoint-dir",
-                    c.checkpoints_url,
-                )
-        else:
-            command += ("--ps-addrs", self._ps_addresses())
-        if c.pipelined:
-            command += ("--pipelined",)
+        # In a cluster every pod has its own address, so one declared port (which the job's NetworkPolicy
+        # opens) serves every worker; on one machine each worker takes a free port.
+        port = c.kubernetes.collective_port if c.allreduce and c.kubernetes else None
+        command = worker_command(
+            c,
+            worker_id,
+            master_address=self._master_address,
+            model_def=self.pod_model_def,
+            ps_addresses="" if c.allreduce else self._ps_addresses(),
+            collective_port=port,
+        )
         env = (
             {FRAME_CAP_ENV: os.environ[FRAME_CAP_ENV]}
             if c.allreduce and os.environ.get(FRAME_CAP_ENV)
             else {}
         )
-        return PodSpec(PodRole.WORKER, worker_id, command, env=env, port=port)
+        return PodSpec(PodRole.WORKER, worker_id, tuple(command), env=env, port=port)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -725,5 +687,4 @@ def register(subparsers: Any) -> None:
 
     parser = subparsers.add_parser("train", help="run an elastic training job (this process is the master)")
     add_train_flags(parser)
-    add_flag(parser, "--metrics-output", default="", metavar="PATH", help="also write final metrics as JSON")
     parser.set_defaults(run=run_train)

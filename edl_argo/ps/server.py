@@ -22,14 +22,15 @@ import grpc
 
 from edl_argo import log
 from edl_argo.addresses import join_host_port
-from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
+from edl_argo.checkpoint import open_checkpoint_storage
 from edl_argo.errors import ConfigError
-from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
-from edl_argo.model.contract import ModelOptions, add_model_flags, model_options_from_args
+from edl_argo.flags import pod_host
+from edl_argo.model.contract import ModelOptions, model_options_from_args
 from edl_argo.proto import ps_pb2_grpc
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.health import add_health_service
-from edl_argo.rpc.master_watch import MasterWatch, add_master_timeout_flag
+from edl_argo.rpc.master_watch import MasterWatch
+from edl_argo.settings import add_role_settings
 from edl_argo.storage.base import Storage
 
 if TYPE_CHECKING:  # TensorFlow: imported when a server is created, not for --help (see edl_argo.cli)
@@ -142,49 +143,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a parameter server",
         description="Serve one partition of the model's parameters to the workers until SIGTERM.",
     )
-    add_model_flags(parser)
-    add_flag(parser, "--ps-id", type=non_negative_int, default=0, help="this server's id (default 0)")
-    add_flag(
-        parser,
-        "--num-ps",
-        aliases=("--num-ps-pods",),
-        type=positive_int,
-        default=1,
-        help="parameter servers (default 1)",
-    )
-    add_flag(parser, "--host", default=None, help="address to listen on (default: $POD_IP, else 127.0.0.1)")
-    add_flag(parser, "--port", type=non_negative_int, default=2222, help="port (default 2222)")
-    add_flag(
-        parser,
-        "--grads-to-wait",
-        type=positive_int,
-        default=1,
-        help="synchronous SGD: pushes averaged into one update (default 1)",
-    )
-    add_flag(parser, "--use-async", action="store_true", help="apply every push on arrival")
-    add_flag(
-        parser,
-        "--lr-staleness-modulation",
-        action="store_true",
-        help="with --use-async: scale the learning rate by 1/staleness",
-    )
-    add_flag(
-        parser,
-        "--sync-version-tolerance",
-        type=non_negative_int,
-        default=0,
-        help="synchronous SGD: accept pushes up to this many versions old (default 0)",
-    )
-    add_checkpoint_flags(parser)
-    add_flag(
-        parser,
-        "--master-addr",
-        default="",
-        help="host:port of the job's master: the PS stops (saving its checkpoint) once it has been"
-        " unreachable for --master-timeout (default: no master, serve until SIGTERM)",
-    )
-    add_master_timeout_flag(parser)
-    add_flag(parser, "--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    add_role_settings(parser, "ps")
     parser.set_defaults(run=run_ps)
 
 

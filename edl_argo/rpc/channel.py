@@ -19,6 +19,7 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.settings import table
 
 log = get_logger(__name__)
 
@@ -30,7 +31,7 @@ _OPTIONS = [
 ]
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 #: Default deadline of one gRPC call, in seconds (``--rpc-timeout-seconds``).
-RPC_TIMEOUT_SECONDS = 30
+RPC_TIMEOUT_SECONDS = table.RPC_TIMEOUT_SECONDS
 #: Keepalive: a ping after this long without traffic, and the connection is dropped when its answer takes
 #: longer than :data:`KEEPALIVE_TIMEOUT_MS`.
 KEEPALIVE_TIME_MS = 10_000

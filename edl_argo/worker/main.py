@@ -20,14 +20,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
-from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
+from edl_argo.checkpoint import open_checkpoint_storage
+from edl_argo.collective.flags import ALLREDUCE
 from edl_argo.errors import ConfigError, JobFailedError
-from edl_argo.flags import add_flag, add_rpc_timeout_flag, non_negative_int, pod_host, positive_int
+from edl_argo.flags import pod_host
 from edl_argo.log import get_logger
-from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
-from edl_argo.model.contract import add_model_flags, model_options_from_args
+from edl_argo.model.contract import model_options_from_args
 from edl_argo.model.outputs import (
     as_given,
     concatenate,
@@ -38,7 +37,8 @@ from edl_argo.model.outputs import (
 )
 from edl_argo.proto import master_pb2
 from edl_argo.recordio import ShardChangedError
-from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch, add_master_timeout_flag
+from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch
+from edl_argo.settings import add_role_settings
 from edl_argo.storage import open_storage
 from edl_argo.worker.master_client import MasterClient
 
@@ -57,50 +57,7 @@ _MODES = {
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("worker", help="run one worker of a job (started by the master)")
-    add_flag(parser, "--worker-id", type=non_negative_int, required=True)
-    add_flag(parser, "--master-addr", required=True, help="host:port of the master")
-    add_master_timeout_flag(parser)
-    add_flag(
-        parser,
-        "--ps-addrs",
-        default="",
-        help="comma-separated host:port, in PS id order (ParameterServerStrategy)",
-    )
-    add_flag(parser, "--distribution-strategy", choices=STRATEGIES, default=PARAMETER_SERVER)
-    add_flag(
-        parser,
-        "--collective-port",
-        type=non_negative_int,
-        default=0,
-        help="AllreduceStrategy: port of this worker's collective service (0: any free port)",
-    )
-    add_collective_flags(parser)
-    add_checkpoint_flags(parser)  # AllreduceStrategy: the group's checkpoints
-    add_model_flags(parser)
-    add_flag(parser, "--minibatch-size", type=positive_int, required=True)
-    add_flag(
-        parser,
-        "--evaluation-steps",
-        type=non_negative_int,
-        default=0,
-        help="report the model version to the master every this many versions (0: never)",
-    )
-    add_flag(parser, "--prediction-output", default="", help="URL to write predictions to")
-    add_flag(
-        parser,
-        "--nan-loss",
-        choices=NAN_LOSS_POLICIES,
-        default="fail",
-        help="a minibatch whose loss is NaN: fail the job (default), or skip the minibatch",
-    )
-    add_flag(
-        parser,
-        "--pipelined",
-        action="store_true",
-        help="asynchronous SGD: push and pull in the background while computing the next minibatch",
-    )
-    add_rpc_timeout_flag(parser)
-    add_flag(parser, "--log-level", default="INFO")
+    add_role_settings(parser, "worker")
     parser.set_defaults(run=run_worker)
 
 
