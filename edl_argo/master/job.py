@@ -26,7 +26,6 @@ run never restores them; nothing else there is touched.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -37,14 +36,13 @@ from typing import Any
 
 from edl_argo.addresses import join_host_port
 from edl_argo.collective.membership import survey_member_states
-from edl_argo.collective.transport import FRAME_CAP_ENV
 from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
 from edl_argo.flags import pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.ledger import PsReport, TrainingLedger
-from edl_argo.master.pod_commands import ps_command, worker_command
+from edl_argo.master.pod_commands import ps_pod, worker_pod
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.ps_watch import ParameterServerWatch
 from edl_argo.master.registry import register_master, unregister_master
@@ -192,34 +190,20 @@ class TrainingJob:
         return ",".join(self.backend.address(PodRole.PS, i) for i in range(self.config.num_ps))
 
     def ps_spec(self, ps_id: int) -> PodSpec:
-        command = ps_command(
-            self.config,
-            ps_id,
-            port=self.ps_ports[ps_id],
-            master_address=self._master_address,
-            model_def=self.pod_model_def,
+        port = self.ps_ports[ps_id]
+        return ps_pod(
+            self.config, ps_id, port=port, master_address=self._master_address, model_def=self.pod_model_def
         )
-        return PodSpec(PodRole.PS, ps_id, tuple(command), port=self.ps_ports[ps_id])
 
     def worker_spec(self, worker_id: int) -> PodSpec:
-        c = self.config
-        # In a cluster every pod has its own address, so one declared port (which the job's NetworkPolicy
-        # opens) serves every worker; on one machine each worker takes a free port.
-        port = c.kubernetes.collective_port if c.allreduce and c.kubernetes else None
-        command = worker_command(
-            c,
+        ps_addresses = "" if self.config.allreduce else self._ps_addresses()
+        return worker_pod(
+            self.config,
             worker_id,
             master_address=self._master_address,
             model_def=self.pod_model_def,
-            ps_addresses="" if c.allreduce else self._ps_addresses(),
-            collective_port=port,
+            ps_addresses=ps_addresses,
         )
-        env = (
-            {FRAME_CAP_ENV: os.environ[FRAME_CAP_ENV]}
-            if c.allreduce and os.environ.get(FRAME_CAP_ENV)
-            else {}
-        )
-        return PodSpec(PodRole.WORKER, worker_id, tuple(command), env=env, port=port)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -8,8 +8,11 @@ ports, the staged ``--model-def``). Pure: no I/O, so tests and ``--yaml`` call i
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
+from edl_argo.collective.transport import FRAME_CAP_ENV
+from edl_argo.pods.base import PodRole, PodSpec
 from edl_argo.settings import role_arguments
 
 
@@ -61,3 +64,31 @@ def worker_command(
         "checkpoint_dir": config.checkpoints_url if allreduce and config.checkpoint_steps else None,
     }
     return ["edl-argo", "worker", *role_arguments("worker", values)]
+
+
+def ps_pod(config: Any, ps_id: int, *, port: int, master_address: str, model_def: str) -> PodSpec:
+    """The pod of parameter server ``ps_id``: its command (:func:`ps_command`) and port."""
+    command = ps_command(config, ps_id, port=port, master_address=master_address, model_def=model_def)
+    return PodSpec(PodRole.PS, ps_id, tuple(command), port=port)
+
+
+def worker_pod(
+    config: Any, worker_id: int, *, master_address: str, model_def: str, ps_addresses: str
+) -> PodSpec:
+    """The pod of worker ``worker_id``: its command (:func:`worker_command`), its collective port and, with
+    AllreduceStrategy, the master's frame cap (``FRAME_CAP_ENV``) if set."""
+    # In a cluster every pod has its own address, so one declared port (which the job's NetworkPolicy
+    # opens) serves every worker; on one machine each worker takes a free port.
+    port = config.kubernetes.collective_port if config.allreduce and config.kubernetes else None
+    command = worker_command(
+        config,
+        worker_id,
+        master_address=master_address,
+        model_def=model_def,
+        ps_addresses="" if config.allreduce else ps_addresses,
+        collective_port=port,
+    )
+    cap = os.environ.get(FRAME_CAP_ENV) if config.allreduce else None
+    return PodSpec(
+        PodRole.WORKER, worker_id, tuple(command), env={FRAME_CAP_ENV: cap} if cap else {}, port=port
+    )
