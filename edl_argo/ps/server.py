@@ -30,6 +30,7 @@ from edl_argo.proto import ps_pb2_grpc
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.health import add_health_service
 from edl_argo.rpc.master_watch import MasterWatch, add_master_timeout_flag
+from edl_argo.rpc.request_deadline import RequestDeadlineInterceptor
 from edl_argo.storage.base import Storage
 
 if TYPE_CHECKING:  # TensorFlow: imported when a server is created, not for --help (see edl_argo.cli)
@@ -40,6 +41,14 @@ _log = log.get_logger(__name__)
 
 #: Threads serving requests.
 SERVER_THREADS = 8
+#: Calls running or queued beyond this many are refused at once (RESOURCE_EXHAUSTED), never queued without
+#: bound.
+MAX_CONCURRENT_RPCS = 64
+#: A call whose request message has not arrived this many seconds after its headers is cancelled: a peer
+#: that opens calls and never sends their requests holds the server's threads at most this long
+#: (:mod:`edl_argo.rpc.request_deadline`). A gradient push of the largest message (256 MiB) takes about 2 s
+#: on a 1 Gbit/s network.
+REQUEST_ARRIVAL_SECONDS = 10.0
 #: Seconds running requests get to finish after SIGTERM, and the last checkpoint to be written.
 STOP_GRACE_SECONDS = 10.0
 
@@ -112,7 +121,11 @@ def create_servicer(
 
 def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tuple[grpc.Server, int]:
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port."""
-    server = make_server(SERVER_THREADS)
+    server = make_server(
+        SERVER_THREADS,
+        interceptors=[RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS)],
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+    )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
     add_health_service(server)  # the master's liveness check (edl_argo.master.ps_watch)
     address = join_host_port(host, port)
