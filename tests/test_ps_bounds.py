@@ -110,6 +110,9 @@ def test_sync_pushes_from_beyond_the_current_version_are_refused(ps: Any) -> Non
         request = dense_push(W, **{field: 2**63 - 1})
         error = refused(lambda r=request: stub.PushGradients(r, timeout=30))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and field in error.details()
+    # PS 0 decides the steps: an authority_step sent to it would skip its staleness check.
+    error = refused(lambda: stub.PushGradients(dense_push(W, authority_step=5), timeout=30))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "authority_step" in error.details()
     error = refused(lambda: stub.PushGradients(dense_push(W, examples=2**62), timeout=30))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "examples" in error.details()
     assert servicer.version == 0

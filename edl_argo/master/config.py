@@ -26,6 +26,9 @@ from edl_argo.rpc.master_watch import DEFAULT_MASTER_TIMEOUT_SECONDS, add_master
 #: fails at once, naming the model version, task and shard; ``skip``: the minibatch is not pushed, and
 #: ``nan_batches_skipped`` in metrics.json counts it.
 NAN_LOSS_POLICIES = ("fail", "skip")
+#: ``--nan-gradients``: the same for a minibatch whose loss is finite but whose gradients hold a NaN or an
+#: infinity (:mod:`edl_argo.worker.gradient_check`); ``nan_gradients_skipped`` counts them per worker.
+NAN_GRADIENT_POLICIES = ("fail", "skip")
 MAX_PORT = 65535
 #: What a local job's name must look like: it names files (the job registry), so no '/' and no spaces. On
 #: Kubernetes, where it names pods, the backend requires a DNS label (``manifests.validate_job_name``).
@@ -52,6 +55,8 @@ class TrainConfig:
     lr_staleness_modulation: bool = False
     pipelined: bool = False
     sync_version_tolerance: int = 0
+    #: The most rows one embedding table may hold on one PS (0: no bound).
+    max_embedding_rows: int = 0
     evaluation_steps: int = 0
     checkpoint_steps: int = 0
     checkpoint_dir: str = ""
@@ -60,6 +65,7 @@ class TrainConfig:
     seed: int = 0
     max_task_retries: int = 3
     nan_loss: str = "fail"
+    nan_gradients: str = "fail"
     max_worker_relaunches: int = 16
     max_ps_relaunches: int = 8
     min_task_timeout_seconds: int = 60
@@ -134,6 +140,14 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         help="a minibatch whose loss is NaN: fail the job at once (default), or skip the minibatch",
     )
     add_flag(
+        training,
+        "--nan-gradients",
+        choices=NAN_GRADIENT_POLICIES,
+        default="fail",
+        help="a minibatch whose gradients hold NaN or Inf (the loss finite): fail the job at once"
+        " (default), or skip the minibatch",
+    )
+    add_flag(
         training, "--evaluation-steps", type=non_negative_int, default=0, help="evaluate every N versions"
     )
     add_flag(
@@ -175,6 +189,14 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         help="async: push and pull while the next minibatch computes (faster, one more step of staleness)",
     )
     add_flag(cluster, "--sync-version-tolerance", type=non_negative_int, default=0)
+    add_flag(
+        cluster,
+        "--max-embedding-rows",
+        type=non_negative_int,
+        default=0,
+        help="the most rows one embedding table may hold on one PS: pulls and pushes of new ids beyond it"
+        " are refused (0, the default: no bound; set it to the vocabulary size)",
+    )
     add_flag(cluster, "--max-task-retries", type=positive_int, default=3)
     add_flag(cluster, "--max-worker-relaunches", type=non_negative_int, default=16)
     add_flag(cluster, "--max-ps-relaunches", type=non_negative_int, default=8)

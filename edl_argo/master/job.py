@@ -203,6 +203,7 @@ class TrainingJob:
             *c.model_options.to_args(),
             "--grads-to-wait", str(c.grads_to_wait),
             "--sync-version-tolerance", str(c.sync_version_tolerance),
+            "--max-embedding-rows", str(c.max_embedding_rows),
             "--checkpoint-steps", str(c.checkpoint_steps),
             "--log-level", c.log_level,
         ]  # fmt: skip
@@ -226,6 +227,7 @@ class TrainingJob:
             "--minibatch-size", str(c.minibatch_size),
             "--evaluation-steps", str(c.evaluation_steps),
             "--nan-loss", c.nan_loss,
+            "--nan-gradients", c.nan_gradients,
             "--rpc-timeout-seconds", str(c.rpc_timeout_seconds),
             "--log-level", c.log_level,
         )  # fmt: skip
@@ -636,6 +638,7 @@ class TrainingJob:
             "records_trained_twice": accounting.records_trained_twice,
             "training_loss_per_epoch": {str(k): v for k, v in self.training_loss.per_epoch().items()},
             "nan_batches_skipped": self.training_loss.nan_batches_skipped,
+            "nan_gradients_skipped": self.training_loss.nan_gradients_skipped,
             "task_requeues": accounting.requeues,
             "relaunches": {
                 "worker": self.pods.worker_relaunches,

@@ -45,8 +45,11 @@ def check_version(field: str, value: int) -> int:
     return value
 
 
-def check_push_fields(request: ps_pb2.PushGradientsRequest) -> float:
-    """Check the scalar fields of a push; returns its learning-rate scale (1 when unset)."""
+def check_push_fields(request: ps_pb2.PushGradientsRequest, ps_id: int) -> float:
+    """Check the scalar fields of a push to PS ``ps_id``; returns its learning-rate scale (1 when unset).
+
+    Only the other PS take an ``authority_step`` (PS 0's decision): PS 0 decides itself, and a push
+    carrying one would skip its staleness check."""
     lr_scale = float(request.learning_rate_scale) or 1.0
     if not math.isfinite(lr_scale) or lr_scale < 0:
         raise InvalidRequestError(f"learning_rate_scale must be a finite number >= 0, got {lr_scale}")
@@ -54,6 +57,10 @@ def check_push_fields(request: ps_pb2.PushGradientsRequest) -> float:
         raise InvalidRequestError(f"examples must be in [0, {MAX_EXAMPLES}], got {request.examples}")
     check_version("version", request.version)
     check_version("authority_step", request.authority_step)
+    if ps_id == 0 and request.authority_step > 0:
+        raise InvalidRequestError(
+            f"authority_step {request.authority_step} sent to PS 0, which decides the steps itself"
+        )
     return lr_scale
 
 

@@ -67,6 +67,7 @@ class PSConfig:
     use_async: bool = False
     lr_staleness_modulation: bool = False
     sync_version_tolerance: int = 0
+    max_embedding_rows: int = 0
     checkpoint_dir: str | None = None
     checkpoint_steps: int = 0
 
@@ -113,6 +114,7 @@ def create_servicer(
         grads_to_wait=config.grads_to_wait,
         lr_staleness_modulation=config.lr_staleness_modulation,
         sync_version_tolerance=config.sync_version_tolerance,
+        max_embedding_rows=config.max_embedding_rows,
         checkpointer=checkpointer,
         initial_state=state,
         learning_rate_at=learning_rate_at,
@@ -188,6 +190,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="synchronous SGD: accept pushes up to this many versions old (default 0)",
     )
+    add_flag(
+        parser,
+        "--max-embedding-rows",
+        type=non_negative_int,
+        default=0,
+        help="the most rows one embedding table may hold on this server (default 0: no bound)",
+    )
     add_checkpoint_flags(parser)
     add_flag(
         parser,
@@ -215,6 +224,7 @@ def run_ps(args: argparse.Namespace) -> int:
         use_async=args.use_async,
         lr_staleness_modulation=args.lr_staleness_modulation,
         sync_version_tolerance=args.sync_version_tolerance,
+        max_embedding_rows=args.max_embedding_rows,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_steps=args.checkpoint_steps,
     )

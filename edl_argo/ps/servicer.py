@@ -327,7 +327,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PushGradients(
         self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
     ) -> ps_pb2.PushGradientsResponse:
-        lr_scale = bounds.check_push_fields(request)
+        lr_scale = bounds.check_push_fields(request, self.parameters.ps_id)
         with self._lock:
             params = self.parameters
             gradients = params.decode_gradients(request.gradients)
