@@ -43,11 +43,14 @@ MUTATED_SHARE = 0.2
 @dataclass(frozen=True)
 class Method:
     """One gRPC method to fuzz: its full path, its request type, and ``adjust(request, fuzzer)``, which
-    may change a generated request (to keep it from doing what a real peer may legitimately do)."""
+    may change a generated request (to keep it from doing what a real peer may legitimately do, or from a
+    known gap another change closes)."""
 
     path: str
     request: type[Message]
     adjust: Callable[[Message, MessageFuzzer], None] | None = None
+    #: Whether to send randomly edited bytes too (:data:`MUTATED_SHARE` of the requests).
+    mutate: bool = True
 
 
 @dataclass
@@ -105,7 +108,7 @@ def fuzz(
         if method.adjust is not None:
             method.adjust(request, fuzzer)
         data = request.SerializeToString()
-        if fuzzer.rng.random() < MUTATED_SHARE:
+        if method.mutate and fuzzer.rng.random() < MUTATED_SHARE:
             data = fuzzer.mutated(data)
         began = time.monotonic()
         try:
