@@ -64,9 +64,7 @@ class RequestDeadlineInterceptor(grpc.ServerInterceptor):
                     )
             return unary(request, context)
 
-        return grpc.stream_unary_rpc_method_handler(
-            behavior, response_serializer=handler.response_serializer
-        )
+        return grpc.stream_unary_rpc_method_handler(behavior, response_serializer=handler.response_serializer)
 
 
 def _cancel_late(context: grpc.ServicerContext, method: str, seconds: float) -> None:
