@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import NoReturn, TypeVar
 
@@ -75,9 +75,22 @@ _SERVER_OPTIONS = [
 ]
 
 
-def make_server(max_workers: int = 8) -> grpc.Server:
-    """A server with the same message limits as :func:`make_channel`, owning its port alone."""
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS)
+def make_server(
+    max_workers: int = 8,
+    *,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    maximum_concurrent_rpcs: int | None = None,
+) -> grpc.Server:
+    """A server with the same message limits as :func:`make_channel`, owning its port alone.
+
+    ``maximum_concurrent_rpcs``: calls beyond this many running or queued are refused at once with
+    ``RESOURCE_EXHAUSTED`` (None: no bound)."""
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=_SERVER_OPTIONS,
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=maximum_concurrent_rpcs,
+    )
 
 
 def reject_request(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCode, reason: str) -> NoReturn:

@@ -19,6 +19,9 @@ STRATEGIES = (PARAMETER_SERVER, ALLREDUCE)
 #: fails at once, naming the model version, task and shard; ``skip``: the minibatch is not pushed, and
 #: ``nan_batches_skipped`` in metrics.json counts it.
 NAN_LOSS_POLICIES = ("fail", "skip")
+#: ``--nan-gradients``: the same for a minibatch whose loss is finite but whose gradients hold a NaN or an
+#: infinity (:mod:`edl_argo.worker.gradient_check`); ``nan_gradients_skipped`` counts them per worker.
+NAN_GRADIENT_POLICIES = ("fail", "skip")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 #: Deadline of every gRPC call (``--rpc-timeout-seconds``).
@@ -261,6 +264,17 @@ SETTINGS: tuple[Setting, ...] = (
         argo=Argo(),
     ),
     Setting(
+        "--nan-gradients",
+        str,
+        "fail",
+        "a minibatch whose gradients hold NaN or Inf (the loss finite): fail the job at once (default),"
+        " or skip the minibatch",
+        roles=("train", "worker"),
+        group=TRAINING,
+        choices=NAN_GRADIENT_POLICIES,
+        argo=Argo(),
+    ),
+    Setting(
         "--evaluation-steps",
         int,
         0,
@@ -381,6 +395,17 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         0,
         "synchronous SGD: accept pushes up to this many versions old",
+        roles=("train", "ps"),
+        group=CLUSTER,
+        parse=non_negative_int,
+        argo=Argo(),
+    ),
+    Setting(
+        "--max-embedding-rows",
+        int,
+        0,
+        "the most rows one embedding table may hold on one PS: pulls and pushes of new ids beyond it are"
+        " refused (0, the default: no bound; set it to the vocabulary size)",
         roles=("train", "ps"),
         group=CLUSTER,
         parse=non_negative_int,

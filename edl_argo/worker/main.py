@@ -7,7 +7,9 @@ reported failed with the error (the master retries it elsewhere, up to a bound) 
 A minibatch whose loss is NaN or infinite is never pushed. With ``--nan-loss skip`` the worker goes on
 with the next one and reports how many it skipped (``nan_batches_skipped``); with ``--nan-loss fail`` (the
 default) it reports the task as fatally failed, naming the model version, task and shard, and the master
-fails the job at once: retrying elsewhere would meet the same NaN.
+fails the job at once: retrying elsewhere would meet the same NaN. A minibatch whose loss is finite but
+whose gradients are not (:mod:`edl_argo.worker.gradient_check`) is never pushed either: ``--nan-gradients``
+decides in the same way, and ``nan_gradients_skipped`` counts those skipped.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from edl_argo.recordio import ShardChangedError
 from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch
 from edl_argo.settings import add_role_settings
 from edl_argo.storage import open_storage
+from edl_argo.worker.gradient_check import NonFiniteGradientError
 from edl_argo.worker.master_client import MasterClient
 
 log = get_logger(__name__)
@@ -103,9 +106,11 @@ class Worker:
         evaluation_steps: int = 0,
         prediction_output: str = "",
         nan_loss: str = "fail",
+        nan_gradients: str = "fail",
     ) -> None:
         self.worker_id = worker_id
         self._nan_loss = nan_loss
+        self._nan_gradients = nan_gradients
         self._spec = spec
         self._master = master
         self._replica = replica
@@ -160,6 +165,12 @@ class Worker:
                 f"{error} (task {task.task_id}, shard {task.shard}); lower the learning rate or use"
                 " --nan-loss skip",
             )
+        except NonFiniteGradientError as error:
+            return self._fail_job(
+                task,
+                f"{error} (task {task.task_id}, shard {task.shard}); check the model for operations"
+                " whose gradient is not finite (sqrt or norm at 0) or use --nan-gradients skip",
+            )
         except ShardChangedError as error:  # retrying cannot help: the data the job started with are gone
             return self._fail_job(task, str(error))
         except JobFailedError:
@@ -193,6 +204,7 @@ class Worker:
 
         steps = 0
         skipped = 0
+        skipped_gradients = 0
         records = 0
         total_loss = 0.0
         for index, batch in enumerate(batches):
@@ -212,6 +224,12 @@ class Worker:
                 skipped += 1
                 log.warning("nan_batch_skipped", task=task.task_id, shard=task.shard, error=str(error))
                 continue
+            except NonFiniteGradientError as error:
+                if self._nan_gradients != "skip":
+                    raise
+                skipped_gradients += 1
+                log.warning("nan_gradients_skipped", task=task.task_id, shard=task.shard, error=str(error))
+                continue
             steps += 1
             self._task_steps = steps
             self._maybe_report_version()
@@ -222,6 +240,7 @@ class Worker:
             "records": records,
             "steps": steps,
             "nan_batches_skipped": skipped,
+            "nan_gradients_skipped": skipped_gradients,
             "epoch": task.epoch,
             "model_version": self._replica.version,
             "mean_loss": mean_loss,
@@ -330,6 +349,7 @@ def run_worker(args: argparse.Namespace) -> int:
         evaluation_steps=args.evaluation_steps,
         prediction_output=args.prediction_output,
         nan_loss=args.nan_loss,
+        nan_gradients=args.nan_gradients,
     )
     try:
         worker.run()
