@@ -557,6 +557,7 @@ class TrainingJob:
             "records_trained_twice": accounting.records_trained_twice,
             "training_loss_per_epoch": {str(k): v for k, v in self.training_loss.per_epoch().items()},
             "nan_batches_skipped": self.training_loss.nan_batches_skipped,
+            "nan_gradients_skipped": self.training_loss.nan_gradients_skipped,
             "task_requeues": accounting.requeues,
             "relaunches": {
                 "worker": self.pods.worker_relaunches,
