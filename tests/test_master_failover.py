@@ -274,6 +274,31 @@ def test_a_report_retried_after_its_reply_was_lost_gets_the_same_next_task() -> 
     assert other.task_id not in (first.task_id, lost.task_id)
 
 
+def test_a_worker_reading_ahead_gets_a_new_task_and_its_tasks_are_requeued_when_it_dies() -> None:
+    """A worker that lists the task it holds gets another one (read ahead); a lost answer is given again;
+    when the worker dies, the task it was running and the one it read ahead both go back to the queue."""
+    from edl_argo.master.servicer import MasterServicer
+    from edl_argo.proto import master_pb2
+
+    dispatcher = TaskDispatcher(SHARDS, DispatcherConfig(records_per_task=40, num_epochs=1))
+    evaluation = EvaluationService(lambda: {}, {}, 1)
+    evaluation.dispatcher = dispatcher
+    urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    servicer = MasterServicer(dispatcher, evaluation, urls, lambda: 0)
+
+    def get_task(worker_id: int, held: list[int]) -> master_pb2.Task:
+        request = master_pb2.GetTaskRequest(worker_id=worker_id, held_task_ids=held)
+        return servicer.GetTask(request, None).task
+
+    first = get_task(0, [])
+    ahead = get_task(0, [first.task_id])
+    assert ahead.task_id != first.task_id
+    assert get_task(0, [first.task_id]) == ahead  # that answer was lost: the same task again
+    assert get_task(0, []) == first  # a worker listing nothing holds nothing: its oldest task again
+    assert {t.task_id for t in dispatcher.recover_tasks(0)} == {first.task_id, ahead.task_id}
+    assert [get_task(1, []).task_id, get_task(1, [first.task_id]).task_id] == [first.task_id, ahead.task_id]
+
+
 # -- evaluation state -----------------------------------------------------------------------------------
 
 

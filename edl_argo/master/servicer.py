@@ -81,10 +81,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> master_pb2.GetTaskResponse:
         _check_worker_id(context, "GetTask", request.worker_id)
-        held = self._dispatcher.oldest_held_task(request.worker_id)
+        held = self._dispatcher.oldest_held_task(request.worker_id, frozenset(request.held_task_ids))
         if held is not None and self._dispatcher.failure is None:
-            # A worker asks only when it holds no task: it never received the answer that gave it this
-            # one (a reply lost to a master restart). Without this, the task would wait for its timeout.
+            # A worker asks only for tasks beyond those it lists as held: it never received the answer that
+            # gave it this one (a reply lost to a master restart). Without this, the task would wait for its
+            # timeout.
             log.info("task_assigned_again", task=held.task_id, worker=request.worker_id)
             assignment = TaskAssignment("task", held)
         else:

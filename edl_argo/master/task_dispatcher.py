@@ -368,11 +368,12 @@ class TaskDispatcher:
             running = self._doing.get(task_id)
             return running.task if running is not None and running.worker_id == worker_id else None
 
-    def oldest_held_task(self, worker_id: int) -> Task | None:
-        """The task ``worker_id`` got first among those it holds now, or None if it holds none."""
+    def oldest_held_task(self, worker_id: int, excluding: Collection[int] = ()) -> Task | None:
+        """The task ``worker_id`` got first among those it holds now and that are not in ``excluding``
+        (those it says it holds), or None if there is none."""
         with self._lock:
-            held = self._held.get(worker_id)
-            return self._doing[next(iter(held))].task if held else None
+            held = [task_id for task_id in self._held.get(worker_id, {}) if task_id not in excluding]
+            return self._doing[held[0]].task if held else None
 
     def recover_tasks(self, worker_id: int) -> list[Task]:
         """``worker_id`` died: requeue every task it held at the front of its queue, in the order it got

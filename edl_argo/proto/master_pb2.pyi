@@ -53,10 +53,12 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., type: _Optional[_Union[TaskType, str]] = ..., data_url: _Optional[str] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., model_version: _Optional[int] = ..., shard_version: _Optional[str] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "held_task_ids")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
-    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+    held_task_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., held_task_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
     __slots__ = ("kind", "task")

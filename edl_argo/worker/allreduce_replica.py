@@ -45,6 +45,7 @@ from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
 from edl_argo.storage.base import Storage
 from edl_argo.worker.replica import NonFiniteLossError, build_model
+from edl_argo.worker.step_timers import STEP_TIMERS
 
 log = get_logger(__name__)
 
@@ -315,7 +316,8 @@ class AllreduceReplica:
                     # Before this member's step: it contributes nothing; skipped or fatal (--nan-loss).
                     raise NonFiniteLossError(loss_value, self._version)
             try:
-                total = group.allreduce(contribution)
+                with STEP_TIMERS.section("peers"):
+                    total = group.allreduce(contribution)
             except CollectiveAborted as error:
                 self._member.abandon(error)
                 interrupted = (before, group.round_id)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
 
-from edl_argo.model import ModelSpec
+from edl_argo.model import Mode, ModelSpec
 from edl_argo.recordio import ShardReader
 from edl_argo.storage import Storage, open_storage
 
@@ -45,3 +46,36 @@ def make_batches(
     dataset = tf.data.Dataset.from_tensor_slices(tf.constant(records, dtype=tf.string))
     dataset = spec.feed(dataset, mode, metadata)
     return dataset.batch(minibatch_size).prefetch(1)
+
+
+def stream_batches(
+    spec: ModelSpec,
+    tasks: Callable[[], Iterator[tuple[int, Any]]],
+    minibatch_size: int,
+    metadata: Any = None,
+) -> tf.data.Dataset:
+    """One training input pipeline for a whole job: ``tasks()`` yields ``(seq, records)`` per task; each
+    task's records go through ``feed(dataset, TRAINING, metadata)`` (traced once, for every task) and are
+    batched on their own, so that no minibatch holds records of two tasks.
+
+    Elements are ``(seq, item)``: ``item`` (a :class:`tf.experimental.Optional`) holds a minibatch of task
+    ``seq``, or nothing after a task's last minibatch. Maps run in parallel (tf.data's map parallelization)
+    and minibatches are prefetched (autotuned), across task boundaries.
+    """
+    tasks_dataset = tf.data.Dataset.from_generator(
+        tasks,
+        output_signature=(tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string)),
+    )
+
+    def task_batches(seq: tf.Tensor, records: tf.Tensor) -> tf.data.Dataset:
+        fed = spec.feed(tf.data.Dataset.from_tensor_slices(records), Mode.TRAINING, metadata)
+        batches = fed.batch(minibatch_size)
+        end = tf.experimental.Optional.empty(batches.element_spec)
+        return batches.map(lambda *batch: (seq, tf.experimental.Optional.from_value(batch))).concatenate(
+            tf.data.Dataset.from_tensors((seq, end))
+        )
+
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = True
+    options.deterministic = True
+    return tasks_dataset.flat_map(task_batches).with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -1,7 +1,11 @@
 """``edl-argo worker``: the process a worker pod runs.
 
-Loop: ask the master for a task → read its records (one ranged read) → ``feed`` → train, evaluate or
-predict batch by batch → report. WAIT means "ask again shortly"; DONE means exit 0. A task that raises is
+Loop: tasks stream in from the master, each read with one ranged read while the task before it trains
+(:mod:`edl_argo.worker.task_stream`), through one input pipeline for the whole job (``feed`` traced once,
+:func:`edl_argo.worker.data.stream_batches`) → train batch by batch (evaluation and prediction tasks:
+their own pipeline) → report. WAIT means "ask again shortly"; DONE means exit 0. The main thread's time
+per section (input wait, compute, PS, peers, master) is measured (:mod:`edl_argo.worker.step_timers`),
+sent with every training task's report and logged at exit (``worker_step_times``). A task that raises is
 reported failed with the error (the master retries it elsewhere, up to a bound) and the worker goes on.
 
 A minibatch whose loss is NaN or infinite is never pushed. With ``--nan-loss skip`` the worker goes on
@@ -18,7 +22,9 @@ import argparse
 import logging
 import os
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -44,6 +50,10 @@ from edl_argo.settings import add_role_settings
 from edl_argo.storage import open_storage
 from edl_argo.worker.gradient_check import NonFiniteGradientError
 from edl_argo.worker.master_client import MasterClient
+from edl_argo.worker.step_timers import STEP_TIMERS, as_counters
+
+if TYPE_CHECKING:
+    from edl_argo.worker.task_stream import StreamedTask
 
 log = get_logger(__name__)
 
@@ -89,8 +99,27 @@ class Replica(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class _TaskProgress:
+    """What the minibatches of one training task did so far."""
+
+    started: float
+    minibatches: int = 0
+    steps: int = 0
+    skipped: int = 0
+    skipped_gradients: int = 0
+    records: int = 0
+    total_loss: float = 0.0
+    #: Why the task failed (its remaining minibatches are skipped; the report says so).
+    error: Exception | None = None
+
+
 class Worker:
     """Runs tasks from the master until it says DONE.
+
+    Tasks come as a stream (:class:`~edl_argo.worker.task_stream.TaskStream`) through one input pipeline
+    for the whole job (:func:`~edl_argo.worker.data.stream_batches`): the next task is fetched and read
+    while the current one trains. A task is reported done after its last minibatch was applied.
 
     While the master has no task for it (WAIT), the worker gives its replica an :meth:`Replica.idle_step`
     (a member of an allreduce group keeps the group's steps going) and backs off only when that did no work.
@@ -122,43 +151,123 @@ class Worker:
         self._prediction_output = prediction_output
         self._processor = spec.prediction_outputs_processor() if spec.prediction_outputs_processor else None
         self._reported_version = -1
-        self._task_steps = 0  # minibatches of the current training task trained so far
+        self._progress: dict[int, _TaskProgress] = {}  # training tasks being run, by stream seq
+        self._timers_at: dict[str, float] = {}  # STEP_TIMERS.totals() at the last report
         self._skip_minibatch_of_task = int(os.environ.get(SKIP_MINIBATCH_ENV) or -1)
 
     def run(self) -> None:
-        wait = 0.05
-        response = self._master.get_task()
-        while True:
-            if response.kind == master_pb2.GetTaskResponse.DONE:
-                log.info("worker_done", worker=self.worker_id)
-                return
-            if response.kind == master_pb2.GetTaskResponse.TASK:
-                wait = 0.05
-                response = self._run_task(response.task)
-                continue
-            if not self._replica.idle_step():
-                time.sleep(wait)
-                wait = min(1.0, wait * 2)
-            else:
-                wait = 0.05
-            response = self._master.get_task()
+        from edl_argo.worker.data import stream_batches
+        from edl_argo.worker.task_stream import WAIT_SEQ, TaskStream
 
-    def _run_task(self, task: master_pb2.Task) -> master_pb2.GetTaskResponse:
-        """Run ``task``, report its outcome, and return the master's next answer (given with the report)."""
-        from edl_argo.worker.data import make_batches
+        STEP_TIMERS.bind()
+        self._timers_at = STEP_TIMERS.totals()
+        stream = TaskStream(self._master, self._source)
+        elements = iter(stream_batches(self._spec, stream.generate, self._minibatch_size))
+        wait = 0.05
+        try:
+            while True:
+                with STEP_TIMERS.section("input"):
+                    element = next(elements, None)
+                if element is None:
+                    break
+                seq, item = int(element[0]), element[1]
+                if bool(item.has_value()):
+                    self._train_minibatch(seq, stream.task(seq).task, item.get_value())
+                    continue
+                if seq == WAIT_SEQ:
+                    if self._replica.idle_step():
+                        wait = 0.05
+                    else:
+                        time.sleep(wait)
+                        wait = min(1.0, wait * 2)
+                    stream.resume()
+                    continue
+                wait = 0.05
+                go_on = self._finish_task(stream.task(seq))
+                stream.finished(seq)
+                if not go_on:
+                    return  # the job failed
+            if stream.failure is not None:
+                raise stream.failure
+            log.info("worker_done", worker=self.worker_id)
+        finally:
+            stream.close()
+            totals = STEP_TIMERS.totals()
+            log.info("worker_step_times", **{name: round(seconds, 3) for name, seconds in totals.items()})
+
+    def _train_minibatch(self, seq: int, task: master_pb2.Task, batch: Any) -> None:
+        """Train one minibatch of training task ``task`` (streamed as ``seq``), unless the task failed."""
         from edl_argo.worker.replica import NonFiniteLossError
 
-        started = time.monotonic()
-        self._task_steps = 0
+        progress = self._progress.setdefault(seq, _TaskProgress(time.monotonic()))
+        if progress.error is not None:
+            return
+        features, labels, weights = split_batch(batch)
+        progress.records += num_records(features)
+        progress.minibatches += 1
+        if progress.minibatches == 1 and task.task_id == self._skip_minibatch_of_task:
+            log.warning("minibatch_skipped_by_test_fault", task=task.task_id)
+            return
         try:
-            records = self._source.read(task.data_url, task.shard, task.start, task.end, task.shard_version)
-            batches = make_batches(self._spec, records, _MODES[task.type], self._minibatch_size)
+            with STEP_TIMERS.section("compute"):
+                if weights is None:
+                    loss = self._replica.train_minibatch(features, labels)
+                else:
+                    loss = self._replica.train_minibatch(features, labels, weights)  # type: ignore[call-arg]
+        except NonFiniteLossError as error:
+            if self._nan_loss != "skip":
+                progress.error = error
+                return
+            progress.skipped += 1
+            log.warning("nan_batch_skipped", task=task.task_id, shard=task.shard, error=str(error))
+            return
+        except NonFiniteGradientError as error:
+            if self._nan_gradients != "skip":
+                progress.error = error
+                return
+            progress.skipped_gradients += 1
+            log.warning("nan_gradients_skipped", task=task.task_id, shard=task.shard, error=str(error))
+            return
+        except JobFailedError:
+            raise
+        except Exception as error:  # a task-level failure, reported when the task's minibatches are through
+            progress.error = error
+            return
+        progress.steps += 1
+        progress.total_loss += loss
+        self._maybe_report_version()
+
+    def _finish_task(self, streamed: StreamedTask) -> bool:
+        """Finish ``streamed`` (a training task's minibatches were all trained; evaluation and prediction
+        tasks run now) and report its outcome; False when the job failed."""
+        from edl_argo.worker.data import make_batches
+
+        task = streamed.task
+        progress = self._progress.pop(streamed.seq, None) or _TaskProgress(time.monotonic())
+
+        def work() -> dict[str, Any]:
+            if streamed.error is not None:
+                raise streamed.error
             if task.type == master_pb2.TRAINING:
-                counters = self._train(batches, task)
-            elif task.type == master_pb2.EVALUATION:
-                counters = self._evaluate(task, batches)
-            else:
-                counters = self._predict(task, batches)
+                if progress.error is not None:
+                    raise progress.error
+                return self._trained(task, progress)
+            batches = make_batches(self._spec, streamed.records, _MODES[task.type], self._minibatch_size)
+            if task.type == master_pb2.EVALUATION:
+                return self._evaluate(task, batches)
+            return self._predict(task, batches)
+
+        return self._run_task(task, progress, work)
+
+    def _run_task(
+        self, task: master_pb2.Task, progress: _TaskProgress, work: Callable[[], dict[str, Any]]
+    ) -> bool:
+        """Report the outcome of ``task`` as ``work()`` returns its counters or raises; False when the
+        failure fails the job."""
+        from edl_argo.worker.replica import NonFiniteLossError
+
+        try:
+            counters = work()
         except NonFiniteLossError as error:
             return self._fail_job(
                 task,
@@ -179,68 +288,43 @@ class Worker:
             message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
             log.error("task_failed", task=task.task_id, shard=task.shard, error=message)
             # Minibatches trained before the failure reached the model: the accounting counts them.
-            counters = {"steps": self._task_steps} if task.type == master_pb2.TRAINING else {}
-            report = self._master.report_task_result(
-                task.task_id, success=False, error=message, counters=counters
-            )
-            return report.next_task
-        counters["millis"] = int((time.monotonic() - started) * 1000)
+            counters = {"steps": progress.steps} if task.type == master_pb2.TRAINING else {}
+            self._report(task, success=False, error=message, counters=counters)
+            return True
+        counters["millis"] = int((time.monotonic() - progress.started) * 1000)
         mean_loss = counters.pop("mean_loss", 0.0)
-        report = self._master.report_task_result(
-            task.task_id, success=True, counters=counters, mean_loss=mean_loss
-        )
-        return report.next_task
+        self._report(task, success=True, counters=counters, mean_loss=mean_loss)
+        return True
 
-    def _fail_job(self, task: master_pb2.Task, message: str) -> master_pb2.GetTaskResponse:
+    def _report(self, task: master_pb2.Task, **result: Any) -> None:
+        """Report ``task``'s result; a training task's report carries the main thread's time per section
+        since the last report (``time_<section>_us``, :mod:`edl_argo.worker.step_timers`)."""
+        now = STEP_TIMERS.totals()
+        if task.type == master_pb2.TRAINING:
+            result["counters"] = {**result["counters"], **as_counters(self._timers_at, now)}
+        self._timers_at = now
+        self._master.report_task_result(task.task_id, next_task=False, **result)
+
+    def _fail_job(self, task: master_pb2.Task, message: str) -> bool:
         """Report ``task`` as a failure no retry can mend: the master fails the job with ``message``."""
         log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
         self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
-        return self._master.get_task()  # the job failed: the master says DONE
+        return False
 
-    def _train(self, batches: Any, task: master_pb2.Task) -> dict[str, Any]:
-        """Train every minibatch of ``task``; the counters tell the master's accounting the records the
-        input yielded and the minibatches trained (:mod:`edl_argo.master.ledger`)."""
-        from edl_argo.worker.replica import NonFiniteLossError
-
-        steps = 0
-        skipped = 0
-        skipped_gradients = 0
-        records = 0
-        total_loss = 0.0
-        for index, batch in enumerate(batches):
-            features, labels, weights = split_batch(batch)
-            records += num_records(features)
-            if index == 0 and task.task_id == self._skip_minibatch_of_task:
-                log.warning("minibatch_skipped_by_test_fault", task=task.task_id)
-                continue
-            try:
-                if weights is None:
-                    total_loss += self._replica.train_minibatch(features, labels)
-                else:
-                    total_loss += self._replica.train_minibatch(features, labels, weights)  # type: ignore[call-arg]
-            except NonFiniteLossError as error:
-                if self._nan_loss != "skip":
-                    raise
-                skipped += 1
-                log.warning("nan_batch_skipped", task=task.task_id, shard=task.shard, error=str(error))
-                continue
-            except NonFiniteGradientError as error:
-                if self._nan_gradients != "skip":
-                    raise
-                skipped_gradients += 1
-                log.warning("nan_gradients_skipped", task=task.task_id, shard=task.shard, error=str(error))
-                continue
-            steps += 1
-            self._task_steps = steps
-            self._maybe_report_version()
-        self._replica.flush()  # the task's last gradients are applied before it is reported done
-        mean_loss = total_loss / steps if steps else 0.0
+    def _trained(self, task: master_pb2.Task, progress: _TaskProgress) -> dict[str, Any]:
+        """The counters of a training task whose minibatches were all trained; they tell the master's
+        accounting the records the input yielded and the minibatches trained (:mod:`edl_argo.master.ledger`).
+        """
+        with STEP_TIMERS.section("compute"):
+            self._replica.flush()  # the task's last gradients are applied before it is reported done
+        steps = progress.steps
+        mean_loss = progress.total_loss / steps if steps else 0.0
         log.debug("task_trained", steps=steps, loss=mean_loss, version=self._replica.version)
         return {
-            "records": records,
+            "records": progress.records,
             "steps": steps,
-            "nan_batches_skipped": skipped,
-            "nan_gradients_skipped": skipped_gradients,
+            "nan_batches_skipped": progress.skipped,
+            "nan_gradients_skipped": progress.skipped_gradients,
             "epoch": task.epoch,
             "model_version": self._replica.version,
             "mean_loss": mean_loss,

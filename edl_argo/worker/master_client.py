@@ -3,7 +3,7 @@ deadline (``rpc_timeout_seconds``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -11,6 +11,7 @@ from edl_argo.model.outputs import SINGLE
 from edl_argo.proto import master_pb2, master_pb2_grpc
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import to_tensor
+from edl_argo.worker.step_timers import STEP_TIMERS
 
 
 class MasterClient:
@@ -31,15 +32,18 @@ class MasterClient:
 
     def _call(self, method: str, request: object, budget_seconds: float | None = None) -> object:
         rpc = getattr(self._stub, method)
-        return call_with_retry(
-            lambda timeout: rpc(request, timeout=timeout),
-            f"master {self._address}",
-            self._budget if budget_seconds is None else budget_seconds,
-            self._timeout,
-        )
+        with STEP_TIMERS.section("master"):
+            return call_with_retry(
+                lambda timeout: rpc(request, timeout=timeout),
+                f"master {self._address}",
+                self._budget if budget_seconds is None else budget_seconds,
+                self._timeout,
+            )
 
-    def get_task(self) -> master_pb2.GetTaskResponse:
-        return self._call("GetTask", master_pb2.GetTaskRequest(worker_id=self.worker_id))
+    def get_task(self, held_task_ids: Sequence[int] = ()) -> master_pb2.GetTaskResponse:
+        """The next task, beyond ``held_task_ids`` (tasks this worker holds and knows it holds)."""
+        request = master_pb2.GetTaskRequest(worker_id=self.worker_id, held_task_ids=list(held_task_ids))
+        return self._call("GetTask", request)
 
     def report_task_result(
         self,
@@ -49,9 +53,10 @@ class MasterClient:
         counters: Mapping[str, int] | None = None,
         mean_loss: float = 0.0,
         fatal: bool = False,
+        next_task: bool = True,
     ) -> master_pb2.ReportTaskResultResponse:
-        """Report a task's outcome and ask for the next task (the response's ``next_task``, absent when
-        ``fatal``: a failure no retry can cure, which fails the job)."""
+        """Report a task's outcome and, with ``next_task``, ask for the next task (the response's
+        ``next_task``, absent when ``fatal``: a failure no retry can cure, which fails the job)."""
         request = master_pb2.ReportTaskResultRequest(
             worker_id=self.worker_id,
             task_id=task_id,
@@ -60,7 +65,7 @@ class MasterClient:
             counters=dict(counters or {}),
             mean_loss=mean_loss,
             fatal=fatal,
-            get_next_task=not fatal,
+            get_next_task=next_task and not fatal,
         )
         return self._call("ReportTaskResult", request)
 

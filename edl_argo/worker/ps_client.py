@@ -29,6 +29,7 @@ from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import fill_tensor, from_indexed_slices, from_tensor, to_tensor
 from edl_argo.worker.embedding import EmbeddingTableSpec
+from edl_argo.worker.step_timers import STEP_TIMERS
 
 log = get_logger(__name__)
 
@@ -83,9 +84,10 @@ class ParameterServerClient:
         """``fn(ps_id)`` for every PS (or those of ``ps_ids``), in parallel when there are several;
         results in id order."""
         ids = range(self.num_ps) if ps_ids is None else ps_ids
-        if self._pool is None or len(ids) == 1:
-            return [fn(i) for i in ids]
-        return list(self._pool.map(fn, ids))
+        with STEP_TIMERS.section("ps"):
+            if self._pool is None or len(ids) == 1:
+                return [fn(i) for i in ids]
+            return list(self._pool.map(fn, ids))
 
     def _call(self, ps_id: int, method: str, request: object) -> object:
         rpc = getattr(self._stubs[ps_id], method)

@@ -1,6 +1,7 @@
-"""Training baselines in a child process: plain ``model.fit`` and TF's ``ParameterServerStrategy``.
+"""Training baselines in a child process: plain ``model.fit`` (on numpy arrays, and on a ``tf.data``
+pipeline) and TF's ``ParameterServerStrategy``.
 
-Started by :mod:`tests.bench.training` as ``python -m tests.bench.train_baselines --kind fit|tf_ps
+Started by :mod:`tests.bench.training` as ``python -m tests.bench.train_baselines --kind fit|fit_tfdata|tf_ps
 --model-def PATH --data DIR``, one process per kind (once TF connects to a cluster, the process's local
 ``fit`` functions stop working). It loads the data, builds and warms up its baseline, prints
 ``{"ready": ...}``, then answers each ``measure SECONDS`` line on stdin with one JSON line (examples per
@@ -13,6 +14,10 @@ in memory as numpy arrays, batch 64:
 
 * ``fit``: ``model.compile(optimizer, loss)`` with Keras's defaults, then ``model.fit``; a callback times
   the steps after a short warm-up and stops training once the window is over.
+* ``fit_tfdata``: the same ``model.fit``, on what a careful user writes instead of numpy in memory: a
+  ``tf.data`` pipeline that reads the RecordIO shards of ``--data`` again every epoch (a generator over
+  :func:`~tests.bench.data.read_records`) and decodes them every epoch with the model file's ``feed``, with
+  tf.data's map parallelization on, batched and prefetched (autotuned).
 * ``tf_ps``: an in-process cluster of ``tf.distribute.Server``\\ s, one worker and one PS on loopback;
   ``ParameterServerStrategy`` with a ``ClusterCoordinator`` that schedules a ``tf.function`` train step
   (GradientTape + ``optimizer.apply_gradients`` inside ``strategy.run``) over a
@@ -35,7 +40,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edl_argo.model import ModelSpec, load_model_spec
+from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.pods import find_free_port
 from tests.bench.data import feed_to_arrays, read_records
 
@@ -91,6 +96,32 @@ class FitBaseline:
         timer = _StepTimer(warmup, seconds)
         self.model.fit(
             self.features, self.labels, batch_size=BATCH, epochs=1_000_000, verbose=0, callbacks=[timer]
+        )
+        return timer.result()
+
+
+class FitTfDataBaseline:
+    """``model.fit`` on a ``tf.data`` pipeline that reads and decodes the records every epoch."""
+
+    def __init__(self, spec: ModelSpec, data: str) -> None:
+        self.model = spec.custom_model()
+        self.model.compile(optimizer=spec.optimizer(), loss=spec.loss)
+        records = tf.data.Dataset.from_generator(
+            lambda: iter(read_records(data)), output_signature=tf.TensorSpec([], tf.string)
+        )
+        options = tf.data.Options()
+        options.experimental_optimization.map_parallelization = True
+        dataset = spec.feed(records, Mode.TRAINING, None).batch(BATCH).repeat()
+        self.dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+    def run(self, warmup: int, seconds: float) -> dict[str, float]:
+        timer = _StepTimer(warmup, seconds)
+        self.model.fit(
+            self.dataset,
+            epochs=1_000_000,
+            steps_per_epoch=FIT_MIN_EXAMPLES // BATCH,
+            verbose=0,
+            callbacks=[timer],
         )
         return timer.result()
 
@@ -160,14 +191,18 @@ class TfPsBaseline:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="training baselines for tests.bench.training")
-    parser.add_argument("--kind", choices=["fit", "tf_ps"], required=True)
+    parser.add_argument("--kind", choices=["fit", "fit_tfdata", "tf_ps"], required=True)
     parser.add_argument("--model-def", required=True)
     parser.add_argument("--data", required=True, help="folder of RecordIO shards")
     parser.add_argument("--warmup-steps", type=int, default=20, help="untimed steps before the first request")
     args = parser.parse_args(argv)
     spec = load_model_spec(args.model_def)
     features, labels = feed_to_arrays(spec, read_records(args.data))
-    baseline = (FitBaseline if args.kind == "fit" else TfPsBaseline)(spec, features, labels)
+    baseline: FitBaseline | FitTfDataBaseline | TfPsBaseline
+    if args.kind == "fit_tfdata":
+        baseline = FitTfDataBaseline(spec, args.data)
+    else:
+        baseline = (FitBaseline if args.kind == "fit" else TfPsBaseline)(spec, features, labels)
     baseline.run(args.warmup_steps, 0.0)
     print(json.dumps({"ready": True, "records": len(labels)}), flush=True)
     for line in sys.stdin:

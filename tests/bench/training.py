@@ -57,6 +57,7 @@ from tests.bench.common import (
     tail,
 )
 from tests.bench.data import ctr_train_records, digits_train_records, mnist_like_records, write_records
+from tests.bench.step_breakdown import CountersTap, breakdown, breakdown_note
 
 BATCH = 64
 MINIBATCHES_PER_TASK = 8
@@ -64,6 +65,12 @@ MODELS = ROOT / "tests" / "bench" / "models"
 #: Warm-up of our job before the first timed window: at least this many task reports and seconds of them.
 WARMUP_TASKS = 2
 WARMUP_SECONDS = 3.0
+#: The baseline children (:mod:`tests.bench.train_baselines` kinds) and their rows.
+BASELINES = {
+    "fit": "`model.fit` (one process, numpy in memory)",
+    "fit_tfdata": "`model.fit` on tf.data: RecordIO read and decoded every epoch, parallel map, prefetch",
+    "tf_ps": "TF `ParameterServerStrategy`, 1 worker + 1 PS in one process",
+}
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,7 @@ class TaskReport(NamedTuple):
     at: float
     records: int
     worker_id: int
+    task_id: int = -1
 
 
 class ControlledDispatcher:
@@ -159,7 +167,7 @@ class ControlledDispatcher:
         with self._lock:
             self._in_flight.discard(task_id)
             if accepted and success and task_id in self._sizes:
-                self.reports.append(TaskReport(time.perf_counter(), self._sizes[task_id], worker_id))
+                self.reports.append(TaskReport(time.perf_counter(), self._sizes[task_id], worker_id, task_id))
         return accepted
 
     def resume(self) -> None:
@@ -197,6 +205,8 @@ class Window:
     #: The longest worker's timed stretch.
     seconds: float
     records: int
+    #: The tasks timed.
+    task_ids: tuple[int, ...] = ()
 
 
 def _latest_report_per_worker(reports: Sequence[TaskReport]) -> dict[int, int]:
@@ -220,6 +230,7 @@ def timed_window(reports: Sequence[TaskReport], starts: dict[int, int]) -> Windo
     the same time, so the job's rate is the sum.
     """
     rate, longest, records = 0.0, 0.0, 0
+    task_ids: list[int] = []
     for worker, start in starts.items():
         mine = [report for report in reports[start:] if report.worker_id == worker]
         elapsed = mine[-1].at - mine[0].at
@@ -227,7 +238,8 @@ def timed_window(reports: Sequence[TaskReport], starts: dict[int, int]) -> Windo
         rate += done / elapsed
         longest = max(longest, elapsed)
         records += done
-    return Window(rate, longest, records)
+        task_ids += [report.task_id for report in mine[1:]]
+    return Window(rate, longest, records, tuple(task_ids))
 
 
 @dataclass
@@ -270,6 +282,8 @@ class OurJob:
         self.job = _BenchJob.load(config, backend=LocalProcessBackend(name, log_sink=self.log))
         self.control = ControlledDispatcher(self.job.dispatcher)
         self.job.dispatcher = self.control  # type: ignore[assignment]
+        self.tap = CountersTap(self.job.ledger)
+        self.job.ledger = self.tap  # type: ignore[assignment]
         self._thread = threading.Thread(target=self._run, name=f"{name}-master", daemon=True)
 
     def _run(self) -> None:
@@ -280,6 +294,12 @@ class OurJob:
 
     def start(self) -> None:
         self._thread.start()
+
+    def breakdown_note(self, label: str, windows: Sequence[Window]) -> str:
+        """The workers' time per step in ``windows`` (:mod:`tests.bench.step_breakdown`)."""
+        task_ids = [task_id for window in windows for task_id in window.task_ids]
+        steps = sum(window.records for window in windows) // BATCH
+        return breakdown_note(label, breakdown(self.tap, task_ids, steps))
 
     def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
         """Return once ``condition()`` holds; raise if the job ends first or ``timeout`` seconds pass."""
@@ -452,34 +472,31 @@ def run_case(ctx: BenchContext, case: ModelCase) -> BenchResult:
     timing = Timing.of(ctx)
     children = {
         kind: BaselineChild(kind, case, data, timing.baseline_warmup_steps, folder / f"{kind}.log")
-        for kind in ("fit", "tf_ps")
+        for kind in BASELINES
     }
     with (folder / "job.log").open("a") as job_log:
         job = OurJob(case, data, folder, job_log)
         windows, rates = take_turns(ctx, case.name, {"ours": job}, children, timing)
-    return _tabulate(
-        case, records, windows["ours"], rates["fit"], rates["tf_ps"], job, timing.baseline_seconds
-    )
+    return _tabulate(case, records, windows["ours"], rates, job, timing.baseline_seconds)
 
 
 def _tabulate(
     case: ModelCase,
     records: list[bytes],
     ours: list[Window],
-    fit: list[float],
-    tf_ps: list[float],
+    baselines: dict[str, list[float]],
     job: OurJob,
     baseline_seconds: float,
 ) -> BenchResult:
     rates = [w.examples_per_s for w in ours]
-    vs = {"fit": ratio_stat(rates, fit), "tf_ps": ratio_stat(rates, tf_ps)}
+    vs = {kind: ratio_stat(rates, baselines[kind]) for kind in BASELINES}
     result = BenchResult(
         name=case.name,
         title=f"Training: {case.title}",
         method=(
             f"Model file `{case.model_def.relative_to(ROOT)}`, {len(records):,} distinct training records "
             f"(repeated as epochs), batch 64; {len(ours)} repeats, each one window of our job then "
-            f"{baseline_seconds:g} s of `fit` and {baseline_seconds:g} s of TF PS. "
+            f"{baseline_seconds:g} s of each baseline. "
             "See *How the training benchmarks measure* below."
         ),
         columns=["measurement", "examples/s", "ours ÷ this", "timed per repeat"],
@@ -487,17 +504,14 @@ def _tabulate(
     per_repeat = f"{baseline_seconds:g} s"
     result.rows = [
         {
-            "measurement": "`model.fit` (one process, numpy in memory)",
-            "examples/s": Stat.of(fit),
-            "ours ÷ this": vs["fit"],
+            "measurement": BASELINES[kind],
+            "examples/s": Stat.of(baselines[kind]),
+            "ours ÷ this": vs[kind],
             "timed per repeat": per_repeat,
-        },
-        {
-            "measurement": "TF `ParameterServerStrategy`, 1 worker + 1 PS in one process",
-            "examples/s": Stat.of(tf_ps),
-            "ours ÷ this": vs["tf_ps"],
-            "timed per repeat": per_repeat,
-        },
+        }
+        for kind in BASELINES
+    ]
+    result.rows += [
         {
             "measurement": f"ours: local job, 1 worker + {case.num_ps} PS, sync",
             "examples/s": Stat.of(rates),
@@ -511,6 +525,7 @@ def _tabulate(
         f"first task (model build, first PushModel, tracing, first update) reports after "
         f"{job.first_report - job.first_resume:.1f} s."
     )
+    result.notes.append(job.breakdown_note("ours", ours))
     return result
 
 

@@ -1,0 +1,133 @@
+"""The master's tasks for one worker as a stream, read one task ahead of the task being run.
+
+:meth:`TaskStream.generate` is the generator the worker's input pipeline (:func:`edl_argo.worker.data.
+stream_batches`) pulls from, on a tf.data thread: it asks the master for a task, reads the task's records
+(one ranged read) and yields ``(seq, records)``, and goes on while the worker trains. It holds at most
+``1 + ahead`` tasks the worker has not finished (:meth:`TaskStream.finished`): the one being run and
+``ahead`` fetched in advance. The master is told which tasks the worker holds with every request, so it
+hands out a new one rather than the held one again.
+
+A task fetched ahead and never started when the worker stops is not reported: like every task of a worker
+that dies, the master requeues it when the worker's pod ends (or when the task times out).
+
+What the worker sees, in order: every task's records (empty for evaluation and prediction tasks: the
+worker runs those itself from :attr:`StreamedTask.records`) and :data:`WAIT_SEQ` when the master had no
+task; the stream then waits until :meth:`TaskStream.resume`. The generator ends when the master says DONE,
+when :meth:`TaskStream.close` is called, or when asking the master failed (:attr:`TaskStream.failure`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from edl_argo.proto import master_pb2
+from edl_argo.worker.data import RecordSource
+
+#: The ``seq`` of "the master has no task now" (a real task's seq is >= 0).
+WAIT_SEQ = -1
+#: How often a waiting generator checks whether the stream was closed (seconds).
+POLL_SECONDS = 0.5
+
+
+class TaskSource(Protocol):
+    """The master client's part the stream uses."""
+
+    def get_task(self, held_task_ids: list[int]) -> master_pb2.GetTaskResponse: ...
+
+
+@dataclass
+class StreamedTask:
+    """One task handed to the worker: its ``seq`` in the stream, the task and its records (or why they
+    could not be read)."""
+
+    seq: int
+    task: master_pb2.Task
+    records: list[bytes] = field(default_factory=list)
+    error: Exception | None = None
+
+
+class TaskStream:
+    """Tasks from the master, ``ahead`` of the one being run (see the module docstring)."""
+
+    def __init__(self, master: TaskSource, source: RecordSource, ahead: int = 1) -> None:
+        self._master = master
+        self._source = source
+        self._ahead = ahead
+        self._cond = threading.Condition()
+        self._held: dict[int, StreamedTask] = {}
+        self._seqs = itertools.count()
+        self._waiting = False
+        self._closed = False
+        #: Why the stream ended early (asking the master failed), or None.
+        self.failure: BaseException | None = None
+
+    def generate(self) -> Iterator[tuple[int, np.ndarray]]:
+        """``(seq, records)`` per task, and ``(WAIT_SEQ, [])`` while the master has none (see the module
+        docstring). Never raises: a failed read is :attr:`StreamedTask.error`, a failed master call
+        :attr:`failure`."""
+        while True:
+            with self._cond:
+                while not self._closed and (self._waiting or len(self._held) > self._ahead):
+                    self._cond.wait(POLL_SECONDS)
+                if self._closed:
+                    return
+                held = [t.task.task_id for t in self._held.values()]
+            try:
+                response = self._master.get_task(held)
+            except Exception as error:  # the worker re-raises it when the stream ends
+                self.failure = error
+                return
+            if response.kind == master_pb2.GetTaskResponse.DONE:
+                return
+            if response.kind != master_pb2.GetTaskResponse.TASK:
+                with self._cond:
+                    self._waiting = True
+                yield WAIT_SEQ, _records([])
+                continue
+            streamed = StreamedTask(next(self._seqs), response.task)
+            task = response.task
+            try:
+                streamed.records = self._source.read(
+                    task.data_url, task.shard, task.start, task.end, task.shard_version
+                )
+            except Exception as error:  # the worker reports the task failed (or the job, if fatal)
+                streamed.error = error
+            with self._cond:
+                self._held[streamed.seq] = streamed
+            training = task.type == master_pb2.TRAINING and streamed.error is None
+            yield streamed.seq, _records(streamed.records if training else [])
+
+    def task(self, seq: int) -> StreamedTask:
+        """The task streamed as ``seq`` (until it is :meth:`finished`)."""
+        with self._cond:
+            return self._held[seq]
+
+    def finished(self, seq: int) -> None:
+        """The worker reported task ``seq`` (the master no longer counts it as held): fetch the next."""
+        with self._cond:
+            self._held.pop(seq, None)
+            self._cond.notify_all()
+
+    def resume(self) -> None:
+        """The worker acted on a :data:`WAIT_SEQ`: ask the master again."""
+        with self._cond:
+            self._waiting = False
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """End the stream (a generator waiting returns within :data:`POLL_SECONDS`)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def _records(records: list[bytes]) -> np.ndarray:
+    array = np.empty(len(records), dtype=object)
+    array[:] = records
+    return array
