@@ -98,7 +98,7 @@ class ModelReplica:
         self.version = -1
         # The versions whose finalized values (EMA averages) the local model holds for predict(), if any.
         self._finalized_versions: list[int] | None = None
-        # The parameters the last push's reply carried are installed: the next step needs no pull.
+        # The parameters of the last pull or push reply are installed: the next step needs no pull.
         self._current = False
 
     @property
@@ -144,6 +144,7 @@ class ModelReplica:
             self._finalized_versions = None
             self.versions = [-1] * self._ps.num_ps
         self._install(*self._fetch(self.versions))
+        self._current = True
 
     def _fetch(self, versions: list[int]) -> tuple[dict[str, np.ndarray], list[int]]:
         """The dense parameters newer than ``versions`` (network only: safe on a background thread)."""
