@@ -4,10 +4,11 @@ One training step (:meth:`ModelReplica.train_minibatch`): compute the loss and g
 ``tf.function``; embedding rows are pulled before it), push dense gradients, per-row embedding gradients
 and the non-trainable values the forward pass computed. The push's reply carries the dense parameters
 that changed on the PS (the step it completed, if it did), so the next step starts without a pull; a pull
-happens only when a reply could not carry them (several synchronous PS not yet of one step) or before the
-first step. With synchronous SGD a push may be rejected as stale; its reply carries the current
-parameters and the replica recomputes the same minibatch. What the worker does of the optimizer's step (loss scaling, global clipping) is in
-:mod:`edl_argo.model.train_step`; which state lives where, in :mod:`edl_argo.model.inventory`.
+happens only when a reply could not carry them (several synchronous PS not yet of one step), before the
+first step and for evaluation. With synchronous SGD a push may be rejected as stale; its reply carries the
+current parameters and the replica recomputes the same minibatch. What the worker does of the optimizer's
+step (loss scaling, global clipping) is in :mod:`edl_argo.model.train_step`; which state lives where, in
+:mod:`edl_argo.model.inventory`.
 """
 
 from __future__ import annotations
@@ -235,9 +236,10 @@ class ModelReplica:
         """One SGD step on one minibatch (weighted by ``sample_weight`` when given); returns its loss.
 
         Synchronous SGD: compute, push, install the parameters the push's reply carries (pull if it carries
-        none), and recompute when the push is rejected as stale. Pipelined (asynchronous SGD only): the push of this step and the pull after it run in the
-        background while the next minibatch is computed, so communication hides behind computation
-        at the price of one more step of staleness. :meth:`flush` waits for them.
+        none), and recompute when the push is rejected as stale. Pipelined (asynchronous SGD only): the
+        push of this step (whose reply carries the new parameters) runs in the background while the next
+        minibatch is computed, so communication hides behind computation at the price of one more step of
+        staleness. :meth:`flush` waits for them.
         """
         self.ensure_built(features)
         if self._pipeline is not None:
