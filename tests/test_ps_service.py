@@ -100,11 +100,17 @@ def push(
     dense: dict[str, np.ndarray] | None = None,
     rows: tuple[list[int], np.ndarray] | None = None,
     scale: float = 0.0,
+    return_parameters: bool = False,
 ) -> ps_pb2.PushGradientsResponse:
     gradients = ps_pb2.Model(dense_parameters=[to_tensor(v, n) for n, v in (dense or {}).items()])
     if rows is not None:
         gradients.embedding_tables["emb"].CopyFrom(to_indexed_slices(rows[1], np.array(rows[0])))
-    request = ps_pb2.PushGradientsRequest(gradients=gradients, version=version, learning_rate_scale=scale)
+    request = ps_pb2.PushGradientsRequest(
+        gradients=gradients,
+        version=version,
+        learning_rate_scale=scale,
+        return_parameters=return_parameters,
+    )
     return stub.PushGradients(request)
 
 
@@ -224,6 +230,25 @@ def test_stale_sync_pushes_are_refused_beyond_the_tolerance(connect: Any) -> Non
     assert push(tolerant, 0, {"w": np.ones_like(W)}).accepted
     assert push(tolerant, 0, {"w": np.ones_like(W)}).accepted
     assert not push(tolerant, 0, {"w": np.ones_like(W)}).accepted
+
+
+def test_a_push_reply_carries_what_a_pull_right_after_it_gets(connect: Any) -> None:
+    stub = connect(servicer(grads_to_wait=2))
+    stub.PushModel(model())
+    g1, g2 = np.full_like(W, 1.0), np.full_like(W, 3.0)
+    assert not push(stub, 0, {"w": g1}).HasField("parameters")  # not asked
+    waiting = push(stub, 0, {"w": g2}, return_parameters=True)  # completes step 1
+    assert waiting.accepted and waiting.parameters.version == 1 and waiting.parameters.initialized
+    carried = {t.name: from_tensor(t) for t in waiting.parameters.dense_parameters}
+    np.testing.assert_allclose(carried["w"], W - LR * (g1 + g2) / 2, rtol=1e-6, atol=1e-6)
+    assert {n: v.tolist() for n, v in carried.items()} == {n: v.tolist() for n, v in pull_dense(stub).items()}
+    # The step is not complete: nothing changed since the push's version.
+    half = push(stub, 1, {"w": g1}, return_parameters=True)
+    assert half.accepted and half.parameters.version == 1 and not half.parameters.dense_parameters
+    # Refused as stale: the reply carries the current parameters to recompute from.
+    stale = push(stub, 0, {"w": g1}, return_parameters=True)
+    assert not stale.accepted and stale.parameters.version == 1
+    assert sorted(t.name for t in stale.parameters.dense_parameters) == ["b", "w"]
 
 
 def test_invalid_requests_are_rejected_with_a_reason_and_the_server_keeps_serving(connect: Any) -> None:

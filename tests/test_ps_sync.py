@@ -116,6 +116,19 @@ class Cluster:
 
         servicer.PushGradients = slowed  # type: ignore[method-assign]
 
+    def count_pulls(self) -> list[int]:
+        """Count the dense pulls each PS serves (call before :meth:`start`); the returned list grows live."""
+        counts = [0] * len(self.servicers)
+        for ps_id, servicer in enumerate(self.servicers):
+            pull = servicer.PullDenseParameters
+
+            def counted(request: Any, context: Any, _id: int = ps_id, _pull: Any = pull) -> Any:
+                counts[_id] += 1
+                return _pull(request, context)
+
+            servicer.PullDenseParameters = counted  # type: ignore[method-assign]
+        return counts
+
     def start(self) -> Cluster:
         for servicer in self.servicers:
             server, port = start_server(servicer, "127.0.0.1", 0)
@@ -279,6 +292,24 @@ def test_sync_sgd_over_two_ps_applies_every_minibatch_once_on_every_ps(
     steps = sorted(step for step, _, _ in accepted)
     assert steps == list(range(1, trained + 1)), "PS 0 accepted two pushes for one step"
     assert_parameters(ps, reference_sgd(initial, [[batches[w][i]] for _, w, i in sorted(accepted)]))
+
+
+def test_synchronous_steps_take_their_parameters_from_the_push_replies_without_pulls(
+    cluster: Callable[..., Cluster], linear_spec: ModelSpec
+) -> None:
+    """2 PS, 1 worker, synchronous: after the first pull, every step computes from the parameters the
+    previous push's replies carried (no PullDenseParameters), and the model is sequential SGD's."""
+    ps = cluster(2)
+    pulls = ps.count_pulls()
+    ps.start()
+    (replica,) = build_replicas(linear_spec, ps, 1)
+    initial, _, _ = ps.client().pull_dense([-1, -1])
+    before = list(pulls)
+    (batches,) = minibatches(1, per_worker=8)
+    run_workers([replica], [batches])
+    assert pulls == before, "a synchronous step pulled although the push reply carried the parameters"
+    assert replica.versions == [8, 8]
+    assert_parameters(ps, reference_sgd(initial, [[batch] for batch in batches]))
 
 
 def test_pushes_left_waiting_for_grads_to_wait_are_applied_when_training_ends(

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from edl_argo.errors import JobFailedError
 from edl_argo.worker.embedding import EmbeddingTableSpec, embedding_variable_paths, table_specs
@@ -80,7 +81,23 @@ class ModelInventory:
         if missing:
             raise JobFailedError(f"the PS lacks variables of this model: {sorted(missing)[:3]}")
         for name, value in values.items():
-            by_path[name].assign(value)
+            _assign(by_path[name], value)
+
+
+def _assign(variable: keras.Variable, value: np.ndarray) -> None:
+    """``variable.assign(value)``; a value of the variable's shape and dtype goes straight to the resource
+    variable (Keras' ``assign`` converts and checks in Python: most of a small model's install time)."""
+    target = variable.value
+    handle = getattr(target, "handle", None)
+    if (
+        handle is not None
+        and isinstance(value, np.ndarray)
+        and value.dtype == np.dtype(variable.dtype)
+        and value.shape == tuple(variable.shape)
+    ):
+        tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+    else:
+        variable.assign(value)
 
 
 def load_constraint(serialized: str) -> keras.constraints.Constraint:

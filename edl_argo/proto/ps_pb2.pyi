@@ -108,28 +108,32 @@ class PullEmbeddingTableRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("gradients", "version", "learning_rate_scale", "authority_step", "examples")
+    __slots__ = ("gradients", "version", "learning_rate_scale", "authority_step", "examples", "return_parameters")
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_SCALE_FIELD_NUMBER: _ClassVar[int]
     AUTHORITY_STEP_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RETURN_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     gradients: Model
     version: int
     learning_rate_scale: float
     authority_step: int
     examples: int
-    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ..., authority_step: _Optional[int] = ..., examples: _Optional[int] = ...) -> None: ...
+    return_parameters: bool
+    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ..., authority_step: _Optional[int] = ..., examples: _Optional[int] = ..., return_parameters: _Optional[bool] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
-    __slots__ = ("accepted", "version", "step")
+    __slots__ = ("accepted", "version", "step", "parameters")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     version: int
     step: int
-    def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+    parameters: PullDenseParametersResponse
+    def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ..., step: _Optional[int] = ..., parameters: _Optional[_Union[PullDenseParametersResponse, _Mapping]] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ("apply_pending",)

@@ -274,26 +274,39 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 return ps_pb2.PullDenseParametersResponse(
                     initialized=False, version=params.version, **self._pull_status()
                 )
-            version = params.version
             if request.finalized:
-                response = ps_pb2.PullDenseParametersResponse(initialized=True, version=version)
+                response = ps_pb2.PullDenseParametersResponse(initialized=True, version=params.version)
                 for name, value in params.pull_dense(since_version=-1, finalized=True) or []:
                     fill_tensor(response.dense_parameters.add(), value, name)
                 return response
-            if request.version == version:
-                return ps_pb2.PullDenseParametersResponse(
-                    initialized=True, version=version, **self._pull_status()
-                )
-            if self._dense_cache is None or self._dense_cache.version != version:
-                # synced_step changes only when the version does: the cache stays right for its version.
-                cache = ps_pb2.PullDenseParametersResponse(
-                    initialized=True, version=version, **self._pull_status()
-                )
-                for name, value in params.pull_dense(since_version=-1) or []:
-                    fill_tensor(cache.dense_parameters.add(), value, name)  # built in place: one copy
-                self._dense_cache = cache
-            # Shared by every caller of this version: gRPC only reads (serialises) it.
-            return self._dense_cache
+            return self._dense_answer(request.version)
+
+    def _dense_answer(
+        self, since_version: int, into: ps_pb2.PullDenseParametersResponse | None = None
+    ) -> ps_pb2.PullDenseParametersResponse:
+        """The answer to a pull of the dense parameters newer than ``since_version`` (under the lock, the
+        PS initialised): ``into`` (filled) or a message shared by every caller of the current version.
+
+        The answer carrying every parameter is built once per version and cached; gRPC only reads
+        (serialises) it. With ``into`` (a push's reply), the parameters are built into it when the cache is
+        of an older version, and ``into`` becomes the cache: one copy of the values per version either way.
+        """
+        version = self.parameters.version
+        cache = self._dense_cache
+        if since_version != version and cache is not None and cache.version == version:
+            if into is None:
+                return cache
+            into.CopyFrom(cache)
+            return into
+        answer = ps_pb2.PullDenseParametersResponse() if into is None else into
+        answer.initialized, answer.version = True, version
+        answer.synced_step, answer.synchronous = self._synced_step, not self.use_async
+        if since_version != version:
+            for name, value in self.parameters.pull_dense(since_version=-1) or []:
+                fill_tensor(answer.dense_parameters.add(), value, name)  # built in place: one copy
+            # synced_step changes only when the version does: the cache stays right for its version.
+            self._dense_cache = answer
+        return answer
 
     @_rpc
     def PullEmbeddingVectors(
@@ -357,7 +370,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 # not pulled since this server restarted from a checkpoint): pull and recompute.
                 self._pushes_refused += 1
                 log.debug("gradients_stale", version=request.version, current=params.version)
-                return ps_pb2.PushGradientsResponse(accepted=False, version=params.version)
+                return self._push_answer(request, accepted=False)
             else:
                 # PS 0 (or a lone PS) decided above; the others follow PS 0's decision.
                 step = request.authority_step if request.authority_step > 0 else params.version + 1
@@ -366,7 +379,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     self._apply_accumulated()
             self._pushes_accepted += 1
             self._maybe_checkpoint()
-            return ps_pb2.PushGradientsResponse(accepted=True, version=params.version, step=step)
+            return self._push_answer(request, accepted=True, step=step)
+
+    def _push_answer(
+        self, request: ps_pb2.PushGradientsRequest, accepted: bool, step: int = 0
+    ) -> ps_pb2.PushGradientsResponse:
+        """The reply to a push (under the lock), with the parameters newer than its version if it asks."""
+        response = ps_pb2.PushGradientsResponse(accepted=accepted, version=self.parameters.version, step=step)
+        if request.return_parameters:
+            self._dense_answer(request.version, into=response.parameters)
+        return response
 
     @_rpc
     def GetStatus(

@@ -41,14 +41,21 @@ T = TypeVar("T")
 CONSISTENT_PULL_SECONDS = 10.0
 
 
+#: Dense parameters pulled (by name; only those newer than the versions the caller held) and the versions
+#: of every PS they are at.
+Pulled = tuple[dict[str, np.ndarray], list[int]]
+
+
 @dataclass(frozen=True)
 class PushResult:
     """Whether the gradients were accepted, the model version each PS now holds (-1: not asked, after
-    PS 0 refused), and the synchronous step that applies them (0: asynchronous or refused)."""
+    PS 0 refused), the synchronous step that applies them (0: asynchronous or refused), and, when the push
+    asked for them, the parameters the replies carried (None: pull them; e.g. a PS behind PS 0)."""
 
     accepted: bool
     versions: tuple[int, ...]
     step: int = 0
+    parameters: Pulled | None = None
 
     @property
     def version(self) -> int:
@@ -147,20 +154,15 @@ class ParameterServerClient:
             request = ps_pb2.PullDenseParametersRequest(version=held[ps_id], finalized=finalized)
             return self._call(ps_id, "PullDenseParameters", request)
 
-        values: dict[str, np.ndarray] = {}
         deadline = time.monotonic() + consistent_within
         pause = 0.005
+        values: dict[str, np.ndarray] = {}
         while True:
             responses = self._each(pull)
-            values.update((t.name, from_tensor(t)) for r in responses for t in r.dense_parameters)
+            values.update(self._values_of(responses))
             held = [r.version for r in responses]
             initialized = all(r.initialized for r in responses)
-            self.synchronous = responses[0].synchronous
-            lagging = [
-                ps_id
-                for ps_id, r in enumerate(responses[1:], start=1)
-                if self.synchronous and 0 <= r.synced_step < responses[0].version
-            ]
+            lagging = self._lagging(responses)
             if not initialized or not lagging:
                 return values, held, initialized
             if time.monotonic() >= deadline:
@@ -174,6 +176,29 @@ class ParameterServerClient:
                 return values, held, initialized
             time.sleep(pause)
             pause = min(0.1, pause * 2)
+
+    @staticmethod
+    def _values_of(responses: Sequence[ps_pb2.PullDenseParametersResponse]) -> dict[str, np.ndarray]:
+        """The parameters of pull answers by name (read-only views of the messages' bytes)."""
+        return {t.name: from_tensor(t) for r in responses for t in r.dense_parameters}
+
+    def _lagging(self, responses: Sequence[ps_pb2.PullDenseParametersResponse]) -> list[int]:
+        """The PS whose pull answers (one per PS, in id order) are of a step before PS 0's (synchronous SGD);
+        learns from PS 0's answer whether the PS run synchronous SGD."""
+        self.synchronous = responses[0].synchronous
+        return [
+            ps_id
+            for ps_id, r in enumerate(responses[1:], start=1)
+            if self.synchronous and 0 <= r.synced_step < responses[0].version
+        ]
+
+    def _carried(self, responses: Sequence[ps_pb2.PushGradientsResponse]) -> Pulled | None:
+        """The parameters the push replies of every PS (in id order) carry, if they are of one step and
+        every PS is initialised; else None (the caller pulls)."""
+        answers = [r.parameters for r in responses]
+        if not all(a.initialized for a in answers) or self._lagging(answers):
+            return None
+        return self._values_of(answers), [a.version for a in answers]
 
     def pull_embeddings(
         self, lookups: Sequence[tuple[str, np.ndarray]], tables: Mapping[str, EmbeddingTableSpec]
@@ -224,9 +249,14 @@ class ParameterServerClient:
         learning_rate_scale: float = 1.0,
         state: Mapping[str, np.ndarray] | None = None,
         examples: int = 0,
+        return_parameters: bool = False,
     ) -> PushResult:
         """Push one minibatch's gradients; ``sparse`` maps a table to ``(row_gradients, ids)``, ``state``
-        holds the non-trainable values the minibatch's forward pass computed, ``examples`` its size."""
+        holds the non-trainable values the minibatch's forward pass computed, ``examples`` its size.
+
+        ``return_parameters``: the replies carry the dense parameters newer than ``versions`` as a pull
+        right after the push would get them (:attr:`PushResult.parameters`), so the caller skips that pull.
+        With several synchronous PS, a refused push carries none (PS 0 alone answered)."""
         dense_by_owner = self._split_dense(dense)
         state_by_owner = self._split_dense(state or {})
         sparse_by_owner: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(self.num_ps)]
@@ -244,6 +274,7 @@ class ParameterServerClient:
                 learning_rate_scale=learning_rate_scale,
                 authority_step=authority_step,
                 examples=examples,
+                return_parameters=return_parameters,
             )
             gradients = request.gradients
             gradients.version = versions[ps_id]
@@ -260,7 +291,10 @@ class ParameterServerClient:
         if not self.synchronous or self.num_ps == 1:
             responses = self._each(push)
             return PushResult(
-                all(r.accepted for r in responses), tuple(r.version for r in responses), responses[0].step
+                all(r.accepted for r in responses),
+                tuple(r.version for r in responses),
+                responses[0].step,
+                self._carried(responses) if return_parameters else None,
             )
         decision = push(0)  # PS 0 decides for all
         if not decision.accepted:
@@ -268,7 +302,12 @@ class ParameterServerClient:
         followers = self._each(lambda ps_id: push(ps_id, decision.step), range(1, self.num_ps))
         if not all(r.accepted for r in followers):
             raise JobFailedError("a PS refused a push PS 0 accepted: do the PS run different settings?")
-        return PushResult(True, (decision.version, *(r.version for r in followers)), decision.step)
+        return PushResult(
+            True,
+            (decision.version, *(r.version for r in followers)),
+            decision.step,
+            self._carried([decision, *followers]) if return_parameters else None,
+        )
 
     def status(self, apply_pending: bool = False) -> list[ps_pb2.ParameterServerStatus]:
         """Every PS's version and push counts, in id order; ``apply_pending`` first applies the pushes a

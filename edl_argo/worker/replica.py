@@ -1,11 +1,14 @@
 """The worker's replica of the model: dense variables mirrored from the PS, embedding rows pulled per batch.
 
-One training step (:meth:`ModelReplica.train_minibatch`): pull the dense parameters that changed on the
-PS, compute the loss and gradients (a ``tf.function``; embedding rows are pulled inside it), push dense
-gradients, per-row embedding gradients and the non-trainable values the forward pass computed. With
-synchronous SGD a push may be rejected as stale; the replica then pulls again and recomputes the same
-minibatch. What the worker does of the optimizer's step (loss scaling, global clipping) is in
-:mod:`edl_argo.model.train_step`; which state lives where, in :mod:`edl_argo.model.inventory`.
+One training step (:meth:`ModelReplica.train_minibatch`): compute the loss and gradients (a
+``tf.function``; embedding rows are pulled before it), push dense gradients, per-row embedding gradients
+and the non-trainable values the forward pass computed. The push's reply carries the dense parameters
+that changed on the PS (the step it completed, if it did), so the next step starts without a pull; a pull
+happens only when a reply could not carry them (several synchronous PS not yet of one step), before the
+first step and for evaluation. With synchronous SGD a push may be rejected as stale; its reply carries the
+current parameters and the replica recomputes the same minibatch. What the worker does of the optimizer's
+step (loss scaling, global clipping) is in :mod:`edl_argo.model.train_step`; which state lives where, in
+:mod:`edl_argo.model.inventory`.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ class ModelReplica:
         self.version = -1
         # The versions whose finalized values (EMA averages) the local model holds for predict(), if any.
         self._finalized_versions: list[int] | None = None
+        # The parameters of the last pull or push reply are installed: the next step needs no pull.
+        self._current = False
 
     @property
     def model(self) -> keras.Model:
@@ -134,12 +139,14 @@ class ModelReplica:
         )
 
     def sync(self) -> None:
-        """Pull the dense parameters that changed since the last pull."""
+        """Pull the dense parameters that changed since the last pull (or push reply)."""
+        self._current = False
         self.flush()
         if self._finalized_versions is not None:  # predict() installed the EMA averages: pull every value
             self._finalized_versions = None
             self.versions = [-1] * self._ps.num_ps
         self._install(*self._fetch(self.versions))
+        self._current = True
 
     def _fetch(self, versions: list[int]) -> tuple[dict[str, np.ndarray], list[int]]:
         """The dense parameters newer than ``versions`` (network only: safe on a background thread)."""
@@ -231,10 +238,11 @@ class ModelReplica:
     def train_minibatch(self, features: Any, labels: Any, sample_weight: Any = None) -> float:
         """One SGD step on one minibatch (weighted by ``sample_weight`` when given); returns its loss.
 
-        Synchronous SGD: pull, compute, push, and recompute when the push is rejected as stale.
-        Pipelined (asynchronous SGD only): the push of this step and the pull after it run in the
-        background while the next minibatch is computed, so communication hides behind computation
-        at the price of one more step of staleness. :meth:`flush` waits for them.
+        Synchronous SGD: compute, push, install the parameters the push's reply carries (pull if it carries
+        none), and recompute when the push is rejected as stale. Pipelined (asynchronous SGD only): the
+        push of this step (whose reply carries the new parameters) runs in the background while the next
+        minibatch is computed, so communication hides behind computation at the price of one more step of
+        staleness. :meth:`flush` waits for them.
         """
         self.ensure_built(features)
         if self._pipeline is not None:
@@ -249,13 +257,17 @@ class ModelReplica:
                 )
             return loss_value
         for _ in range(MAX_STALE_RETRIES):
-            self.sync()
+            if not self._current:
+                self.sync()
+            self._current = False
             loss_value, push = self._gradients(features, labels, sample_weight)
             if push is None:
                 return loss_value
             result = self._push(push, self.versions)
+            if result.parameters is not None:
+                self._install(*result.parameters)
+                self._current = True
             if result.accepted:
-                # The local parameters are still those pulled: the next sync() fetches this update.
                 self.version = max(self.version, result.version)
                 self._steps.step_done(finite=True)
                 return loss_value
@@ -263,19 +275,27 @@ class ModelReplica:
 
     def _push(self, push: _Push, versions: list[int]) -> PushResult:
         return self._ps.push_gradients(
-            push.dense, push.sparse, versions, self._lr_scale, state=push.state, examples=push.examples
+            push.dense,
+            push.sparse,
+            versions,
+            self._lr_scale,
+            state=push.state,
+            examples=push.examples,
+            return_parameters=True,
         )
 
     def _push_and_pull(
         self, push: _Push, computed_at: list[int], held: list[int]
     ) -> tuple[dict[str, np.ndarray], list[int]]:
         """Push gradients computed from parameters of versions ``computed_at`` (their staleness is
-        measured from there), then pull what changed since the versions ``held`` now."""
+        measured from there) and take the parameters the reply carries: every one, unless no PS moved past
+        ``computed_at`` (then the versions ``held`` are current too); pull what changed since ``held`` if
+        the reply carries none."""
         result = self._push(push, computed_at)
         if not result.accepted:
             raise JobFailedError("an asynchronous PS rejected gradients; is the PS in synchronous mode?")
         self._steps.step_done(finite=True)
-        return self._fetch(held)
+        return result.parameters if result.parameters is not None else self._fetch(held)
 
     def flush(self) -> None:
         """Wait until the gradients pushed in the background are applied, and load the new parameters."""
@@ -300,6 +320,7 @@ class ModelReplica:
         self.ensure_built(features)
         if self._steps.keeps_averages and self._finalized_versions != self.versions:
             values, versions, _ = self._ps.pull_dense([-1] * self._ps.num_ps, finalized=True)
+            self._current = False  # the next step pulls the trainable values back
             self._inventory.assign(values)
             self.versions = self._finalized_versions = versions
         return self._forward(features, self._pull_rows(features)[2])
