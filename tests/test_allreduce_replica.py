@@ -6,6 +6,7 @@ decides exactly when a member leaves, joins again or is replaced.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -99,11 +100,37 @@ class _Group:
     def join(self, worker_id: int) -> None:
         """The worker's first (or next) rendezvous call: it is a member of the next round."""
         self.manager.rendezvous(worker_id, self.replicas[worker_id].address)
+        self.settle()
 
     def leave(self, worker_id: int) -> None:
-        """The worker's pod stops."""
-        self.manager.remove(worker_id, "Completed")
+        """The worker closes (its last report) and its pod stops."""
         self.replicas.pop(worker_id).close()
+        self.manager.remove(worker_id, "Completed")
+        self.settle()
+
+    def drop(self, reporter: int, suspect: int) -> None:
+        """``reporter`` reports ``suspect`` as silent in the current round (it is alive: it joins again
+        when it next steps)."""
+        self.manager.report_failure(reporter, self.manager.current.round_id, suspect, "silent")
+        self.settle()
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every replica that formed a round the master has since left knows it (by its watch,
+        within about a second), so that its next step is in the master's round, as the tests' plans are."""
+        current = self.manager.current.round_id
+        deadline = time.monotonic() + timeout
+        for replica in self.replicas.values():
+            member = replica._member
+            while member.current is not None and member.current.round_id != current and not member.stale:
+                assert time.monotonic() < deadline, "a member never noticed that its round ended"
+                time.sleep(0.05)
+
+    def committed_reaches(self, version: int, timeout: float = 10.0) -> None:
+        """Wait until the master committed ``version`` (members report by their watch, about every second)."""
+        deadline = time.monotonic() + timeout
+        while self.manager.committed is None or self.manager.committed.version < version:
+            assert time.monotonic() < deadline, f"committed {self.manager.committed}, never {version}"
+            time.sleep(0.05)
 
     def steps(
         self,
@@ -179,8 +206,7 @@ def test_a_scaled_float_learning_rate_is_the_same_on_every_replica_across_a_leav
     try:
         group.add(0), group.add(1)
         group.steps([0, 1], _batches(3, seed=1), record)
-        current = group.manager.current
-        group.manager.report_failure(0, current.round_id, 1, "silent")  # worker 1 is alive: it re-joins
+        group.drop(0, 1)  # worker 1 is alive: it re-joins
         group.steps([0], _batches(2, seed=2), record)
         group.join(1)
         group.steps([0, 1], _batches(3, seed=3), record)
@@ -231,7 +257,7 @@ def test_replacing_every_member_of_a_group_loses_no_step(model_file: Path) -> No
     assert versions == [7, 7]
     assert _max_difference(*states) == 0.0
     assert group.manager.restores == [] and group.manager.steps_lost == 0
-    assert group.manager.committed is not None and group.manager.committed.version == 6  # reported at step 7
+    assert group.manager.committed is not None and group.manager.committed.version == 7  # 0 and 1 closed
 
 
 def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the_steps_lost(
@@ -246,7 +272,8 @@ def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the
         group.add(2, join=False), group.add(3, join=False)
         group.steps([0, 1], _batches(6, seed=10))
         assert group.replicas[0]._checkpointer is not None and group.replicas[0]._checkpointer.wait(30)
-        group.steps([0, 1], _batches(1, seed=11))  # its rendezvous reports version 6 and checkpoint 4
+        group.steps([0, 1], _batches(1, seed=11))
+        group.committed_reaches(7)  # their watch reports version 7 and checkpoint 4
         assert group.manager.checkpoint is not None and group.manager.checkpoint.version == 4
         group.leave(0), group.leave(1)
         group.join(2), group.join(3)
@@ -259,23 +286,23 @@ def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the
         {
             "round": group.manager.restores[0]["round"],
             "origin": "checkpoint",
-            "committed_version": 6,
+            "committed_version": 7,
             "restored_version": 4,
-            "steps_lost": 2,
+            "steps_lost": 3,
         }
     ]
-    assert group.manager.steps_lost == 2
+    assert group.manager.steps_lost == 3
 
 
 def test_a_member_left_behind_never_overrides_the_group_and_a_step_back_is_counted(model_file: Path) -> None:
     """Worker 1 is dropped (silent) at version 3 while alive; worker 0 trains on to version 6 and leaves.
     When worker 1 comes back alone, its state is behind the committed one: with no checkpoint it is all
-    there is, so the group goes on from it, and the master records that 2 committed steps were lost."""
+    there is, so the group goes on from it, and the master records that 3 committed steps were lost."""
     group = _Group(model_file)
     try:
         group.add(0), group.add(1)
         group.steps([0, 1], _batches(3, seed=13))
-        group.manager.report_failure(0, group.manager.current.round_id, 1, "silent")
+        group.drop(0, 1)
         group.steps([0], _batches(3, seed=14))
         group.leave(0)
         group.join(1)
@@ -285,6 +312,6 @@ def test_a_member_left_behind_never_overrides_the_group_and_a_step_back_is_count
         group.close()
     assert version == 4
     assert [(r["origin"], r["committed_version"], r["restored_version"]) for r in group.manager.restores] == [
-        ("member", 5, 3)
+        ("member", 6, 3)  # worker 0 reported its last step as it closed
     ]
-    assert group.manager.steps_lost == 2
+    assert group.manager.steps_lost == 3

@@ -10,10 +10,12 @@ order. Any change of membership starts a new round with a larger id:
   member reports that it did not answer a collective operation in time (:meth:`report_failure`). A worker
   that was reported but is alive joins again on its next call, in yet another round.
 
-Workers call :meth:`rendezvous` before every step, so they learn of a new round at the next step; a
-collective operation already in progress sees the new round through the same call while it waits (see
-:mod:`edl_argo.collective`). What a round does with its members (broadcast of the state, rank order) is the
-workers' business.
+A member's step loop makes no call while its round stands: it learns of a new round from a piece of that
+round arriving at its collective server (a member of the new round is already forming it), from a failed
+collective operation, or from its own background *watch* call (``watch`` set: report and read the round,
+about once a second, without joining; see :mod:`edl_argo.collective.membership`). A collective operation
+waiting longer than a moment asks the same way. What a round does with its members (broadcast of the
+state, rank order) is the workers' business.
 
 With each call a member also reports the state it holds (a version and the round that made it, see
 :mod:`edl_argo.collective.state`) and the newest checkpoint it saved. The manager keeps the job's **last
@@ -22,8 +24,9 @@ current round (their states all descend from the state the round formed on), and
 member: a round forms only on a member's state that descends from the committed one, and restores the
 committed checkpoint when no member holds one. When a round had to form on a state older than the committed
 one (:attr:`restores`), the steps lost are logged (``model_moved_backwards``) and counted
-(:attr:`steps_lost`, in ``metrics.json``). The committed state lags a member's newest by at most the one step
-it has not reported yet.
+(:attr:`steps_lost`, in ``metrics.json``). The committed state lags a member's newest by the steps it made
+since its last watch call (about a second's worth; none after a member that closed cleanly, which reports
+as it leaves).
 """
 
 from __future__ import annotations
@@ -102,10 +105,13 @@ class RendezvousManager:
         self, worker_id: int, address: str, report: master_pb2.RendezvousRequest | None = None
     ) -> Round:
         """The current round, after taking ``report`` (what the worker holds) into account and adding
-        ``worker_id`` at ``address`` if it is not a member yet."""
+        ``worker_id`` at ``address`` if it is not a member yet (unless ``report.watch``: a member's
+        background call only reads the round)."""
         with self._lock:
             if report is not None and self._round.rank_of(worker_id) >= 0:
                 self._take_report_locked(worker_id, report)
+            if report is not None and report.watch:
+                return self._round
             if worker_id in self._departed or self._members.get(worker_id) == address:
                 return self._round
             changed = "address" if worker_id in self._members else "joined"
