@@ -315,3 +315,65 @@ def test_a_member_left_behind_never_overrides_the_group_and_a_step_back_is_count
         ("member", 6, 3)  # worker 0 reported its last step as it closed
     ]
     assert group.manager.steps_lost == 3
+
+
+class _CountingMaster(_MasterOf):
+    """:class:`_MasterOf` that counts the calls: joins (the step loop's) and watch reports apart."""
+
+    def __init__(self, manager: RendezvousManager, worker_id: int) -> None:
+        super().__init__(manager, worker_id)
+        self.calls = 0
+        self.watch_calls = 0
+
+    def rendezvous(
+        self,
+        address: str,
+        report: master_pb2.RendezvousRequest | None = None,
+        budget_seconds: float | None = None,
+    ) -> master_pb2.RendezvousResponse:
+        if report is not None and report.watch:
+            self.watch_calls += 1
+        else:
+            self.calls += 1
+        return super().rendezvous(address, report, budget_seconds)
+
+
+def test_steps_in_a_standing_round_make_no_master_call_and_a_lone_member_no_collective(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a round formed, a group step asks the master nothing (only the background watch reports, about
+    once a second), and a group of one runs no collective operation at all."""
+    from edl_argo.collective.group import CollectiveGroup
+
+    rings: list[int] = []
+    ring = CollectiveGroup._ring
+    monkeypatch.setattr(
+        CollectiveGroup, "_ring", lambda self, vector: rings.append(self.size) or ring(self, vector)
+    )
+    group = _Group(model_file)
+    masters = {w: _CountingMaster(group.manager, w) for w in (0, 1)}
+    try:
+        for worker, master in masters.items():
+            replica = AllreduceReplica(group.spec, master, "127.0.0.1", collective_timeout=20.0)
+            replica.ensure_built(_batches(1)[0][0])
+            group.replicas[worker] = replica
+        group.join(0)
+        group.steps([0], _batches(2, seed=16))  # forms a round of one, then trains
+        calls, started = masters[0].calls, time.monotonic()
+        rings.clear()
+        group.steps([0], _batches(30, seed=17))
+        assert masters[0].calls == calls and rings == []
+        group.join(1)
+        group.steps([0, 1], _batches(2, seed=18))  # forms a round of two, then trains
+        calls_by_worker = {w: m.calls for w, m in masters.items()}
+        rings.clear()
+        group.steps([0, 1], _batches(30, seed=19))
+        elapsed = time.monotonic() - started
+        versions = [group.replicas[w].version for w in (0, 1)]
+    finally:
+        group.close()
+    assert {w: m.calls for w, m in masters.items()} == calls_by_worker
+    assert rings == [2] * 60  # one allreduce per member and step
+    assert versions == [64, 64]
+    # The watch once a second, and a check of the round each half second a collective wait lasts.
+    assert masters[0].watch_calls <= 3 * elapsed + 2, (masters[0].watch_calls, elapsed)
