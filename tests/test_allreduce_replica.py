@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from edl_argo.model import load_model_spec
 from edl_argo.proto import master_pb2
 from edl_argo.storage import LocalStorage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
+from tests.tcp_proxy import SilentProxy
 
 #: ``(features, labels)`` of one minibatch.
 Batch = tuple[np.ndarray, np.ndarray]
@@ -377,3 +379,123 @@ def test_steps_in_a_standing_round_make_no_master_call_and_a_lone_member_no_coll
     assert versions == [64, 64]
     # The watch once a second, and a check of the round each half second a collective wait lasts.
     assert masters[0].watch_calls <= 3 * elapsed + 2, (masters[0].watch_calls, elapsed)
+
+
+class _Unreachable(grpc.RpcError):
+    """What a master call from a partitioned worker ends with."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+class _PartitionedMaster(_MasterOf):
+    """A worker whose node reaches the world through ``proxy``: its collective server is known by the proxy's
+    address, and once :attr:`partitioned` its calls to the master fail as well."""
+
+    def __init__(self, manager: RendezvousManager, worker_id: int) -> None:
+        super().__init__(manager, worker_id)
+        self.proxy: SilentProxy | None = None
+        self.partitioned = False
+
+    def rendezvous(
+        self,
+        address: str,
+        report: master_pb2.RendezvousRequest | None = None,
+        budget_seconds: float | None = None,
+    ) -> master_pb2.RendezvousResponse:
+        if self.partitioned:
+            raise _Unreachable()
+        assert self.proxy is not None
+        return super().rendezvous(self.proxy.address, report, budget_seconds)
+
+    def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:
+        if self.partitioned:
+            raise _Unreachable()
+        super().report_collective_failure(round_id, suspect_worker_id, message)
+
+
+def _train_in_thread(
+    replica: AllreduceReplica, until: Callable[[], bool], errors: list[BaseException]
+) -> threading.Thread:
+    """A thread that trains ``replica`` until ``until()`` says so (checked before each step), keeping what
+    it raised in ``errors``."""
+
+    def train() -> None:
+        try:
+            for batch in _batches(10_000, seed=replica.version + 100):
+                if until():
+                    return
+                replica.train_minibatch(*batch)
+        except BaseException as error:  # asserted by the caller
+            errors.append(error)
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_member_behind_a_silent_network_path_is_blamed_and_named_stuck_within_the_bound(
+    model_file: Path,
+) -> None:
+    """Worker 1's node goes silent (a proxy in front of it stops forwarding, its master calls fail) while
+    both members are inside their steps. Worker 0 blames it within the collective timeout and trains on
+    alone; the master names worker 1 stuck once it has been silent for the timeout since (the job then
+    restarts it as a dead worker), and its replacement takes the group's state: nothing hangs, the replicas
+    stay bit-identical."""
+    timeout = 4.0
+    group = _Group(model_file, timeout=timeout)
+    master = _PartitionedMaster(group.manager, 1)
+    stop, silent = threading.Event(), threading.Event()
+    survivor_errors: list[BaseException] = []
+    partitioned_errors: list[BaseException] = []
+    survivor_steps_after = [0]
+    try:
+        group.add(0)
+        partitioned = AllreduceReplica(group.spec, master, "127.0.0.1", collective_timeout=timeout)
+        master.proxy = proxy = SilentProxy(partitioned.address)
+        partitioned.ensure_built(_batches(1)[0][0])
+        group.replicas[1] = partitioned
+        group.manager.rendezvous(1, proxy.address)
+        group.settle()
+        group.steps([0, 1], _batches(3, seed=20))
+        survivor = group.replicas[0]
+
+        def survivor_done() -> bool:
+            if silent.is_set():
+                survivor_steps_after[0] += 1
+            return stop.is_set() and survivor_steps_after[0] > 3
+
+        threads = [
+            _train_in_thread(survivor, survivor_done, survivor_errors),
+            _train_in_thread(partitioned, stop.is_set, partitioned_errors),
+        ]
+        time.sleep(1.0)  # both train, in lockstep, inside their steps
+        proxy.go_silent()
+        master.partitioned = True
+        silent.set()
+        silent_at = time.monotonic()
+        stuck: list[int] = []
+        while not stuck and time.monotonic() < silent_at + 6 * timeout + 30:
+            stuck = group.manager.stuck(timeout)
+            time.sleep(0.1)
+        named_after = time.monotonic() - silent_at
+        group.manager.remove(1, "Stuck")  # what the master does once the restarted pod is gone
+        stop.set()
+        for thread in threads:
+            thread.join(6 * timeout)
+            assert not thread.is_alive(), "a member hung"
+        group.replicas.pop(1).close()
+        proxy.close()
+        group.add(2)  # the replacement
+        group.steps([0, 2], _batches(2, seed=23))
+        versions = [group.replicas[w].version for w in (0, 2)]
+        states = [group.replicas[w].export_state().values for w in (0, 2)]
+    finally:
+        stop.set()
+        group.close()
+    assert stuck == [1]
+    assert named_after <= 2 * timeout + 10, named_after  # blamed within the timeout, then silent for it
+    assert not survivor_errors, survivor_errors
+    assert partitioned_errors and isinstance(partitioned_errors[0], _Unreachable), partitioned_errors
+    assert versions[0] == versions[1] > 3
+    assert _max_difference(*states) == 0.0

@@ -194,8 +194,9 @@ def test_a_member_paused_inside_a_collective_is_dropped_within_the_timeout_and_r
     options = {**ALLREDUCE, "collective_timeout_seconds": timeout}
     job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=2, num_epochs=10, **options))
     running = JobThread(job).start()
-    assert job.rendezvous is not None and job.pods is not None
+    assert job.rendezvous is not None
     running.wait_until(lambda: len(job.rendezvous.current.members) == 2, 240, "a group of two")
+    assert job.pods is not None
     progress = running.progress_fraction()
     running.wait_until(lambda: running.progress_fraction() >= progress + 0.05, 240, "training by two")
 
