@@ -6,10 +6,12 @@ decides exactly when a member leaves, joins again or is replaced.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from edl_argo.model import load_model_spec
 from edl_argo.proto import master_pb2
 from edl_argo.storage import LocalStorage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
+from tests.tcp_proxy import SilentProxy
 
 #: ``(features, labels)`` of one minibatch.
 Batch = tuple[np.ndarray, np.ndarray]
@@ -99,11 +102,37 @@ class _Group:
     def join(self, worker_id: int) -> None:
         """The worker's first (or next) rendezvous call: it is a member of the next round."""
         self.manager.rendezvous(worker_id, self.replicas[worker_id].address)
+        self.settle()
 
     def leave(self, worker_id: int) -> None:
-        """The worker's pod stops."""
-        self.manager.remove(worker_id, "Completed")
+        """The worker closes (its last report) and its pod stops."""
         self.replicas.pop(worker_id).close()
+        self.manager.remove(worker_id, "Completed")
+        self.settle()
+
+    def drop(self, reporter: int, suspect: int) -> None:
+        """``reporter`` reports ``suspect`` as silent in the current round (it is alive: it joins again
+        when it next steps)."""
+        self.manager.report_failure(reporter, self.manager.current.round_id, suspect, "silent")
+        self.settle()
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every replica that formed a round the master has since left knows it (by its watch,
+        within about a second), so that its next step is in the master's round, as the tests' plans are."""
+        current = self.manager.current.round_id
+        deadline = time.monotonic() + timeout
+        for replica in self.replicas.values():
+            member = replica._member
+            while member.current is not None and member.current.round_id != current and not member.stale:
+                assert time.monotonic() < deadline, "a member never noticed that its round ended"
+                time.sleep(0.05)
+
+    def committed_reaches(self, version: int, timeout: float = 10.0) -> None:
+        """Wait until the master committed ``version`` (members report by their watch, about every second)."""
+        deadline = time.monotonic() + timeout
+        while self.manager.committed is None or self.manager.committed.version < version:
+            assert time.monotonic() < deadline, f"committed {self.manager.committed}, never {version}"
+            time.sleep(0.05)
 
     def steps(
         self,
@@ -179,8 +208,7 @@ def test_a_scaled_float_learning_rate_is_the_same_on_every_replica_across_a_leav
     try:
         group.add(0), group.add(1)
         group.steps([0, 1], _batches(3, seed=1), record)
-        current = group.manager.current
-        group.manager.report_failure(0, current.round_id, 1, "silent")  # worker 1 is alive: it re-joins
+        group.drop(0, 1)  # worker 1 is alive: it re-joins
         group.steps([0], _batches(2, seed=2), record)
         group.join(1)
         group.steps([0, 1], _batches(3, seed=3), record)
@@ -231,7 +259,7 @@ def test_replacing_every_member_of_a_group_loses_no_step(model_file: Path) -> No
     assert versions == [7, 7]
     assert _max_difference(*states) == 0.0
     assert group.manager.restores == [] and group.manager.steps_lost == 0
-    assert group.manager.committed is not None and group.manager.committed.version == 6  # reported at step 7
+    assert group.manager.committed is not None and group.manager.committed.version == 7  # 0 and 1 closed
 
 
 def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the_steps_lost(
@@ -246,7 +274,8 @@ def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the
         group.add(2, join=False), group.add(3, join=False)
         group.steps([0, 1], _batches(6, seed=10))
         assert group.replicas[0]._checkpointer is not None and group.replicas[0]._checkpointer.wait(30)
-        group.steps([0, 1], _batches(1, seed=11))  # its rendezvous reports version 6 and checkpoint 4
+        group.steps([0, 1], _batches(1, seed=11))
+        group.committed_reaches(7)  # their watch reports version 7 and checkpoint 4
         assert group.manager.checkpoint is not None and group.manager.checkpoint.version == 4
         group.leave(0), group.leave(1)
         group.join(2), group.join(3)
@@ -259,23 +288,23 @@ def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the
         {
             "round": group.manager.restores[0]["round"],
             "origin": "checkpoint",
-            "committed_version": 6,
+            "committed_version": 7,
             "restored_version": 4,
-            "steps_lost": 2,
+            "steps_lost": 3,
         }
     ]
-    assert group.manager.steps_lost == 2
+    assert group.manager.steps_lost == 3
 
 
 def test_a_member_left_behind_never_overrides_the_group_and_a_step_back_is_counted(model_file: Path) -> None:
     """Worker 1 is dropped (silent) at version 3 while alive; worker 0 trains on to version 6 and leaves.
     When worker 1 comes back alone, its state is behind the committed one: with no checkpoint it is all
-    there is, so the group goes on from it, and the master records that 2 committed steps were lost."""
+    there is, so the group goes on from it, and the master records that 3 committed steps were lost."""
     group = _Group(model_file)
     try:
         group.add(0), group.add(1)
         group.steps([0, 1], _batches(3, seed=13))
-        group.manager.report_failure(0, group.manager.current.round_id, 1, "silent")
+        group.drop(0, 1)
         group.steps([0], _batches(3, seed=14))
         group.leave(0)
         group.join(1)
@@ -285,6 +314,188 @@ def test_a_member_left_behind_never_overrides_the_group_and_a_step_back_is_count
         group.close()
     assert version == 4
     assert [(r["origin"], r["committed_version"], r["restored_version"]) for r in group.manager.restores] == [
-        ("member", 5, 3)
+        ("member", 6, 3)  # worker 0 reported its last step as it closed
     ]
-    assert group.manager.steps_lost == 2
+    assert group.manager.steps_lost == 3
+
+
+class _CountingMaster(_MasterOf):
+    """:class:`_MasterOf` that counts the calls: joins (the step loop's) and watch reports apart."""
+
+    def __init__(self, manager: RendezvousManager, worker_id: int) -> None:
+        super().__init__(manager, worker_id)
+        self.calls = 0
+        self.watch_calls = 0
+
+    def rendezvous(
+        self,
+        address: str,
+        report: master_pb2.RendezvousRequest | None = None,
+        budget_seconds: float | None = None,
+    ) -> master_pb2.RendezvousResponse:
+        if report is not None and report.watch:
+            self.watch_calls += 1
+        else:
+            self.calls += 1
+        return super().rendezvous(address, report, budget_seconds)
+
+
+def test_steps_in_a_standing_round_make_no_master_call_and_a_lone_member_no_collective(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a round formed, a group step asks the master nothing (only the background watch reports, about
+    once a second), and a group of one runs no collective operation at all."""
+    from edl_argo.collective.group import CollectiveGroup
+
+    rings: list[int] = []
+    ring = CollectiveGroup._ring
+    monkeypatch.setattr(
+        CollectiveGroup, "_ring", lambda self, vector: rings.append(self.size) or ring(self, vector)
+    )
+    group = _Group(model_file)
+    masters = {w: _CountingMaster(group.manager, w) for w in (0, 1)}
+    try:
+        for worker, master in masters.items():
+            replica = AllreduceReplica(group.spec, master, "127.0.0.1", collective_timeout=20.0)
+            replica.ensure_built(_batches(1)[0][0])
+            group.replicas[worker] = replica
+        group.join(0)
+        group.steps([0], _batches(2, seed=16))  # forms a round of one, then trains
+        calls, started = masters[0].calls, time.monotonic()
+        rings.clear()
+        group.steps([0], _batches(30, seed=17))
+        assert masters[0].calls == calls and rings == []
+        group.join(1)
+        group.steps([0, 1], _batches(2, seed=18))  # forms a round of two, then trains
+        calls_by_worker = {w: m.calls for w, m in masters.items()}
+        rings.clear()
+        group.steps([0, 1], _batches(30, seed=19))
+        elapsed = time.monotonic() - started
+        versions = [group.replicas[w].version for w in (0, 1)]
+    finally:
+        group.close()
+    assert {w: m.calls for w, m in masters.items()} == calls_by_worker
+    assert rings == [2] * 60  # one allreduce per member and step
+    assert versions == [64, 64]
+    # The watch once a second, and a check of the round each half second a collective wait lasts.
+    assert masters[0].watch_calls <= 3 * elapsed + 2, (masters[0].watch_calls, elapsed)
+
+
+class _Unreachable(grpc.RpcError):
+    """What a master call from a partitioned worker ends with."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+class _PartitionedMaster(_MasterOf):
+    """A worker whose node reaches the world through ``proxy``: its collective server is known by the proxy's
+    address, and once :attr:`partitioned` its calls to the master fail as well."""
+
+    def __init__(self, manager: RendezvousManager, worker_id: int) -> None:
+        super().__init__(manager, worker_id)
+        self.proxy: SilentProxy | None = None
+        self.partitioned = False
+
+    def rendezvous(
+        self,
+        address: str,
+        report: master_pb2.RendezvousRequest | None = None,
+        budget_seconds: float | None = None,
+    ) -> master_pb2.RendezvousResponse:
+        if self.partitioned:
+            raise _Unreachable()
+        assert self.proxy is not None
+        return super().rendezvous(self.proxy.address, report, budget_seconds)
+
+    def report_collective_failure(self, round_id: int, suspect_worker_id: int, message: str) -> None:
+        if self.partitioned:
+            raise _Unreachable()
+        super().report_collective_failure(round_id, suspect_worker_id, message)
+
+
+def _train_in_thread(
+    replica: AllreduceReplica, until: Callable[[], bool], errors: list[BaseException]
+) -> threading.Thread:
+    """A thread that trains ``replica`` until ``until()`` says so (checked before each step), keeping what
+    it raised in ``errors``."""
+
+    def train() -> None:
+        try:
+            for batch in _batches(10_000, seed=replica.version + 100):
+                if until():
+                    return
+                replica.train_minibatch(*batch)
+        except BaseException as error:  # asserted by the caller
+            errors.append(error)
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_member_behind_a_silent_network_path_is_blamed_and_named_stuck_within_the_bound(
+    model_file: Path,
+) -> None:
+    """Worker 1's node goes silent (a proxy in front of it stops forwarding, its master calls fail) while
+    both members are inside their steps. Worker 0 blames it within the collective timeout and trains on
+    alone; the master names worker 1 stuck once it has been silent for the timeout since (the job then
+    restarts it as a dead worker), and its replacement takes the group's state: nothing hangs, the replicas
+    stay bit-identical."""
+    timeout = 4.0
+    group = _Group(model_file, timeout=timeout)
+    master = _PartitionedMaster(group.manager, 1)
+    stop, silent = threading.Event(), threading.Event()
+    survivor_errors: list[BaseException] = []
+    partitioned_errors: list[BaseException] = []
+    survivor_steps_after = [0]
+    try:
+        group.add(0)
+        partitioned = AllreduceReplica(group.spec, master, "127.0.0.1", collective_timeout=timeout)
+        master.proxy = proxy = SilentProxy(partitioned.address)
+        partitioned.ensure_built(_batches(1)[0][0])
+        group.replicas[1] = partitioned
+        group.manager.rendezvous(1, proxy.address)
+        group.settle()
+        group.steps([0, 1], _batches(3, seed=20))
+        survivor = group.replicas[0]
+
+        def survivor_done() -> bool:
+            if silent.is_set():
+                survivor_steps_after[0] += 1
+            return stop.is_set() and survivor_steps_after[0] > 3
+
+        threads = [
+            _train_in_thread(survivor, survivor_done, survivor_errors),
+            _train_in_thread(partitioned, stop.is_set, partitioned_errors),
+        ]
+        time.sleep(1.0)  # both train, in lockstep, inside their steps
+        proxy.go_silent()
+        master.partitioned = True
+        silent.set()
+        silent_at = time.monotonic()
+        stuck: list[int] = []
+        while not stuck and time.monotonic() < silent_at + 6 * timeout + 30:
+            stuck = group.manager.stuck(timeout)
+            time.sleep(0.1)
+        named_after = time.monotonic() - silent_at
+        group.manager.remove(1, "Stuck")  # what the master does once the restarted pod is gone
+        stop.set()
+        for thread in threads:
+            thread.join(6 * timeout)
+            assert not thread.is_alive(), "a member hung"
+        group.replicas.pop(1).close()
+        proxy.close()
+        group.add(2)  # the replacement
+        group.steps([0, 2], _batches(2, seed=23))
+        versions = [group.replicas[w].version for w in (0, 2)]
+        states = [group.replicas[w].export_state().values for w in (0, 2)]
+    finally:
+        stop.set()
+        group.close()
+    assert stuck == [1]
+    assert named_after <= 2 * timeout + 10, named_after  # blamed within the timeout, then silent for it
+    assert not survivor_errors, survivor_errors
+    assert partitioned_errors and isinstance(partitioned_errors[0], _Unreachable), partitioned_errors
+    assert versions[0] == versions[1] > 3
+    assert _max_difference(*states) == 0.0

@@ -454,3 +454,37 @@ def test_the_master_commits_reports_of_its_current_round_only_and_a_restart_keep
     assert (restarted.committed, restarted.checkpoint) == (rendezvous.committed, rendezvous.checkpoint)
     answer = restarted.response(restarted.rendezvous(0, "a:1"), 0)
     assert (answer.committed.version, answer.checkpoint.version) == (5, 4)
+
+
+def test_a_watch_call_reports_without_joining_and_silent_or_twice_reported_suspects_are_stuck(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rendezvous = RendezvousManager()
+    for worker in (0, 1, 2):
+        rendezvous.rendezvous(worker, f"w{worker}:1")
+    clock = [1000.0]
+    monkeypatch.setattr("edl_argo.master.rendezvous.time.monotonic", lambda: clock[0])
+
+    def watch(worker: int, formed_round: int = 0) -> int:
+        request = master_pb2.RendezvousRequest(watch=True, formed_round=formed_round)
+        return rendezvous.rendezvous(worker, f"w{worker}:1", request).round_id
+
+    first = rendezvous.current.round_id
+    rendezvous.report_failure(reporter=0, round_id=first, suspect=1, message="silent")  # 1 is hung
+    rendezvous.report_failure(reporter=0, round_id=first + 1, suspect=2, message="silent")  # 2 is alive
+    dropped = rendezvous.current.round_id
+    assert watch(2) == dropped and rendezvous.current.rank_of(2) == -1  # a watch call does not join
+    clock[0] += 5
+    watch(2)
+    assert rendezvous.stuck(timeout=8) == []
+    clock[0] += 4  # 1 silent for 9 s, 2 called 4 s ago
+    assert rendezvous.stuck(timeout=8) == [1]
+    assert rendezvous.stuck(timeout=8) == []  # named once
+
+    rejoined = rendezvous.rendezvous(2, "w2:1").round_id  # 2 joins again...
+    watch(2, formed_round=rejoined)  # ...and forms the round: no longer a suspect
+    rendezvous.report_failure(reporter=0, round_id=rejoined, suspect=2, message="silent")
+    assert rendezvous.stuck(timeout=8) == []  # reported once since it formed
+    again = rendezvous.rendezvous(2, "w2:1").round_id  # joins, but never forms (its path is broken)
+    rendezvous.report_failure(reporter=0, round_id=again, suspect=2, message="silent")
+    assert rendezvous.stuck(timeout=8) == [2]

@@ -184,3 +184,45 @@ def test_a_model_whose_state_exceeds_the_frame_cap_trains_and_exports(
     assert "exceeds the cap" not in err
     pulled = re.findall(r"group_formed round=\d+ rank=1 world_size=2 state_from=(\d+)", err)
     assert pulled, "the second member never took the group's state"
+
+
+def test_a_member_paused_inside_a_collective_is_dropped_within_the_timeout_and_restarted(
+    digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """SIGSTOP of a member of a group of two: no pod event, only silence in the middle of its steps. Its peer
+    blames it within --collective-timeout-seconds and trains on alone; the paused worker, silent to the
+    master too, is restarted as a dead one would be, and the job completes with nothing lost."""
+    timeout = 8
+    options = {**ALLREDUCE, "collective_timeout_seconds": timeout}
+    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=2, num_epochs=10, **options))
+    running = JobThread(job).start()
+    assert job.rendezvous is not None
+    running.wait_until(lambda: len(job.rendezvous.current.members) == 2, 240, "a group of two")
+    assert job.pods is not None
+    progress = running.progress_fraction()
+    running.wait_until(lambda: running.progress_fraction() >= progress + 0.05, 240, "training by two")
+
+    victim = job.rendezvous.current.members[1].worker_id
+    job.backend.pause(PodRole.WORKER, victim)
+    paused_at = time.monotonic()
+    running.wait_until(
+        lambda: all(m.worker_id != victim for m in job.rendezvous.current.members), 60, "the group to drop it"
+    )
+    dropped_after = time.monotonic() - paused_at
+    running.wait_until(
+        lambda: any(r.role == "worker" and r.reason == "Stuck" for r in job.pods.relaunches),
+        60,
+        "the paused worker to be restarted",
+    )
+    restarted_after = time.monotonic() - paused_at
+    metrics = running.join(400)
+
+    # A step waits at most the timeout for a piece, and the report is one call (slack: a loaded machine).
+    assert dropped_after <= timeout + 5, dropped_after
+    assert restarted_after <= 2 * timeout + 10, restarted_after  # dropped, then silent for the timeout
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
+    assert_no_record_lost(metrics)
+    assert metrics["relaunches"]["worker"] == 1
+    assert metrics["allreduce_replicas"]["max_abs_difference"] == 0.0
+    err = capfd.readouterr().err
+    assert f"group_member_stuck worker={victim}" in err

@@ -49,6 +49,12 @@ class Mailbox:
             self._round = round_id
             self._pieces = {k: v for k, v in self._pieces.items() if k[0] >= round_id}
 
+    @property
+    def newest_round(self) -> int:
+        """The newest round of any piece delivered so far (0: none)."""
+        with self._cond:
+            return self._newest_seen
+
     def put(self, key: PieceKey, piece: np.ndarray) -> None:
         with self._cond:
             if key[0] < self._round:

@@ -1,10 +1,17 @@
 """A worker's membership in the elastic group: joining rounds and agreeing on one state.
 
 :meth:`ElasticMember.group` returns the :class:`~edl_argo.collective.group.CollectiveGroup` of the
-master's current round, forming it first when the round is new. Forming a round makes every member hold
-the same state, whatever happened before. The master's answer names the job's last committed state and
-checkpoint (:mod:`edl_argo.master.rendezvous`); a member's state is *eligible* when it descends from the
-committed one (:mod:`edl_argo.collective.state`; any state is while nothing is committed). Then:
+master's current round, forming it first when the round is new. While its round stands it asks the master
+nothing: a member learns that a new round began from a piece of that round arriving at its collective
+server (a member of the new round is forming it: its first operation sends to its right neighbour), from a
+collective operation that fails (see :mod:`~edl_argo.collective.group`), or from its *watch*: a background
+thread that, every :data:`WATCH_SECONDS`, reports what the member holds and reads the master's round
+without joining it. The step loop only compares round ids it already has.
+
+Forming a round makes every member hold the same state, whatever happened before. The master's answer
+names the job's last committed state and checkpoint (:mod:`edl_argo.master.rendezvous`); a member's state
+is *eligible* when it descends from the committed one (:mod:`edl_argo.collective.state`; any state is
+while nothing is committed). Then:
 
 1. an allreduce of the members' versions (steps applied, eligible or not) tells everyone who holds the
    newest eligible state: that member is the *source*, the lowest rank among equals;
@@ -50,6 +57,8 @@ from edl_argo.proto import master_pb2
 
 log = get_logger(__name__)
 
+#: How often a member's background watch reports its state to the master and reads the master's round.
+WATCH_SECONDS = 1.0
 #: How long a worker may go on being told it is not a member before it gives up.
 NOT_A_MEMBER_GIVE_UP_SECONDS = 120.0
 #: How long one check that a round is still current (made every half second while a wait is slow) may ask
@@ -92,6 +101,9 @@ class ReplicaState(Protocol):
     def lineage(self) -> Lineage:
         """The lineage of the state held."""
 
+    def held(self) -> tuple[int, Lineage]:
+        """:attr:`version` and :attr:`lineage`, read together (another thread may be changing them)."""
+
     @property
     def saved_checkpoint(self) -> StatePoint | None:
         """The newest checkpoint this replica saved, if any."""
@@ -105,6 +117,7 @@ class ElasticMember:
 
     ``replica`` is the state this member contributes and receives; the collective server this object
     starts serves its published state and, for round ``-1``, its current state (for the master's export).
+    The watch thread starts once the member formed its first round and stops on :meth:`close`.
     """
 
     def __init__(
@@ -126,16 +139,22 @@ class ElasticMember:
         self.address = self._server.address
         # How this member's state was agreed last: the round, and the origin and point it formed on.
         self._formed = master_pb2.RendezvousRequest()
+        self._ended_round = 0  # the newest round the watch saw the master leave
+        self._closed = threading.Event()
+        self._watch_thread: threading.Thread | None = None
 
     @property
     def current(self) -> CollectiveGroup | None:
         return self._group
 
-    def _rendezvous(self, budget_seconds: float | None = None) -> master_pb2.RendezvousResponse:
-        """The master's current round, told what this member holds (within ``budget_seconds`` if given)."""
-        report = master_pb2.RendezvousRequest()
-        report.CopyFrom(self._formed)
-        version, lineage = self._replica.version, self._replica.lineage
+    def _rendezvous(
+        self, budget_seconds: float | None = None, watch: bool = False
+    ) -> master_pb2.RendezvousResponse:
+        """The master's current round, told what this member holds (within ``budget_seconds`` if given;
+        ``watch``: without joining it)."""
+        report = master_pb2.RendezvousRequest(watch=watch)
+        report.MergeFrom(self._formed)
+        version, lineage = self._replica.held()
         point = lineage.point(version) if version >= 0 else None
         if point is not None:
             report.state.CopyFrom(point_message(point))
@@ -145,10 +164,16 @@ class ElasticMember:
         return self._master.rendezvous(self.address, report, budget_seconds)
 
     def group(self) -> CollectiveGroup:
-        """The group of the master's current round, formed (state agreed) if the round is new."""
+        """The group of the master's current round, formed (state agreed) if the round is new.
+
+        No master call while nothing says the round this member formed has ended (see the module
+        docstring)."""
+        current = self._group
+        if current is not None and not self._ended(current.round_id):
+            return current
         response = self._rendezvous()
-        if self._group is not None and response.round_id == self._group.round_id:
-            return self._group
+        if current is not None and response.round_id == current.round_id:
+            return current
         self._group = None
         give_up = time.monotonic() + NOT_A_MEMBER_GIVE_UP_SECONDS
         while response.rank < 0:
@@ -174,18 +199,49 @@ class ElasticMember:
         )
         self._group = group
         if self._formed.formed_from != master_pb2.DESCENDANT:
-            self._rendezvous()  # the master records the step back now, not at the next step
+            self._rendezvous()  # the master records the step back now, not at the next watch
+        if self._watch_thread is None:
+            self._watch_thread = threading.Thread(target=self._watch, name="membership-watch", daemon=True)
+            self._watch_thread.start()
         return group
+
+    @property
+    def stale(self) -> bool:
+        """Whether something this member saw says the round it formed last has ended."""
+        current = self._group
+        return current is not None and self._ended(current.round_id)
+
+    def _ended(self, round_id: int) -> bool:
+        """Whether something this member saw says round ``round_id`` is over (no master call)."""
+        return self._ended_round >= round_id or self._server.mailbox.newest_round > round_id
+
+    def _watch(self) -> None:
+        """Every :data:`WATCH_SECONDS` until closed: report what this member holds, and note when the
+        master's round is no longer the one this member formed (its next :meth:`group` call re-forms)."""
+        while not self._closed.wait(WATCH_SECONDS):
+            group = self._group
+            if group is None:
+                continue  # forming, or about to: the step loop asks the master itself
+            try:
+                response = self._rendezvous(ROUND_CHECK_SECONDS, watch=True)
+            except grpc.RpcError as error:
+                log.warning("membership_watch_unanswered", round=group.round_id, code=str(error.code()))
+                continue
+            if response.round_id != group.round_id:
+                self._ended_round = max(self._ended_round, group.round_id)
 
     def _round_is_current(self, round_id: int) -> bool:
         """Whether the master's current round is still ``round_id``, asked within
         :data:`ROUND_CHECK_SECONDS`; True when the master does not answer in time (nothing says it ended)."""
         try:
-            current = self._rendezvous(budget_seconds=ROUND_CHECK_SECONDS)
+            current = self._rendezvous(budget_seconds=ROUND_CHECK_SECONDS, watch=True)
         except grpc.RpcError as error:
             log.warning("round_check_unanswered", round=round_id, code=str(error.code()))
             return True
-        return current.round_id == round_id
+        if current.round_id != round_id:
+            self._ended_round = max(self._ended_round, round_id)
+            return False
+        return True
 
     def _agree_on_state(
         self, group: CollectiveGroup, committed: StatePoint | None, checkpoint: StatePoint | None
@@ -261,6 +317,16 @@ class ElasticMember:
         return published if published is not None and published.round_id == round_id else None
 
     def close(self) -> None:
+        """Stop the watch, tell the master what this member holds (its last steps count as committed),
+        then stop serving."""
+        self._closed.set()
+        if self._watch_thread is not None:
+            self._watch_thread.join(ROUND_CHECK_SECONDS + 1)
+            if self._group is not None:
+                try:
+                    self._rendezvous(ROUND_CHECK_SECONDS, watch=True)
+                except grpc.RpcError as error:
+                    log.warning("final_report_unanswered", code=str(error.code()))
         self._server.stop()
         self._peers.close()
 

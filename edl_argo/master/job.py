@@ -452,6 +452,12 @@ class TrainingJob:
             for _task, worker_id in self.dispatcher.reclaim_timed_out_tasks():
                 self.pods.restart_stuck_worker(worker_id)
                 self._state_writer.changed()
+            stuck_members = (
+                self.rendezvous.stuck(self.config.collective_timeout_seconds) if self.rendezvous else []
+            )
+            for worker_id in stuck_members:
+                self.pods.restart_stuck_worker(worker_id)
+                self._state_writer.changed()
             for ps_id in self._ps_watch.silent() if self._ps_watch is not None else ():
                 self.pods.restart_stuck_ps(ps_id)
             progress.update(*self.dispatcher.progress())

@@ -10,10 +10,18 @@ order. Any change of membership starts a new round with a larger id:
   member reports that it did not answer a collective operation in time (:meth:`report_failure`). A worker
   that was reported but is alive joins again on its next call, in yet another round.
 
-Workers call :meth:`rendezvous` before every step, so they learn of a new round at the next step; a
-collective operation already in progress sees the new round through the same call while it waits (see
-:mod:`edl_argo.collective`). What a round does with its members (broadcast of the state, rank order) is the
-workers' business.
+A reported worker that is hung (SIGSTOP, a dead node: no pod event) or cannot be reached by its peers (a
+silent network path to its collective server) would never leave for good, or keep rejoining rounds it
+cannot take part in. :meth:`stuck` names it, for the master to restart it as it restarts a worker that died:
+a worker that was reported and then did not call the master for the collective timeout (a live member's
+watch calls every second), or that was reported again before it formed a round since.
+
+A member's step loop makes no call while its round stands: it learns of a new round from a piece of that
+round arriving at its collective server (a member of the new round is already forming it), from a failed
+collective operation, or from its own background *watch* call (``watch`` set: report and read the round,
+about once a second, without joining; see :mod:`edl_argo.collective.membership`). A collective operation
+waiting longer than a moment asks the same way. What a round does with its members (broadcast of the
+state, rank order) is the workers' business.
 
 With each call a member also reports the state it holds (a version and the round that made it, see
 :mod:`edl_argo.collective.state`) and the newest checkpoint it saved. The manager keeps the job's **last
@@ -22,8 +30,9 @@ current round (their states all descend from the state the round formed on), and
 member: a round forms only on a member's state that descends from the committed one, and restores the
 committed checkpoint when no member holds one. When a round had to form on a state older than the committed
 one (:attr:`restores`), the steps lost are logged (``model_moved_backwards``) and counted
-(:attr:`steps_lost`, in ``metrics.json``). The committed state lags a member's newest by at most the one step
-it has not reported yet.
+(:attr:`steps_lost`, in ``metrics.json``). The committed state lags a member's newest by the steps it made
+since its last watch call (about a second's worth; none after a member that closed cleanly, which reports
+as it leaves).
 """
 
 from __future__ import annotations
@@ -87,6 +96,9 @@ class RendezvousManager:
         #: Every round that formed on a state older than the committed one: what it lost.
         self.restores: list[dict[str, object]] = []
         self._restored_round = 0
+        # Reported workers that have not formed a round since: worker id -> (last call, times reported).
+        self._suspects: dict[int, tuple[float, int]] = {}
+        self._stuck: set[int] = set()
 
     @property
     def current(self) -> Round:
@@ -102,10 +114,19 @@ class RendezvousManager:
         self, worker_id: int, address: str, report: master_pb2.RendezvousRequest | None = None
     ) -> Round:
         """The current round, after taking ``report`` (what the worker holds) into account and adding
-        ``worker_id`` at ``address`` if it is not a member yet."""
+        ``worker_id`` at ``address`` if it is not a member yet (unless ``report.watch``: a member's
+        background call only reads the round)."""
         with self._lock:
+            if worker_id in self._suspects:
+                formed_since = report is not None and report.formed_round == self._round.round_id
+                if formed_since and self._round.rank_of(worker_id) >= 0:
+                    del self._suspects[worker_id]
+                else:
+                    self._suspects[worker_id] = (time.monotonic(), self._suspects[worker_id][1])
             if report is not None and self._round.rank_of(worker_id) >= 0:
                 self._take_report_locked(worker_id, report)
+            if report is not None and report.watch:
+                return self._round
             if worker_id in self._departed or self._members.get(worker_id) == address:
                 return self._round
             changed = "address" if worker_id in self._members else "joined"
@@ -117,6 +138,7 @@ class RendezvousManager:
         """The worker's pod stopped: it leaves the group for good."""
         with self._lock:
             self._departed.add(worker_id)
+            self._suspects.pop(worker_id, None)
             if self._members.pop(worker_id, None) is not None:
                 self._next_round_locked(f"worker {worker_id} left ({reason})")
 
@@ -137,10 +159,29 @@ class RendezvousManager:
                 message=message[:300],
             )
             if self._members.pop(suspect, None) is not None:
+                _, times = self._suspects.get(suspect, (0.0, 0))
+                self._suspects[suspect] = (time.monotonic(), times + 1)
                 self._next_round_locked(f"worker {suspect} did not answer worker {reporter}")
             else:
                 # The suspect is unknown or already gone: still make every member start over together.
                 self._next_round_locked(f"worker {reporter} could not complete round {round_id}")
+
+    def stuck(self, timeout: float) -> list[int]:
+        """Reported workers to restart (each named once): silent to the master for ``timeout`` seconds
+        since, or reported twice without forming a round in between."""
+        now = time.monotonic()
+        with self._lock:
+            found = [
+                worker_id
+                for worker_id, (last_call, times) in self._suspects.items()
+                if worker_id not in self._stuck and (times >= 2 or now - last_call > timeout)
+            ]
+            self._stuck.update(found)
+            for worker_id in found:
+                del self._suspects[worker_id]
+        for worker_id in found:
+            log.warning("group_member_stuck", worker=worker_id)
+        return found
 
     def snapshot(self) -> dict[str, Any]:
         """The committed state and checkpoint and the restores, for a restarted master (JSON-ready)."""

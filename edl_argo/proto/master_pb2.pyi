@@ -150,7 +150,7 @@ class ScaleWorkersResponse(_message.Message):
     def __init__(self, num_workers: _Optional[int] = ...) -> None: ...
 
 class RendezvousRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "state", "formed_round", "formed_from", "formed_state", "checkpoint")
+    __slots__ = ("worker_id", "address", "state", "formed_round", "formed_from", "formed_state", "checkpoint", "watch")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class RendezvousRequest(_message.Message):
     FORMED_FROM_FIELD_NUMBER: _ClassVar[int]
     FORMED_STATE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    WATCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
     state: StatePoint
@@ -165,7 +166,8 @@ class RendezvousRequest(_message.Message):
     formed_from: StateOrigin
     formed_state: StatePoint
     checkpoint: StatePoint
-    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[StatePoint, _Mapping]] = ..., formed_round: _Optional[int] = ..., formed_from: _Optional[_Union[StateOrigin, str]] = ..., formed_state: _Optional[_Union[StatePoint, _Mapping]] = ..., checkpoint: _Optional[_Union[StatePoint, _Mapping]] = ...) -> None: ...
+    watch: bool
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[_Union[StatePoint, _Mapping]] = ..., formed_round: _Optional[int] = ..., formed_from: _Optional[_Union[StateOrigin, str]] = ..., formed_state: _Optional[_Union[StatePoint, _Mapping]] = ..., checkpoint: _Optional[_Union[StatePoint, _Mapping]] = ..., watch: _Optional[bool] = ...) -> None: ...
 
 class StatePoint(_message.Message):
     __slots__ = ("version", "round_id")

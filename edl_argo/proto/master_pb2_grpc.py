@@ -112,7 +112,8 @@ class MasterServicer:
 
     def Rendezvous(self, request, context):
         """AllreduceStrategy: join the workers' group (first call) and learn the current membership round.
-        Workers call it before every step; a new round id means members joined or left.
+        A new round id means members joined or left; with watch set, a member's background report that
+        does not join.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

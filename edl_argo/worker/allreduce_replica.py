@@ -2,12 +2,16 @@
 gradients with a ring allreduce every step (synchronous SGD, no parameter servers).
 
 One *group step* (:meth:`AllreduceReplica.train_minibatch`, or :meth:`~AllreduceReplica.idle_step` for a
-member that has no data right now): make sure this member is in the master's current round
-(:class:`~edl_argo.collective.membership.ElasticMember`), compute the gradients of its minibatch, allreduce
+member that has no data right now): make sure this member is in the current round
+(:class:`~edl_argo.collective.membership.ElasticMember`: no master call while nothing says the round
+ended), compute the gradients of its minibatch, allreduce
 ``[gradients × examples, statistics changes × examples, examples, loss × examples]`` (so members with
 different batch sizes, or none, are weighted by their examples), divide by the group's examples and apply
 the mean gradients with the model file's optimizer (``optimizer.apply``, exactly as ``model.fit`` does).
 A member without data contributes zeros, so members whose tasks ran out keep the others' steps going.
+
+A group of one member skips the collective: it applies its own gradients as they come out of the tape
+(tensors throughout, as ``model.fit`` does), and a step without data does nothing.
 
 *Statistics* are the model's non-trainable floating variables, which layers update in the forward pass
 (BatchNormalization's moving mean and variance): each member measures how its forward pass changed them,
@@ -28,6 +32,8 @@ With a checkpoint series (``--checkpoint-dir``), a replica starts from the newes
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import keras
@@ -144,6 +150,10 @@ class AllreduceReplica:
     def lineage(self) -> Lineage:
         return self._lineage
 
+    def held(self) -> tuple[int, Lineage]:
+        with self._state_lock:
+            return self._version, self._lineage
+
     @property
     def saved_checkpoint(self) -> StatePoint | None:
         saved = None if self._checkpointer is None else self._checkpointer.saved_version
@@ -201,6 +211,8 @@ class AllreduceReplica:
             self._model = model
         self._contribute = tf.function(self._contribution, reduce_retracing=True)
         self._apply = tf.function(self._apply_mean)
+        self._solo_gradients = tf.function(self._gradients_keeping_statistics, reduce_retracing=True)
+        self._solo_apply = tf.function(self._apply_own)
         self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
         log.info("replica_built", variables=len(model.variables), parameters=model.count_params())
         self._restore_checkpoint()
@@ -241,36 +253,60 @@ class AllreduceReplica:
 
     # -- internals ------------------------------------------------------------------------------------
 
-    def _contribution(self, features: Any, labels: Any) -> tf.Tensor:
-        """This member's part of a group step: its gradients and changes to the statistics, both times its
-        examples, then its examples and loss times examples, as one float32 vector. The statistics are left
-        as they were (the group's mean change is applied with the gradients)."""
+    def _loss_and_gradients(self, features: Any, labels: Any) -> tuple[tf.Tensor, list[Any], tf.Tensor]:
+        """The forward and backward pass of one minibatch: (loss as float32, gradients of the trainable
+        variables (None where a variable has none), examples as float32). Updates the statistics."""
         model = self.model
-        before = [tf.identity(v) for v in self._statistics]
         with tf.GradientTape() as tape:
             outputs = model(features, training=True)
             loss = self._spec.loss(labels, outputs)
             if model.losses:
                 loss = loss + tf.add_n(model.losses)
             scaled_loss = self._optimizer.scale_loss(loss)  # the optimizer unscales when it applies
-        variables = model.trainable_variables
-        grads = tape.gradient(scaled_loss, variables)
+        grads = tape.gradient(scaled_loss, model.trainable_variables)
+        examples = tf.cast(tf.shape(tf.nest.flatten(outputs)[0])[0], tf.float32)
+        return tf.cast(loss, tf.float32), grads, examples
+
+    def _contribution(self, features: Any, labels: Any) -> tf.Tensor:
+        """This member's part of a group step: its gradients and changes to the statistics, both times its
+        examples, then its examples and loss times examples, as one float32 vector. The statistics are left
+        as they were (the group's mean change is applied with the gradients)."""
+        before = [tf.identity(v) for v in self._statistics]
+        loss, grads, examples = self._loss_and_gradients(features, labels)
+        variables = self.model.trainable_variables
         changes = [tf.cast(v - old, tf.float32) for v, old in zip(self._statistics, before, strict=True)]
         for variable, old in zip(self._statistics, before, strict=True):
             variable.assign(old)
-        examples = tf.cast(tf.shape(tf.nest.flatten(outputs)[0])[0], tf.float32)
         flat = [
             tf.reshape(tf.zeros_like(v) if g is None else tf.convert_to_tensor(g), [-1])
             for v, g in zip(variables, grads, strict=True)
         ] + [tf.reshape(change, [-1]) for change in changes]
         flat.append(tf.constant([0.0 if g is None else 1.0 for g in grads], tf.float32))
-        loss = tf.cast(loss, tf.float32)
         return tf.concat([tf.concat(flat, 0) * examples, tf.stack([examples, loss * examples])], 0)
 
-    def _apply_mean(self, mean: tf.Tensor, has_gradient: tuple[bool, ...]) -> None:
-        """Apply the group's mean gradients with the optimizer (variables without a gradient on any member
-        are left out, as ``fit`` leaves them out) and add the mean changes to the statistics."""
+    def _gradients_keeping_statistics(
+        self, features: Any, labels: Any
+    ) -> tuple[tf.Tensor, list[Any], tf.Tensor, list[tf.Tensor]]:
+        """A lone member's pass: :meth:`_loss_and_gradients` and the statistics as they were before it
+        (to put back if the loss is not finite)."""
+        before = [tf.identity(v) for v in self._statistics]
+        loss, grads, examples = self._loss_and_gradients(features, labels)
+        return loss, grads, examples, before
+
+    def _apply_own(self, grads: list[Any]) -> None:
+        """A lone member's step: its own gradients, with the optimizer (the statistics its forward pass
+        updated stay updated, as in ``fit``)."""
         variables = self.model.trainable_variables
+        self._optimizer.apply_gradients(
+            [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
+        )
+
+    def _apply_mean(self, total: tf.Tensor, has_gradient: tuple[bool, ...]) -> None:
+        """Apply the group's mean gradients (``total``: the allreduced contributions) with the optimizer
+        (variables without a gradient on any member are left out, as ``fit`` leaves them out) and add the
+        mean changes to the statistics."""
+        variables = self.model.trainable_variables
+        mean = total[:-2] / total[-2]
         pieces = tf.split(mean, self._sizes)
         grads = [
             tf.reshape(p, v.shape) if present else None
@@ -307,6 +343,8 @@ class AllreduceReplica:
                 log.info("interrupted_step_already_applied", version=self._version)
                 return loss_value, 1.0
             before = self._version
+            if group.size == 1:
+                return self._solo_step(group, batch)
             if batch is None:
                 contribution = np.zeros(sum(self._sizes) + 2, dtype=np.float32)
             else:
@@ -324,22 +362,38 @@ class AllreduceReplica:
                 continue
             examples = float(total[-2])
             if examples > 0:
-                mean = total[:-2] / examples
-                has_gradient = tuple(bool(flag > 0) for flag in mean[len(mean) - self._trainable_count :])
-                with self._state_lock:
-                    self._schedule_learning_rate()
-                    self._apply(tf.constant(mean), has_gradient)
-                    self._version += 1
-                    first_of_round = self._lineage.round_of(self._version - 1) != group.round_id
-                    self._lineage = self._lineage.after_step(self._version, group.round_id)
-                if first_of_round:  # training goes on in this round (after a join, a loss, a scale)
-                    log.info(
-                        "round_first_step", round=group.round_id, version=self._version, world_size=group.size
-                    )
-                if group.rank == 0:
-                    self._maybe_checkpoint(group.round_id)
+                flags = total[len(total) - 2 - self._trainable_count : len(total) - 2]
+                has_gradient = tuple(bool(flag) for flag in flags > 0)
+                self._applied(group, partial(self._apply, tf.convert_to_tensor(total), has_gradient))
             return loss_value, examples
         raise JobFailedError(f"a synchronous step was abandoned {MAX_STEP_ATTEMPTS} times in a row")
+
+    def _solo_step(self, group: CollectiveGroup, batch: tuple[Any, Any] | None) -> tuple[float, float]:
+        """A group step in a group of one: no collective; without data, nothing to do."""
+        if batch is None:
+            return 0.0, 0.0
+        loss, grads, examples, before = self._solo_gradients(*batch)
+        loss_value = float(loss)
+        if not np.isfinite(loss_value):
+            for variable, value in zip(self._statistics, before, strict=True):
+                variable.assign(value)
+            raise NonFiniteLossError(loss_value, self._version)
+        self._applied(group, partial(self._solo_apply, grads))
+        return loss_value, float(examples)
+
+    def _applied(self, group: CollectiveGroup, apply: Callable[[], None]) -> None:
+        """Run ``apply`` (one step's update) as the next version of the state made in ``group``'s round, then
+        checkpoint if due."""
+        with self._state_lock:
+            self._schedule_learning_rate()
+            apply()
+            self._version += 1
+            first_of_round = self._lineage.round_of(self._version - 1) != group.round_id
+            self._lineage = self._lineage.after_step(self._version, group.round_id)
+        if first_of_round:  # training goes on in this round (after a join, a loss, a scale)
+            log.info("round_first_step", round=group.round_id, version=self._version, world_size=group.size)
+        if group.rank == 0:
+            self._maybe_checkpoint(group.round_id)
 
     def _restore_checkpoint(self) -> None:
         """Start from the group's newest checkpoint, if there is one (before joining any round)."""
