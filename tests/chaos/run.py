@@ -270,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.configure("INFO")
     for handler in logging.getLogger("edl_argo").handlers:
         handler.setLevel(logging.WARNING)  # the console gets warnings; each trial's log has everything
+    info = machine()  # the code measured is the code at the start (the tree may change during a run)
     write_digits_dataset(LocalStorage(workdir / "data"))
     chosen = [VARIANTS[name] for name in names]
     s3 = S3StandIn() if "s3_outage" in names else None
@@ -299,7 +300,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = variant.run(env, random.Random(f"{args.seed}/{variant.name}/{i}"))
                 variants.setdefault(variant.name, []).append(trial_record(result, load))
                 print(f"[chaos] {variant.name} {i + 1}/{args.trials}: {result.summary()}", flush=True)
-        info = machine()
     finally:
         if s3 is not None:
             s3.close()
