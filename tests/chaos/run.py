@@ -21,6 +21,7 @@ forgets the stored runs. The trials' logs are in a temporary folder, deleted at 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -235,13 +237,26 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
 
 
 def merge_runs(stored: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
-    """``new`` first, then the stored runs without the variants ``new`` ran again (empty runs dropped)."""
+    """``new`` first, then the stored runs (but an earlier save of ``new`` itself) without the variants
+    ``new`` ran again (runs left empty are dropped)."""
     kept = []
     for run in stored:
         variants = {k: v for k, v in run["variants"].items() if k not in new["variants"]}
-        if variants:
+        if variants and run.get("id") != new["id"]:
             kept.append({**run, "variants": variants})
     return [new, *kept]
+
+
+def save(report: Path, run: dict[str, Any], fresh: bool) -> None:
+    """Merge ``run`` into the runs stored beside ``report`` and write both (under a lock: several runs
+    may share a report)."""
+    path = runs_file(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stored = merge_runs([] if fresh else load_runs(path), run)
+        write_atomically(path, json.dumps(stored, indent=1) + "\n")
+        write_atomically(report, render(stored))
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -282,6 +297,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = ChaosEnv(workdir / "data", workdir / "trials", s3, kubernetes=cluster)
     baselines: dict[str, Trial] = {}
     variants: dict[str, list[Trial]] = {}
+    run = {
+        "id": uuid.uuid4().hex,
+        "command": command,
+        "started": f"{started:%Y-%m-%d %H:%M}",
+        "minutes": 0.0,
+        "machine": info,
+        "loads": [round(load_start, 2), round(load_start, 2)],
+        "baselines": baselines,
+        "variants": variants,
+    }
+    fresh = args.fresh
+
+    def checkpoint() -> None:
+        """Save what the run has so far: a run cut short still reports its trials."""
+        nonlocal fresh
+        run.update(minutes=round((time.monotonic() - began) / 60, 1))
+        run["loads"][1] = round(os.getloadavg()[0], 2)
+        save(args.output, run, fresh)
+        fresh = False
+
     try:
         if s3 is not None:
             s3.start()
@@ -300,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = variant.run(env, random.Random(f"{args.seed}/{variant.name}/{i}"))
                 variants.setdefault(variant.name, []).append(trial_record(result, load))
                 print(f"[chaos] {variant.name} {i + 1}/{args.trials}: {result.summary()}", flush=True)
+                checkpoint()
     finally:
         if s3 is not None:
             s3.close()
@@ -309,18 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[chaos] trials' folders and logs kept in {workdir}", flush=True)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    run = {
-        "command": command,
-        "started": f"{started:%Y-%m-%d %H:%M}",
-        "minutes": round((time.monotonic() - began) / 60, 1),
-        "machine": info,
-        "loads": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        "baselines": baselines,
-        "variants": variants,
-    }
-    stored = merge_runs([] if args.fresh else load_runs(runs_file(args.output)), run)
-    write_atomically(runs_file(args.output), json.dumps(stored, indent=1) + "\n")
-    write_atomically(args.output, render(stored))
+    checkpoint()
     print(f"[chaos] report written to {args.output}", flush=True)
     passed = all(b["passed"] for b in baselines.values()) and all(
         t["passed"] for ts in variants.values() for t in ts
