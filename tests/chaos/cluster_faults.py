@@ -10,7 +10,14 @@ import random
 import time
 
 from edl_argo.pods import PodRole
-from tests.chaos.scenarios import KUBERNETES, ChaosEnv, Trial, TrialResult, run_in_process
+from tests.chaos.scenarios import (
+    KUBERNETES,
+    STEP_TIMEOUT_SECONDS,
+    ChaosEnv,
+    Trial,
+    TrialResult,
+    run_in_process,
+)
 
 #: How long the API server answers errors (``api_errors``) or refuses pods for quota (``pod_quota``).
 OUTAGE_SECONDS = (4.0, 10.0)
@@ -68,7 +75,7 @@ def watch_cut(env: ChaosEnv, rng: random.Random, *, gone: bool = False) -> Trial
             worker = rng.choice(trial.live_workers())
             name = worker_pod(trial, worker)
             cluster.delete("pods", name)
-            cluster.wait_for(lambda: cluster.pod(name) is None, 60, f"pod {name} to go")
+            cluster.wait_for(lambda: cluster.pod(name) is None, STEP_TIMEOUT_SECONDS, f"pod {name} to go")
             time.sleep(WATCH_DOWN_SECONDS)  # the length of the fault, not a wait for a result
             if gone:
                 cluster.store.compact()
