@@ -55,6 +55,7 @@ from tests.chaos.scenarios import (
     CHECKPOINT_STEPS,
     HUNG_TASK_TIMEOUT_SECONDS,
     KUBERNETES,
+    PS_KILL_TASK_TIMEOUT_SECONDS,
     S3_OUTAGE_SECONDS,
     S3_RETRY_SECONDS,
     ChaosEnv,
@@ -162,7 +163,9 @@ def render(runs: list[dict[str, Any]]) -> str:
         "(fractions of the tasks done).",
         "",
         f"Scenario settings: PS checkpoints every {CHECKPOINT_STEPS} versions (`ps_kill`, `s3_outage`, "
-        f"`allreduce_all_lost`); S3 outages of {S3_OUTAGE_SECONDS[0]:.0f}-{S3_OUTAGE_SECONDS[1]:.0f} s "
+        f"`allreduce_all_lost`); `--min-task-timeout-seconds {PS_KILL_TASK_TIMEOUT_SECONDS}` in `ps_kill` "
+        "(no task times out while the PS restarts); S3 outages of "
+        f"{S3_OUTAGE_SECONDS[0]:.0f}-{S3_OUTAGE_SECONDS[1]:.0f} s "
         f"with `EDL_STORAGE_RETRY_SECONDS={S3_RETRY_SECONDS}`; `--min-task-timeout-seconds "
         f"{HUNG_TASK_TIMEOUT_SECONDS}` in `hung_worker` and `allreduce_hang`.",
     ]

@@ -82,6 +82,10 @@ CHECKPOINT_STEPS = 10
 #: ``--min-task-timeout-seconds`` of :func:`hung_worker`: the learnt timeout (5x the longest recent task)
 #: then decides, instead of the default 60 s floor.
 HUNG_TASK_TIMEOUT_SECONDS = 5
+#: ``--min-task-timeout-seconds`` of :func:`ps_kill`: no task times out while the PS restarts, which took
+#: over the default 60 s on a loaded machine (both workers were then replaced as stuck, their tasks trained
+#: again, and the job's count of updates lost to the rollback became unknown).
+PS_KILL_TASK_TIMEOUT_SECONDS = 300
 #: ``EDL_STORAGE_RETRY_SECONDS`` of :func:`s3_outage`; its outages last at most a fifth of it.
 S3_RETRY_SECONDS = 60
 S3_OUTAGE_SECONDS = (3.0, 8.0)
@@ -509,7 +513,15 @@ def ps_kill(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> Trial
         )
         trial.result.versions_lost = before - int(restored[1])
 
-    return run_in_process("ps_kill", env, rng, inject, backend=backend, checkpoint_steps=CHECKPOINT_STEPS)
+    return run_in_process(
+        "ps_kill",
+        env,
+        rng,
+        inject,
+        backend=backend,
+        checkpoint_steps=CHECKPOINT_STEPS,
+        min_task_timeout_seconds=PS_KILL_TASK_TIMEOUT_SECONDS,
+    )
 
 
 def s3_outage(env: ChaosEnv, rng: random.Random) -> TrialResult:
