@@ -240,14 +240,17 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
 
 
 def merge_runs(stored: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
-    """``new`` first, then the stored runs (but an earlier save of ``new`` itself) without the variants
-    ``new`` ran again (runs left empty are dropped)."""
-    kept = []
-    for run in stored:
-        variants = {k: v for k, v in run["variants"].items() if k not in new["variants"]}
-        if variants and run.get("id") != new["id"]:
-            kept.append({**run, "variants": variants})
-    return [new, *kept]
+    """``new`` and the stored runs (but an earlier save of ``new`` itself), newest first, each keeping
+    only the variants no run started later also ran (runs left empty are dropped)."""
+    runs = sorted([r for r in stored if r.get("id") != new["id"]] + [new], key=lambda r: r["started"])
+    merged: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for run in reversed(runs):
+        variants = {k: v for k, v in run["variants"].items() if k not in seen}
+        seen |= set(variants)
+        if variants or run is new:
+            merged.append({**run, "variants": variants})
+    return merged
 
 
 def save(report: Path, run: dict[str, Any], fresh: bool) -> None:
@@ -303,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = {
         "id": uuid.uuid4().hex,
         "command": command,
-        "started": f"{started:%Y-%m-%d %H:%M}",
+        "started": f"{started:%Y-%m-%d %H:%M:%S}",
         "minutes": 0.0,
         "machine": info,
         "loads": [round(load_start, 2), round(load_start, 2)],
