@@ -1,7 +1,8 @@
 """Run the chaos scenarios and write the reliability report (``make chaos``).
 
 Usage: ``python -m tests.chaos.run --trials N --output docs/reliability.md [--scenarios NAME[,NAME...]]
-[--seed S] [--keep-workdir] [--fresh]``.
+[--seed S] [--keep-workdir] [--fresh]``, or ``--output REPORT --merge OTHER-runs.json`` to merge the runs
+of another report (a run made elsewhere, or into a scratch report) into this one without running any.
 
 One fault-free baseline job per (backend, strategy) the chosen scenarios use, then ``N`` trials of each
 scenario variant of :data:`~tests.chaos.catalog.VARIANTS` (default: all). Trial ``i`` of a variant draws
@@ -263,6 +264,8 @@ def save(report: Path, run: dict[str, Any], fresh: bool) -> None:
         stored = merge_runs([] if fresh else load_runs(path), run)
         write_atomically(path, json.dumps(stored, indent=1) + "\n")
         write_atomically(report, render(stored))
+        for written in (path, report):
+            written.chmod(0o644)  # as a checked-out file (the temporary file was private)
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -270,13 +273,24 @@ def save(report: Path, run: dict[str, Any], fresh: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--trials", type=positive_int, required=True, help="trials of each scenario")
+    parser.add_argument("--trials", type=positive_int, help="trials of each scenario (required to run any)")
     parser.add_argument("--output", type=Path, required=True, help="markdown report to write")
     parser.add_argument("--scenarios", default="", help="comma-separated subset (default: all)")
     parser.add_argument("--seed", default="0", help="seed of every trial's random choices")
     parser.add_argument("--keep-workdir", action="store_true", help="keep the trials' folders and logs")
     parser.add_argument("--fresh", action="store_true", help="forget the runs stored beside the report")
+    parser.add_argument(
+        "--merge", type=Path, action="append", default=[], help="runs file of another report to merge in"
+    )
     args = parser.parse_args(argv)
+    if args.merge:
+        for path in args.merge:
+            for run in load_runs(path):
+                save(args.output, run, fresh=False)
+        print(f"[chaos] {len(args.merge)} runs file(s) merged into {args.output}", flush=True)
+        return 0
+    if args.trials is None:
+        parser.error("--trials is required to run scenarios")
     names = [name.strip() for name in args.scenarios.split(",") if name.strip()] or list(VARIANTS)
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
