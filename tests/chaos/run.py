@@ -259,13 +259,16 @@ def save(report: Path, run: dict[str, Any], fresh: bool) -> None:
     may share a report)."""
     path = runs_file(report)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    folder = os.open(path.parent, os.O_RDONLY)  # the lock: the folder itself (no lock file left behind)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
         stored = merge_runs([] if fresh else load_runs(path), run)
         write_atomically(path, json.dumps(stored, indent=1) + "\n")
         write_atomically(report, render(stored))
         for written in (path, report):
             written.chmod(0o644)  # as a checked-out file (the temporary file was private)
+    finally:
+        os.close(folder)
 
 
 # ----------------------------------------------------------------------------------------------- main
