@@ -127,7 +127,9 @@ def scenario_row(name: str, trials: list[Trial], baseline_seconds: float | None)
         _stat(extra, None),
         _stat([t["accuracy"] for t in done if t["accuracy"] is not None], 3),
         _mean_max([t["versions_lost"] for t in done if t["versions_lost"] is not None]),
-        _mean_max([t["updates_lost"] for t in done if t["updates_lost"] is not None]),
+        _mean_max(
+            [t["updates_lost"] for t in done if t["updates_lost"] is not None and t["strategy"] != ALLREDUCE]
+        ),
         _stat([t["load"] for t in trials], 1),
     ]
 

@@ -427,7 +427,8 @@ def read_outcome(result: TrialResult, config: TrainConfig) -> None:
     result.accuracy = metrics["final_metrics"]["accuracy"]
     result.records_lost = sum(abs(per_epoch - reported.get(str(e), 0)) for e in range(config.num_epochs))
     result.records_trained_twice = metrics["records_trained_twice"]
-    unknown = any(ps["updates_lost_to_rollback"] is None for ps in accounting["parameter_servers"])
+    servers = accounting["parameter_servers"]
+    unknown = not servers or any(ps["updates_lost_to_rollback"] is None for ps in servers)
     result.updates_lost = None if unknown else accounting["updates_lost_to_rollback"]
     result.problems += check_outcome(metrics, expected_minibatches(config))
 
