@@ -709,6 +709,8 @@ def _train_flags(config: TrainConfig) -> list[str]:
         flag = "--" + name.replace("_", "-")
         if value is True:
             flags.append(flag)
+        elif name == "num_ps" and value == 0:
+            continue  # AllreduceStrategy: no PS (--num-ps takes a positive count, its default is ignored)
         elif value is not False:
             flags += [flag, str(value)]
     return flags
