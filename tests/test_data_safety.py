@@ -195,7 +195,13 @@ def storage_changes(argv: list[str]) -> int:
     return int(done.stderr.rsplit("storage changes: ", 1)[1])
 
 
-@pytest.mark.parametrize("overwrite", [False, True], ids=["fresh", "overwrite"])
+@pytest.mark.parametrize(
+    "overwrite",
+    # make test kills each command over a previous dataset (the case where something can be lost);
+    # the fresh case repeats the same kills with nothing to keep.
+    [pytest.param(False, marks=pytest.mark.slow), True],
+    ids=["fresh", "overwrite"],
+)
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_command_killed_part_way_leaves_the_previous_dataset_or_none(
     command: str, overwrite: bool, root: Path, capsys: pytest.CaptureFixture[str]
@@ -373,7 +379,7 @@ def test_a_dataset_overwritten_while_a_job_trains_fails_the_job_naming_the_shard
     data = LocalStorage(tmp_path / "data")
     write_dataset(data, "train", train, 4, Compressor.NONE, overwrite=False)
     write_dataset(data, "test", test, 1, Compressor.NONE, overwrite=False)
-    job = TrainingJob(digits_config(tmp_path / "data", tmp_path / "job", num_epochs=30))
+    job = TrainingJob.load(digits_config(tmp_path / "data", tmp_path / "job", num_epochs=30))
     running = JobThread(job).start()
     running.wait_until(lambda: running.progress_fraction() >= 0.1, 240, "10% of the tasks")
     other, _ = digits_records(0.2, 1)

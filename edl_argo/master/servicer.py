@@ -155,6 +155,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             )
         if accepted and request.success:
             self._training_loss.skip_nan_batches(request.counters.get("nan_batches_skipped", 0))
+            self._training_loss.skip_nan_gradients(
+                request.worker_id, request.counters.get("nan_gradients_skipped", 0)
+            )
         if "model_version" in request.counters and self._on_version is not None:
             self._on_version(request.counters["model_version"])
         response = master_pb2.ReportTaskResultResponse(accepted=accepted)

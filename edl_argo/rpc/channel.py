@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import NoReturn, TypeVar
 
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.settings import table
 
 log = get_logger(__name__)
 
@@ -30,7 +31,7 @@ _OPTIONS = [
 ]
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 #: Default deadline of one gRPC call, in seconds (``--rpc-timeout-seconds``).
-RPC_TIMEOUT_SECONDS = 30
+RPC_TIMEOUT_SECONDS = table.RPC_TIMEOUT_SECONDS
 #: Keepalive: a ping after this long without traffic, and the connection is dropped when its answer takes
 #: longer than :data:`KEEPALIVE_TIMEOUT_MS`.
 KEEPALIVE_TIME_MS = 10_000
@@ -74,9 +75,22 @@ _SERVER_OPTIONS = [
 ]
 
 
-def make_server(max_workers: int = 8) -> grpc.Server:
-    """A server with the same message limits as :func:`make_channel`, owning its port alone."""
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS)
+def make_server(
+    max_workers: int = 8,
+    *,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    maximum_concurrent_rpcs: int | None = None,
+) -> grpc.Server:
+    """A server with the same message limits as :func:`make_channel`, owning its port alone.
+
+    ``maximum_concurrent_rpcs``: calls beyond this many running or queued are refused at once with
+    ``RESOURCE_EXHAUSTED`` (None: no bound)."""
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=_SERVER_OPTIONS,
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=maximum_concurrent_rpcs,
+    )
 
 
 def reject_request(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCode, reason: str) -> NoReturn:

@@ -387,7 +387,7 @@ def run_in_process(
     try:
         with tap.master_events(), _environment(environment):
             try:
-                job = TrainingJob(config, pods.backend if isinstance(pods, LocalPods) else None)
+                job = TrainingJob.load(config, pods.backend if isinstance(pods, LocalPods) else None)
                 thread = JobThread(job).start()
                 inject(Trial(thread.job, thread, tap, rng, result, pods))
                 thread.join(JOB_TIMEOUT_SECONDS)
