@@ -9,6 +9,9 @@ STAMP := $(VENV)/.installed-stamp
 S3SERVER := tests/s3server
 S3SERVER_STAMP := $(S3SERVER)/node_modules/.installed-stamp
 DEMO_DIR ?= out/demo
+#: `make chaos`: trials of each scenario, and a comma-separated subset of the scenarios (default: all).
+TRIALS ?= 20
+SCENARIOS ?=
 #: The package version, declared once in edl_argo/__init__.py; the image tag defaults to it.
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' edl_argo/__init__.py)
 IMAGE ?= edl-argo:$(VERSION)
@@ -26,7 +29,8 @@ help:
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make test-slow - the repeated trials and soak runs make test leaves out (marked slow)"
 	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
-	@echo "make chaos  - run the chaos suite: training jobs with injected faults (docs/reliability.md)"
+	@echo "make chaos  - run the chaos suite: training jobs with injected faults (docs/reliability.md);"
+	@echo "             TRIALS=N (default 20) trials of each, SCENARIOS=a,b to split a run"
 	@echo "make fuzz   - fuzz every gRPC method of a live job and the decoders (FUZZ_SECONDS, default 900)"
 	@echo "make lint   - ruff check and format check"
 	@echo "make proto  - regenerate the gRPC/protobuf code from edl_argo/proto/*.proto"
@@ -78,7 +82,7 @@ bench: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md
 
 chaos: $(STAMP) $(S3SERVER_STAMP)
-	$(BIN)/python -m tests.chaos.run --trials 20 --output docs/reliability.md
+	$(BIN)/python -m tests.chaos.run --trials $(TRIALS) --output docs/reliability.md $(if $(SCENARIOS),--scenarios $(SCENARIOS))
 
 FUZZ_SECONDS ?= 900
 fuzz: $(STAMP) $(S3SERVER_STAMP)

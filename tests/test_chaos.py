@@ -1,11 +1,16 @@
-"""The chaos scenarios (tests/chaos/scenarios.py), each once with a fixed seed: ``make test``'s reduced
-``make chaos``. Every trial is a real digits job that must complete with accuracy >= 0.95 and every record
-of every epoch trained exactly once in a successful task; each test then checks that its fault really
-happened and was handled the intended way (relaunch, checkpoint restore, retry, timeout, adoption).
+"""The chaos scenarios (tests/chaos/), each once with a fixed seed: ``make test``'s reduced ``make chaos``.
+Every trial is a real digits job that must pass as in ``make chaos`` (completed, accuracy >= 0.95, the
+workers' accounting adds up, AllreduceStrategy replicas bit-identical, nothing left behind); each test
+then checks that its fault really happened and was handled the intended way (relaunch, checkpoint
+restore, retry, timeout, adoption, relisting).
 
-These replace the engine tests' worker-killed, PS-killed and 1 -> 3 -> 1 scaling jobs. The master_restart
-scenario runs in ``make chaos`` only: ``make test`` covers the same fault, a master SIGKILLed and run again,
-in tests/test_master_failover.py, with stricter checks (which pods were adopted, which tasks trained twice).
+One trial of every fault runs in ``make test``. Variants whose fault ``make test`` already covers
+elsewhere are marked slow (``make test-slow``) to keep the suite short: a worker or PS pod deleted or
+evicted on Kubernetes (tests/test_training_kubernetes.py), the master SIGKILLed and run again on either
+backend and strategy (tests/test_master_failover.py), an AllreduceStrategy member SIGKILLed, scaled, or
+every member lost (tests/test_training_allreduce.py), the watch cut without 410 (its resume is the path
+``watch_cut_410_k8s`` takes too, up to the relisting), and a hung member on Kubernetes (the same as
+locally but for how the signal arrives).
 """
 
 from __future__ import annotations
@@ -13,25 +18,42 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edl_argo.master.config import add_train_flags, config_from_args
 from edl_argo.master.job import TrainingJob
-from tests.chaos.scenarios import CHECKPOINT_STEPS, SCENARIOS, ChaosEnv, TrialResult
+from tests.chaos.catalog import VARIANTS
+from tests.chaos.pods import KubernetesPods, LocalPods, left_behind
+from tests.chaos.scenarios import CHECKPOINT_STEPS, ChaosEnv, TrialResult, check_outcome
 from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost
+from tests.k8s_helpers import role_rules
+from tests.k8s_stand_in import KubernetesStandIn
 from tests.s3_stand_in import S3StandIn
+
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def chaos_env(digits_data: Path, s3_server: S3StandIn, tmp_path_factory: pytest.TempPathFactory) -> ChaosEnv:
-    return ChaosEnv(digits_data, tmp_path_factory.mktemp("chaos"), s3_server, echo=True)
+def chaos_env(
+    digits_data: Path, s3_server: S3StandIn, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ChaosEnv]:
+    with KubernetesStandIn(tmp_path_factory.mktemp("k8s"), echo_logs=False) as cluster:
+        cluster.enforce_rules(role_rules())
+        yield ChaosEnv(
+            digits_data, tmp_path_factory.mktemp("chaos"), s3_server, echo=True, kubernetes=cluster
+        )
 
 
 def run_trial(scenario: str, env: ChaosEnv) -> TrialResult:
     """One trial of ``scenario`` with a fixed seed; it must pass (see the module docstring)."""
-    result = SCENARIOS[scenario](env, random.Random(f"test_chaos/{scenario}"))
+    result = VARIANTS[scenario].run(env, random.Random(f"test_chaos/{scenario}"))
     assert result.passed, result.summary()
     assert_no_record_lost(result.metrics)
     assert result.faults, "no fault was injected"
@@ -99,3 +121,150 @@ def test_min_task_timeout_flag_sets_the_dispatcher_timeout_floor(digits_data: Pa
     assert TrainingJob.load(chosen).dispatcher.snapshot()["config"]["task_timeout_floor"] == 5
     with pytest.raises(SystemExit):
         parser.parse_args([*flags, "--min-task-timeout-seconds", "0"])
+
+
+# -------------------------------------------------------------------------- the other backend and strategy
+
+
+def _relaunched(result: TrialResult, count: int, reason: str) -> None:
+    events = result.metrics["relaunches"]["events"]
+    assert len([e for e in events if e["reason"] == reason]) >= count, events
+
+
+def _workers_replaced(result: TrialResult) -> None:
+    assert result.metrics["relaunches"]["worker"] == len(result.faults) >= 1, result.metrics["relaunches"]
+
+
+def _ps_restored(result: TrialResult) -> None:
+    assert result.metrics["relaunches"]["ps"] == 1
+    assert result.logged(r"ps_restored version=\d+")
+
+
+def _eviction_storm(result: TrialResult) -> None:
+    _relaunched(result, 2, "Preempted")
+
+
+def _api_errors(result: TrialResult) -> None:
+    assert result.logged(r"api_retry|watch_failed"), "no API call met the errors"
+    _relaunched(result, 1, "Deleted")
+
+
+def _watch_cut(result: TrialResult) -> None:
+    assert result.logged(r"watch_failed"), "the master never saw its watch fail"
+    _relaunched(result, 1, "Deleted")
+
+
+def _watch_cut_410(result: TrialResult) -> None:
+    _watch_cut(result)
+    assert result.logged(r"pods_relisted"), "the master did not list its pods again after 410 Gone"
+
+
+def _pod_quota(result: TrialResult) -> None:
+    assert result.logged(r"pod_create_retry .*exceeded quota"), "no pod creation met the quota"
+    _relaunched(result, 1, "Deleted")
+
+
+def _member_lost(result: TrialResult) -> None:
+    assert result.metrics["relaunches"]["worker"] >= 1
+    assert result.metrics["allreduce_replicas"]["members_compared"] >= 1
+
+
+def _member_hung(result: TrialResult) -> None:
+    paused = int(re.findall(r"worker-(\d+)", result.faults[0])[0])
+    assert any(e["old_id"] == paused for e in result.metrics["relaunches"]["events"])
+    assert result.logged(r"rendezvous_round|group_formed"), "the group never re-formed"
+
+
+def _all_lost(result: TrialResult) -> None:
+    assert result.logged(r"replica_restored version=\d+"), "no replacement restored the checkpoint"
+
+
+def _scaled(result: TrialResult) -> None:
+    assert len(result.logged(r"worker_removed worker=\d+")) == 3
+
+
+def _master_restarted(result: TrialResult) -> None:
+    assert len(result.logged(r"master_state_restored")) == 1
+    assert result.logged(r"pod_adopted"), "the new master adopted no pod"
+
+
+#: Variant -> what its trial must show besides passing; and whether it is left to ``make test-slow``.
+CHECKS: dict[str, tuple[Callable[[TrialResult], None], bool]] = {
+    "worker_kills_k8s": (_workers_replaced, True),
+    "ps_kill_k8s": (_ps_restored, True),
+    "master_restart": (_master_restarted, True),
+    "master_restart_k8s": (_master_restarted, True),
+    "eviction_storm_k8s": (_eviction_storm, False),
+    "api_errors_k8s": (_api_errors, False),
+    "watch_cut_k8s": (_watch_cut, True),
+    "watch_cut_410_k8s": (_watch_cut_410, False),
+    "pod_quota_k8s": (_pod_quota, False),
+    "allreduce_kill": (_member_lost, True),
+    "allreduce_kill_k8s": (_member_lost, True),
+    "allreduce_hang": (_member_hung, False),
+    "allreduce_hang_k8s": (_member_hung, True),
+    "allreduce_scale_1_4_1": (_scaled, True),
+    "allreduce_scale_1_4_1_k8s": (_scaled, True),
+    "allreduce_all_lost": (_all_lost, True),
+    "allreduce_all_lost_k8s": (_all_lost, True),
+    "allreduce_master_restart": (_master_restarted, True),
+    "allreduce_master_restart_k8s": (_master_restarted, True),
+}
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [pytest.param(name, marks=[pytest.mark.slow] if slow else []) for name, (_, slow) in CHECKS.items()],
+)
+def test_scenario_variant_passes_and_shows_its_fault(chaos_env: ChaosEnv, variant: str) -> None:
+    check, _ = CHECKS[variant]
+    check(run_trial(variant, chaos_env))
+
+
+def test_every_variant_has_a_trial_in_this_file() -> None:
+    covered = {"worker_kills", "ps_kill", "s3_outage", "scale_1_4_1", "hung_worker", *CHECKS}
+    assert covered == set(VARIANTS)
+
+
+# ------------------------------------------------------------------------------- the pass criteria can fail
+
+
+def _metrics(**accounting: Any) -> dict[str, Any]:
+    ps = {"ps": 0, "model_version": 100, "updates_expected": 100, "restored_from_version": -1}
+    return {"accounting": {"minibatches_trained": 100, "parameter_servers": [ps], **accounting}}
+
+
+def test_a_lost_or_doubled_minibatch_or_a_differing_replica_fails_the_trial() -> None:
+    assert check_outcome(_metrics(), 100) == []
+    assert "trained 101 minibatches" in check_outcome(_metrics(minibatches_trained=101), 100)[0]
+    assert "trained 99 minibatches" in check_outcome(_metrics(minibatches_trained=99), 100)[0]
+    behind = {"ps": 0, "model_version": 98, "updates_expected": 100, "restored_from_version": -1}
+    assert "PS 0 at version 98" in check_outcome(_metrics(parameter_servers=[behind]), 100)[0]
+    rolled_back = {**behind, "restored_from_version": 90}  # restarted from its checkpoint: counted apart
+    assert check_outcome(_metrics(parameter_servers=[rolled_back]), 100) == []
+    replicas = {"members_compared": 2, "max_abs_difference": 1e-7}
+    assert "replicas differ" in check_outcome({**_metrics(), "allreduce_replicas": replicas}, 100)[0]
+
+
+def test_a_process_or_kubernetes_object_of_the_job_left_behind_fails_the_trial(tmp_path: Path) -> None:
+    from edl_argo.pods import LocalProcessBackend
+
+    job = "leftover-probe"
+    code = "import time; time.sleep(60)"
+    environ = {"EDL_JOB_NAME": job, "PATH": "/usr/bin:/bin"}
+    orphan = subprocess.Popen([sys.executable, "-c", code], env=environ)
+    try:
+        found = left_behind(LocalPods(LocalProcessBackend(job), job), seconds=1)
+        assert [thing.split()[:2] for thing in found] == [["process", str(orphan.pid)]]
+        assert orphan.wait(10) == -signal.SIGKILL  # removed, so the next trial starts clean
+    finally:
+        orphan.kill()
+    with KubernetesStandIn(tmp_path, echo_logs=False) as cluster:
+        labels = {"app.kubernetes.io/instance": job}
+        cluster.create(
+            "services",
+            {"metadata": {"name": f"{job}-ps-0", "labels": labels}, "spec": {"ports": [{"port": 1}]}},
+        )
+        found = left_behind(KubernetesPods(cluster, job), seconds=1)
+        assert found == [f"service {job}-ps-0"]
+        assert cluster.objects("services") == []

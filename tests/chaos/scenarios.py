@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kubernetes.client.exceptions import ApiException
+
 from edl_argo import log
 from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.master.config import TrainConfig
@@ -46,10 +48,28 @@ from edl_argo.recordio import Compressor
 from edl_argo.storage import open_storage
 from edl_argo.storage.base import Storage, join_url
 from edl_argo.storage.retry import RETRY_SECONDS_ENV
-from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, DIGITS_JOB, DIGITS_MODEL, JobThread
+from tests.chaos.kubernetes import (
+    api_environment,
+    kubernetes_settings,
+    master_flags,
+    subprocess_environment,
+)
+from tests.chaos.pods import KubernetesPods, LocalPods, PodControl, left_behind
+from tests.engine_helpers import (
+    DIGITS_ACCURACY_FLOOR,
+    DIGITS_JOB,
+    DIGITS_MODEL,
+    JobThread,
+    expected_minibatches,
+)
 
 if TYPE_CHECKING:
+    from tests.k8s_stand_in import KubernetesStandIn
     from tests.s3_stand_in import S3StandIn
+
+#: The pod backends and distribution strategies a scenario can run on.
+LOCAL, KUBERNETES = "local", "kubernetes"
+PS_STRATEGY, ALLREDUCE = "ParameterServerStrategy", "AllreduceStrategy"
 
 #: The job every trial runs: the engine tests' digits job (10 epochs; the trials in docs/reliability.md
 #: ran 8). Fewer epochs save little (start-up and export dominate: 4 epochs ~21 s, 6 ~25 s, 8 ~30 s on a
@@ -62,6 +82,10 @@ CHECKPOINT_STEPS = 10
 #: ``--min-task-timeout-seconds`` of :func:`hung_worker`: the learnt timeout (5x the longest recent task)
 #: then decides, instead of the default 60 s floor.
 HUNG_TASK_TIMEOUT_SECONDS = 5
+#: ``--min-task-timeout-seconds`` of :func:`ps_kill`: no task times out while the PS restarts, which took
+#: over the default 60 s on a loaded machine (both workers were then replaced as stuck, their tasks trained
+#: again, and the job's count of updates lost to the rollback became unknown).
+PS_KILL_TASK_TIMEOUT_SECONDS = 300
 #: ``EDL_STORAGE_RETRY_SECONDS`` of :func:`s3_outage`; its outages last at most a fifth of it.
 S3_RETRY_SECONDS = 60
 S3_OUTAGE_SECONDS = (3.0, 8.0)
@@ -94,14 +118,19 @@ class TrialResult:
     notes: list[str] = field(default_factory=list)
     versions_lost: int | None = None
     updates_lost: int | None = None
+    backend: str = LOCAL
+    strategy: str = PS_STRATEGY
+    problems: list[str] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict, repr=False)
     log: list[str] = field(default_factory=list, repr=False)
 
     @property
     def passed(self) -> bool:
-        """Completed, nothing lost, and at least :data:`ACCURACY_TARGET` accuracy."""
+        """Completed, nothing lost, at least :data:`ACCURACY_TARGET` accuracy, and none of the
+        :attr:`problems` found by :func:`check_outcome` (accounting, replicas, things left behind)."""
         return (
             self.completed
+            and not self.problems
             and self.records_lost == 0
             and self.accuracy is not None
             and self.accuracy >= ACCURACY_TARGET
@@ -118,6 +147,7 @@ class TrialResult:
         text = f"{self.scenario}: {state} in {self.wall_seconds:.0f} s, accuracy {self.accuracy}"
         text += f", records lost {self.records_lost}, trained twice {self.records_trained_twice}"
         text += "; faults: " + ("; ".join(self.faults) or "none")
+        text += "; problems: " + "; ".join(self.problems) if self.problems else ""
         return text + ("; notes: " + "; ".join(self.notes) if self.notes else "")
 
 
@@ -125,12 +155,19 @@ class TrialResult:
 class ChaosEnv:
     """Where trials run. ``data`` holds the digits dataset (``train/``, ``test/``, see
     :func:`write_digits_dataset`); each trial gets a folder of its own under ``workdir``. ``s3`` is
-    needed by :func:`s3_outage` only. With ``echo``, trial logs are also copied to ``sys.stderr``."""
+    needed by :func:`s3_outage` only, ``kubernetes`` (the stand-in cluster) by the trials on the
+    Kubernetes backend. With ``echo``, trial logs are also copied to ``sys.stderr``."""
 
     data: Path
     workdir: Path
     s3: S3StandIn | None = None
     echo: bool = False
+    kubernetes: KubernetesStandIn | None = None
+
+    def cluster(self) -> KubernetesStandIn:
+        if self.kubernetes is None:
+            raise ValueError("a Kubernetes trial needs the stand-in cluster (ChaosEnv.kubernetes)")
+        return self.kubernetes
 
     def new_trial(self, scenario: str) -> tuple[Path, str]:
         """A fresh folder for one trial of ``scenario`` and the job name to use (the folder's name)."""
@@ -254,11 +291,7 @@ class Trial:
     tap: LogTap
     rng: random.Random
     result: TrialResult
-
-    @property
-    def backend(self) -> LocalProcessBackend:
-        assert isinstance(self.job.backend, LocalProcessBackend)
-        return self.job.backend
+    pods: PodControl
 
     def live_workers(self) -> list[int]:
         return self.job.pods.live_workers if self.job.pods is not None else []
@@ -283,6 +316,19 @@ class Trial:
         """Record an injected fault (``at NN%`` of the tasks is added)."""
         self.result.faults.append(f"{description} at {self.progress():.0%}")
 
+    def remove_worker(self, how: str) -> int:
+        """Delete (``how="delete"``) or evict (``"evict"``) a random running worker's pod; its id."""
+        deadline = time.monotonic() + STEP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            workers = self.live_workers()
+            if workers:
+                worker = self.rng.choice(workers)
+                with contextlib.suppress(KeyError, ApiException):  # just started or just gone: again
+                    getattr(self.pods, how)(PodRole.WORKER, worker)
+                    return worker
+            time.sleep(0.05)
+        raise AssertionError(f"found no worker to {how}")
+
     def signal_worker(self, sig: int, pick: Callable[[int], bool] = lambda _worker: True) -> int:
         """Send ``sig`` to a random running worker; returns its id. With ``pick``, the worker must also
         satisfy ``pick(worker_id)`` *after* the signal (e.g. a paused worker holding a task); workers
@@ -293,13 +339,14 @@ class Trial:
             if workers:
                 worker = self.rng.choice(workers)
                 try:
-                    self.backend.kill(PodRole.WORKER, worker, sig)
+                    self.pods.signal(PodRole.WORKER, worker, sig)
                 except KeyError:  # started a moment ago, or just exited: draw again
                     pass
                 else:
                     if pick(worker):
                         return worker
-                    self.backend.resume(PodRole.WORKER, worker)
+                    with contextlib.suppress(KeyError):
+                        self.pods.signal(PodRole.WORKER, worker, signal.SIGCONT)
             time.sleep(0.05)
         raise AssertionError(f"found no worker to send {signal.Signals(sig).name}")
 
@@ -313,48 +360,64 @@ def run_in_process(
     rng: random.Random,
     inject: Injector,
     *,
+    backend: str = LOCAL,
     data: str = "",
     output: str = "",
     **overrides: Any,
 ) -> TrialResult:
     """Run one :data:`CHAOS_JOB` (with ``overrides``) on ``data`` (default: :attr:`ChaosEnv.data`) into
-    ``output`` (default: the trial's folder), the master in this process, calling ``inject`` while it
-    trains; see the module docstring."""
+    ``output`` (default: the trial's folder), the master in this process and its pods on ``backend``
+    (:data:`LOCAL` or :data:`KUBERNETES`: the stand-in cluster, reached through the official client),
+    calling ``inject`` while it trains; see the module docstring."""
     folder, job_name = env.new_trial(scenario)
+    if backend == KUBERNETES:
+        cluster = env.cluster()
+        overrides = {"backend": KUBERNETES, "kubernetes": kubernetes_settings(cluster, job_name), **overrides}
     config = chaos_config(data or str(env.data), output or str(folder / "output"), job_name, **overrides)
-    result = TrialResult(scenario)
+    result = TrialResult(scenario, backend=backend, strategy=config.distribution_strategy)
     tap = LogTap(folder / "trial.log", echo=env.echo)
-    backend = LocalProcessBackend(job_name, log_sink=tap)
+    pods: PodControl
+    if backend == KUBERNETES:
+        pods, environment = KubernetesPods(cluster, job_name), api_environment(cluster)
+        cluster.cluster.log_sink = tap.write
+    else:
+        pods, environment = LocalPods(LocalProcessBackend(job_name, log_sink=tap), job_name), {}
     thread: JobThread | None = None
     started = time.monotonic()
     try:
-        with tap.master_events():
+        with tap.master_events(), _environment(environment):
             try:
-                thread = JobThread(TrainingJob.load(config, backend)).start()
-                inject(Trial(thread.job, thread, tap, rng, result))
+                job = TrainingJob.load(config, pods.backend if isinstance(pods, LocalPods) else None)
+                thread = JobThread(job).start()
+                inject(Trial(thread.job, thread, tap, rng, result, pods))
                 thread.join(JOB_TIMEOUT_SECONDS)
                 result.wall_seconds = time.monotonic() - started
-                _read_outcome(result, config)
+                read_outcome(result, config)
             except Exception as error:
                 result.wall_seconds = time.monotonic() - started
                 result.notes.append(_describe(error))
-                _stop(backend, thread)
+                _stop(thread)
+            result.problems += [f"left behind: {thing}" for thing in left_behind(pods)]
     finally:
+        if backend == KUBERNETES:
+            cluster.cluster.log_sink = None
         result.log = tap.lines
         tap.close()
     return result
 
 
-def _stop(backend: LocalProcessBackend, thread: JobThread | None) -> None:
+def _stop(thread: JobThread | None) -> None:
     """End a failed trial: its pods are deleted, so its master fails to replace them and returns."""
-    backend.close(grace_seconds=0)
     if thread is not None:
+        with contextlib.suppress(Exception):
+            thread.job.backend.close(grace_seconds=0)
         with contextlib.suppress(Exception):
             thread.join(60)
 
 
-def _read_outcome(result: TrialResult, config: TrainConfig) -> None:
-    """Fill ``result`` from the job's published ``metrics.json``."""
+def read_outcome(result: TrialResult, config: TrainConfig) -> None:
+    """Fill ``result`` from the job's published ``metrics.json`` and check the accounting there
+    (:func:`check_outcome`)."""
     metrics = json.loads(open_storage(config.output).read("model/metrics.json"))
     per_epoch = metrics["records_per_epoch"]
     accounting = metrics["accounting"]
@@ -364,49 +427,102 @@ def _read_outcome(result: TrialResult, config: TrainConfig) -> None:
     result.accuracy = metrics["final_metrics"]["accuracy"]
     result.records_lost = sum(abs(per_epoch - reported.get(str(e), 0)) for e in range(config.num_epochs))
     result.records_trained_twice = metrics["records_trained_twice"]
-    unknown = any(ps["updates_lost_to_rollback"] is None for ps in accounting["parameter_servers"])
+    servers = accounting["parameter_servers"]
+    unknown = not servers or any(ps["updates_lost_to_rollback"] is None for ps in servers)
     result.updates_lost = None if unknown else accounting["updates_lost_to_rollback"]
+    result.problems += check_outcome(metrics, expected_minibatches(config))
+
+
+def check_outcome(metrics: dict[str, Any], minibatches: int) -> list[str]:
+    """What is wrong in a successful job's ``metrics.json``, counted from the workers' reports: the
+    minibatches of the tasks done against the ``minibatches`` the dataset makes (a lost or doubled
+    minibatch shows here), each PS that never restarted at exactly the updates expected, and, with
+    AllreduceStrategy, replicas that are not bit-identical at the end."""
+    problems = []
+    accounting = metrics["accounting"]
+    if accounting["minibatches_trained"] != minibatches:
+        problems.append(
+            f"accounting: the workers trained {accounting['minibatches_trained']} minibatches in the tasks "
+            f"done, the dataset makes {minibatches}"
+        )
+    for ps in accounting["parameter_servers"]:
+        expected = ps["updates_expected"]
+        low, high = (expected, expected) if isinstance(expected, int) else expected
+        if ps["restored_from_version"] < 0 and not low <= ps["model_version"] <= high:
+            problems.append(
+                f"accounting: PS {ps['ps']} at version {ps['model_version']}, expected {expected}"
+            )
+    replicas = metrics.get("allreduce_replicas")
+    if replicas is not None and (replicas["members_compared"] < 1 or replicas["max_abs_difference"] != 0.0):
+        problems.append(
+            f"replicas differ: {replicas['members_compared']} compared, max |difference| "
+            f"{replicas['max_abs_difference']}"
+        )
+    return problems
 
 
 # --------------------------------------------------------------------------------------------- scenarios
 
 
-def baseline(env: ChaosEnv, rng: random.Random) -> TrialResult:
+def baseline(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL, **overrides: Any) -> TrialResult:
     """No fault: the reference wall time."""
-    return run_in_process("baseline", env, rng, lambda _trial: None)
+    return run_in_process("baseline", env, rng, lambda _trial: None, backend=backend, **overrides)
 
 
-def worker_kills(env: ChaosEnv, rng: random.Random) -> TrialResult:
-    """1-3 random workers SIGKILLed, each at a random point between 10% and 85% of the tasks."""
+def worker_kills(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> TrialResult:
+    """1-3 random workers lost, each at a random point between 10% and 85% of the tasks: SIGKILLed on
+    the local backend; on Kubernetes each pod is, at random, deleted through the API or evicted
+    (preempted by the scheduler)."""
 
     def inject(trial: Trial) -> None:
         for point in sorted(rng.uniform(0.10, 0.85) for _ in range(rng.randint(1, 3))):
             trial.wait_for_progress(point)
-            worker = trial.signal_worker(signal.SIGKILL)
-            trial.fault(f"SIGKILL worker-{worker}")
+            if backend == LOCAL:
+                worker = trial.signal_worker(signal.SIGKILL)
+                trial.fault(f"SIGKILL worker-{worker}")
+            else:
+                how = rng.choice(("delete", "evict"))
+                worker = trial.remove_worker(how)
+                trial.fault(f"{how} worker-{worker}")
 
-    return run_in_process("worker_kills", env, rng, inject)
+    return run_in_process("worker_kills", env, rng, inject, backend=backend)
 
 
-def ps_kill(env: ChaosEnv, rng: random.Random) -> TrialResult:
-    """The PS SIGKILLed at a random point between 20% and 80% of the tasks; it restarts from its newest
-    checkpoint. Versions lost = the newest model version before the kill (reported by a worker or
-    checkpointed by the PS, which is paused while it is read) minus the version the PS restored."""
-    saved = r"\[ps-0\] .* checkpoint_saved .*version=(\d+)"
+def ps_kill(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> TrialResult:
+    """The PS SIGKILLed (Kubernetes: its pod deleted through the API) at a random point between 20% and
+    80% of the tasks; it restarts from its newest checkpoint. Versions lost = the newest model version
+    before the kill (reported by a worker or checkpointed by the PS, which is paused while it is read)
+    minus the version the PS restored."""
+    saved = r"\[(?:\S+-)?ps-0\] .* checkpoint_saved .*version=(\d+)"
 
     def inject(trial: Trial) -> None:
         trial.wait_for_progress(rng.uniform(0.20, 0.80))
-        trial.backend.pause(PodRole.PS, 0)  # its version stops moving while it is read
+        trial.pods.signal(PodRole.PS, 0, signal.SIGSTOP)  # its version stops moving while it is read
         time.sleep(0.5)  # lets the backend copy the PS's last log lines (not a wait for a result)
         checkpointed = trial.tap.search(saved)
         before = max(trial.job.versions.version, int(checkpointed[1]) if checkpointed else 0)
         kill_line = len(trial.tap.lines)
-        trial.backend.kill(PodRole.PS, 0, signal.SIGKILL)
-        trial.fault(f"SIGKILL ps-0 (model version {before})")
-        restored = trial.wait_for_log(r"\[ps-0\] .* ps_restored version=(\d+)", "ps-0 to restore", kill_line)
+        if backend == LOCAL:
+            trial.pods.signal(PodRole.PS, 0, signal.SIGKILL)
+            trial.fault(f"SIGKILL ps-0 (model version {before})")
+        else:
+            trial.pods.signal(PodRole.PS, 0, signal.SIGKILL)  # a deleted pod's SIGTERM would save its state
+            trial.pods.delete(PodRole.PS, 0)
+            trial.fault(f"SIGKILL and delete pod ps-0 (model version {before})")
+        restored = trial.wait_for_log(
+            r"\[(?:\S+-)?ps-0\] .* ps_restored version=(\d+)", "ps-0 to restore", kill_line
+        )
         trial.result.versions_lost = before - int(restored[1])
 
-    return run_in_process("ps_kill", env, rng, inject, checkpoint_steps=CHECKPOINT_STEPS)
+    return run_in_process(
+        "ps_kill",
+        env,
+        rng,
+        inject,
+        backend=backend,
+        checkpoint_steps=CHECKPOINT_STEPS,
+        min_task_timeout_seconds=PS_KILL_TASK_TIMEOUT_SECONDS,
+    )
 
 
 def s3_outage(env: ChaosEnv, rng: random.Random) -> TrialResult:
@@ -438,7 +554,7 @@ def s3_outage(env: ChaosEnv, rng: random.Random) -> TrialResult:
         )
 
 
-def scale_1_4_1(env: ChaosEnv, rng: random.Random) -> TrialResult:
+def scale_1_4_1(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL, **overrides: Any) -> TrialResult:
     """One worker, scaled to 4 at a random point between 10% and 30% of the tasks, and back to 1 at a
     random point between 50% and 75% (and at least 10% of the tasks after the added workers started)."""
 
@@ -457,10 +573,11 @@ def scale_1_4_1(env: ChaosEnv, rng: random.Random) -> TrialResult:
         trial.fault("scaled 4 -> 1")
         trial.wait_for(lambda: len(trial.live_workers()) == 1, "one worker again")
 
-    return run_in_process("scale_1_4_1", env, rng, inject, num_workers=1)
+    name = overrides.pop("scenario", "scale_1_4_1")
+    return run_in_process(name, env, rng, inject, backend=backend, num_workers=1, **overrides)
 
 
-def hung_worker(env: ChaosEnv, rng: random.Random) -> TrialResult:
+def hung_worker(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> TrialResult:
     """A random worker holding a task SIGSTOPped at a random point between 20% and 70% of the tasks and
     left stopped: the dispatcher must reclaim its task on timeout (the learnt one: 5x the longest recent
     task, with a low ``--min-task-timeout-seconds``) and the master replace the worker."""
@@ -476,20 +593,34 @@ def hung_worker(env: ChaosEnv, rng: random.Random) -> TrialResult:
         trial.fault(f"SIGSTOP worker-{worker}")
         trial.wait_for(lambda: dispatcher.accounting().requeues["timeout"] > 0, "the task to time out")
 
-    return run_in_process("hung_worker", env, rng, inject, min_task_timeout_seconds=HUNG_TASK_TIMEOUT_SECONDS)
+    return run_in_process(
+        "hung_worker", env, rng, inject, backend=backend, min_task_timeout_seconds=HUNG_TASK_TIMEOUT_SECONDS
+    )
 
 
-def master_restart(env: ChaosEnv, rng: random.Random) -> TrialResult:
+def master_restart(
+    env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL, strategy: str = PS_STRATEGY
+) -> TrialResult:
     """The master (``edl-argo train`` as a subprocess) SIGKILLed at a random point between 20% and 70% of
     the tasks, and the same command run again after 0-3 s, as Argo's retry would: the new master restores
-    the state of ``OUTPUT/master/state.json`` and adopts the running pods."""
+    the state of ``OUTPUT/master/state.json`` and adopts the running pods (with AllreduceStrategy the
+    adopted workers re-form their group and go on from the state they hold)."""
     folder, job_name = env.new_trial("master_restart")
-    config = chaos_config(str(env.data), str(folder / "output"), job_name)
+    strategy_overrides = {"distribution_strategy": ALLREDUCE, "num_ps": 0} if strategy == ALLREDUCE else {}
+    config = chaos_config(str(env.data), str(folder / "output"), job_name, **strategy_overrides)
     progress_file = folder / "progress"
     command = [str(Path(sys.executable).parent / "edl-argo"), "train", *_train_flags(config)]
-    environ = {**os.environ, "ARGO_PROGRESS_FILE": str(progress_file), "EDL_NO_PROGRESS_BAR": "1"}
+    environ = dict(os.environ)
+    pods: PodControl
+    if backend == KUBERNETES:
+        command += master_flags()
+        environ = subprocess_environment(env.cluster())
+        pods = KubernetesPods(env.cluster(), job_name)
+    else:
+        pods = LocalPods(LocalProcessBackend(job_name), job_name)
+    environ.update(ARGO_PROGRESS_FILE=str(progress_file), EDL_NO_PROGRESS_BAR="1")
     log_path = folder / "trial.log"
-    result = TrialResult("master_restart")
+    result = TrialResult("master_restart", backend=backend, strategy=strategy)
     masters: list[subprocess.Popen[bytes]] = []
 
     def start_master() -> subprocess.Popen[bytes]:
@@ -517,7 +648,7 @@ def master_restart(env: ChaosEnv, rng: random.Random) -> TrialResult:
         result.wall_seconds = time.monotonic() - started
         if status != 0:
             raise AssertionError(f"the restarted master exited with status {status}")
-        _read_outcome(result, config)
+        read_outcome(result, config)
     except Exception as error:
         result.wall_seconds = time.monotonic() - started
         result.notes.append(_describe(error))
@@ -528,20 +659,9 @@ def master_restart(env: ChaosEnv, rng: random.Random) -> TrialResult:
             if master.poll() is None:
                 master.kill()
                 master.wait()
-        _kill_pods_of(job_name)
+        result.problems += [f"left behind: {thing}" for thing in left_behind(pods)]
         result.log = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
     return result
-
-
-#: Every fault scenario, in report order.
-SCENARIOS: dict[str, Callable[[ChaosEnv, random.Random], TrialResult]] = {
-    "worker_kills": worker_kills,
-    "ps_kill": ps_kill,
-    "master_restart": master_restart,
-    "s3_outage": s3_outage,
-    "scale_1_4_1": scale_1_4_1,
-    "hung_worker": hung_worker,
-}
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -581,6 +701,7 @@ def _train_flags(config: TrainConfig) -> list[str]:
         "validation_data": config.validation_data,
         "output": config.output,
         "job_name": config.job_name,
+        "distribution_strategy": config.distribution_strategy,
         **{name: getattr(config, name) for name in CHAOS_JOB},
     }
     flags: list[str] = []
@@ -588,6 +709,8 @@ def _train_flags(config: TrainConfig) -> list[str]:
         flag = "--" + name.replace("_", "-")
         if value is True:
             flags.append(flag)
+        elif name == "num_ps" and value == 0:
+            continue  # AllreduceStrategy: no PS (--num-ps takes a positive count, its default is ignored)
         elif value is not False:
             flags += [flag, str(value)]
     return flags
@@ -600,19 +723,3 @@ def _progress(progress_file: Path) -> float:
         return int(done) / int(total) if int(total) else 0.0
     except (OSError, ValueError):
         return 0.0
-
-
-def _kill_pods_of(job_name: str) -> None:
-    """SIGKILL the pod processes a killed master of ``job_name`` may have left (found by the
-    ``EDL_JOB_NAME`` the local backend gives its pods)."""
-    marker = f"\0EDL_JOB_NAME={job_name}\0".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = b"\0" + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), signal.SIGKILL)

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -86,6 +86,8 @@ class Cluster:
         self.store = store
         self.workdir = workdir
         self.echo_logs = echo_logs
+        #: Also called with every pod output line, as ``[pod-name] line`` (a chaos trial's log).
+        self.log_sink: Callable[[str], object] | None = None
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         self._containers: dict[str, _Container] = {}
         self._holds: list[_Hold] = []
@@ -347,6 +349,9 @@ class Cluster:
             for line in iter(stream.readline, b""):
                 log.write(line)
                 log.flush()
+                sink = self.log_sink
+                if sink is not None:
+                    sink(prefix + line.decode("utf-8", errors="replace").rstrip("\n") + "\n")
                 if self.echo_logs:
                     with contextlib.suppress(OSError, ValueError):
                         sys.stderr.write(prefix + line.decode("utf-8", errors="replace").rstrip("\n") + "\n")

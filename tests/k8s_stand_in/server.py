@@ -17,8 +17,10 @@ Every request is logged as an :class:`ApiCall` (the authorization verb and resou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
 import tempfile
 import threading
 import time
@@ -111,6 +113,9 @@ class KubernetesStandIn:
         self._calls_lock = threading.Lock()
         self._rules: tuple[str, list[dict[str, Any]]] | None = None
         self._failures: list[_Failure] = []
+        self._outage: tuple[float, tuple[int, ...]] = (0.0, ())
+        self._outage_answers = 0
+        self._cut_generation = 0
         self._closing = False
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
         self._server.daemon_threads = True
@@ -164,6 +169,20 @@ class KubernetesStandIn:
     def fail_requests(self, verb: str, resource: str, status: int, message: str, count: int = 1) -> None:
         """Answer the next ``count`` ``verb`` requests on ``resource`` with ``status`` (e.g. 403 quota)."""
         self._failures.append(_Failure(verb, resource, status, message, count))
+
+    def fail_for(self, seconds: float, statuses: tuple[int, ...] = (429, 500, 503)) -> None:
+        """Answer every request for ``seconds`` with one of ``statuses`` in turn (throttling, an API server
+        in trouble); watches already open are cut (see :meth:`cut_watches`), new ones refused."""
+        with self._calls_lock:
+            self._outage = (time.monotonic() + seconds, statuses)
+        self.cut_watches()
+
+    def cut_watches(self) -> None:
+        """Break every open watch connection mid-stream: no final chunk, the socket is shut down (a
+        proxy or load balancer dropping it). Combine with :meth:`store.compact <ObjectStore.compact>` to
+        make the resumed watch get 410 Gone."""
+        self._cut_generation += 1
+        self.store.expire_watches()
 
     def clear_failures(self) -> None:
         """Forget the failures :meth:`fail_requests` still had to inject."""
@@ -267,6 +286,13 @@ class KubernetesStandIn:
                 raise ApiError(
                     403, "Forbidden", f'User "edl-argo-master" cannot {call.verb} resource "{call.resource}"'
                 )
+        with self._calls_lock:
+            until, statuses = self._outage
+            if statuses and time.monotonic() < until:
+                self._outage_answers += 1
+                status = statuses[self._outage_answers % len(statuses)]
+                reason = "TooManyRequests" if status == 429 else "InternalError"
+                raise ApiError(status, reason, f"stand-in: API server unavailable ({status})")
         for failure in self._failures:
             if failure.remaining > 0 and failure.verb == call.verb and failure.resource == call.resource:
                 failure.remaining -= 1
@@ -313,6 +339,7 @@ class KubernetesStandIn:
         timeout = min(float(query.get("timeoutSeconds") or self.watch_max_seconds), self.watch_max_seconds)
         deadline = time.monotonic() + timeout
         generation = self.store.watch_generation
+        cut = self._cut_generation
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
@@ -358,6 +385,11 @@ class KubernetesStandIn:
                         _chunk(handler, {"type": event.type, "object": event.obj})
                 if time.monotonic() > deadline:
                     break
+            if self._cut_generation != cut:  # dropped mid-stream: no final chunk
+                handler.close_connection = True
+                with contextlib.suppress(OSError):
+                    handler.connection.shutdown(socket.SHUT_RDWR)
+                return
             handler.wfile.write(b"0\r\n\r\n")
             handler.wfile.flush()
         except (BrokenPipeError, ConnectionResetError, OSError):
