@@ -32,6 +32,10 @@ MAX_PORT = 65535
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
+#: The most workers a job may scale to when ``--max-workers`` is not given (or ``--num-workers``, if more).
+DEFAULT_MAX_WORKERS = 64
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything one training job needs; built from flags by :func:`config_from_args`."""
@@ -61,6 +65,8 @@ class TrainConfig:
     max_task_retries: int = 3
     nan_loss: str = "fail"
     max_worker_relaunches: int = 16
+    max_workers: int = 0
+    """The most workers the job may run (``ScaleWorkers``' bound); 0: :attr:`worker_limit`'s default."""
     max_ps_relaunches: int = 8
     min_task_timeout_seconds: int = 60
     rpc_timeout_seconds: int = RPC_TIMEOUT_SECONDS
@@ -84,6 +90,11 @@ class TrainConfig:
     def allreduce(self) -> bool:
         """Whether workers average gradients among themselves (no parameter servers)."""
         return self.distribution_strategy == ALLREDUCE
+
+    @property
+    def worker_limit(self) -> int:
+        """``--max-workers``; when 0, the larger of :data:`DEFAULT_MAX_WORKERS` and ``--num-workers``."""
+        return self.max_workers or max(DEFAULT_MAX_WORKERS, self.num_workers)
 
     @property
     def records_per_task(self) -> int:
@@ -177,6 +188,14 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(cluster, "--sync-version-tolerance", type=non_negative_int, default=0)
     add_flag(cluster, "--max-task-retries", type=positive_int, default=3)
     add_flag(cluster, "--max-worker-relaunches", type=non_negative_int, default=16)
+    add_flag(
+        cluster,
+        "--max-workers",
+        type=non_negative_int,
+        default=0,
+        help=f"the most workers `edl-argo scale` may ask for (default: {DEFAULT_MAX_WORKERS}, or "
+        "--num-workers if more)",
+    )
     add_flag(cluster, "--max-ps-relaunches", type=non_negative_int, default=8)
     add_flag(
         cluster,
@@ -228,6 +247,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             f"--checkpoint-steps with --backend kubernetes: {checkpoints} would be each pod's own disk;"
             " set --checkpoint-dir s3://bucket/prefix"
         )
+    if args.max_workers and args.num_workers > args.max_workers:
+        raise ConfigError(f"--num-workers {args.num_workers} is more than --max-workers {args.max_workers}")
     if args.master_port > MAX_PORT:
         raise ConfigError(f"--master-port {args.master_port}: a port is at most {MAX_PORT}")
     if args.backend == "local" and args.job_name and not _JOB_NAME.match(args.job_name):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from edl_argo.proto import tensor_pb2
@@ -10,6 +12,8 @@ from edl_argo.proto import tensor_pb2
 ALLOWED_DTYPES = frozenset(
     {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 )
+#: Most dimensions a tensor may have (numpy's limit).
+MAX_DIMENSIONS = 64
 
 
 class TensorDecodeError(ValueError):
@@ -48,12 +52,15 @@ def from_tensor(message: tensor_pb2.Tensor) -> np.ndarray:
         raise TensorDecodeError(f"tensor {message.name!r}: unsupported dtype {message.dtype!r}")
     dtype = np.dtype(message.dtype).newbyteorder("<")
     shape = tuple(message.shape)
+    name = message.name[:80]
+    if len(shape) > MAX_DIMENSIONS:
+        raise TensorDecodeError(f"tensor {name!r}: {len(shape)} dimensions, at most {MAX_DIMENSIONS}")
     if any(d < 0 for d in shape):
-        raise TensorDecodeError(f"tensor {message.name!r}: negative dimension in shape {shape}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raise TensorDecodeError(f"tensor {name!r}: negative dimension in shape {shape}")
+    expected = math.prod(shape) * dtype.itemsize  # Python integers: no overflow
     if expected != len(message.content):
         raise TensorDecodeError(
-            f"tensor {message.name!r}: shape {shape} of {message.dtype} needs {expected} bytes, "
+            f"tensor {name!r}: shape {shape} of {message.dtype} needs {expected} bytes, "
             f"got {len(message.content)}"
         )
     return np.frombuffer(message.content, dtype=dtype).reshape(shape)
