@@ -7,6 +7,8 @@ Every refusal is INVALID_ARGUMENT or FAILED_PRECONDITION with one line naming th
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
+from edl_argo.master import serving
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.rendezvous import RendezvousManager
@@ -242,3 +245,66 @@ def test_the_workers_a_master_accepts_are_those_its_pods_run() -> None:
     assert manager.is_worker(0) and manager.is_worker(1) and not manager.is_worker(2)
     manager.handle([PodEvent(PodRole.WORKER, 0, PodPhase.FAILED, 1, PodReason.ERROR, "died", 0.0)])
     assert not manager.is_worker(0) and manager.is_worker(2)  # its replacement has a new id
+
+
+def _headers_only(channel: grpc.Channel, method: str, release: threading.Event) -> grpc.Future:
+    """A call of ``method`` that sends its headers and no request body until ``release`` is set."""
+
+    def nothing() -> Iterator[bytes]:
+        release.wait(60)
+        yield from ()
+
+    call = channel.stream_unary(method, request_serializer=bytes, response_deserializer=bytes)
+    return call.future(nothing(), timeout=60)
+
+
+def test_calls_that_send_only_headers_hold_no_progress_thread_and_end_within_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Item 3 (master): 16 headers-only calls took every thread of the master, and real calls timed out
+    for as long as the holds lasted."""
+    monkeypatch.setattr(serving, "CONNECTION_SECONDS", 1.0)
+    monkeypatch.setattr(serving, "HANDLER_SLACK_SECONDS", 1.0)
+    evaluation = EvaluationService(dict, {}, 0)
+    evaluation.dispatcher = dispatcher = TaskDispatcher(
+        {"train": 400}, DispatcherConfig(records_per_task=10, num_epochs=1)
+    )
+    urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    server = make_server(limits=serving.master_server_limits(rpc_timeout_seconds=1.0))
+    master_pb2_grpc.add_MasterServicer_to_server(
+        MasterServicer(dispatcher, evaluation, urls, current_version=lambda: 0), server
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    release = threading.Event()
+    hostile = grpc.insecure_channel(f"127.0.0.1:{port}")
+    real = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        stub = master_pb2_grpc.MasterStub(real)
+        holds = [
+            _headers_only(hostile, "/edl_argo.Master/ReportEvaluationOutputs", release) for _ in range(20)
+        ]
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert (
+            stub.GetTask(master_pb2.GetTaskRequest(worker_id=0), timeout=5).kind
+            == master_pb2.GetTaskResponse.TASK
+        )
+        assert time.monotonic() - started < 2, "a progress call waited for the held threads"
+        holds += [_headers_only(hostile, "/edl_argo.Master/GetTask", release) for _ in range(20)]
+        time.sleep(0.5)
+        # Every held call ends within the bound (1 s to go away, 2 s more to finish), and real calls go on.
+        started = time.monotonic()
+        for hold in holds:
+            with pytest.raises(grpc.RpcError):
+                hold.result(timeout=15)
+        assert time.monotonic() - started < 10
+        assert (
+            stub.GetTask(master_pb2.GetTaskRequest(worker_id=1), timeout=5).kind
+            == master_pb2.GetTaskResponse.TASK
+        )
+    finally:
+        release.set()
+        hostile.close()
+        real.close()
+        server.stop(None)

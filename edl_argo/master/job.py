@@ -49,8 +49,8 @@ from edl_argo.master.ps_watch import ParameterServerWatch
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
 from edl_argo.master.request_checks import RequestBounds
+from edl_argo.master.serving import master_server_limits
 from edl_argo.master.state_store import (
-    MASTER_THREADS,
     DurableMasterServicer,
     GroupCommit,
     MasterStateStore,
@@ -277,7 +277,7 @@ class TrainingJob:
         )
 
     def _start_master_service(self, restored_holders: set[int]) -> None:
-        self._server = make_server(MASTER_THREADS)
+        self._server = make_server(limits=master_server_limits(self.config.rpc_timeout_seconds))
         servicer = DurableMasterServicer(
             self.dispatcher,
             self.evaluation,

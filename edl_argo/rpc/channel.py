@@ -19,6 +19,7 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.rpc.server_limits import ServerLimits
 
 log = get_logger(__name__)
 
@@ -74,9 +75,18 @@ _SERVER_OPTIONS = [
 ]
 
 
-def make_server(max_workers: int = 8) -> grpc.Server:
-    """A server with the same message limits as :func:`make_channel`, owning its port alone."""
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS)
+def make_server(max_workers: int = 8, limits: ServerLimits | None = None) -> grpc.Server:
+    """A server with the same message limits as :func:`make_channel`, owning its port alone; with
+    ``limits`` (:mod:`edl_argo.rpc.server_limits`), its ``threads`` instead of ``max_workers``, a pool of
+    its own for its priority methods, a cap on concurrent calls and a bound on every call's life."""
+    if limits is None:
+        return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS)
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=limits.threads),
+        options=[*_SERVER_OPTIONS, *limits.options()],
+        interceptors=limits.interceptors(),
+        maximum_concurrent_rpcs=limits.max_concurrent_calls,
+    )
 
 
 def reject_request(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCode, reason: str) -> NoReturn:
