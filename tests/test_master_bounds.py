@@ -116,6 +116,21 @@ def test_a_rendezvous_with_a_malformed_address_or_from_an_unknown_worker_changes
     refused(lambda: rendezvous(1, "host:-5"), _INVALID, "port in 1-65535")
     refused(lambda: rendezvous(7, "127.0.0.1:4001"), grpc.StatusCode.FAILED_PRECONDITION, "worker_id 7")
     refused(lambda: rendezvous(-1, "127.0.0.1:4001"), invalid, "worker_id")
+    # What a member says it holds: a way of forming that does not exist, rounds and versions out of reach.
+    reports = {
+        "formed_from": master_pb2.RendezvousRequest(formed_round=first.round_id, formed_from=99),
+        "formed_round": master_pb2.RendezvousRequest(formed_round=first.round_id + 5),
+        "state.version": master_pb2.RendezvousRequest(
+            state=master_pb2.StatePoint(version=INT64_MAX, round_id=1)
+        ),
+        "checkpoint.round_id": master_pb2.RendezvousRequest(
+            checkpoint=master_pb2.StatePoint(version=1, round_id=-4)
+        ),
+    }
+    for name, report in reports.items():
+        report.worker_id, report.address = 0, "127.0.0.1:4000"
+        refused(lambda r=report: master.stub.Rendezvous(r, timeout=30), invalid, name)
+    assert master.rendezvous.committed is None
     assert master.rendezvous.current.round_id == first.round_id
     assert [m.worker_id for m in master.rendezvous.current.members] == [0]
     # ... and the real worker 1 joins as ever, at an IPv6 address too.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from edl_argo.addresses import AddressError, parse_host_port
+from edl_argo.proto import master_pb2
 from edl_argo.rpc.channel import reject_request
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -114,3 +115,29 @@ class RequestChecks:
                 _INVALID,
                 f"num_workers {num_workers} is more than this job's --max-workers {limit}",
             )
+
+    def rendezvous_report(
+        self, context: grpc.ServicerContext, request: master_pb2.RendezvousRequest, current_round: int
+    ) -> None:
+        """What a member says it holds names a known way of forming, rounds that exist (at most
+        ``current_round``) and versions within :meth:`model_version`'s bounds."""
+        rpc = "Rendezvous"
+        if request.formed_from not in master_pb2.StateOrigin.values():
+            reject_request(context, rpc, _INVALID, f"formed_from {request.formed_from} is no StateOrigin")
+        if not 0 <= request.formed_round <= current_round:
+            reject_request(
+                context,
+                rpc,
+                _INVALID,
+                f"formed_round {request.formed_round} is not a round (0-{current_round})",
+            )
+        for name in ("state", "formed_state", "checkpoint"):
+            point = getattr(request, name)
+            if not 0 <= point.round_id <= current_round:
+                reject_request(
+                    context,
+                    rpc,
+                    _INVALID,
+                    f"{name}.round_id {point.round_id} is not a round (0-{current_round})",
+                )
+            self.model_version(context, rpc, f"{name}.version", point.version)

@@ -238,6 +238,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         rendezvous = self._require_rendezvous(context)
         self._checks.worker_id(context, "Rendezvous", request.worker_id)
         self._checks.address(context, "Rendezvous", request.address)
+        self._checks.rendezvous_report(context, request, rendezvous.current.round_id)
         current = rendezvous.rendezvous(request.worker_id, request.address, request)
         return rendezvous.response(current, request.worker_id)
 
