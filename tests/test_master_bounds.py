@@ -27,7 +27,7 @@ from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, Ta
 from edl_argo.pods import PodEvent, PodPhase, PodReason, PodRole, PodSpec
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
 from edl_argo.rpc.channel import make_server
-from edl_argo.rpc.tensors import to_tensor
+from edl_argo.rpc.tensors import TensorDecodeError, from_indexed_slices, to_tensor
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -242,6 +242,12 @@ def test_tensor_shapes_numpy_cannot_take_are_invalid_arguments(master: LiveMaste
             master.stub.ReportEvaluationOutputs(request, timeout=30)
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (reason, error.value.details())
         assert "'output'" in (error.value.details() or ""), error.value.details()
+    # Embedding ids of another dtype than int64 are named as such (the message spoke of row counts).
+    slices = tensor_pb2.IndexedSlices(
+        values=to_tensor(np.ones((2, 3), np.float32), "emb"), ids=to_tensor(np.arange(2, dtype=np.int32))
+    )
+    with pytest.raises(TensorDecodeError, match="ids must be int64, got int32"):
+        from_indexed_slices(slices)
 
 
 class _NoPods:
