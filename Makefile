@@ -16,7 +16,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv test-servers test test-slow lint format demo templates image lock bench chaos proto clean
+.PHONY: help venv test-servers test test-slow lint format demo templates image lock bench chaos fuzz proto clean
 
 help:
 	@echo "make demo   - run the digits pipeline here: prepare the dataset, train, evaluate, predict"
@@ -27,6 +27,7 @@ help:
 	@echo "make test-slow - the repeated trials and soak runs make test leaves out (marked slow)"
 	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make chaos  - run the chaos suite: training jobs with injected faults (docs/reliability.md)"
+	@echo "make fuzz   - fuzz every gRPC method of a live job and the decoders (FUZZ_SECONDS, default 900)"
 	@echo "make lint   - ruff check and format check"
 	@echo "make proto  - regenerate the gRPC/protobuf code from edl_argo/proto/*.proto"
 
@@ -78,6 +79,13 @@ bench: $(STAMP) $(S3SERVER_STAMP)
 
 chaos: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.chaos.run --trials 20 --output docs/reliability.md
+
+FUZZ_SECONDS ?= 900
+fuzz: $(STAMP) $(S3SERVER_STAMP)
+	mkdir -p out
+	EDL_FUZZ_FULL=1 EDL_FUZZ_SECONDS=$(FUZZ_SECONDS) EDL_FUZZ_REPORT=out/fuzz-report.json \
+		$(BIN)/pytest -q -p no:cacheprovider tests/test_fuzz.py
+	cat out/fuzz-report.json
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. edl_argo/proto/*.proto

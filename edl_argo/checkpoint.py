@@ -12,7 +12,6 @@ time to copy its state (the snapshot it submits), never the time to serialise or
 
 from __future__ import annotations
 
-import argparse
 import re
 import threading
 import time
@@ -20,7 +19,6 @@ from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 from edl_argo.errors import ConfigError, EdlError
-from edl_argo.flags import add_flag, non_negative_int
 from edl_argo.log import get_logger
 from edl_argo.storage.base import Storage
 
@@ -41,24 +39,6 @@ class Versioned(Protocol):
 
 
 Snapshot = TypeVar("Snapshot", bound=Versioned)
-
-
-def add_checkpoint_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--checkpoint-dir`` and ``--checkpoint-steps``, shared by the pods that hold a model (PS, and
-    workers of an AllreduceStrategy job)."""
-    add_flag(
-        parser,
-        "--checkpoint-dir",
-        metavar="URL",
-        help="folder or s3://bucket/prefix of checkpoints (the newest is restored at start)",
-    )
-    add_flag(
-        parser,
-        "--checkpoint-steps",
-        type=non_negative_int,
-        default=0,
-        help="save a checkpoint every N versions (default 0: never)",
-    )
 
 
 def open_checkpoint_storage(checkpoint_dir: str | None, checkpoint_steps: int) -> Storage | None:

@@ -46,17 +46,3 @@ non_negative_int = _bounded_int(0)
 def pod_host() -> str:
     """The address this pod's servers bind to: ``POD_IP`` in Kubernetes, loopback on one machine."""
     return os.environ.get("POD_IP") or "127.0.0.1"
-
-
-def add_rpc_timeout_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--rpc-timeout-seconds``: the deadline of every gRPC call (see :mod:`edl_argo.rpc.channel`)."""
-    from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS
-
-    add_flag(
-        parser,
-        "--rpc-timeout-seconds",
-        type=positive_int,
-        default=RPC_TIMEOUT_SECONDS,
-        help="deadline of every call to the master or a parameter server; a peer that does not answer in "
-        f"time is retried as an unavailable one (default {RPC_TIMEOUT_SECONDS})",
-    )

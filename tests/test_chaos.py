@@ -95,7 +95,7 @@ def test_min_task_timeout_flag_sets_the_dispatcher_timeout_floor(digits_data: Pa
     default = config_from_args(parser.parse_args(flags))
     chosen = config_from_args(parser.parse_args([*flags, "--min-task-timeout-seconds", "5"]))
 
-    assert TrainingJob(default).dispatcher.snapshot()["config"]["task_timeout_floor"] == 60
-    assert TrainingJob(chosen).dispatcher.snapshot()["config"]["task_timeout_floor"] == 5
+    assert TrainingJob.load(default).dispatcher.snapshot()["config"]["task_timeout_floor"] == 60
+    assert TrainingJob.load(chosen).dispatcher.snapshot()["config"]["task_timeout_floor"] == 5
     with pytest.raises(SystemExit):
         parser.parse_args([*flags, "--min-task-timeout-seconds", "0"])

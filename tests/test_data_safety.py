@@ -379,7 +379,7 @@ def test_a_dataset_overwritten_while_a_job_trains_fails_the_job_naming_the_shard
     data = LocalStorage(tmp_path / "data")
     write_dataset(data, "train", train, 4, Compressor.NONE, overwrite=False)
     write_dataset(data, "test", test, 1, Compressor.NONE, overwrite=False)
-    job = TrainingJob(digits_config(tmp_path / "data", tmp_path / "job", num_epochs=30))
+    job = TrainingJob.load(digits_config(tmp_path / "data", tmp_path / "job", num_epochs=30))
     running = JobThread(job).start()
     running.wait_until(lambda: running.progress_fraction() >= 0.1, 240, "10% of the tasks")
     other, _ = digits_records(0.2, 1)

@@ -212,7 +212,7 @@ def test_a_paused_parameter_server_is_replaced_within_the_bound_and_the_job_fini
         rpc_timeout_seconds=timeout,
         num_epochs=8,
     )
-    job = JobThread(TrainingJob(config)).start()
+    job = JobThread(TrainingJob.load(config)).start()
     job.wait_until(
         lambda: (
             job.job._ps_watch is not None and job.job._ps_watch.answered(0) and job.progress_fraction() > 0.3

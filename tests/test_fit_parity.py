@@ -119,7 +119,7 @@ def _trained(name: str, root: Path) -> Trained:
         shuffle=False,
         **case.job,
     )
-    TrainingJob(config).run()
+    TrainingJob.load(config).run()
     fitted, initial = _fit(spec, records, case.fit_batch_size)
     exported = keras.saving.load_model(output / "model" / KERAS_FILE, compile=False)
     saved_model = tf.saved_model.load(str(output / "model" / SAVED_MODEL_DIR))
@@ -297,5 +297,5 @@ def test_allreduce_refuses_a_feed_with_sample_weights_before_any_pod_starts(tmp_
         distribution_strategy="AllreduceStrategy",
     )
     with pytest.raises(ConfigError, match=r"weighted\.py yields \(features, labels, sample_weights\)"):
-        TrainingJob(config)
+        TrainingJob.load(config)
     assert not (tmp_path / "out").exists()

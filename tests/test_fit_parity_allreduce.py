@@ -148,7 +148,7 @@ def _job(model_def: Path, tmp_path: Path) -> Path:
         num_epochs=EPOCHS,
         shuffle=False,
     )
-    TrainingJob(config).run()
+    TrainingJob.load(config).run()
     return tmp_path / "job" / "model"
 
 

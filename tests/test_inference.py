@@ -429,7 +429,7 @@ def test_a_job_evaluates_a_multi_output_model_as_evaluate_does(
         num_workers=1,
         num_ps=1,
     )
-    metrics = TrainingJob(config).run()
+    metrics = TrainingJob.load(config).run()
 
     assert sorted(metrics["final_metrics"]) == ["cls_accuracy", "reg_mse"]
     assert metrics["evaluations"][-1]["records"] == NUM_RECORDS

@@ -43,7 +43,7 @@ def test_a_local_job_runs_on_ipv6_loopback(
     config = digits_config(
         digits_data, tmp_path / "ipv6", num_epochs=1, distribution_strategy=strategy, num_ps=num_ps
     )
-    metrics = TrainingJob(config).run()
+    metrics = TrainingJob.load(config).run()
     assert_no_record_lost(metrics)
     lines = capfd.readouterr().err.splitlines()
     started = [line for line in lines if "worker_started" in line]

@@ -111,7 +111,7 @@ def test_a_job_whose_saved_dispatcher_is_corrupt_fails_naming_the_file(
     store = MasterStateStore(LocalStorage(tmp_path / "job"), config.job_name, fingerprint)
     store.save({part: {} for part in STATE_PARTS} | {"dispatcher": {"format": 1, "doing": []}})
     with pytest.raises(DataFormatError, match=r"cannot be restored \(dispatcher: ") as error:
-        TrainingJob(config)
+        TrainingJob.load(config)
     assert str(tmp_path / "job" / STATE_KEY) in str(error.value)
 
 

@@ -81,7 +81,7 @@ def _job(tmp_path: Path, digits_data: Path, options: ModelOptions) -> TrainingJo
         output=str(tmp_path / "out"),
         job_name="pods",
     )
-    return TrainingJob(config)
+    return TrainingJob.load(config)
 
 
 def test_model_options_reach_worker_and_ps_pods(digits_data: Path, tmp_path: Path) -> None:

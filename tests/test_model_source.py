@@ -213,7 +213,7 @@ def test_a_model_only_in_s3_trains_on_kubernetes_pods_that_all_run_the_same_byte
         backend="kubernetes",
         kubernetes=settings,
     )
-    job = TrainingJob(config)
+    job = TrainingJob.load(config)
     assert job.model is not None
     digest = job.model.digest
     # The file at the URL changes once the job started: its pods still get what the master checked.

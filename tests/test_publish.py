@@ -52,7 +52,7 @@ def test_a_model_that_cannot_be_published_is_kept_and_published_by_the_next_run(
 
     monkeypatch.setattr(LocalStorage, "put_tree", store_down_for_output)
     with pytest.raises(JobFailedError, match=r"kept at .*run the job again") as failure:
-        TrainingJob(config).run()
+        TrainingJob.load(config).run()
 
     assert failure.value.exit_code == 1
     assert not (output / MODEL_KEY).exists()
@@ -63,7 +63,7 @@ def test_a_model_that_cannot_be_published_is_kept_and_published_by_the_next_run(
 
     monkeypatch.setattr(LocalStorage, "put_tree", put_tree)
     monkeypatch.setattr(PodManager, "start", lambda self: pytest.fail("the job trained again"))
-    metrics = TrainingJob(config).run()
+    metrics = TrainingJob.load(config).run()
 
     assert metrics == kept_metrics and metrics["final_metrics"]["accuracy"] > 0.5
     assert json.loads((output / MODEL_KEY / "metrics.json").read_text()) == kept_metrics
@@ -82,7 +82,7 @@ def test_storage_failing_while_the_job_runs_exits_1_and_keeps_the_state(
 
     monkeypatch.setattr(TrainingJob, "_sample_features", unreachable)  # read when exporting
     with pytest.raises(JobFailedError, match="failed while running: cannot reach") as failure:
-        TrainingJob(config).run()
+        TrainingJob.load(config).run()
 
     assert failure.value.exit_code == 1
     assert (Path(config.master_state) / STATE_KEY).is_file()

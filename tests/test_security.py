@@ -297,7 +297,7 @@ def test_storage_credentials_appear_in_no_log_argument_manifest_template_or_outp
     log.configure("DEBUG")
     try:
         capsys.readouterr()
-        TrainingJob(config, backend=backend).run()
+        TrainingJob.load(config, backend=backend).run()
         master_output = capsys.readouterr()
     finally:
         log.configure("INFO")

@@ -64,14 +64,14 @@ def test_a_learning_rate_that_cannot_be_scaled_fails_the_job_before_it_starts(
         digits_data, tmp_path / "job", model_def=str(model_def), scale_lr_by_world_size=True, **ALLREDUCE
     )
     with pytest.raises(ConfigError, match="--scale-lr-by-world-size needs optimizer"):
-        TrainingJob(config)
+        TrainingJob.load(config)
     assert not (tmp_path / "job").exists()
 
 
 def test_three_workers_train_digits_and_end_with_identical_replicas(
     digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    job = TrainingJob(
+    job = TrainingJob.load(
         digits_config(digits_data, tmp_path / "job", num_workers=3, scale_lr_by_world_size=True, **ALLREDUCE)
     )
     metrics = JobThread(job).start().join(400)
@@ -97,7 +97,9 @@ def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(
 ) -> None:
     """1 worker → 3 (new members receive the state) → one SIGKILLed mid-step (the others neither hang nor
     crash; the group re-forms without it) → scaled down to 2; the job completes with nothing lost."""
-    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=1, num_epochs=12, **ALLREDUCE))
+    job = TrainingJob.load(
+        digits_config(digits_data, tmp_path / "job", num_workers=1, num_epochs=12, **ALLREDUCE)
+    )
     running = JobThread(job).start()
     assert job.rendezvous is not None
     running.wait_until(lambda: len(job.rendezvous.current.members) == 1, 240, "worker 0 to start training")
@@ -141,7 +143,7 @@ def test_a_group_that_loses_every_member_at_once_restarts_from_its_checkpoint(
     stale = tmp_path / "job" / "checkpoints" / "allreduce" / "version-0009999999.ckpt"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"left by an earlier run")
-    job = TrainingJob(digits_config(digits_data, tmp_path / "job", checkpoint_steps=10, **ALLREDUCE))
+    job = TrainingJob.load(digits_config(digits_data, tmp_path / "job", checkpoint_steps=10, **ALLREDUCE))
     running = JobThread(job).start()
     running.wait_until(lambda: running.progress_fraction() >= 0.4, 240, "40% of the tasks")
     assert job.pods is not None and not stale.exists()
@@ -170,7 +172,7 @@ def test_a_model_whose_state_exceeds_the_frame_cap_trains_and_exports(
     still reaches a joining member, its ring pieces (2.4 MB each with two workers) still travel, and the
     master still reads it for the export: every transfer is cut into frames under the cap."""
     monkeypatch.setenv(FRAME_CAP_ENV, str(1 << 20))
-    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_epochs=2, **ALLREDUCE))
+    job = TrainingJob.load(digits_config(digits_data, tmp_path / "job", num_epochs=2, **ALLREDUCE))
     assert job.worker_spec(0).env[FRAME_CAP_ENV] == str(1 << 20)  # in a cluster too, not only inherited
     metrics = JobThread(job).start().join(400)
 

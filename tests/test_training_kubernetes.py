@@ -82,7 +82,7 @@ def make_job(
             kubernetes=settings,
             **overrides,
         )
-        return TrainingJob(config)
+        return TrainingJob.load(config)
 
     return make
 

@@ -32,7 +32,7 @@ def master_logs_to_stderr() -> None:
 
 def test_sync_job_trains_digits_and_publishes_model(digits_data: Path, tmp_path: Path, capsys) -> None:
     output = tmp_path / "job"
-    metrics = TrainingJob(digits_config(digits_data, output)).run()
+    metrics = TrainingJob.load(digits_config(digits_data, output)).run()
 
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
@@ -64,7 +64,7 @@ def test_sync_job_trains_digits_and_publishes_model(digits_data: Path, tmp_path:
 
 
 def test_async_job_trains_digits(digits_data: Path, tmp_path: Path) -> None:
-    metrics = TrainingJob(digits_config(digits_data, tmp_path / "job", use_async=True)).run()
+    metrics = TrainingJob.load(digits_config(digits_data, tmp_path / "job", use_async=True)).run()
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
 
@@ -97,7 +97,7 @@ def test_ps_combinations_end_at_the_expected_model_version(
     if grads_to_wait > 1:
         assert minibatches % grads_to_wait, "the job must leave pushes waiting at the end"
     expected_version = -(-minibatches // grads_to_wait)  # the last, partial step is applied too
-    metrics = TrainingJob(config).run()
+    metrics = TrainingJob.load(config).run()
     assert_no_record_lost(metrics)
     assert metrics["model_version"] == expected_version
     accounting = metrics["accounting"]
@@ -119,7 +119,7 @@ def test_a_minibatch_a_worker_skips_fails_the_job_naming_its_task(
     monkeypatch.setenv(SKIP_MINIBATCH_ENV, "3")
     config = digits_config(digits_data, tmp_path / "job", num_epochs=1, evaluation_steps=0)
     with pytest.raises(JobFailedError) as failure:
-        TrainingJob(config).run()
+        TrainingJob.load(config).run()
     message = str(failure.value)
     assert "accounting: training task 3 (shard" in message, message
     assert "in 3 minibatches" in message and "expected 4 minibatches of 32" in message, message

@@ -692,6 +692,11 @@ def read_state(frames: FrameSource, source: str) -> GroupState | None:
     try:
         manifest = collective_pb2.ModelState.FromString(bytes(manifest_bytes))
         values = [_empty_array(tensor) for tensor in manifest.variables]
+        if len(manifest.lineage_rounds) != len(manifest.lineage_versions):
+            raise ValueError(
+                f"its lineage has {len(manifest.lineage_rounds)} rounds"
+                f" but {len(manifest.lineage_versions)} versions"
+            )
     except (DecodeError, TypeError, ValueError, MemoryError) as error:
         raise FrameError(f"{source}: an undecodable state manifest: {error}") from None
     for value in values:

@@ -27,18 +27,18 @@ from typing import Annotated, Any
 from hera.workflows import Artifact, Container, Parameter, SecretEnvFrom
 from hera.workflows.models import PodSecurityContext, SecurityContext
 
-from edl_argo import __version__
 from edl_argo.hera.inputs import Input, StepInputs, Text
 from edl_argo.pods.manifests import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
+from edl_argo.settings.table import STEP_IMAGE, STEP_STORAGE_SECRET
 
 #: The default image of every step (built from this repository).
-IMAGE = f"edl-argo:{__version__}"
+IMAGE = STEP_IMAGE
 #: Where the image holds the edl-argo project (its ``examples/`` included).
 IMAGE_HOME = "/opt/edl-argo"
 #: The model zoo in the image: ``f"{MODEL_ZOO}/digits.py"``.
 MODEL_ZOO = f"{IMAGE_HOME}/examples/model_zoo"
 #: The default Secret with the S3 settings (``examples/cluster/minio.yaml`` holds an example).
-STORAGE_SECRET = "edl-argo-storage"
+STORAGE_SECRET = STEP_STORAGE_SECRET
 
 #: The ``image`` argument of every step function.
 Image = Annotated[

@@ -22,16 +22,17 @@ Outputs: the ``model`` artifact, the model tree the job publishes (``saved_model
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from hera.workflows import Artifact, Container, Env, FieldEnv, Parameter, RetryPolicy, RetryStrategy
 from hera.workflows.models import Backoff, ContainerPort, IntOrString, ResourceRequirements, ValueFrom
 
-from edl_argo.collective.flags import PARAMETER_SERVER, STRATEGIES
-from edl_argo.hera.container import IMAGE, STORAGE_SECRET, Image, ModelDef, ModelZoo, step_container
+from edl_argo.hera.container import IMAGE, Image, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
+from edl_argo.hera.setting_inputs import with_setting_inputs
 from edl_argo.hera.step import Step, StepTask
 from edl_argo.pods.manifests import PORT_NAME, master_labels
+from edl_argo.settings import table
 
 WORKFLOW_TEMPLATE = "edl-argo-elastic-train"
 #: The Kubernetes service account the master runs under (``templates/rbac.yaml``).
@@ -58,11 +59,8 @@ CLEANUP_TEMPLATE = "elastic-train-cleanup"
 #: How often a clean-up that failed (API server trouble) is tried again.
 CLEANUP_RETRIES = 3
 #: The job-name input's default in the template; a task's own default is ``<workflow>-<task>``.
-DEFAULT_JOB_NAME = "{{workflow.name}}"
-JobName = Input(
-    "name of the job (its pods are <job>-worker-N); default <workflow>-<task>, one job per training task;"
-    " a name longer than 50 characters is shortened with a hash suffix"
-)
+DEFAULT_JOB_NAME = str(table.BY_FLAG["--job-name"].argo_default)
+JobName = Input(table.BY_FLAG["--job-name"].argo.description)  # type: ignore[union-attr]
 #: The master's environment: its pod (downward API) and its workflow (the owner of the job's pods).
 POD_FIELDS = {"EDL_POD_NAME": "metadata.name", "EDL_POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
 WORKFLOW_ENV = {
@@ -74,67 +72,12 @@ WORKFLOW_ENV = {
 STEP_ENV = {name: WORKFLOW_ENV[name] for name in ("EDL_WORKFLOW_UID", "EDL_NODE_NAME")}
 
 
+@with_setting_inputs(table.SETTINGS)
 def elastic_train(
     name: str = "elastic-train",
     *,
-    model_def: ModelDef,
-    model_zoo: ModelZoo = "",
-    model_params: Annotated[
-        Text, Input('keyword arguments of the model function, "k=v;..." (values are Python literals)')
-    ] = "",
-    job_name: Annotated[Text, JobName] = DEFAULT_JOB_NAME,
-    training_data: Annotated[Text, Input("URL of the training shards (s3://bucket/prefix)")],
-    validation_data: Annotated[Text, Input("URL of the validation shards; empty: no evaluation")] = "",
-    master_state: Annotated[
-        Text,
-        Input(
-            "URL (s3://...) where the master keeps the job's state, so a master retried by Argo continues "
-            "the job; empty: the pod's own disk, and a retried master starts the job afresh"
-        ),
-    ] = "",
-    num_epochs: Annotated[Int, Input("passes over the training data")] = 1,
-    minibatch_size: Annotated[Int, Input("records per minibatch")] = 64,
-    num_minibatches_per_task: Annotated[Int, Input("minibatches per task (the unit of work)")] = 8,
-    num_workers: Annotated[Int, Input("worker pods")] = 2,
-    num_ps: Annotated[Int, Input("parameter-server pods")] = 1,
-    grads_to_wait: Annotated[Int, Input("synchronous SGD: gradient pushes averaged per step")] = 1,
-    distribution_strategy: Annotated[
-        Text,
-        Input(
-            "ParameterServerStrategy (variables on PS pods) or AllreduceStrategy (workers average "
-            "gradients among themselves every step; num-ps and grads-to-wait are then ignored)",
-            enum=STRATEGIES,
-        ),
-    ] = PARAMETER_SERVER,
-    evaluation_steps: Annotated[Int, Input("evaluate every N model versions (0: at the end only)")] = 0,
-    rpc_timeout_seconds: Annotated[
-        Int, Input("deadline of every call to the master or a parameter server, in seconds")
-    ] = 30,
-    checkpoint_steps: Annotated[
-        Int, Input("checkpoint the model every N versions (0: never); needs checkpoint-dir")
-    ] = 0,
-    checkpoint_dir: Annotated[
-        Text,
-        Input(
-            "URL (s3://...) of the checkpoints that replaced PS pods, or AllreduceStrategy workers that all "
-            "died, restore"
-        ),
-    ] = "",
-    image: Annotated[Text, Input("container image of the master, workers and parameter servers")] = IMAGE,
-    worker_resource_request: Annotated[Text, Input("resources of each worker pod")] = "cpu=1,memory=1024Mi",
-    ps_resource_request: Annotated[
-        Text, Input("resources of each parameter-server pod")
-    ] = "cpu=1,memory=1024Mi",
-    worker_pod_priority: Annotated[Text, Input("PriorityClass of the worker pods")] = "edl-argo-low",
-    ps_pod_priority: Annotated[Text, Input("PriorityClass of the parameter-server pods")] = "edl-argo-high",
-    storage_secret: Annotated[
-        Text, Input("Secret with EDL_S3_ENDPOINT and AWS credentials, for the master and its pods")
-    ] = STORAGE_SECRET,
     master_cpu: Annotated[Text, Input("CPU request of the master pod", flag=False)] = "1",
     master_memory: Annotated[Text, Input("memory request of the master pod", flag=False)] = "2Gi",
-    master_pod_priority: Annotated[
-        Text, Input("PriorityClass of the master pod", flag=False)
-    ] = "edl-argo-high",
     active_deadline_seconds: Annotated[
         Int,
         Input(
@@ -143,6 +86,7 @@ def elastic_train(
         ),
     ] = 86_400,
     template_ref: bool = False,
+    **settings: Any,
 ) -> StepTask:
     """Add an elastic training job to the current DAG; returns its task.
 
@@ -150,16 +94,25 @@ def elastic_train(
     :func:`~edl_argo.hera.predict`), ``task.get_parameter("metrics")`` its final metrics (JSON).
     ``template_ref``: reference the installed WorkflowTemplate instead of embedding the template.
 
+    Besides the master pod's own resources and deadline, its keyword arguments are the settings of
+    ``edl-argo train`` (:mod:`edl_argo.settings.table`), named like their flags: ``use_async=True``,
+    ``shuffle=False``, ``toleration=["gpu:NoSchedule"]``; each is an input parameter of the template
+    (``use-async``) passed as the flag (``--use-async``). Not exposed: what the step sets itself
+    (``--backend``, ``--output``, ``--metrics-output``, ``--master-port``, ``--namespace``: the
+    workflow's), and ``--yaml`` and ``--custom-data-reader``, which train nothing.
+
     The job is named after the workflow and the task (``<workflow>-<task>``) unless ``job_name`` says
     otherwise, so two training tasks of one workflow run two jobs. The task gets an exit hook
     (:func:`elastic_train_cleanup`) that deletes the job's pods, Services and NetworkPolicy once the task
     has ended for good, whatever the outcome.
     """
     values = dict(locals())
+    values.update(values.pop("settings"))
+    job_name = values["job_name"]
     if job_name == DEFAULT_JOB_NAME:
         values["job_name"] = job_name = f"{{{{workflow.name}}}}-{name}"
     task = ELASTIC_TRAIN.task(name, values, template_ref)
-    cleanup = {"job_name": job_name, "image": image}
+    cleanup = {"job_name": job_name, "image": values["image"]}
     task.hooks = {"exit": ELASTIC_TRAIN_CLEANUP.hook(cleanup, template_ref)}
     return task
 
@@ -188,7 +141,6 @@ def _template(inputs: StepInputs) -> Container:
             JOB_DIR,
             "--metrics-output",
             METRICS_FILE,
-            "--shuffle",
             "--master-port",
             str(MASTER_PORT),
         ],

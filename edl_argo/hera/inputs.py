@@ -28,6 +28,8 @@ Text = str | Parameter
 Int = int | str | Parameter
 #: A number argument, or a reference to one.
 Float = float | str | Parameter
+#: A boolean argument (``true``/``false`` in Argo), or a reference to one.
+Bool = bool | str | Parameter
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ def argument_text(value: Any) -> str:
         return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list | tuple):  # a repeated setting: one text, values separated by ';'
+        return ";".join(argument_text(item) for item in value)
     return str(value)
 
 

@@ -1,4 +1,5 @@
-"""``edl-argo train`` flags (ElasticDL's names) and the validated job configuration they make."""
+"""``edl-argo train`` flags (ElasticDL's names, declared in :mod:`edl_argo.settings.table`) and the
+validated job configuration they make."""
 
 from __future__ import annotations
 
@@ -6,85 +7,42 @@ import argparse
 import dataclasses
 import re
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
-from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
 from edl_argo.errors import ConfigError
-from edl_argo.flags import add_flag, add_rpc_timeout_flag, non_negative_int, positive_int
-from edl_argo.model.contract import ModelOptions, add_model_flags, model_options_from_args
-from edl_argo.pods.kubernetes_config import (
-    KubernetesConfig,
-    add_kubernetes_flags,
-    kubernetes_config_from_args,
-)
+from edl_argo.model.contract import ModelOptions, model_options_from_args
+from edl_argo.pods.kubernetes_config import KubernetesConfig, kubernetes_config_from_args
 from edl_argo.pods.manifests import fit_job_name
-from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS
-from edl_argo.rpc.master_watch import DEFAULT_MASTER_TIMEOUT_SECONDS, add_master_timeout_flag
+from edl_argo.settings import add_role_settings, table
+from edl_argo.settings.schema import settings_dataclass
+from edl_argo.settings.table import ALLREDUCE, NAN_LOSS_POLICIES
 
-#: ``--nan-loss``: what a worker does with a minibatch whose loss is NaN or infinite. ``fail``: the job
-#: fails at once, naming the model version, task and shard; ``skip``: the minibatch is not pushed, and
-#: ``nan_batches_skipped`` in metrics.json counts it.
-NAN_LOSS_POLICIES = ("fail", "skip")
+__all__ = ["NAN_LOSS_POLICIES", "TrainConfig", "add_train_flags", "config_from_args"]
 MAX_PORT = 65535
 #: What a local job's name must look like: it names files (the job registry), so no '/' and no spaces. On
 #: Kubernetes, where it names pods, the backend requires a DNS label (``manifests.validate_job_name``).
+#: The most workers a job may scale to when ``--max-workers`` is not given (or ``--num-workers``, if more).
+DEFAULT_MAX_WORKERS = 64
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
-#: The most workers a job may scale to when ``--max-workers`` is not given (or ``--num-workers``, if more).
-DEFAULT_MAX_WORKERS = 64
+class _TrainConfigMethods:
+    """Everything one training job needs; built from flags by :func:`config_from_args`.
 
+    One field per setting of section ``job`` in :mod:`edl_argo.settings.table` (its type and default
+    from there), plus ``model_options`` (ElasticDL's other model flags: model zoo, model params, renamed
+    functions) and ``kubernetes`` (with ``backend == "kubernetes"``: how pods run there,
+    :mod:`edl_argo.pods.kubernetes_config`). ``checkpoint_dir`` empty: ``<output>/checkpoints``
+    (:attr:`checkpoints_url`); ``master_state`` empty: ``output``.
+    """
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything one training job needs; built from flags by :func:`config_from_args`."""
-
-    model_def: str
-    training_data: str
+    distribution_strategy: str
+    minibatch_size: int
+    num_minibatches_per_task: int
+    checkpoint_dir: str
     output: str
-    model_options: ModelOptions = dataclasses.field(default_factory=ModelOptions)
-    """ElasticDL's other model flags: model zoo, model params, renamed functions."""
-    validation_data: str = ""
-    num_epochs: int = 1
-    minibatch_size: int = 64
-    num_minibatches_per_task: int = 8
-    num_workers: int = 2
-    num_ps: int = 1
-    grads_to_wait: int = 1
-    use_async: bool = False
-    lr_staleness_modulation: bool = False
-    pipelined: bool = False
-    sync_version_tolerance: int = 0
-    evaluation_steps: int = 0
-    checkpoint_steps: int = 0
-    checkpoint_dir: str = ""
-    """URL of the checkpoints (:attr:`checkpoints_url`); empty: ``<output>/checkpoints``."""
-    shuffle: bool = False
-    seed: int = 0
-    max_task_retries: int = 3
-    nan_loss: str = "fail"
-    max_worker_relaunches: int = 16
-    max_workers: int = 0
-    """The most workers the job may run (``ScaleWorkers``' bound); 0: :attr:`worker_limit`'s default."""
-    max_ps_relaunches: int = 8
-    min_task_timeout_seconds: int = 60
-    rpc_timeout_seconds: int = RPC_TIMEOUT_SECONDS
-    """Deadline of every gRPC call a worker (or the master) makes; a hung peer costs at most this long."""
-    """A task held longer than max(this, 5 x the longest of the last 100 task durations) is reclaimed."""
-    master_timeout: int = DEFAULT_MASTER_TIMEOUT_SECONDS
-    """A worker or PS that cannot reach the master this long ends (:mod:`edl_argo.rpc.master_watch`)."""
-    job_name: str = ""
-    backend: str = "local"
-    master_port: int = 0
-    log_level: str = "INFO"
-    master_state: str = ""
-    """URL of the master's saved state (:mod:`edl_argo.master.state_store`); empty: ``output``."""
-    distribution_strategy: str = "ParameterServerStrategy"
-    collective_timeout_seconds: int = 60
-    scale_lr_by_world_size: bool = False
-    kubernetes: KubernetesConfig | None = None
-    """With ``backend == "kubernetes"``: how pods run there (:mod:`edl_argo.pods.kubernetes_config`)."""
+    max_workers: int
+    num_workers: int
 
     @property
     def allreduce(self) -> bool:
@@ -106,108 +64,25 @@ class TrainConfig:
         return self.checkpoint_dir or self.output.rstrip("/") + "/checkpoints"
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
+TrainConfig = settings_dataclass(
+    "TrainConfig",
+    table.SETTINGS,
+    "job",
+    base=_TrainConfigMethods,
+    module=__name__,
+    extra=[
+        ("model_options", ModelOptions, dataclasses.field(default_factory=ModelOptions)),
+        ("kubernetes", KubernetesConfig | None, dataclasses.field(default=None)),
+    ],
+)
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:
-    job = parser.add_argument_group("job")
-    add_model_flags(job)
-    add_flag(
-        job, "--training-data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards"
-    )
-    add_flag(job, "--validation-data", default="", metavar="URL", help="shards to evaluate on")
-    add_flag(
-        job, "--output", required=True, metavar="URL", help="where the model, metrics and checkpoints go"
-    )
-    add_flag(job, "--job-name", default="", help="name of the job (default: a random edl-XXXXXXXX)")
-    add_flag(
-        job,
-        "--master-state",
-        default="",
-        metavar="URL",
-        help="where the master keeps the job's state, so that a master started again with the same job name "
-        "continues the job (default: --output; use durable storage when --output is a pod's own disk)",
-    )
-    add_flag(job, "--backend", choices=["local", "kubernetes"], default="local", help="where pods run")
-    add_flag(job, "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-
-    training = parser.add_argument_group("training")
-    add_flag(training, "--num-epochs", type=positive_int, default=1)
-    add_flag(training, "--minibatch-size", type=positive_int, default=64)
-    add_flag(training, "--num-minibatches-per-task", type=positive_int, default=8)
-    add_flag(training, "--shuffle", action="store_true", help="shuffle task order each epoch")
-    add_flag(training, "--seed", type=int, default=0)
-    add_flag(
-        training,
-        "--nan-loss",
-        choices=NAN_LOSS_POLICIES,
-        default="fail",
-        help="a minibatch whose loss is NaN: fail the job at once (default), or skip the minibatch",
-    )
-    add_flag(
-        training, "--evaluation-steps", type=non_negative_int, default=0, help="evaluate every N versions"
-    )
-    add_flag(
-        training,
-        "--checkpoint-steps",
-        type=non_negative_int,
-        default=0,
-        help="checkpoint the model every N versions (each PS, or with AllreduceStrategy the group)",
-    )
-    add_flag(
-        training,
-        "--checkpoint-dir",
-        default="",
-        metavar="URL",
-        help="where checkpoints go (default OUTPUT/checkpoints); with --backend kubernetes an s3:// URL",
-    )
-
-    cluster = parser.add_argument_group("workers and parameter servers")
-    add_flag(
-        cluster,
-        "--distribution-strategy",
-        choices=STRATEGIES,
-        default=PARAMETER_SERVER,
-        help="ParameterServerStrategy: variables on PS pods (sparse and large models); AllreduceStrategy: "
-        "full replicas on workers that average gradients every step (dense models, synchronous SGD)",
-    )
-    add_collective_flags(cluster)
-    add_flag(cluster, "--num-workers", type=positive_int, default=2)
-    add_flag(cluster, "--num-ps", aliases=("--num-ps-pods",), type=positive_int, default=1)
-    add_flag(
-        cluster, "--grads-to-wait", type=positive_int, default=1, help="synchronous SGD: average K pushes"
-    )
-    add_flag(cluster, "--use-async", action="store_true", help="asynchronous SGD: apply each push on arrival")
-    add_flag(cluster, "--lr-staleness-modulation", action="store_true", help="async: scale lr by 1/staleness")
-    add_flag(
-        cluster,
-        "--pipelined",
-        action="store_true",
-        help="async: push and pull while the next minibatch computes (faster, one more step of staleness)",
-    )
-    add_flag(cluster, "--sync-version-tolerance", type=non_negative_int, default=0)
-    add_flag(cluster, "--max-task-retries", type=positive_int, default=3)
-    add_flag(cluster, "--max-worker-relaunches", type=non_negative_int, default=16)
-    add_flag(
-        cluster,
-        "--max-workers",
-        type=non_negative_int,
-        default=0,
-        help=f"the most workers `edl-argo scale` may ask for (default: {DEFAULT_MAX_WORKERS}, or "
-        "--num-workers if more)",
-    )
-    add_flag(cluster, "--max-ps-relaunches", type=non_negative_int, default=8)
-    add_flag(
-        cluster,
-        "--min-task-timeout-seconds",
-        type=positive_int,
-        default=60,
-        help="reclaim a task held longer than max(this, 5 x the longest recent task) and replace its worker",
-    )
-    add_rpc_timeout_flag(cluster)
-    add_flag(cluster, "--master-port", type=non_negative_int, default=0, help="0: any free port")
-    add_master_timeout_flag(cluster)
-    add_kubernetes_flags(parser)
+    """Every flag of ``edl-argo train`` (:mod:`edl_argo.settings.table`, role ``train``)."""
+    add_role_settings(parser, "train")
 
 
 def _check_allreduce(args: argparse.Namespace) -> None:

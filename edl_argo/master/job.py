@@ -4,7 +4,9 @@ It wires the parts together and owns no policy of its own: tasks come from the
 :class:`~edl_argo.master.task_dispatcher.TaskDispatcher`, pods from the
 :class:`~edl_argo.master.pod_manager.PodManager`, metrics from the
 :class:`~edl_argo.master.evaluation.EvaluationService`, the model from
-:mod:`~edl_argo.master.export`.
+:mod:`~edl_argo.master.export`. It is built from parts already read (the model, the datasets, the saved
+state: :mod:`~edl_argo.master.job_parts`) and does no I/O when constructed; ``TrainingJob.load(config)``
+reads them and builds it. Its pods' command lines come from :mod:`~edl_argo.master.pod_commands`.
 
 **Failover.** The job's state is saved in its ``--master-state`` (default ``--output``) as it goes
 (:mod:`edl_argo.master.state_store`).
@@ -26,7 +28,6 @@ run never restores them; nothing else there is touched.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -37,13 +38,14 @@ from typing import Any
 
 from edl_argo.addresses import join_host_port
 from edl_argo.collective.membership import survey_member_states
-from edl_argo.collective.transport import FRAME_CAP_ENV
-from edl_argo.errors import ConfigError, DataFormatError, JobFailedError, StorageError
-from edl_argo.flags import add_flag, pod_host
+from edl_argo.errors import DataFormatError, JobFailedError, StorageError
+from edl_argo.flags import pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.job_parts import JobParts, default_backend, load_job_parts, sample_batch
 from edl_argo.master.ledger import PsReport, TrainingLedger
+from edl_argo.master.pod_commands import ps_pod, worker_pod
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.ps_watch import ParameterServerWatch
 from edl_argo.master.registry import register_master, unregister_master
@@ -53,18 +55,15 @@ from edl_argo.master.serving import master_server_limits
 from edl_argo.master.state_store import (
     DurableMasterServicer,
     GroupCommit,
-    MasterStateStore,
     commit_wait_seconds,
-    job_fingerprint,
 )
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
-from edl_argo.model import Mode, ModelSpec, load_model_spec
-from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
-from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, PodStatus, find_free_port
+from edl_argo.model import Mode, ModelSpec
+from edl_argo.pods import PodBackend, PodRole, PodSpec, PodStatus
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
-from edl_argo.recordio import ShardReader, open_dataset
+from edl_argo.recordio import open_dataset
 from edl_argo.rpc.channel import make_server
 from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
@@ -97,33 +96,21 @@ class VersionTracker:
 class TrainingJob:
     """Runs one job: start the master service and pods, dispatch until done, export, clean up."""
 
-    #: The model its pods run, when ``--model-def`` is in storage (:mod:`edl_argo.model.source`).
-    model: StagedModel | None = None
-
-    def __init__(self, config: TrainConfig, backend: PodBackend | None = None) -> None:
+    def __init__(self, config: TrainConfig, parts: JobParts, backend: PodBackend) -> None:
+        """A job of ``config`` from its already-read ``parts`` (:func:`load_job_parts`), its pods run by
+        ``backend``; no I/O here (:meth:`load` reads the parts)."""
         self.config = config
-        state_url = config.master_state or config.output
-        self.model = stage_model_def(config.model_def, state_url, shared=config.kubernetes is not None)
-        self.spec: ModelSpec = load_model_spec(self.pod_model_def, config.model_options)
-        if config.scale_lr_by_world_size:
-            from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
-
-            check_world_size_scaling(self.spec.optimizer)
-        # Each shard's version is pinned here: tasks carry it, and workers read only that version.
-        self.training_data = open_dataset(open_storage(config.training_data), what="--training-data")
-        self.training_shards = self.training_data.records
-        validation = config.validation_data
-        self.validation_data = (
-            open_dataset(open_storage(validation), what="--validation-data") if validation else None
-        )
-        self.validation_shards = self.validation_data.records if self.validation_data else {}
-        if config.allreduce and len(self._sample_batch(Mode.TRAINING)) == 3:
-            raise ConfigError(
-                f"feed of {config.model_def} yields (features, labels, sample_weights) in training: "
-                "AllreduceStrategy does not apply sample weights; use ParameterServerStrategy"
-            )
-        self.output = open_storage(config.output)
-        self.output.exists("model")  # reach --output now: a missing bucket or a denial fails here
+        self.model = parts.model
+        self.spec: ModelSpec = parts.spec
+        self.training_data = parts.training_data
+        self.training_shards = parts.training_data.records
+        self.validation_data = parts.validation_data
+        self.validation_shards = parts.validation_data.records if parts.validation_data else {}
+        self.output = parts.output
+        self.state_store = parts.state_store
+        self._saved = parts.saved
+        self.backend = backend
+        self.ps_ports = list(parts.ps_ports)
         self.versions = VersionTracker()
         self.training_loss = TrainingLoss()
         self.ledger = TrainingLedger(config.minibatch_size, 1 if config.use_async else config.grads_to_wait)
@@ -143,28 +130,10 @@ class TrainingJob:
             on_evaluation_complete=self.evaluation.round_complete,
         )
         self.evaluation.dispatcher = self.dispatcher
-        fingerprint = job_fingerprint(config, self.training_shards, self.validation_shards)
-        state_storage = open_storage(config.master_state) if config.master_state else self.output
-        self.state_store = MasterStateStore(state_storage, config.job_name, fingerprint)
-        self._saved = self.state_store.load()  # what an earlier master of this job saved, if anything
-        if self.model is not None:  # a continued job keeps its model, even if the URL changed since
-            staged = self.model
-            self.model = pin_model_def(staged, state_url, config.job_name, continuing=self._saved is not None)
-            if self.model != staged:
-                self.spec = load_model_spec(self.pod_model_def)
-        if self._saved is not None:
-            self._restored_dispatcher(None)  # a corrupt state fails here, before any pod starts
         self._state_writer = GroupCommit(
             self._state, self.state_store.save, wait_seconds=commit_wait_seconds(config.rpc_timeout_seconds)
         )
-        self.backend = backend or _default_backend(config)
         self.host = pod_host()
-        k8s = config.kubernetes
-        self.ps_ports = (
-            [int(port) for port in self._saved["ps_ports"]]
-            if self._saved is not None
-            else [k8s.ps_port_of(i) if k8s else find_free_port(self.host) for i in range(config.num_ps)]
-        )
         self.pods: PodManager | None = None
         self._ps_watch: ParameterServerWatch | None = None
         # AllreduceStrategy: the workers' group, and the trained state fetched from it before they exit.
@@ -181,6 +150,13 @@ class TrainingJob:
         self._master_port = 0
         self._started = 0.0
 
+    @classmethod
+    def load(cls, config: TrainConfig, backend: PodBackend | None = None) -> TrainingJob:
+        """Read the job's parts (model, datasets, saved state: :func:`load_job_parts`) and build it;
+        ``backend``: where pods run (default: ``config.backend``'s)."""
+        parts = load_job_parts(config)  # a corrupt state fails here, before any backend or pod exists
+        return cls(config, parts, backend or default_backend(config))
+
     # ------------------------------------------------------------------ pod commands
 
     @property
@@ -192,73 +168,20 @@ class TrainingJob:
         return ",".join(self.backend.address(PodRole.PS, i) for i in range(self.config.num_ps))
 
     def ps_spec(self, ps_id: int) -> PodSpec:
-        c = self.config
-        command = [
-            "edl-argo", "ps",
-            "--ps-id", str(ps_id),
-            "--num-ps", str(c.num_ps),
-            "--port", str(self.ps_ports[ps_id]),
-            "--master-addr", self._master_address,
-            "--master-timeout", str(c.master_timeout),
-            "--model-def", self.pod_model_def,
-            *c.model_options.to_args(),
-            "--grads-to-wait", str(c.grads_to_wait),
-            "--sync-version-tolerance", str(c.sync_version_tolerance),
-            "--checkpoint-steps", str(c.checkpoint_steps),
-            "--log-level", c.log_level,
-        ]  # fmt: skip
-        if c.checkpoint_steps:
-            command += ["--checkpoint-dir", c.checkpoints_url]
-        if c.use_async:
-            command.append("--use-async")
-        if c.lr_staleness_modulation:
-            command.append("--lr-staleness-modulation")
-        return PodSpec(PodRole.PS, ps_id, tuple(command), port=self.ps_ports[ps_id])
+        port = self.ps_ports[ps_id]
+        return ps_pod(
+            self.config, ps_id, port=port, master_address=self._master_address, model_def=self.pod_model_def
+        )
 
     def worker_spec(self, worker_id: int) -> PodSpec:
-        c = self.config
-        command: tuple[str, ...] = (
-            "edl-argo", "worker",
-            "--worker-id", str(worker_id),
-            "--master-addr", self._master_address,
-            "--master-timeout", str(c.master_timeout),
-            "--model-def", self.pod_model_def,
-            *c.model_options.to_args(),
-            "--minibatch-size", str(c.minibatch_size),
-            "--evaluation-steps", str(c.evaluation_steps),
-            "--nan-loss", c.nan_loss,
-            "--rpc-timeout-seconds", str(c.rpc_timeout_seconds),
-            "--log-level", c.log_level,
-        )  # fmt: skip
-        port: int | None = None
-        if c.allreduce:
-            # In a cluster every pod has its own address, so one declared port (which the job's
-            # NetworkPolicy opens) serves every worker; on one machine each worker takes a free port.
-            port = c.kubernetes.collective_port if c.kubernetes else None
-            command += (
-                "--distribution-strategy", c.distribution_strategy,
-                "--collective-port", str(port or 0),
-                "--collective-timeout-seconds", str(c.collective_timeout_seconds),
-            )  # fmt: skip
-            if c.scale_lr_by_world_size:
-                command += ("--scale-lr-by-world-size",)
-            if c.checkpoint_steps:
-                command += (
-                    "--checkpoint-steps",
-                    str(c.checkpoint_steps),
-                    "--checkpoint-dir",
-                    c.checkpoints_url,
-                )
-        else:
-            command += ("--ps-addrs", self._ps_addresses())
-        if c.pipelined:
-            command += ("--pipelined",)
-        env = (
-            {FRAME_CAP_ENV: os.environ[FRAME_CAP_ENV]}
-            if c.allreduce and os.environ.get(FRAME_CAP_ENV)
-            else {}
+        ps_addresses = "" if self.config.allreduce else self._ps_addresses()
+        return worker_pod(
+            self.config,
+            worker_id,
+            master_address=self._master_address,
+            model_def=self.pod_model_def,
+            ps_addresses=ps_addresses,
         )
-        return PodSpec(PodRole.WORKER, worker_id, command, env=env, port=port)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -420,14 +343,12 @@ class TrainingJob:
             "allreduce_group": self.rendezvous.snapshot() if self.rendezvous is not None else None,
         }
 
-    def _restored_dispatcher(self, live_workers: Collection[int] | None) -> TaskDispatcher:
-        """The saved dispatcher, with the tasks of workers not in ``live_workers`` requeued (None: as if
-        every worker had survived, to check the state); the state's DataFormatError if it is corrupt."""
+    def _restored_dispatcher(self, live_workers: Collection[int]) -> TaskDispatcher:
+        """The saved dispatcher, with the tasks of workers not in ``live_workers`` requeued; the state's
+        DataFormatError if it is corrupt."""
         assert self._saved is not None
         try:
             snapshot = self._saved["dispatcher"]
-            if live_workers is None:
-                live_workers = {int(entry["worker_id"]) for entry in snapshot["doing"]}
             return TaskDispatcher.restore(
                 snapshot, on_evaluation_complete=self.evaluation.round_complete, live_workers=live_workers
             )
@@ -660,15 +581,7 @@ class TrainingJob:
         }
 
     def _sample_batch(self, mode: str) -> Any:
-        """The first minibatch of the training data, as ``feed`` makes it for ``mode``."""
-        from edl_argo.worker.data import make_batches  # TensorFlow: imported when run, not for --help
-
-        storage = open_storage(self.config.training_data)
-        shard = next(iter(self.training_shards))
-        records = ShardReader(storage, shard).read(
-            0, min(self.config.minibatch_size, self.training_shards[shard])
-        )
-        return next(iter(make_batches(self.spec, records, mode, len(records))))
+        return sample_batch(self.config, self.spec, self.training_shards, mode)
 
     def _sample_features(self) -> Any:
         return self._sample_batch(Mode.EVALUATION)[0]
@@ -708,7 +621,7 @@ def run_train(args: Any) -> int:
         # --master-timeout remove them once the step has ended for good).
         stop_on_sigterm()
     try:
-        metrics = TrainingJob(config).run()
+        metrics = TrainingJob.load(config).run()
     except JobFailedError as error:
         log.error("job_failed", job=config.job_name, error=str(error))
         raise
@@ -723,20 +636,9 @@ def run_train(args: Any) -> int:
     return 0
 
 
-def _default_backend(config: TrainConfig) -> PodBackend:
-    if config.backend != "kubernetes":
-        return LocalProcessBackend(config.job_name, host=pod_host())
-    if config.kubernetes is None:
-        raise ConfigError("--backend kubernetes needs its settings (TrainConfig.kubernetes)")
-    from edl_argo.pods.kubernetes import KubernetesBackend  # the client is slow to import: only when used
-
-    return KubernetesBackend(config.job_name, config.kubernetes)
-
-
 def register(subparsers: Any) -> None:
     from edl_argo.master.config import add_train_flags
 
     parser = subparsers.add_parser("train", help="run an elastic training job (this process is the master)")
     add_train_flags(parser)
-    add_flag(parser, "--metrics-output", default="", metavar="PATH", help="also write final metrics as JSON")
     parser.set_defaults(run=run_train)

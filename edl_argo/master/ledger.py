@@ -3,12 +3,14 @@
 The dispatcher counts a task's records once the task is reported done, so its count can never disagree
 with itself. The ledger counts at the other end. With each training task a worker reports the records its
 input actually yielded (``records``), the minibatches it trained (``steps``: pushed and applied, or
-stepped with the group) and those it skipped for a NaN loss (``nan_batches_skipped``); a failed attempt
-reports the minibatches it trained before it failed. The master checks:
+stepped with the group) and those it skipped for a NaN loss or NaN gradients (``nan_batches_skipped``,
+``nan_gradients_skipped``); a failed attempt reports the minibatches it trained before it failed. The
+master checks:
 
 * **per task**, when it is reported done: ``records`` equals the task's size and ``steps +
-  nan_batches_skipped`` equals ``ceil(records / minibatch_size)``. A task that fails this fails the job
-  at once, naming the task: running it elsewhere would not make a worker's input right.
+  nan_batches_skipped + nan_gradients_skipped`` equals ``ceil(records / minibatch_size)``. A task that
+  fails this fails the job at once, naming the task: running it elsewhere would not make a worker's input
+  right.
 * **per epoch**, at the end: the records reported equal the dataset's.
 * **per parameter server**, at the end: its model version equals the updates the minibatches make,
   ``ceil(minibatches / grads_to_wait)`` (the last, partial step is applied when training ends). Pushes
@@ -63,7 +65,7 @@ class TrainingLedger:
         steps = counters.get("steps")
         if records is None or steps is None:
             return f"{task.describe()}: the worker reported no records or steps"
-        skipped = counters.get("nan_batches_skipped", 0)
+        skipped = counters.get("nan_batches_skipped", 0) + counters.get("nan_gradients_skipped", 0)
         expected = _minibatches(records, self._minibatch_size)
         if records != task.num_records or steps + skipped != expected:
             return (

@@ -156,6 +156,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self._training_loss.add(task.epoch, request.mean_loss, request.counters["steps"])
         if training:
             self._training_loss.skip_nan_batches(request.counters.get("nan_batches_skipped", 0))
+            self._training_loss.skip_nan_gradients(
+                request.worker_id, request.counters.get("nan_gradients_skipped", 0)
+            )
         if accepted and "model_version" in request.counters and self._on_version is not None:
             self._on_version(request.counters["model_version"])
         response = master_pb2.ReportTaskResultResponse(accepted=accepted)

@@ -1,5 +1,6 @@
 """Training loss per epoch, from the mean losses workers report with their training tasks, and the number
-of minibatches skipped because their loss was NaN (``--nan-loss skip``)."""
+of minibatches skipped because their loss was NaN (``--nan-loss skip``) or, per worker, because their
+gradients were (``--nan-gradients skip``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class TrainingLoss:
         self._sums: dict[int, float] = defaultdict(float)
         self._steps: dict[int, int] = defaultdict(int)
         self._nan_batches_skipped = 0
+        self._nan_gradients_skipped: dict[int, int] = defaultdict(int)
 
     def add(self, epoch: int, mean_loss: float, steps: int) -> None:
         if steps <= 0:
@@ -30,6 +32,18 @@ class TrainingLoss:
         if count > 0:
             with self._lock:
                 self._nan_batches_skipped += count
+
+    def skip_nan_gradients(self, worker_id: int, count: int) -> None:
+        """Count ``count`` minibatches worker ``worker_id`` skipped: their gradients were not finite."""
+        if count > 0:
+            with self._lock:
+                self._nan_gradients_skipped[worker_id] += count
+
+    @property
+    def nan_gradients_skipped(self) -> dict[str, int]:
+        """Minibatches skipped for non-finite gradients, by worker id (as text, for JSON)."""
+        with self._lock:
+            return {str(worker): n for worker, n in sorted(self._nan_gradients_skipped.items())}
 
     @property
     def nan_batches_skipped(self) -> int:
@@ -47,6 +61,7 @@ class TrainingLoss:
                 "sums": {str(epoch): total for epoch, total in self._sums.items()},
                 "steps": {str(epoch): steps for epoch, steps in self._steps.items()},
                 "nan_batches_skipped": self._nan_batches_skipped,
+                "nan_gradients_skipped": {str(w): n for w, n in self._nan_gradients_skipped.items()},
             }
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
@@ -57,3 +72,7 @@ class TrainingLoss:
             self._sums.update({int(e): float(total) for e, total in snapshot["sums"].items()})
             self._steps.update({int(e): int(steps) for e, steps in snapshot["steps"].items()})
             self._nan_batches_skipped = int(snapshot.get("nan_batches_skipped", 0))
+            self._nan_gradients_skipped.clear()
+            self._nan_gradients_skipped.update(
+                {int(w): int(n) for w, n in snapshot.get("nan_gradients_skipped", {}).items()}
+            )

@@ -7,11 +7,11 @@ import abc
 import argparse
 import ast
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from edl_argo.errors import ConfigError
-from edl_argo.flags import add_flag
+from edl_argo.settings import add_model_settings, table
+from edl_argo.settings.schema import settings_dataclass
 
 
 class Mode:
@@ -39,8 +39,7 @@ class BasePredictionOutputsProcessor(abc.ABC):
 INPUT_FUNCTION_NAMES = ("feed", "dataset_fn")
 
 
-@dataclass(frozen=True)
-class ModelOptions:
+class _ModelOptionsDoc:
     """Where a model definition's functions are found: ElasticDL's model flags other than ``--model-def``.
 
     ``model_zoo``: a folder; ``--model-def`` is then ``module.path.function`` inside it (ElasticDL's
@@ -51,65 +50,16 @@ class ModelOptions:
     dotted name ``module.function`` is looked up in ``module`` of the model zoo (or on ``sys.path``).
     """
 
-    model_zoo: str = ""
-    model_params: str = ""
-    feed: str = ""
-    loss: str = "loss"
-    optimizer: str = "optimizer"
-    eval_metrics_fn: str = "eval_metrics_fn"
-    callbacks: str = "callbacks"
-    prediction_outputs_processor: str = "PredictionOutputsProcessor"
 
-    def to_args(self) -> list[str]:
-        """The flags that give these options to another edl-argo command (only those not at default)."""
-        default = ModelOptions()
-        args: list[str] = []
-        for item in dataclasses.fields(self):
-            value = getattr(self, item.name)
-            if value != getattr(default, item.name):
-                args += ["--" + item.name.replace("_", "-"), value]
-        return args
+#: One field per setting of section ``model`` (:mod:`edl_argo.settings.table`), default from there.
+ModelOptions = settings_dataclass(
+    "ModelOptions", table.SETTINGS, "model", base=_ModelOptionsDoc, module=__name__
+)
 
 
-def add_model_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, required: bool = True) -> None:
+def add_model_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--model-def`` and ElasticDL's flags that say where its functions are (see :class:`ModelOptions`)."""
-    add_flag(
-        parser,
-        "--model-def",
-        required=required,
-        help="path/to/model.py[:custom_model], package.module.fn, or with --model-zoo module.path.fn",
-    )
-    add_flag(parser, "--model-zoo", default="", metavar="DIR", help="folder of model files (ElasticDL's)")
-    add_flag(
-        parser,
-        "--model-params",
-        default="",
-        metavar='"k=v;..."',
-        help="keyword arguments of the model function; values are Python literals",
-    )
-    add_flag(
-        parser,
-        "--feed",
-        aliases=("--dataset-fn",),
-        default="",
-        metavar="NAME",
-        help="name of the input function (default: feed, else dataset_fn)",
-    )
-    for name in ("loss", "optimizer", "eval_metrics_fn", "callbacks", "prediction_outputs_processor"):
-        add_flag(
-            parser,
-            "--" + name.replace("_", "-"),
-            default=getattr(ModelOptions(), name),
-            metavar="NAME",
-            help=f"name of the model file's {name} (default {getattr(ModelOptions(), name)})",
-        )
-    add_flag(
-        parser,
-        "--custom-data-reader",
-        default="",
-        metavar="NAME",
-        help="not supported: edl-argo reads RecordIO shards (convert data with `edl-argo data convert`)",
-    )
+    add_model_settings(parser)
 
 
 def model_options_from_args(args: argparse.Namespace) -> ModelOptions:

@@ -1,6 +1,6 @@
 """How the master runs its pods on Kubernetes: the ``--backend kubernetes`` flags and what they make.
 
-:func:`add_kubernetes_flags` adds the flags to ``edl-argo train``; :func:`kubernetes_config_from_args`
+:mod:`edl_argo.settings.table` declares the flags (of ``edl-argo train``); :func:`kubernetes_config_from_args`
 validates them into a :class:`KubernetesConfig` (a :class:`~edl_argo.errors.ConfigError` names the flag
 at fault, on one line). Some settings come from the master's environment, which the Argo template sets:
 
@@ -30,13 +30,11 @@ from decimal import Decimal
 from pathlib import Path
 
 from edl_argo.errors import ConfigError
-from edl_argo.flags import add_flag, positive_int
 
 #: The namespace of the pod's service account, when running in a cluster.
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 #: ``--worker-resource-request gpu=1`` means this resource.
 GPU_RESOURCE = "nvidia.com/gpu"
-PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 ROLES = ("worker", "ps", "master")
 
@@ -124,80 +122,6 @@ class KubernetesConfig:
     def ps_port_of(self, ps_id: int) -> int:
         """The port PS ``ps_id`` listens on and its Service exposes."""
         return self.ps_port + ps_id
-
-
-def add_kubernetes_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the ``--backend kubernetes`` flags (and ``--yaml``) to ``parser``."""
-    group = parser.add_argument_group("kubernetes (with --backend kubernetes)")
-    add_flag(group, "--image", default="", help="container image of the worker and PS pods")
-    add_flag(group, "--image-pull-policy", default="IfNotPresent", choices=PULL_POLICIES)
-    add_flag(
-        group,
-        "--image-pull-secret",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="Secret for pulling the image (repeatable; default: the master's own pod's imagePullSecrets)",
-    )
-    add_flag(
-        group,
-        "--namespace",
-        default="",
-        help="namespace of the pods (default: the master's own, else 'default')",
-    )
-    add_flag(group, "--service-account", default="", help="service account of the worker and PS pods")
-    for role in ROLES:
-        note = " (recorded only: Argo creates the master's pod)" if role == "master" else ""
-        add_flag(
-            group,
-            f"--{role}-resource-request",
-            default="",
-            metavar="cpu=2,memory=2048Mi,gpu=1",
-            help=f"resource requests of {role} pods{note}",
-        )
-        add_flag(
-            group,
-            f"--{role}-resource-limit",
-            default="",
-            metavar="cpu=2,memory=2048Mi,gpu=1",
-            help=f"resource limits of {role} pods (default: none){note}",
-        )
-        add_flag(group, f"--{role}-pod-priority", default="", help=f"PriorityClass of {role} pods{note}")
-    add_flag(group, "--node-selector", default="", metavar="KEY=VALUE,...", help="nodeSelector of the pods")
-    add_flag(
-        group,
-        "--toleration",
-        action="append",
-        default=[],
-        metavar="KEY[=VALUE][:EFFECT]",
-        help="tolerate a taint (repeatable; kubectl taint syntax)",
-    )
-    add_flag(
-        group,
-        "--volume",
-        action="append",
-        default=[],
-        metavar="claim_name=NAME,mount_path=/PATH",
-        help="mount a PersistentVolumeClaim in every pod (repeatable; also sub_path=, read_only=true)",
-    )
-    add_flag(
-        group,
-        "--storage-secret",
-        default="",
-        metavar="NAME",
-        help="Secret whose keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (each optional)"
-        " the pods get as environment variables",
-    )
-    add_flag(group, "--ps-port", type=positive_int, default=2222, help="PS i listens on this port + i")
-    add_flag(
-        group,
-        "--pod-creation-timeout",
-        type=positive_int,
-        default=300,
-        metavar="SECONDS",
-        help="retry creating a pod (quota, admission errors) this long",
-    )
-    add_flag(group, "--yaml", action="store_true", help="print the manifests of the job's pods and exit")
 
 
 def kubernetes_config_from_args(

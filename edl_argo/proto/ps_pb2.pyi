@@ -138,7 +138,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, apply_pending: _Optional[bool] = ...) -> None: ...
 
 class ParameterServerStatus(_message.Message):
-    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version")
+    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version", "pushes_non_finite")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PUSHES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,7 @@ class ParameterServerStatus(_message.Message):
     PENDING_APPLIED_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     RESTORED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_NON_FINITE_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     version: int
     pushes_accepted: int
@@ -153,4 +154,5 @@ class ParameterServerStatus(_message.Message):
     pending_applied: int
     pending: int
     restored_version: int
-    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ...) -> None: ...
+    pushes_non_finite: int
+    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ..., pushes_non_finite: _Optional[int] = ...) -> None: ...

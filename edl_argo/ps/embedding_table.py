@@ -166,6 +166,11 @@ class EmbeddingTable:
             rows[missing] = start + np.searchsorted(new_ids, ids[missing])
         return rows
 
+    def count_new(self, ids: np.ndarray) -> int:
+        """How many distinct ids of ``ids`` the table holds no row for (nothing is created)."""
+        index = self._index
+        return sum(1 for i in np.unique(np.asarray(ids, dtype=np.int64)).tolist() if i not in index)
+
     def get(self, ids: np.ndarray) -> np.ndarray:
         """A copy of the rows of ``ids``, shaped ``(len(ids), dim)``; unseen ids get new rows."""
         rows = self.lookup(ids)  # first: creating rows may reallocate the arrays

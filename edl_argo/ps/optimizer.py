@@ -10,7 +10,9 @@ built from the model definition's ``optimizer()``.
   are gathered from the :class:`~edl_argo.ps.embedding_table.EmbeddingTable` into the staging variable and
   its slot variables, the optimizer applies a dense gradient to the staging variable, and the updated rows
   and slot rows are scattered back. Rows beyond the pushed ones (padding up to the staging capacity) hold
-  zeros with fresh slot values and get zero gradients; they are discarded. Gradient rows of a repeated id
+  zeros with fresh slot values and get zero gradients; they are discarded. The capacity grows to the next
+  power of two a push needs and shrinks back after :data:`SHRINK_AFTER_APPLIES` pushes in a row needed a
+  quarter of it or less. Gradient rows of a repeated id
   are summed first, which makes the gradient exactly the dense gradient of those rows. (Keras 3's Adam fed
   an ``IndexedSlices`` with repeated indices squares each repeat before summing for its second moment, which
   is not the square of the gradient.)
@@ -49,6 +51,9 @@ OptimizerFactory = Callable[[], keras.optimizers.Optimizer]
 log = get_logger(__name__)
 
 _MIN_STAGING_ROWS = 64
+#: The staging capacity shrinks back once this many applies in a row each needed at most a quarter of it
+#: (one huge push must not pad every later push to its size).
+SHRINK_AFTER_APPLIES = 16
 
 
 class LearningRateScaleError(ValueError):
@@ -268,6 +273,7 @@ class SparseOptimizer(_KerasOptimizer):
             return
         if count > self._capacity:
             self._rebuild(count)
+        self._maybe_shrink(count)
         zeros = np.zeros(self._table.dim, dtype=self._table.dtype)
         staged_values = self._padded([p[2] for p in parts], zeros)
         staged_slots = [
@@ -307,8 +313,20 @@ class SparseOptimizer(_KerasOptimizer):
         staged[offset:] = fill
         return staged
 
+    def _maybe_shrink(self, count: int) -> None:
+        """Count applies of ``count`` rows that used at most a quarter of the capacity; after
+        :data:`SHRINK_AFTER_APPLIES` of them in a row, rebuild at the largest of them (power of two)."""
+        if self._capacity <= _MIN_STAGING_ROWS or 4 * count > self._capacity:
+            self._small_applies, self._small_peak = 0, 0
+            return
+        self._small_applies += 1
+        self._small_peak = max(self._small_peak, count)
+        if self._small_applies >= SHRINK_AFTER_APPLIES:
+            log.info("staging_shrunk", table=self._table.name, capacity=self._capacity, peak=self._small_peak)
+            self._rebuild(max(_MIN_STAGING_ROWS, self._small_peak))
+
     def _rebuild(self, rows: int) -> None:
-        """Grow the staging capacity to the next power of two >= ``rows`` with a fresh optimizer instance
+        """Set the staging capacity to the next power of two >= ``rows`` with a fresh optimizer instance
         that carries over the scalar state."""
         state = self.get_state()
         self.optimizer = new_optimizer(self._factory)
@@ -318,6 +336,7 @@ class SparseOptimizer(_KerasOptimizer):
     def _build(self, capacity: int) -> None:
         table, optimizer = self._table, self.optimizer  # every table of the group has this shape
         self._capacity = capacity
+        self._small_applies, self._small_peak = 0, 0
         before = {id(v) for v in optimizer.variables}
         staging = tf.Variable(
             tf.zeros((capacity, table.dim), dtype=table.dtype), name="staging", trainable=True

@@ -22,7 +22,9 @@ import tensorflow as tf
 from edl_argo.errors import ConfigError
 from edl_argo.model.inventory import load_constraint
 from edl_argo.proto import ps_pb2
+from edl_argo.ps import bounds
 from edl_argo.ps.embedding_table import FLOAT_DTYPES, EmbeddingTable, TableArrays
+from edl_argo.ps.errors import InvalidRequestError, NotInitializedError
 from edl_argo.ps.optimizer import (
     DenseOptimizer,
     LearningRateScaleError,
@@ -33,14 +35,6 @@ from edl_argo.ps.optimizer import (
 )
 from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor
-
-
-class InvalidRequestError(ValueError):
-    """A request that does not fit this server's parameters (unknown name, wrong shape or dtype, ...)."""
-
-
-class NotInitializedError(RuntimeError):
-    """A request that needs the model before any worker pushed it."""
 
 
 @dataclass
@@ -103,11 +97,15 @@ class Parameters:
         num_ps: int = 1,
         jit_compile: bool = True,
         learning_rate_at: Callable[[int], float] | None = None,
+        max_embedding_rows: int = 0,
     ) -> None:
         """``learning_rate_at(version)``: the learning rate of the update from ``version`` (the model's
-        ``LearningRateScheduler``); None: the optimizer's own."""
+        ``LearningRateScheduler``); None: the optimizer's own. ``max_embedding_rows``: the most rows one
+        table may hold on this server (0: no bound); a pull or push that would create more is refused
+        (:class:`~edl_argo.ps.bounds.ResourceLimitError`) before it creates any."""
         if not 0 <= ps_id < num_ps:
             raise ValueError(f"ps_id {ps_id} is not in [0, num_ps={num_ps})")
+        self.max_embedding_rows = max_embedding_rows
         self.ps_id = ps_id
         self.num_ps = num_ps
         self._factory = optimizer_factory
@@ -128,6 +126,7 @@ class Parameters:
         """
         if self.initialized:
             return False
+        bounds.check_version("version", model.version)
         if model.embedding_tables:
             raise InvalidRequestError(
                 f"PushModel carries rows of embedding tables {sorted(model.embedding_tables)}; "
@@ -252,6 +251,8 @@ class Parameters:
         """The rows of ``ids`` (int64, 1-D, owned by this server) of table ``name``, created if new."""
         table = self._table(name)
         self._check_ids(name, ids)
+        bounds.check_reply_size(name, len(ids), table.dim * table.dtype.itemsize)
+        self._check_new_rows(table, ids)
         return table.get(ids)
 
     def export_table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -284,6 +285,7 @@ class Parameters:
                     f"rows of the table are {table.dtype.name}[{table.dim}]"
                 )
             self._check_ids(name, ids)
+            self._check_new_rows(table, ids)
             gradients.embeddings[name] = (ids, values)
         return gradients
 
@@ -370,8 +372,18 @@ class Parameters:
                 f"dense variable {name!r} belongs to PS {owner} of {self.num_ps}, not to PS {self.ps_id}"
             )
 
+    def _check_new_rows(self, table: EmbeddingTable, ids: np.ndarray) -> None:
+        """Refuse ids that would grow ``table`` beyond ``max_embedding_rows`` (nothing is created)."""
+        limit = self.max_embedding_rows
+        if limit and len(table) + len(ids) > limit:
+            bounds.check_row_limit(table.name, len(table), table.count_new(ids), limit)
+
     def _check_ids(self, name: str, ids: np.ndarray) -> None:
-        if ids.ndim != 1 or ids.dtype != np.int64:
+        if ids.dtype != np.int64:
+            raise InvalidRequestError(
+                f"ids for embedding table {name!r} are {ids.dtype.name}; they must be int64"
+            )
+        if ids.ndim != 1:
             raise InvalidRequestError(
                 f"ids for embedding table {name!r} must be 1-D int64, got {ids.dtype.name}{list(ids.shape)}"
             )

@@ -22,14 +22,16 @@ import grpc
 
 from edl_argo import log
 from edl_argo.addresses import join_host_port
-from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
+from edl_argo.checkpoint import open_checkpoint_storage
 from edl_argo.errors import ConfigError
-from edl_argo.flags import add_flag, non_negative_int, pod_host, positive_int
-from edl_argo.model.contract import ModelOptions, add_model_flags, model_options_from_args
+from edl_argo.flags import pod_host
+from edl_argo.model.contract import ModelOptions, model_options_from_args
 from edl_argo.proto import ps_pb2_grpc
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.health import add_health_service
-from edl_argo.rpc.master_watch import MasterWatch, add_master_timeout_flag
+from edl_argo.rpc.master_watch import MasterWatch
+from edl_argo.rpc.request_deadline import RequestDeadlineInterceptor
+from edl_argo.settings import add_role_settings
 from edl_argo.storage.base import Storage
 
 if TYPE_CHECKING:  # TensorFlow: imported when a server is created, not for --help (see edl_argo.cli)
@@ -40,6 +42,14 @@ _log = log.get_logger(__name__)
 
 #: Threads serving requests.
 SERVER_THREADS = 8
+#: Calls running or queued beyond this many are refused at once (RESOURCE_EXHAUSTED), never queued without
+#: bound.
+MAX_CONCURRENT_RPCS = 64
+#: A call whose request message has not arrived this many seconds after its headers is cancelled: a peer
+#: that opens calls and never sends their requests holds the server's threads at most this long
+#: (:mod:`edl_argo.rpc.request_deadline`). A gradient push of the largest message (256 MiB) takes about 2 s
+#: on a 1 Gbit/s network.
+REQUEST_ARRIVAL_SECONDS = 10.0
 #: Seconds running requests get to finish after SIGTERM, and the last checkpoint to be written.
 STOP_GRACE_SECONDS = 10.0
 
@@ -58,6 +68,7 @@ class PSConfig:
     use_async: bool = False
     lr_staleness_modulation: bool = False
     sync_version_tolerance: int = 0
+    max_embedding_rows: int = 0
     checkpoint_dir: str | None = None
     checkpoint_steps: int = 0
 
@@ -104,6 +115,7 @@ def create_servicer(
         grads_to_wait=config.grads_to_wait,
         lr_staleness_modulation=config.lr_staleness_modulation,
         sync_version_tolerance=config.sync_version_tolerance,
+        max_embedding_rows=config.max_embedding_rows,
         checkpointer=checkpointer,
         initial_state=state,
         learning_rate_at=learning_rate_at,
@@ -112,7 +124,11 @@ def create_servicer(
 
 def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tuple[grpc.Server, int]:
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port."""
-    server = make_server(SERVER_THREADS)
+    server = make_server(
+        SERVER_THREADS,
+        interceptors=[RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS)],
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+    )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
     add_health_service(server)  # the master's liveness check (edl_argo.master.ps_watch)
     address = join_host_port(host, port)
@@ -142,49 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a parameter server",
         description="Serve one partition of the model's parameters to the workers until SIGTERM.",
     )
-    add_model_flags(parser)
-    add_flag(parser, "--ps-id", type=non_negative_int, default=0, help="this server's id (default 0)")
-    add_flag(
-        parser,
-        "--num-ps",
-        aliases=("--num-ps-pods",),
-        type=positive_int,
-        default=1,
-        help="parameter servers (default 1)",
-    )
-    add_flag(parser, "--host", default=None, help="address to listen on (default: $POD_IP, else 127.0.0.1)")
-    add_flag(parser, "--port", type=non_negative_int, default=2222, help="port (default 2222)")
-    add_flag(
-        parser,
-        "--grads-to-wait",
-        type=positive_int,
-        default=1,
-        help="synchronous SGD: pushes averaged into one update (default 1)",
-    )
-    add_flag(parser, "--use-async", action="store_true", help="apply every push on arrival")
-    add_flag(
-        parser,
-        "--lr-staleness-modulation",
-        action="store_true",
-        help="with --use-async: scale the learning rate by 1/staleness",
-    )
-    add_flag(
-        parser,
-        "--sync-version-tolerance",
-        type=non_negative_int,
-        default=0,
-        help="synchronous SGD: accept pushes up to this many versions old (default 0)",
-    )
-    add_checkpoint_flags(parser)
-    add_flag(
-        parser,
-        "--master-addr",
-        default="",
-        help="host:port of the job's master: the PS stops (saving its checkpoint) once it has been"
-        " unreachable for --master-timeout (default: no master, serve until SIGTERM)",
-    )
-    add_master_timeout_flag(parser)
-    add_flag(parser, "--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    add_role_settings(parser, "ps")
     parser.set_defaults(run=run_ps)
 
 
@@ -202,6 +176,7 @@ def run_ps(args: argparse.Namespace) -> int:
         use_async=args.use_async,
         lr_staleness_modulation=args.lr_staleness_modulation,
         sync_version_tolerance=args.sync_version_tolerance,
+        max_embedding_rows=args.max_embedding_rows,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_steps=args.checkpoint_steps,
     )

@@ -10,9 +10,11 @@ Two ways to apply the gradients workers push:
   push's examples, divided by the examples of all; a variable missing from a push counts as a zero
   gradient) is applied as one step and the version advances by one. Accepted
   pushes still waiting for their step are not part of checkpoints. A push computed against a version
-  older than ``version - sync_version_tolerance`` is refused (``accepted=false``, nothing changes): the
-  worker pulls and recomputes. ``GetStatus(apply_pending=true)`` (the master, when training ends)
-  applies the pushes still waiting as one last step: their mean, weighted by examples as a full step's.
+  older than ``version - sync_version_tolerance``, or newer than ``version + sync_version_tolerance`` (a
+  worker that has not pulled since this server restarted from an older checkpoint), is refused
+  (``accepted=false``, nothing changes): the worker pulls and recomputes.
+  ``GetStatus(apply_pending=true)`` (the master, when training ends) applies the pushes still waiting as
+  one last step: their mean, weighted by examples as a full step's.
 
 **Several PS, synchronous**: PS 0 is the authority. A worker pushes to PS 0 first; PS 0 decides as above
 and answers the ``step`` (its version + 1 while the step accumulates) the push belongs to. Only an
@@ -31,7 +33,11 @@ the values ``fit`` would end with (EMA averages).
 A push's ``learning_rate_scale`` (1 when unset) multiplies the learning rate of the step that applies it;
 in synchronous mode the step uses the mean scale of the pushes it averages.
 
-Every request is validated before anything changes. A malformed or mismatched request (unknown variable or
+Every request is validated before anything changes (the bounds are in :mod:`edl_argo.ps.bounds`). A push
+whose gradients or values hold a NaN or an infinity is refused with ``INVALID_ARGUMENT`` and counted
+(``pushes_non_finite`` of ``GetStatus``); a request that would go beyond the server's resource bounds (new
+embedding rows past ``--max-embedding-rows``, a pull whose reply would pass the message limit) ends with
+``RESOURCE_EXHAUSTED`` and creates nothing. A malformed or mismatched request (unknown variable or
 table, wrong dtype or shape, undecodable tensor, id of another server, negative id) ends with
 ``INVALID_ARGUMENT``;
 a request the server cannot serve yet (a push or pull before the first PushModel, a learning-rate scale
@@ -46,7 +52,6 @@ built once per version and shared by every worker that pulls that version.
 from __future__ import annotations
 
 import functools
-import math
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -59,6 +64,8 @@ from edl_argo.errors import ConfigError, EdlError
 from edl_argo.log import get_logger
 from edl_argo.model.train_step import ps_optimizer_factory
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
+from edl_argo.ps import bounds
+from edl_argo.ps.errors import NonFiniteGradientError, ResourceLimitError
 from edl_argo.ps.optimizer import LearningRateScaleError, OptimizerFactory, check_optimizer_factory
 from edl_argo.ps.parameters import (
     Gradients,
@@ -87,6 +94,8 @@ def _rpc(
             return method(self, request, context)
         except (InvalidRequestError, TensorDecodeError) as error:
             reject_request(context, name, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except ResourceLimitError as error:
+            reject_request(context, name, grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         except (NotInitializedError, LearningRateScaleError, EdlError) as error:
             reject_request(context, name, grpc.StatusCode.FAILED_PRECONDITION, str(error))
         except Exception as error:
@@ -176,13 +185,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         initial_state: ParametersState | None = None,
         jit_compile: bool = True,
         learning_rate_at: Callable[[int], float] | None = None,
+        max_embedding_rows: int = 0,
     ) -> None:
         """Raises :class:`ConfigError` for inconsistent settings or an optimizer the server cannot use.
 
         ``initial_state`` (from :func:`~edl_argo.ps.checkpoint.restore_latest`) makes the server start
         initialised at that state; ``checkpointer`` saves the state every ``checkpointer.every`` versions.
         ``jit_compile`` compiles dense updates with XLA. ``learning_rate_at(version)``: the learning rate of
-        the update from ``version`` (the model's ``LearningRateScheduler``).
+        the update from ``version`` (the model's ``LearningRateScheduler``). ``max_embedding_rows``: the most
+        rows one table may hold on this server (0: no bound).
         """
         if not 0 <= ps_id < num_ps:
             raise ConfigError(f"--ps-id {ps_id} must be in [0, --num-ps {num_ps})")
@@ -190,6 +201,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             raise ConfigError(f"--grads-to-wait must be at least 1, got {grads_to_wait}")
         if sync_version_tolerance < 0:
             raise ConfigError(f"--sync-version-tolerance must be at least 0, got {sync_version_tolerance}")
+        if max_embedding_rows < 0:
+            raise ConfigError(f"--max-embedding-rows must be at least 0, got {max_embedding_rows}")
         if use_async and grads_to_wait > 1:
             raise ConfigError(
                 "--use-async applies each push on arrival; it cannot wait for --grads-to-wait > 1"
@@ -205,7 +218,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.lr_staleness_modulation = lr_staleness_modulation
         self.sync_version_tolerance = sync_version_tolerance
         self.parameters = Parameters(
-            optimizer_factory, ps_id, num_ps, jit_compile=jit_compile, learning_rate_at=learning_rate_at
+            optimizer_factory,
+            ps_id,
+            num_ps,
+            jit_compile=jit_compile,
+            learning_rate_at=learning_rate_at,
+            max_embedding_rows=max_embedding_rows,
         )
         self._checkpointer = checkpointer
         self._lock = threading.Lock()
@@ -215,6 +233,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._synced_step = -1
         self._pushes_accepted = 0
         self._pushes_refused = 0
+        #: Pushes refused because they carried NaN or infinite gradients or values.
+        self.pushes_non_finite = 0
         self._restored_version = -1 if initial_state is None else initial_state.version
         if initial_state is not None:
             self.parameters.restore(initial_state)
@@ -307,16 +327,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PushGradients(
         self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
     ) -> ps_pb2.PushGradientsResponse:
-        lr_scale = float(request.learning_rate_scale) or 1.0
-        if not math.isfinite(lr_scale) or lr_scale < 0:
-            raise InvalidRequestError(f"learning_rate_scale must be a finite number >= 0, got {lr_scale}")
-        if request.examples < 0:
-            raise InvalidRequestError(f"examples must be >= 0, got {request.examples}")
+        lr_scale = bounds.check_push_fields(request, self.parameters.ps_id)
         with self._lock:
             params = self.parameters
             gradients = params.decode_gradients(request.gradients)
             for name, (ids, _) in gradients.embeddings.items():
                 _non_negative_ids(name, ids)
+            try:
+                bounds.check_finite(gradients)
+            except NonFiniteGradientError:
+                self.pushes_non_finite += 1
+                raise
             if lr_scale != 1.0 and not params.lr_scalable:
                 raise LearningRateScaleError(
                     f"learning_rate_scale {lr_scale:g} asked, but the model's optimizer uses a "
@@ -327,9 +348,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 if self.lr_staleness_modulation:
                     lr_scale /= max(1, params.version - request.version)
                 params.apply_gradients(gradients, lr_scale)
-            elif (
-                request.authority_step <= 0 and request.version < params.version - self.sync_version_tolerance
+            elif request.authority_step <= 0 and not (
+                params.version - self.sync_version_tolerance
+                <= request.version
+                <= params.version + self.sync_version_tolerance
             ):
+                # Older than the tolerance (stale), or newer than this server ever was (a worker that has
+                # not pulled since this server restarted from a checkpoint): pull and recompute.
                 self._pushes_refused += 1
                 log.debug("gradients_stale", version=request.version, current=params.version)
                 return ps_pb2.PushGradientsResponse(accepted=False, version=params.version)
@@ -362,6 +387,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 pending_applied=applied,
                 pending=self._accumulator.count,
                 restored_version=self._restored_version,
+                pushes_non_finite=self.pushes_non_finite,
             )
 
     def _apply_accumulated(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import NoReturn, TypeVar
 
@@ -20,6 +20,7 @@ import grpc
 
 from edl_argo.log import get_logger
 from edl_argo.rpc.server_limits import ServerLimits
+from edl_argo.settings import table
 
 log = get_logger(__name__)
 
@@ -31,7 +32,7 @@ _OPTIONS = [
 ]
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 #: Default deadline of one gRPC call, in seconds (``--rpc-timeout-seconds``).
-RPC_TIMEOUT_SECONDS = 30
+RPC_TIMEOUT_SECONDS = table.RPC_TIMEOUT_SECONDS
 #: Keepalive: a ping after this long without traffic, and the connection is dropped when its answer takes
 #: longer than :data:`KEEPALIVE_TIMEOUT_MS`.
 KEEPALIVE_TIME_MS = 10_000
@@ -75,17 +76,31 @@ _SERVER_OPTIONS = [
 ]
 
 
-def make_server(max_workers: int = 8, limits: ServerLimits | None = None) -> grpc.Server:
-    """A server with the same message limits as :func:`make_channel`, owning its port alone; with
-    ``limits`` (:mod:`edl_argo.rpc.server_limits`), its ``threads`` instead of ``max_workers``, a pool of
-    its own for its priority methods, a cap on concurrent calls and a bound on every call's life."""
-    if limits is None:
-        return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS)
+def make_server(
+    max_workers: int = 8,
+    *,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    maximum_concurrent_rpcs: int | None = None,
+    limits: ServerLimits | None = None,
+) -> grpc.Server:
+    """A server with the same message limits as :func:`make_channel`, owning its port alone.
+
+    ``maximum_concurrent_rpcs``: calls beyond this many running or queued are refused at once with
+    ``RESOURCE_EXHAUSTED`` (None: no bound). ``limits`` (:mod:`edl_argo.rpc.server_limits`) instead: its
+    ``threads`` instead of ``max_workers``, a pool of its own for its priority methods, a cap on concurrent
+    calls and a bound on every call's life."""
+    if limits is not None:
+        return grpc.server(
+            futures.ThreadPoolExecutor(max_workers=limits.threads),
+            options=[*_SERVER_OPTIONS, *limits.options()],
+            interceptors=[*interceptors, *limits.interceptors()],
+            maximum_concurrent_rpcs=limits.max_concurrent_calls,
+        )
     return grpc.server(
-        futures.ThreadPoolExecutor(max_workers=limits.threads),
-        options=[*_SERVER_OPTIONS, *limits.options()],
-        interceptors=limits.interceptors(),
-        maximum_concurrent_rpcs=limits.max_concurrent_calls,
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=_SERVER_OPTIONS,
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=maximum_concurrent_rpcs,
     )
 
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 
-from edl_argo.flags import add_flag, positive_int
 from edl_argo.log import get_logger
+from edl_argo.settings.table import MASTER_TIMEOUT_SECONDS
 
 log = get_logger(__name__)
 
 #: ``--master-timeout`` default: seconds a pod waits for an unreachable master before it ends.
-DEFAULT_MASTER_TIMEOUT_SECONDS = 600
+DEFAULT_MASTER_TIMEOUT_SECONDS = MASTER_TIMEOUT_SECONDS
 #: Longest wait between two probes, and for one probe's connection.
 PROBE_SECONDS = 5.0
 #: gRPC's reconnection backoff is capped so a master that is back is seen within a probe or two (the
@@ -80,16 +79,3 @@ class MasterWatch:
                     return
         finally:
             channel.close()
-
-
-def add_master_timeout_flag(parser: Any) -> None:
-    """``--master-timeout SECONDS``, the same flag for ``edl-argo train``, ``worker`` and ``ps``."""
-    add_flag(
-        parser,
-        "--master-timeout",
-        type=positive_int,
-        default=DEFAULT_MASTER_TIMEOUT_SECONDS,
-        metavar="SECONDS",
-        help="a worker or PS whose master stays unreachable this long ends (a PS after saving its"
-        f" checkpoint); a master restarted within it adopts them (default {DEFAULT_MASTER_TIMEOUT_SECONDS})",
-    )

@@ -12,7 +12,8 @@ from edl_argo.proto import tensor_pb2
 ALLOWED_DTYPES = frozenset(
     {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 )
-#: Most dimensions a tensor may have (numpy's limit).
+
+#: The most dimensions a tensor message may have (numpy's limit).
 MAX_DIMENSIONS = 64
 
 
@@ -51,16 +52,21 @@ def from_tensor(message: tensor_pb2.Tensor) -> np.ndarray:
     if message.dtype not in ALLOWED_DTYPES:
         raise TensorDecodeError(f"tensor {message.name!r}: unsupported dtype {message.dtype!r}")
     dtype = np.dtype(message.dtype).newbyteorder("<")
+    if len(message.shape) > MAX_DIMENSIONS:
+        raise TensorDecodeError(
+            f"tensor {message.name!r}: {len(message.shape)} dimensions, at most {MAX_DIMENSIONS}"
+        )
     shape = tuple(message.shape)
-    name = message.name[:80]
-    if len(shape) > MAX_DIMENSIONS:
-        raise TensorDecodeError(f"tensor {name!r}: {len(shape)} dimensions, at most {MAX_DIMENSIONS}")
     if any(d < 0 for d in shape):
-        raise TensorDecodeError(f"tensor {name!r}: negative dimension in shape {shape}")
-    expected = math.prod(shape) * dtype.itemsize  # Python integers: no overflow
+        raise TensorDecodeError(f"tensor {message.name!r}: negative dimension in shape {shape}")
+    # Python ints: a hostile shape cannot overflow them. Zero dimensions left out: numpy refuses to
+    # reshape into (0, 2**62, 2**62) as well.
+    if math.prod(d for d in shape if d) * dtype.itemsize > 2**63 - 1:
+        raise TensorDecodeError(f"tensor {message.name!r}: the size of shape {shape} overflows int64")
+    expected = math.prod(shape) * dtype.itemsize
     if expected != len(message.content):
         raise TensorDecodeError(
-            f"tensor {name!r}: shape {shape} of {message.dtype} needs {expected} bytes, "
+            f"tensor {message.name!r}: shape {shape} of {message.dtype} needs {expected} bytes, "
             f"got {len(message.content)}"
         )
     return np.frombuffer(message.content, dtype=dtype).reshape(shape)

@@ -7,7 +7,9 @@ reported failed with the error (the master retries it elsewhere, up to a bound) 
 A minibatch whose loss is NaN or infinite is never pushed. With ``--nan-loss skip`` the worker goes on
 with the next one and reports how many it skipped (``nan_batches_skipped``); with ``--nan-loss fail`` (the
 default) it reports the task as fatally failed, naming the model version, task and shard, and the master
-fails the job at once: retrying elsewhere would meet the same NaN.
+fails the job at once: retrying elsewhere would meet the same NaN. A minibatch whose loss is finite but
+whose gradients are not (:mod:`edl_argo.worker.gradient_check`) is never pushed either: ``--nan-gradients``
+decides in the same way, and ``nan_gradients_skipped`` counts those skipped.
 """
 
 from __future__ import annotations
@@ -20,14 +22,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edl_argo.checkpoint import add_checkpoint_flags, open_checkpoint_storage
-from edl_argo.collective.flags import ALLREDUCE, PARAMETER_SERVER, STRATEGIES, add_collective_flags
+from edl_argo.checkpoint import open_checkpoint_storage
+from edl_argo.collective.flags import ALLREDUCE
 from edl_argo.errors import ConfigError, JobFailedError
-from edl_argo.flags import add_flag, add_rpc_timeout_flag, non_negative_int, pod_host, positive_int
+from edl_argo.flags import pod_host
 from edl_argo.log import get_logger
-from edl_argo.master.config import NAN_LOSS_POLICIES
 from edl_argo.model import Mode, ModelSpec, load_model_spec
-from edl_argo.model.contract import add_model_flags, model_options_from_args
+from edl_argo.model.contract import model_options_from_args
 from edl_argo.model.outputs import (
     as_given,
     concatenate,
@@ -38,8 +39,10 @@ from edl_argo.model.outputs import (
 )
 from edl_argo.proto import master_pb2
 from edl_argo.recordio import ShardChangedError
-from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch, add_master_timeout_flag
+from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch
+from edl_argo.settings import add_role_settings
 from edl_argo.storage import open_storage
+from edl_argo.worker.gradient_check import NonFiniteGradientError
 from edl_argo.worker.master_client import MasterClient
 
 log = get_logger(__name__)
@@ -57,50 +60,7 @@ _MODES = {
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("worker", help="run one worker of a job (started by the master)")
-    add_flag(parser, "--worker-id", type=non_negative_int, required=True)
-    add_flag(parser, "--master-addr", required=True, help="host:port of the master")
-    add_master_timeout_flag(parser)
-    add_flag(
-        parser,
-        "--ps-addrs",
-        default="",
-        help="comma-separated host:port, in PS id order (ParameterServerStrategy)",
-    )
-    add_flag(parser, "--distribution-strategy", choices=STRATEGIES, default=PARAMETER_SERVER)
-    add_flag(
-        parser,
-        "--collective-port",
-        type=non_negative_int,
-        default=0,
-        help="AllreduceStrategy: port of this worker's collective service (0: any free port)",
-    )
-    add_collective_flags(parser)
-    add_checkpoint_flags(parser)  # AllreduceStrategy: the group's checkpoints
-    add_model_flags(parser)
-    add_flag(parser, "--minibatch-size", type=positive_int, required=True)
-    add_flag(
-        parser,
-        "--evaluation-steps",
-        type=non_negative_int,
-        default=0,
-        help="report the model version to the master every this many versions (0: never)",
-    )
-    add_flag(parser, "--prediction-output", default="", help="URL to write predictions to")
-    add_flag(
-        parser,
-        "--nan-loss",
-        choices=NAN_LOSS_POLICIES,
-        default="fail",
-        help="a minibatch whose loss is NaN: fail the job (default), or skip the minibatch",
-    )
-    add_flag(
-        parser,
-        "--pipelined",
-        action="store_true",
-        help="asynchronous SGD: push and pull in the background while computing the next minibatch",
-    )
-    add_rpc_timeout_flag(parser)
-    add_flag(parser, "--log-level", default="INFO")
+    add_role_settings(parser, "worker")
     parser.set_defaults(run=run_worker)
 
 
@@ -146,9 +106,11 @@ class Worker:
         evaluation_steps: int = 0,
         prediction_output: str = "",
         nan_loss: str = "fail",
+        nan_gradients: str = "fail",
     ) -> None:
         self.worker_id = worker_id
         self._nan_loss = nan_loss
+        self._nan_gradients = nan_gradients
         self._spec = spec
         self._master = master
         self._replica = replica
@@ -203,6 +165,12 @@ class Worker:
                 f"{error} (task {task.task_id}, shard {task.shard}); lower the learning rate or use"
                 " --nan-loss skip",
             )
+        except NonFiniteGradientError as error:
+            return self._fail_job(
+                task,
+                f"{error} (task {task.task_id}, shard {task.shard}); check the model for operations"
+                " whose gradient is not finite (sqrt or norm at 0) or use --nan-gradients skip",
+            )
         except ShardChangedError as error:  # retrying cannot help: the data the job started with are gone
             return self._fail_job(task, str(error))
         except JobFailedError:
@@ -236,6 +204,7 @@ class Worker:
 
         steps = 0
         skipped = 0
+        skipped_gradients = 0
         records = 0
         total_loss = 0.0
         for index, batch in enumerate(batches):
@@ -255,6 +224,12 @@ class Worker:
                 skipped += 1
                 log.warning("nan_batch_skipped", task=task.task_id, shard=task.shard, error=str(error))
                 continue
+            except NonFiniteGradientError as error:
+                if self._nan_gradients != "skip":
+                    raise
+                skipped_gradients += 1
+                log.warning("nan_gradients_skipped", task=task.task_id, shard=task.shard, error=str(error))
+                continue
             steps += 1
             self._task_steps = steps
             self._maybe_report_version()
@@ -265,6 +240,7 @@ class Worker:
             "records": records,
             "steps": steps,
             "nan_batches_skipped": skipped,
+            "nan_gradients_skipped": skipped_gradients,
             "epoch": task.epoch,
             "model_version": self._replica.version,
             "mean_loss": mean_loss,
@@ -373,6 +349,7 @@ def run_worker(args: argparse.Namespace) -> int:
         evaluation_steps=args.evaluation_steps,
         prediction_output=args.prediction_output,
         nan_loss=args.nan_loss,
+        nan_gradients=args.nan_gradients,
     )
     try:
         worker.run()

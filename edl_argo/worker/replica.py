@@ -25,6 +25,7 @@ from edl_argo.model.inventory import ModelInventory
 from edl_argo.model.outputs import num_records
 from edl_argo.model.train_step import WorkerSteps, fit_loss
 from edl_argo.worker.embedding import EmbeddingLookups, bind_embeddings
+from edl_argo.worker.gradient_check import check_finite_gradients
 from edl_argo.worker.ps_client import ParameterServerClient, PushResult
 
 log = get_logger(__name__)
@@ -218,9 +219,11 @@ class ModelReplica:
             log.info("step_skipped_non_finite_gradients", loss_scale=self._steps.dynamic_scale)
             return loss_value, None
         dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True) if g is not None}
+        sparse = _merge_rows(tables, ids, [g.numpy() for g in row_grads])
+        check_finite_gradients(dense, sparse, self.version)
         return loss_value, _Push(
             dense=dense,
-            sparse=_merge_rows(tables, ids, [g.numpy() for g in row_grads]),
+            sparse=sparse,
             state={v.path: s.numpy() for v, s in zip(self._inventory.non_trainable, state, strict=True)},
             examples=num_records(features),
         )

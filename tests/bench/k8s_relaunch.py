@@ -149,7 +149,9 @@ def _run_job(
     """One job with a worker deletion at each of ``points``; its samples, requeued and held task counts."""
     settings = KubernetesConfig(image="edl-argo:bench", ps_port=find_free_port())
     name = f"bench-{os.urandom(3).hex()}"
-    job = TrainingJob(digits_config(data, output, job_name=name, backend="kubernetes", kubernetes=settings))
+    job = TrainingJob.load(
+        digits_config(data, output, job_name=name, backend="kubernetes", kubernetes=settings)
+    )
     ledger = _TaskLedger()
     ledger.attach(job)
     thread = JobThread(job).start()

@@ -267,7 +267,7 @@ class OurJob:
             log_level="WARNING",
         )
         config = dataclasses.replace(config, **self.overrides)
-        self.job = _BenchJob(config, backend=LocalProcessBackend(name, log_sink=self.log))
+        self.job = _BenchJob.load(config, backend=LocalProcessBackend(name, log_sink=self.log))
         self.control = ControlledDispatcher(self.job.dispatcher)
         self.job.dispatcher = self.control  # type: ignore[assignment]
         self._thread = threading.Thread(target=self._run, name=f"{name}-master", daemon=True)

@@ -330,7 +330,7 @@ def run_in_process(
     try:
         with tap.master_events():
             try:
-                thread = JobThread(TrainingJob(config, backend)).start()
+                thread = JobThread(TrainingJob.load(config, backend)).start()
                 inject(Trial(thread.job, thread, tap, rng, result))
                 thread.join(JOB_TIMEOUT_SECONDS)
                 result.wall_seconds = time.monotonic() - started

@@ -1,0 +1,129 @@
+"""What a training job reads before it starts, read once: :func:`load_job_parts`.
+
+:class:`~edl_argo.master.job.TrainingJob` is built from these parts and does no I/O of its own when
+constructed; ``TrainingJob.load(config)`` reads them and builds it. Reading them checks the job's input
+before any pod starts: the model (staged and pinned when it is in storage, its world-size scaling with
+AllreduceStrategy), the datasets (each shard's version pinned: tasks carry it, workers read only that
+version), that ``--output`` is reachable, and what an earlier master of the job saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edl_argo.errors import ConfigError, DataFormatError
+from edl_argo.flags import pod_host
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.state_store import MasterStateStore, job_fingerprint
+from edl_argo.master.task_dispatcher import TaskDispatcher
+from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
+from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
+from edl_argo.recordio import ShardReader, open_dataset
+from edl_argo.recordio.dataset import Dataset
+from edl_argo.storage import Storage, open_storage
+
+
+@dataclass(frozen=True)
+class JobParts:
+    """Everything a :class:`~edl_argo.master.job.TrainingJob` needs that lives outside the process."""
+
+    model: StagedModel | None
+    """The model its pods run, when ``--model-def`` is in storage (:mod:`edl_argo.model.source`)."""
+    spec: ModelSpec
+    training_data: Dataset
+    validation_data: Dataset | None
+    output: Storage
+    state_store: MasterStateStore
+    saved: dict[str, Any] | None
+    """What an earlier master of this job saved, if anything."""
+    ps_ports: list[int]
+    """The port of each PS: the saved ones of a continued job, else new ones."""
+
+
+def load_job_parts(config: TrainConfig) -> JobParts:
+    """Read the parts of ``config``'s job. A saved state whose dispatcher cannot be restored fails here,
+    before any pod backend exists.
+
+    Raises:
+        ConfigError, DataFormatError, StorageError: one line naming the flag or file at fault.
+    """
+    state_url = config.master_state or config.output
+    model = stage_model_def(config.model_def, state_url, shared=config.kubernetes is not None)
+    spec = load_model_spec(model.pod_model_def if model else config.model_def, config.model_options)
+    if config.scale_lr_by_world_size:
+        from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
+
+        check_world_size_scaling(spec.optimizer)
+    training = open_dataset(open_storage(config.training_data), what="--training-data")
+    validation = (
+        open_dataset(open_storage(config.validation_data), what="--validation-data")
+        if config.validation_data
+        else None
+    )
+    if config.allreduce and len(sample_batch(config, spec, training.records, Mode.TRAINING)) == 3:
+        raise ConfigError(
+            f"feed of {config.model_def} yields (features, labels, sample_weights) in training: "
+            "AllreduceStrategy does not apply sample weights; use ParameterServerStrategy"
+        )
+    output = open_storage(config.output)
+    output.exists("model")  # reach --output now: a missing bucket or a denial fails here
+    fingerprint = job_fingerprint(config, training.records, validation.records if validation else {})
+    state_storage = open_storage(config.master_state) if config.master_state else output
+    state_store = MasterStateStore(state_storage, config.job_name, fingerprint)
+    saved = state_store.load()
+    if saved is not None:
+        check_saved_dispatcher(saved, state_store)
+    if model is not None:  # a continued job keeps its model, even if the URL changed since
+        staged = model
+        model = pin_model_def(staged, state_url, config.job_name, continuing=saved is not None)
+        if model != staged:
+            spec = load_model_spec(model.pod_model_def)
+    k8s = config.kubernetes
+    ps_ports = (
+        [int(port) for port in saved["ps_ports"]]
+        if saved is not None
+        else [k8s.ps_port_of(i) if k8s else find_free_port(pod_host()) for i in range(config.num_ps)]
+    )
+    return JobParts(
+        model=model,
+        spec=spec,
+        training_data=training,
+        validation_data=validation,
+        output=output,
+        state_store=state_store,
+        saved=saved,
+        ps_ports=ps_ports,
+    )
+
+
+def check_saved_dispatcher(saved: dict[str, Any], state_store: MasterStateStore) -> None:
+    """The state store's DataFormatError if the saved dispatcher cannot be restored."""
+    try:
+        snapshot = saved["dispatcher"]
+        live_workers = {int(entry["worker_id"]) for entry in snapshot["doing"]}
+        TaskDispatcher.restore(snapshot, on_evaluation_complete=lambda *_: None, live_workers=live_workers)
+    except (DataFormatError, KeyError, TypeError, ValueError) as error:
+        raise state_store.corrupt(f"dispatcher: {error}") from None
+
+
+def sample_batch(config: TrainConfig, spec: ModelSpec, shards: dict[str, int], mode: str) -> Any:
+    """The first minibatch of the training data, as ``feed`` makes it for ``mode``."""
+    from edl_argo.worker.data import make_batches  # TensorFlow: imported when run, not for --help
+
+    storage = open_storage(config.training_data)
+    shard = next(iter(shards))
+    records = ShardReader(storage, shard).read(0, min(config.minibatch_size, shards[shard]))
+    return next(iter(make_batches(spec, records, mode, len(records))))
+
+
+def default_backend(config: TrainConfig) -> PodBackend:
+    """Local processes, or with ``--backend kubernetes`` pods of the cluster."""
+    if config.backend != "kubernetes":
+        return LocalProcessBackend(config.job_name, host=pod_host())
+    if config.kubernetes is None:
+        raise ConfigError("--backend kubernetes needs its settings (TrainConfig.kubernetes)")
+    from edl_argo.pods.kubernetes import KubernetesBackend  # the client is slow to import: only when used
+
+    return KubernetesBackend(config.job_name, config.kubernetes)

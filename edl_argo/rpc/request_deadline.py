@@ -1,0 +1,72 @@
+"""A server-side deadline for a unary call's request to arrive.
+
+gRPC's synchronous server gives a call one of its threads as soon as the call's headers arrive, and that
+thread then waits for the request message without a bound: a peer that opens calls and never sends their
+requests (or a stalled network path) holds every thread, and the server stops answering. The interceptor
+here serves every unary-unary method as a stream-unary one so that the handler gets its context before
+the request, starts a timer, and cancels the call (the client sees ``CANCELLED``) when its request has not
+arrived within ``seconds``. It also decodes the request itself, so that bytes that are no valid message
+end with ``INVALID_ARGUMENT`` (gRPC's own decoding answers ``INTERNAL``). Requests that arrive in time and
+decode are served exactly as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from edl_argo.log import get_logger
+
+log = get_logger(__name__)
+
+
+class RequestDeadlineInterceptor(grpc.ServerInterceptor):
+    """Cancel unary calls whose request message has not arrived ``seconds`` after their headers."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler
+        unary = handler.unary_unary
+        deserialize = handler.request_deserializer
+        method = handler_call_details.method
+        seconds = self.seconds
+
+        def behavior(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+            timer = threading.Timer(seconds, _cancel_late, (context, method, seconds))
+            timer.daemon = True
+            timer.start()
+            try:
+                request = next(requests, None)
+            except grpc.RpcError:  # cancelled: by the timer, or by the client
+                context.abort(grpc.StatusCode.CANCELLED, f"{method}: the request did not arrive")
+            finally:
+                timer.cancel()
+            if request is None:  # the client half-closed without a request
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method} requires one request message")
+            if deserialize is not None:
+                try:
+                    request = deserialize(request)
+                except Exception as error:  # protobuf's DecodeError, or a message of another method
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{method}: the request is not a valid message ({type(error).__name__})",
+                    )
+            return unary(request, context)
+
+        return grpc.stream_unary_rpc_method_handler(behavior, response_serializer=handler.response_serializer)
+
+
+def _cancel_late(context: grpc.ServicerContext, method: str, seconds: float) -> None:
+    log.warning("request_late", rpc=method, seconds=seconds)
+    context.cancel()

@@ -1,0 +1,149 @@
+"""Send fuzzed requests to live gRPC servers for a time budget and classify every answer.
+
+An answer is fine when it is OK or a refusal a server gives on purpose (INVALID_ARGUMENT,
+FAILED_PRECONDITION, RESOURCE_EXHAUSTED, ...). It is a *crash* when the server answers INTERNAL or UNKNOWN
+(an exception escaped a handler) or becomes UNAVAILABLE while its job still runs, and a *hang* when a call
+passes its deadline. :class:`FuzzReport` counts them and keeps the first few of each with the method and
+the server's message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from google.protobuf.message import Message
+
+from tests.fuzz.messages import MessageFuzzer
+
+#: Codes a server gives on purpose to a request it refuses.
+REFUSALS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+CRASHES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE})
+#: Share of requests sent as randomly edited bytes of a valid message instead of the message.
+MUTATED_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class Method:
+    """One gRPC method to fuzz: its full path, its request type, and ``adjust(request, fuzzer)``, which
+    may change a generated request (to keep it from doing what a real peer may legitimately do, or from a
+    known gap another change closes)."""
+
+    path: str
+    request: type[Message]
+    adjust: Callable[[Message, MessageFuzzer], None] | None = None
+    #: Whether to send randomly edited bytes too (:data:`MUTATED_SHARE` of the requests).
+    mutate: bool = True
+
+
+@dataclass
+class FuzzReport:
+    requests: int = 0
+    by_method: Counter[str] = field(default_factory=Counter)
+    codes: Counter[str] = field(default_factory=Counter)
+    crashes: list[str] = field(default_factory=list)
+    hangs: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def record(
+        self, method: str, code: grpc.StatusCode, details: str, elapsed: float, timeout: float
+    ) -> None:
+        self.requests += 1
+        self.by_method[method] += 1
+        self.codes[code.name] += 1
+        if code in CRASHES:
+            self.crashes.append(f"{method}: {code.name} {details[:300]}")
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED or elapsed >= timeout:
+            self.hangs.append(f"{method}: no answer within {timeout} s")
+
+    def merge(self, other: FuzzReport) -> None:
+        self.requests += other.requests
+        self.by_method.update(other.by_method)
+        self.codes.update(other.codes)
+        self.crashes += other.crashes
+        self.hangs += other.hangs
+
+
+def fuzz(
+    channel: grpc.Channel,
+    methods: Sequence[Method],
+    seed: int,
+    seconds: float,
+    max_requests: int,
+    names: Sequence[str] = (),
+    stop: threading.Event | None = None,
+    timeout: float = 30.0,
+) -> FuzzReport:
+    """Call random ``methods`` with random requests from ``seed`` until ``seconds`` pass, ``max_requests``
+    are sent or ``stop`` is set; one call at a time, each with ``timeout``."""
+    fuzzer = MessageFuzzer(seed, names)
+    calls = {
+        m.path: channel.unary_unary(m.path, request_serializer=None, response_deserializer=None)
+        for m in methods
+    }
+    report = FuzzReport()
+    started = time.monotonic()
+    while report.requests < max_requests and time.monotonic() - started < seconds:
+        if stop is not None and stop.is_set():
+            break
+        method = fuzzer.rng.choice(methods)
+        request = fuzzer.message(method.request)
+        if method.adjust is not None:
+            method.adjust(request, fuzzer)
+        data = request.SerializeToString()
+        if method.mutate and fuzzer.rng.random() < MUTATED_SHARE:
+            data = fuzzer.mutated(data)
+        began = time.monotonic()
+        try:
+            calls[method.path](data, timeout=timeout)
+            code, details = grpc.StatusCode.OK, ""
+        except grpc.RpcError as error:
+            code, details = error.code(), error.details() or ""  # type: ignore[attr-defined]
+        if stop is not None and stop.is_set() and code == grpc.StatusCode.UNAVAILABLE:
+            break  # the job ended: its servers are gone
+        report.record(method.path, code, details, time.monotonic() - began, timeout)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident set size of process ``pid`` (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def find_processes(*words: str) -> list[int]:
+    """The pids of the processes whose command line holds every word of ``words`` as an argument (a local
+    pod's command and its supervisor)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")]
+        except OSError:
+            continue
+        if all(word in argv for word in words):
+            found.append(int(entry.name))
+    if not found:
+        raise AssertionError(f"no process runs {words}")
+    return found

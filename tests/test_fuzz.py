@@ -1,0 +1,258 @@
+"""Fuzzing (issue 24): structure-aware random requests to every gRPC method of a live training job's master
+and parameter server while it trains, and Hypothesis on the tensor and collective frame decoders.
+
+A short run (``EDL_FUZZ_SECONDS``, default 20 s) is part of ``make test``; ``make fuzz`` runs the long one
+(docs/reliability.md). Every run has a fixed seed (``EDL_FUZZ_SEED``, default 24). The live-job run passes
+when no server crashed (INTERNAL, UNKNOWN, or gone) or hung (a call past its deadline), the PS's resident
+memory stayed under twice what it was before, and the job then finished with exact record accounting and
+the parameter servers' versions the ledger expects (the master fails the job otherwise); the long run also
+asserts the digits accuracy bar. ``EDL_FUZZ_REPORT=path`` writes the run's numbers as JSON.
+
+What the fuzzer leaves alone, because a real peer may legitimately do it: sending a valid synchronous push
+(its requests carry a version the PS must refuse: negative, or 2**40 and above), and calls that act as one
+of the job's own workers (worker ids are taken from outside the job's: below 0 or 10**6 and above).
+``ScaleWorkers`` is left out of the live run: a valid count legitimately scales the job.
+
+Known gaps of the master, closed by the master's own validation (issue 24, items 3, 6 and 8), and left out
+here until then (:data:`MASTER_GAPS`): bytes that are no valid message (gRPC's own decoding answers
+INTERNAL; the PS decodes requests itself, :mod:`edl_argo.rpc.request_deadline`), and model versions in
+reports (a report the master refuses still moves the job's ``model_version``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf.message import Message
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edl_argo.collective.transport import (
+    FLAG_FOUND,
+    BufferFrames,
+    FrameError,
+    FrameHeader,
+    FrameKind,
+    read_state,
+)
+from edl_argo.master.job import TrainingJob
+from edl_argo.proto import collective_pb2, master_pb2, ps_pb2, tensor_pb2
+from edl_argo.rpc.channel import make_channel
+from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
+from tests.engine_helpers import (
+    DIGITS_ACCURACY_FLOOR,
+    JobThread,
+    assert_no_record_lost,
+    digits_config,
+    read_metrics,
+)
+from tests.fuzz.harness import FuzzReport, Method, find_processes, fuzz, rss_bytes
+from tests.fuzz.messages import MessageFuzzer
+
+SECONDS = float(os.environ.get("EDL_FUZZ_SECONDS", "20"))
+SEED = int(os.environ.get("EDL_FUZZ_SEED", "24"))
+#: The long run (make fuzz) sets this: it also asserts the accuracy bar of a full digits job.
+FULL = os.environ.get("EDL_FUZZ_FULL", "") == "1"
+MAX_REQUESTS = int(os.environ.get("EDL_FUZZ_REQUESTS", "1000000"))
+
+pytestmark = pytest.mark.timeout(int(SECONDS) * 3 + 600)
+
+
+#: See the module's docstring: True leaves the master's known gaps out of the live run.
+MASTER_GAPS = True
+
+
+def _foreign_worker(request: Message, fuzzer: MessageFuzzer) -> None:
+    """A worker id no worker of the job has (and, with :data:`MASTER_GAPS`, no model version)."""
+    if MASTER_GAPS and "model_version" in request.DESCRIPTOR.fields_by_name:
+        request.ClearField("model_version")
+    if MASTER_GAPS and isinstance(request, master_pb2.ReportTaskResultRequest):
+        request.counters.pop("model_version", None)
+    if "worker_id" in request.DESCRIPTOR.fields_by_name:
+        request.worker_id = fuzzer.rng.choice(
+            [-1, -(2**31), 10**6, 10**6 + fuzzer.rng.randrange(10**6), 2**31 - 1]
+        )
+
+
+def _refusable_push(request: Message, fuzzer: MessageFuzzer) -> None:
+    """A push version a synchronous PS must refuse whatever else the push holds."""
+    assert isinstance(request, ps_pb2.PushGradientsRequest)
+    request.version = fuzzer.rng.choice([-1, -(2**63), 2**40, 2**62, 2**62 + 1, 2**63 - 1])
+
+
+PS_METHODS = [
+    Method("/edl_argo.ParameterServer/PushModel", ps_pb2.Model),
+    Method("/edl_argo.ParameterServer/PullDenseParameters", ps_pb2.PullDenseParametersRequest),
+    Method("/edl_argo.ParameterServer/PullEmbeddingVectors", ps_pb2.PullEmbeddingVectorsRequest),
+    Method("/edl_argo.ParameterServer/PullEmbeddingVectorsBatch", ps_pb2.PullEmbeddingVectorsBatchRequest),
+    Method("/edl_argo.ParameterServer/PullEmbeddingTable", ps_pb2.PullEmbeddingTableRequest),
+    Method("/edl_argo.ParameterServer/PushGradients", ps_pb2.PushGradientsRequest, _refusable_push),
+    Method("/edl_argo.ParameterServer/GetStatus", ps_pb2.GetStatusRequest),
+]
+MASTER_METHODS = [
+    Method(f"/edl_argo.Master/{name}", request, _foreign_worker, mutate=not MASTER_GAPS)
+    for name, request in [
+        ("GetTask", master_pb2.GetTaskRequest),
+        ("ReportTaskResult", master_pb2.ReportTaskResultRequest),
+        ("ReportEvaluationOutputs", master_pb2.ReportEvaluationOutputsRequest),
+        ("ReportVersion", master_pb2.ReportVersionRequest),
+        ("Rendezvous", master_pb2.RendezvousRequest),
+        ("ReportCollectiveFailure", master_pb2.ReportCollectiveFailureRequest),
+    ]
+]
+
+
+def test_fuzzing_a_live_job_crashes_and_hangs_no_server_and_changes_nothing_it_trains(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "out"
+    overrides = {} if FULL else {"num_epochs": 4, "num_workers": 1}
+    config = digits_config(digits_data, output, **overrides)
+    job = JobThread(TrainingJob.load(config)).start()
+    job.wait_until(lambda: job.job.dispatcher.progress()[0] > 0, 600, "the first task done")
+    ps_address = f"127.0.0.1:{job.job.ps_ports[0]}"
+    ps_pids = find_processes("ps", "--port", str(job.job.ps_ports[0]))
+    rss_before = sum(rss_bytes(pid) for pid in ps_pids)
+    names = ["dense", "dense/kernel", "conv2d/kernel", "emb", "accuracy", "logits", ps_address]
+    stop = threading.Event()
+    reports: list[FuzzReport] = []
+
+    errors: list[BaseException] = []
+
+    def run(address: str, methods: list[Method], seed: int) -> None:
+        try:
+            with make_channel(address) as channel:
+                reports.append(fuzz(channel, methods, seed, SECONDS, MAX_REQUESTS // 2, names, stop))
+        except BaseException as error:  # the fuzzer's own bug: surfaced below
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=run, args=(ps_address, PS_METHODS, SEED)),
+        threading.Thread(target=run, args=(job.job._master_address, MASTER_METHODS, SEED + 1)),
+    ]
+    for thread in threads:
+        thread.start()
+    watcher = threading.Thread(target=lambda: (job._thread.join(), stop.set()), daemon=True)
+    watcher.start()
+    for thread in threads:
+        thread.join(SECONDS + 300)
+    rss_after = sum(rss_bytes(pid) for pid in ps_pids if Path(f"/proc/{pid}").exists())
+    result = job.join(1800)
+    report = FuzzReport()
+    for part in reports:
+        report.merge(part)
+    metrics = read_metrics(output)
+    accuracy = metrics["final_metrics"].get("accuracy")
+    numbers = {
+        "seed": SEED,
+        "seconds": SECONDS,
+        "requests": report.requests,
+        "by_method": dict(report.by_method),
+        "codes": dict(report.codes),
+        "crashes": report.crashes[:20],
+        "hangs": report.hangs[:20],
+        "ps_rss_before": rss_before,
+        "ps_rss_after": rss_after,
+        "accuracy": accuracy,
+        "records_per_epoch": metrics["records_per_epoch"],
+        "records_done_per_epoch": metrics["records_done_per_epoch"],
+        "model_version": metrics["model_version"],
+    }
+    if os.environ.get("EDL_FUZZ_REPORT"):
+        Path(os.environ["EDL_FUZZ_REPORT"]).write_text(json.dumps(numbers, indent=2) + "\n")
+    assert not errors, errors
+    assert len(reports) == 2 and report.requests > 0, numbers
+    assert not report.crashes, report.crashes[:10]
+    assert not report.hangs, report.hangs[:10]
+    assert rss_after <= 2 * rss_before, numbers
+    assert result["status"] == "succeeded", result
+    assert_no_record_lost(metrics)
+    assert 0 < metrics["model_version"] < 2**40, numbers  # the versions the PS counted
+    if FULL:
+        assert accuracy >= DIGITS_ACCURACY_FLOOR, numbers
+
+
+# -- decoders ------------------------------------------------------------------------------------------
+
+_SHAPES = st.lists(
+    st.one_of(st.integers(0, 4), st.sampled_from([-1, 2**31, 2**62, 2**63 - 1, -(2**63)])), max_size=70
+)
+
+
+@settings(max_examples=int(SECONDS * 25), deadline=None, derandomize=True, database=None)
+@given(
+    dtype=st.one_of(st.sampled_from(["float32", "int64", "bool", "float16"]), st.text(max_size=12)),
+    shape=_SHAPES,
+    content=st.binary(max_size=256),
+)
+def test_the_tensor_decoder_refuses_every_malformed_tensor_cleanly(
+    dtype: str, shape: list[int], content: bytes
+) -> None:
+    message = tensor_pb2.Tensor(name="t", dtype=dtype, shape=shape, content=content)
+    try:
+        value = from_tensor(message)
+    except TensorDecodeError as error:
+        assert "'t'" in str(error)
+        return
+    assert value.nbytes == len(content) and list(value.shape) == shape
+
+
+def _frame(kind: int, payload: bytes, flags: int = 0, size: int | None = None) -> bytes:
+    header = FrameHeader(kind=kind, flags=flags, payload_bytes=len(payload) if size is None else size)
+    return header.pack() + payload
+
+
+@st.composite
+def _state_frames(draw: st.DrawFn) -> bytes:
+    """A state response as a peer sends it, its manifest drawn at random and its data frames cut and sized
+    at random (often right, sometimes not)."""
+    variables = [
+        tensor_pb2.Tensor(
+            name=f"v{i}",
+            dtype=draw(st.sampled_from(["float32", "int64", "object", "float64"])),
+            shape=draw(st.lists(st.sampled_from([0, 1, 2, 3, -1, 2**40]), max_size=3)),
+        )
+        for i in range(draw(st.integers(0, 3)))
+    ]
+    manifest = collective_pb2.ModelState(
+        round_id=draw(st.integers(-(2**63), 2**63 - 1)),
+        version=draw(st.integers(-(2**63), 2**63 - 1)),
+        variables=variables,
+        lineage_rounds=draw(st.lists(st.integers(-5, 5), max_size=3)),
+        lineage_versions=draw(st.lists(st.integers(-5, 5), max_size=3)),
+    ).SerializeToString()
+    if draw(st.booleans()):
+        manifest = draw(st.binary(max_size=64))
+    frames = [_frame(FrameKind.STATE_RESPONSE, manifest, flags=draw(st.sampled_from([0, FLAG_FOUND])))]
+    for _ in range(draw(st.integers(0, 4))):
+        data = draw(st.binary(max_size=48))
+        size = draw(st.one_of(st.none(), st.integers(0, 2**32)))
+        kind = draw(st.sampled_from([FrameKind.STATE_DATA, FrameKind.PIECE, 0, 255]))
+        frames.append(_frame(kind, data, size=size))
+    blob = b"".join(frames)
+    if draw(st.booleans()):
+        cut = draw(st.integers(0, len(blob)))
+        blob = blob[:cut] + draw(st.binary(max_size=8))
+    return blob
+
+
+@settings(
+    max_examples=int(SECONDS * 25),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(data=_state_frames())
+def test_the_collective_frame_decoder_refuses_every_malformed_state_cleanly(data: bytes) -> None:
+    try:
+        state = read_state(BufferFrames(data, "fuzz"), "fuzz")
+    except FrameError:
+        return
+    if state is not None:
+        assert all(isinstance(v, np.ndarray) for v in state.values)
