@@ -89,6 +89,8 @@ def model_file(directory: Path, name: str, code: str) -> str:
         (["--grads-to-wait", "-2"], "--grads-to-wait"),
         (["--max-task-retries", "0"], "--max-task-retries"),
         (["--max-worker-relaunches", "-1"], "--max-worker-relaunches"),
+        (["--max-workers", "-1"], "--max-workers"),
+        (["--num-workers", "5", "--max-workers", "2"], "--max-workers 2"),
         (["--checkpoint-steps", "-1"], "--checkpoint-steps"),
         (["--sync-version-tolerance", "-1"], "--sync-version-tolerance"),
         (["--master-port", "-1"], "--master-port"),

@@ -7,7 +7,7 @@ within the group's timeout — never hangs:
   *suspect*;
 * a left neighbour that sends nothing within the timeout is the suspect;
 * a round that ended meanwhile (the master's rendezvous says so, checked every half second while a wait
-  lasts, or a piece of a newer round arrives) aborts with no suspect.
+  lasts, and at once when a piece of a newer round arrives) aborts with no suspect.
 
 The caller reports the suspect to the master, which starts a new round without it, and starts over in
 that round. Operations are numbered within a round; every member of a round runs the same operations in
@@ -67,7 +67,7 @@ class CollectiveGroup:
         self._round_is_current = round_is_current
         self._timeout = timeout
         self._operation = 0
-        mailbox.enter_round(round_id)
+        mailbox.enter_round(round_id, self.size)
 
     def worker_id_of(self, rank: int) -> int:
         return self.members[rank % self.size][0]
@@ -127,7 +127,7 @@ class CollectiveGroup:
             self._check_round()
 
         try:
-            piece = self._mailbox.take(key, self._timeout, on_slow_wait)
+            piece = self._mailbox.take(key, self._timeout, on_slow_wait, self._round_is_current)
         except RoundChanged as changed:
             raise CollectiveAborted(f"round {self.round_id} ended: {changed}", self.round_id) from None
         if piece is None:

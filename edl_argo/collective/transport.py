@@ -22,7 +22,8 @@ offset     field       meaning
 Kinds:
 
 * ``PIECE`` (one-way, member to its right neighbour): a 1-D array of ``length / itemsize`` elements. The
-  receiver reads it straight into a freshly allocated numpy array (``recv_into``, no intermediate copy) and
+  receiver reads it into a numpy array as its bytes arrive (``recv_into``; the array grows, at most to twice
+  what arrived, so a declared length that never comes costs nothing) within :data:`PIECE_READ_SECONDS`, and
   hands it to its mailbox; the sender's bytes leave from the array's own memory.
 * ``STATE_REQUEST`` (no payload) -> ``STATE_RESPONSE``: the state the member serves for ``round_id``
   (``round_id < 0``: its current state), with :data:`FLAG_FOUND`; without the flag and with no payload
@@ -40,10 +41,13 @@ receiver with a smaller one.
 
 A frame this side cannot accept (wrong magic or version, unknown kind or dtype, a payload over the cap or not
 a whole number of elements) closes its connection: the server logs ``collective_frame_rejected`` naming the
-peer and the reason and goes on serving every other connection.
+peer and the reason and goes on serving every other connection. The server bounds what its peers hold: a
+connection that sends no frame for :data:`IDLE_SECONDS` is closed, and beyond :data:`MAX_CONNECTIONS` open
+connections a new one closes the one idle longest (``collective_connection_evicted``).
 
 Outgoing pieces travel on one persistent connection per peer (:class:`PeerConnection`), reused across rounds
-and reopened after any error, with a sender thread of its own, so that a member sends to its right neighbour
+and reopened after any error, with a sender thread of its own (a peer address that is not ``host:port``
+fails every send to it, naming the address), so that a member sends to its right neighbour
 while its server's reader thread drains its left one. State requests use a short-lived connection each
 (:func:`request_state`).
 """
@@ -68,7 +72,7 @@ from typing import Protocol
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from edl_argo.addresses import split_host_port
+from edl_argo.addresses import AddressError, parse_host_port, split_host_port
 from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.log import get_logger
 from edl_argo.proto import collective_pb2, tensor_pb2
@@ -96,6 +100,14 @@ STOP_JOIN_SECONDS = 2.0
 ACCEPT_POLL_SECONDS = 0.5
 #: How long a member serving a state waits for the requester to take each frame of it.
 STATE_FRAME_SECONDS = 60.0
+#: How long the payload of a piece may take to arrive once its header did.
+PIECE_READ_SECONDS = 120.0
+#: A connection that sends no frame this long is closed (a member reconnects when it sends again).
+IDLE_SECONDS = 600.0
+#: Open connections a member's server keeps at most; one more closes the connection idle longest.
+MAX_CONNECTIONS = 256
+#: A piece is read into an array of at most this many bytes first, which then doubles as bytes arrive.
+FIRST_READ_BYTES = 1 << 20
 
 #: ``(round_id, operation, step)``: where a piece belongs.
 PieceKey = tuple[int, int, int]
@@ -245,19 +257,30 @@ def _piece_code(dtype: np.dtype) -> int:
     raise TypeError(f"a collective piece cannot carry dtype {dtype}")
 
 
-def read_piece(sock: socket.socket, header: FrameHeader) -> np.ndarray:
-    """The payload of a PIECE frame, read straight into a new array of the header's dtype."""
+def read_piece(sock: socket.socket, header: FrameHeader, deadline: float | None = None) -> np.ndarray:
+    """The payload of a PIECE frame as an array of the header's dtype, all of it before ``deadline``
+    (TimeoutError otherwise). Read as it arrives: the array starts at :data:`FIRST_READ_BYTES` at most and
+    doubles while bytes keep coming, so it never holds more than twice what the peer actually sent."""
     dtype = _piece_dtype(header.dtype_code)
-    count, remainder = divmod(header.payload_bytes, dtype.itemsize)
-    if remainder:
-        raise FrameError(f"payload of {header.payload_bytes} bytes is not a whole number of {dtype.name}")
-    piece = np.empty(count, dtype=dtype)
-    _read_payload(sock, memoryview(piece.view(np.uint8)), None)
-    return piece
+    total = header.payload_bytes
+    if total % dtype.itemsize:
+        raise FrameError(f"payload of {total} bytes is not a whole number of {dtype.name}")
+    data = np.empty(min(total, FIRST_READ_BYTES), dtype=np.uint8)
+    filled = 0
+    while True:
+        if len(data) > filled:
+            _read_payload(sock, memoryview(data)[filled:], deadline)
+            filled = len(data)
+        if filled == total:
+            return data.view(dtype)
+        grown = np.empty(min(total, 2 * len(data)), dtype=np.uint8)
+        grown[:filled] = data
+        data = grown
 
 
-def _connect(address: str, deadline: float) -> socket.socket:
-    sock = socket.create_connection(split_address(address), timeout=_remaining(deadline))
+def _connect(address: str | tuple[str, int], deadline: float) -> socket.socket:
+    target = split_address(address) if isinstance(address, str) else address
+    sock = socket.create_connection(target, timeout=_remaining(deadline))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -298,7 +321,7 @@ class FrameServer:
         self._state_provider = state_provider
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections: dict[socket.socket, _Connection] = {}
         self.port: int = listener.getsockname()[1]
         listener.settimeout(ACCEPT_POLL_SECONDS)
         self._acceptor = threading.Thread(
@@ -318,7 +341,6 @@ class FrameServer:
                 log.warning("collective_accept_failed", port=self.port, error=str(error))
                 time.sleep(ACCEPT_POLL_SECONDS)
                 continue
-            sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             name = f"{peer[0]}:{peer[1]}"
             reader = threading.Thread(
@@ -328,20 +350,37 @@ class FrameServer:
                 if self._stopping.is_set():
                     sock.close()
                     return
-                self._connections[sock] = reader
+                evicted = self._evict_idlest_locked(name)
+                self._connections[sock] = _Connection(reader, time.monotonic())
+            if evicted is not None:
+                with contextlib.suppress(OSError):  # its reader closes it
+                    evicted.shutdown(socket.SHUT_RDWR)
             reader.start()
+
+    def _evict_idlest_locked(self, newcomer: str) -> socket.socket | None:
+        """With :data:`MAX_CONNECTIONS` open, the connection that sent nothing for longest (to be closed)."""
+        if len(self._connections) < MAX_CONNECTIONS:
+            return None
+        sock = min(self._connections, key=lambda s: self._connections[s].last_active)
+        idle = time.monotonic() - self._connections.pop(sock).last_active  # its reader ends on its own
+        log.warning(
+            "collective_connection_evicted", port=self.port, newcomer=newcomer, idle_seconds=round(idle, 1)
+        )
+        return sock
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
-            while (header := read_header(sock)) is not None:
+            while (header := read_header(sock, time.monotonic() + IDLE_SECONDS)) is not None:
                 if header.kind == FrameKind.PIECE:
-                    self._on_piece(header.key, read_piece(sock, header))
+                    piece = read_piece(sock, header, time.monotonic() + PIECE_READ_SECONDS)
+                    self._on_piece(header.key, piece)
                 elif header.kind == FrameKind.STATE_REQUEST:
                     if header.payload_bytes:
                         raise FrameError(f"state request with a payload of {header.payload_bytes} bytes")
                     self._answer_state(sock, header.round_id)
                 else:
                     raise FrameError(f"unexpected frame kind {header.kind}")
+                self._touch(sock)
         except FrameError as error:
             log.warning("collective_frame_rejected", peer=peer, reason=str(error))
         except OSError as error:
@@ -352,13 +391,16 @@ class FrameServer:
                 self._connections.pop(sock, None)
             sock.close()
 
+    def _touch(self, sock: socket.socket) -> None:
+        connection = self._connections.get(sock)
+        if connection is not None:
+            connection.last_active = time.monotonic()
+
     def _answer_state(self, sock: socket.socket, round_id: int) -> None:
         state = self._state_provider(round_id)
-        try:
-            for part in state_frames(state, round_id):
-                send_parts(sock, [part], time.monotonic() + STATE_FRAME_SECONDS)
-        finally:
-            sock.settimeout(None)  # back to blocking reads of the next request
+        for part in state_frames(state, round_id):
+            send_parts(sock, [part], time.monotonic() + STATE_FRAME_SECONDS)
+            self._touch(sock)
 
     def stop(self) -> None:
         """Stop accepting, close every connection, and join the threads."""
@@ -372,8 +414,16 @@ class FrameServer:
             with contextlib.suppress(OSError):  # already closed by its reader
                 sock.shutdown(socket.SHUT_RDWR)
         self._acceptor.join(STOP_JOIN_SECONDS + ACCEPT_POLL_SECONDS)
-        for reader in connections.values():
-            reader.join(STOP_JOIN_SECONDS)
+        for connection in connections.values():
+            connection.reader.join(STOP_JOIN_SECONDS)
+
+
+@dataclass
+class _Connection:
+    """A connection a :class:`FrameServer` serves: its reader thread, and when it last sent a frame."""
+
+    reader: threading.Thread
+    last_active: float
 
 
 # ------------------------------------------------------------------------------------------------ client
@@ -399,6 +449,12 @@ class PeerConnection:
 
     def __init__(self, address: str) -> None:
         self.address = address
+        self._target: tuple[str, int] | None = None
+        self._address_error = ""
+        try:
+            self._target = parse_host_port(address)
+        except AddressError as error:
+            self._address_error = str(error)
         self._queue: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -443,6 +499,9 @@ class PeerConnection:
             except OSError as error:
                 self._disconnect()
                 item.done.set_exception(error)
+            except Exception as error:  # the thread must live on, and every future complete
+                self._disconnect()
+                item.done.set_exception(ConnectionError(f"cannot send to {self.address[:80]!r}: {error}"))
             else:
                 item.done.set_result(None)
         self._disconnect()
@@ -453,7 +512,9 @@ class PeerConnection:
             # A piece connection never carries data back: readable means closed or reset by the peer.
             self._disconnect()
         if self._sock is None:
-            sock = _connect(self.address, deadline)
+            if self._target is None:
+                raise ConnectionError(self._address_error)
+            sock = _connect(self._target, deadline)
             with self._lock:
                 self._sock = sock
         return self._sock

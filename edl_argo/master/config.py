@@ -21,6 +21,8 @@ __all__ = ["NAN_LOSS_POLICIES", "TrainConfig", "add_train_flags", "config_from_a
 MAX_PORT = 65535
 #: What a local job's name must look like: it names files (the job registry), so no '/' and no spaces. On
 #: Kubernetes, where it names pods, the backend requires a DNS label (``manifests.validate_job_name``).
+#: The most workers a job may scale to when ``--max-workers`` is not given (or ``--num-workers``, if more).
+DEFAULT_MAX_WORKERS = 64
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
@@ -39,11 +41,18 @@ class _TrainConfigMethods:
     num_minibatches_per_task: int
     checkpoint_dir: str
     output: str
+    max_workers: int
+    num_workers: int
 
     @property
     def allreduce(self) -> bool:
         """Whether workers average gradients among themselves (no parameter servers)."""
         return self.distribution_strategy == ALLREDUCE
+
+    @property
+    def worker_limit(self) -> int:
+        """``--max-workers``; when 0, the larger of :data:`DEFAULT_MAX_WORKERS` and ``--num-workers``."""
+        return self.max_workers or max(DEFAULT_MAX_WORKERS, self.num_workers)
 
     @property
     def records_per_task(self) -> int:
@@ -113,6 +122,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             f"--checkpoint-steps with --backend kubernetes: {checkpoints} would be each pod's own disk;"
             " set --checkpoint-dir s3://bucket/prefix"
         )
+    if args.max_workers and args.num_workers > args.max_workers:
+        raise ConfigError(f"--num-workers {args.num_workers} is more than --max-workers {args.max_workers}")
     if args.master_port > MAX_PORT:
         raise ConfigError(f"--master-port {args.master_port}: a port is at most {MAX_PORT}")
     if args.backend == "local" and args.job_name and not _JOB_NAME.match(args.job_name):

@@ -50,8 +50,9 @@ from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.ps_watch import ParameterServerWatch
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
+from edl_argo.master.request_checks import RequestBounds
+from edl_argo.master.serving import master_server_limits
 from edl_argo.master.state_store import (
-    MASTER_THREADS,
     DurableMasterServicer,
     GroupCommit,
     commit_wait_seconds,
@@ -187,8 +188,19 @@ class TrainingJob:
     def _on_version(self, version: int) -> None:
         self.evaluation.on_model_version(self.versions.observe(version))
 
+    def _request_bounds(self) -> RequestBounds:
+        """What a request to this job's master may carry: ids of the workers its pods run, at most
+        ``--max-workers`` workers, and model versions at most the job's minibatches past the newest known."""
+        c = self.config
+        minibatches = sum(-(-records // c.minibatch_size) for records in self.training_shards.values())
+        return RequestBounds(
+            is_worker=lambda worker_id: self.pods is None or self.pods.is_worker(worker_id),
+            max_workers=c.worker_limit,
+            version_tolerance=max(1, minibatches * c.num_epochs),
+        )
+
     def _start_master_service(self, restored_holders: set[int]) -> None:
-        self._server = make_server(MASTER_THREADS)
+        self._server = make_server(limits=master_server_limits(self.config.rpc_timeout_seconds))
         servicer = DurableMasterServicer(
             self.dispatcher,
             self.evaluation,
@@ -209,6 +221,7 @@ class TrainingJob:
             ready_to_finish=lambda: self.rendezvous is None or self._group_state is not None,
             finish_training=self._apply_pending_updates,
             ledger=self.ledger,
+            bounds=self._request_bounds(),
             commit=self._state_writer,
             restored_holders=restored_holders,
         )

@@ -80,9 +80,12 @@ class PodManager:
     _removing: dict[int, str] = field(default_factory=dict)
     _next_worker_id: int = 0
     _target_workers: int = 0
+    _started: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
+        with self._lock:
+            self._started = True
         for ps_id in range(self.policy.num_ps):
             self.backend.start(self.ps_spec(ps_id))
         self.scale_workers(self.policy.num_workers)
@@ -114,6 +117,7 @@ class PodManager:
             self._target_workers = int(snapshot["target_workers"])
             self._next_worker_id = max([int(snapshot["next_worker_id"]), *(i + 1 for i in adopted_workers)])
             self._live_workers = set(adopted_workers)
+            self._started = True
         for ps_id in sorted(set(range(self.policy.num_ps)) - adopted_ps):
             self.backend.start(self.ps_spec(ps_id))
             self.relaunches.append(RelaunchRecord(PodRole.PS.value, ps_id, ps_id, LOST_WITH_MASTER))
@@ -134,6 +138,12 @@ class PodManager:
     def live_workers(self) -> list[int]:
         with self._lock:
             return sorted(self._live_workers)
+
+    def is_worker(self, worker_id: int) -> bool:
+        """Whether ``worker_id`` is a worker this manager started (or adopted) whose pod has not stopped.
+        Any id is, before :meth:`start` or :meth:`resume` (no worker is known yet)."""
+        with self._lock:
+            return not self._started or worker_id in self._live_workers
 
     @property
     def worker_relaunches(self) -> int:

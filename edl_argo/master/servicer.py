@@ -1,10 +1,13 @@
 """The master's gRPC service: a thin translation between the wire and the dispatcher/evaluation.
 
-Every request is checked before anything changes: a malformed one (a negative worker id, version or
-counter, an undecodable tensor, outputs without one row per label) ends with ``INVALID_ARGUMENT`` and a
-one-line reason, and the server goes on serving. Reports about a task the worker does not hold (unknown,
-done, reclaimed) are ignored, as :meth:`TaskDispatcher.report` ignores them. A failed task reported as
-``fatal`` (the loss became NaN) fails the job at once, with the worker's message.
+Every request is checked before anything changes (:mod:`edl_argo.master.request_checks`): a malformed one
+(a negative worker id, version or counter, a version beyond the job's reach, a worker id the master never
+started, an address that is not ``host:port``, an undecodable tensor, outputs without one row per label)
+ends with ``INVALID_ARGUMENT`` or ``FAILED_PRECONDITION`` and a one-line reason naming the field, and the
+server goes on serving. Reports about a task the worker does not hold (unknown, done, reclaimed) are
+ignored, as :meth:`TaskDispatcher.report` ignores them, and an ignored report changes nothing: no model
+version, evaluation round or counter. A failed task reported as ``fatal`` (the loss became NaN) fails the
+job at once, with the worker's message (shortened to :data:`~edl_argo.master.request_checks.MAX_TEXT_CHARS`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.master.request_checks import RequestBounds, RequestChecks, shortened
 from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model.outputs import SINGLE
@@ -59,11 +63,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         shard_versions: dict[TaskType, dict[str, str]] | None = None,
         finish_training: Callable[[], None] = lambda: None,
         ledger: TrainingLedger | None = None,
+        bounds: RequestBounds | None = None,
     ) -> None:
         """``finish_training`` runs when every training task is done, before the final evaluation round
         is queued (the PSes apply the pushes a synchronous step still waits for); it may run more than
         once and must be idempotent. ``ledger`` checks and counts what workers report they trained: a
-        training task whose report does not add up fails the job."""
+        training task whose report does not add up fails the job. ``bounds``: the job's limits on what a
+        request may carry (default: none beyond the fields' own ranges)."""
+        self._checks = RequestChecks(bounds or RequestBounds(), current_version)
         self._shard_versions = shard_versions or {}
         self._finish_training = finish_training
         self._ledger = ledger
@@ -80,7 +87,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def GetTask(
         self, request: master_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> master_pb2.GetTaskResponse:
-        _check_worker_id(context, "GetTask", request.worker_id)
+        self._checks.worker_id(context, "GetTask", request.worker_id)
         held = self._dispatcher.oldest_held_task(request.worker_id, frozenset(request.held_task_ids))
         if held is not None and self._dispatcher.failure is None:
             # A worker asks only for tasks beyond those it lists as held: it never received the answer that
@@ -121,18 +128,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def ReportTaskResult(
         self, request: master_pb2.ReportTaskResultRequest, context: grpc.ServicerContext
     ) -> master_pb2.ReportTaskResultResponse:
-        _check_worker_id(context, "ReportTaskResult", request.worker_id)
-        negative = sorted(name for name, value in request.counters.items() if value < 0)
-        if negative:
-            reject_request(
-                context, "ReportTaskResult", _INVALID, f"task {request.task_id}: counter {negative[0]!r} < 0"
-            )
+        self._checks.worker_id(context, "ReportTaskResult", request.worker_id)
+        self._checks.counters(context, "ReportTaskResult", request.task_id, request.counters)
         if not math.isfinite(request.mean_loss):
             reject_request(
                 context, "ReportTaskResult", _INVALID, f"task {request.task_id}: mean_loss is not finite"
             )
+        error_message = shortened(request.error_message)
         if request.fatal and not request.success:
-            accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, request.error_message)
+            accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, error_message)
             return master_pb2.ReportTaskResultResponse(accepted=accepted)  # the job failed: no next task
         task = self._dispatcher.held_task(request.task_id, request.worker_id)
         ledger = self._ledger if task is not None and task.type is TaskType.TRAINING else None
@@ -142,24 +146,21 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, problem)
                 return master_pb2.ReportTaskResultResponse(accepted=accepted)  # the job failed
             ledger.add(task, request.counters)  # first: a state saved in between counts it
-        accepted = self._dispatcher.report(
-            request.task_id, request.worker_id, request.success, request.error_message
-        )
+        accepted = self._dispatcher.report(request.task_id, request.worker_id, request.success, error_message)
         if ledger is not None and task is not None:
             if request.success and not accepted:
                 ledger.remove(task)
             elif not request.success and accepted:
                 ledger.add_failed_attempt(request.counters)
-        if accepted and request.success and "steps" in request.counters:
-            self._training_loss.add(
-                request.counters.get("epoch", 0), request.mean_loss, request.counters["steps"]
-            )
-        if accepted and request.success:
+        training = accepted and request.success and task is not None and task.type is TaskType.TRAINING
+        if training and task is not None and "steps" in request.counters:
+            self._training_loss.add(task.epoch, request.mean_loss, request.counters["steps"])
+        if training:
             self._training_loss.skip_nan_batches(request.counters.get("nan_batches_skipped", 0))
             self._training_loss.skip_nan_gradients(
                 request.worker_id, request.counters.get("nan_gradients_skipped", 0)
             )
-        if "model_version" in request.counters and self._on_version is not None:
+        if accepted and "model_version" in request.counters and self._on_version is not None:
             self._on_version(request.counters["model_version"])
         response = master_pb2.ReportTaskResultResponse(accepted=accepted)
         if request.get_next_task:
@@ -171,7 +172,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.ReportEvaluationOutputsRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.Empty:
         rpc = "ReportEvaluationOutputs"
-        _check_worker_id(context, rpc, request.worker_id)
+        self._checks.worker_id(context, rpc, request.worker_id)
         try:
             outputs = {t.name or SINGLE: from_tensor(t) for t in request.outputs}
             label_tensors = list(request.named_labels)
@@ -209,10 +210,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def ReportVersion(
         self, request: master_pb2.ReportVersionRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.Empty:
-        _check_worker_id(context, "ReportVersion", request.worker_id)
-        if request.model_version < 0:
-            reject_request(context, "ReportVersion", _INVALID, f"model_version {request.model_version} < 0")
-        if self._on_version is not None:
+        self._checks.worker_id(context, "ReportVersion", request.worker_id)
+        self._checks.model_version(context, "ReportVersion", "model_version", request.model_version)
+        held = self._dispatcher.oldest_held_task(request.worker_id)
+        if held is None or held.type is not TaskType.TRAINING:
+            # Workers report versions while they train a task: this one's is reclaimed, or it is no worker.
+            log.warning("version_ignored", worker=request.worker_id, reason="no_training_task")
+        elif self._on_version is not None:
             self._on_version(request.model_version)
         return tensor_pb2.Empty()
 
@@ -221,10 +225,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.ScaleWorkersResponse:
         if self._scale_workers is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this master cannot scale its workers")
-        if request.num_workers < 0:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"num_workers must be >= 0, got {request.num_workers}"
-            )
+        self._checks.num_workers(context, "ScaleWorkers", request.num_workers)
         return master_pb2.ScaleWorkersResponse(num_workers=self._scale_workers(request.num_workers))
 
     def _require_rendezvous(self, context: grpc.ServicerContext) -> RendezvousManager:
@@ -239,20 +240,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.RendezvousRequest, context: grpc.ServicerContext
     ) -> master_pb2.RendezvousResponse:
         rendezvous = self._require_rendezvous(context)
-        if request.worker_id < 0 or not request.address:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "worker_id >= 0 and an address are required")
+        self._checks.worker_id(context, "Rendezvous", request.worker_id)
+        self._checks.address(context, "Rendezvous", request.address)
+        self._checks.rendezvous_report(context, request, rendezvous.current.round_id)
         current = rendezvous.rendezvous(request.worker_id, request.address, request)
         return rendezvous.response(current, request.worker_id)
 
     def ReportCollectiveFailure(
         self, request: master_pb2.ReportCollectiveFailureRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.Empty:
-        self._require_rendezvous(context).report_failure(
-            request.worker_id, request.round_id, request.suspect_worker_id, request.message
+        rendezvous = self._require_rendezvous(context)
+        self._checks.worker_id(context, "ReportCollectiveFailure", request.worker_id)
+        rendezvous.report_failure(
+            request.worker_id, request.round_id, request.suspect_worker_id, shortened(request.message, 300)
         )
         return tensor_pb2.Empty()
-
-
-def _check_worker_id(context: grpc.ServicerContext, rpc: str, worker_id: int) -> None:
-    if worker_id < 0:
-        reject_request(context, rpc, _INVALID, f"worker_id must be >= 0, got {worker_id}")

@@ -19,6 +19,7 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.rpc.server_limits import ServerLimits
 from edl_argo.settings import table
 
 log = get_logger(__name__)
@@ -80,11 +81,21 @@ def make_server(
     *,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
     maximum_concurrent_rpcs: int | None = None,
+    limits: ServerLimits | None = None,
 ) -> grpc.Server:
     """A server with the same message limits as :func:`make_channel`, owning its port alone.
 
     ``maximum_concurrent_rpcs``: calls beyond this many running or queued are refused at once with
-    ``RESOURCE_EXHAUSTED`` (None: no bound)."""
+    ``RESOURCE_EXHAUSTED`` (None: no bound). ``limits`` (:mod:`edl_argo.rpc.server_limits`) instead: its
+    ``threads`` instead of ``max_workers``, a pool of its own for its priority methods, a cap on concurrent
+    calls and a bound on every call's life."""
+    if limits is not None:
+        return grpc.server(
+            futures.ThreadPoolExecutor(max_workers=limits.threads),
+            options=[*_SERVER_OPTIONS, *limits.options()],
+            interceptors=[*interceptors, *limits.interceptors()],
+            maximum_concurrent_rpcs=limits.max_concurrent_calls,
+        )
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         options=_SERVER_OPTIONS,

@@ -82,7 +82,11 @@ def to_indexed_slices(values: np.ndarray, ids: np.ndarray, name: str = "") -> te
 def from_indexed_slices(message: tensor_pb2.IndexedSlices) -> tuple[np.ndarray, np.ndarray]:
     """Decode into ``(values, ids)``; the row counts must agree."""
     values, ids = from_tensor(message.values), from_tensor(message.ids)
-    if ids.ndim != 1 or ids.dtype != np.int64 or values.ndim < 1 or values.shape[0] != ids.shape[0]:
+    if ids.dtype != np.int64:
+        raise TensorDecodeError(
+            f"indexed slices {message.values.name[:80]!r}: ids must be int64, got {ids.dtype}"
+        )
+    if ids.ndim != 1 or values.ndim < 1 or values.shape[0] != ids.shape[0]:
         raise TensorDecodeError(
             f"indexed slices {message.values.name!r}: {ids.shape[0] if ids.ndim else 0} ids "
             f"for values of shape {values.shape}"

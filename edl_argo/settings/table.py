@@ -430,6 +430,15 @@ SETTINGS: tuple[Setting, ...] = (
         argo=Argo(),
     ),
     Setting(
+        "--max-workers",
+        int,
+        0,
+        "the most workers `edl-argo scale` may ask for (0: 64, or --num-workers if more)",
+        group=CLUSTER,
+        parse=non_negative_int,
+        argo=Argo(),
+    ),
+    Setting(
         "--max-ps-relaunches",
         int,
         8,

@@ -1,0 +1,76 @@
+"""Bounds on what a gRPC server's clients can hold: threads, concurrent calls, and how long any call lasts.
+
+gRPC's synchronous server gives each call a thread of its pool as soon as the call's headers arrive, and
+that thread waits for the request body without a bound of its own: a client that sends headers and nothing
+more (a buggy or hostile one) holds a thread for as long as it keeps the connection. So a server made with
+:class:`ServerLimits`:
+
+* serves the methods its job's progress depends on (``priority_methods``) from a pool of their own, so that
+  calls of the other methods (however many, however slow their bodies) never take a thread from them;
+* refuses calls beyond ``max_concurrent_calls`` in progress at once with ``RESOURCE_EXHAUSTED`` instead of
+  queueing them without limit;
+* ends every call within ``max_call_seconds``: each connection is told to go away (HTTP/2 GOAWAY) after
+  ``connection_seconds`` (clients open a new one for their next calls) and is closed, with whatever calls
+  it still holds, ``max_call_seconds`` later. A real call is bounded by its client's deadline well before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc.experimental import wrap_server_method_handler
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The bounds of one server (see the module docstring). ``priority_methods``: full method names
+    (``/package.Service/Method``) served from a pool of ``priority_threads`` threads of their own."""
+
+    threads: int = 8
+    priority_methods: Collection[str] = ()
+    priority_threads: int = 8
+    max_concurrent_calls: int | None = None
+    connection_seconds: float = 60.0
+    max_call_seconds: float = 120.0
+
+    def options(self) -> list[tuple[str, int]]:
+        """The channel arguments that bound a connection's (and so every call's) life."""
+        return [
+            ("grpc.max_connection_age_ms", int(self.connection_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(self.max_call_seconds * 1000)),
+        ]
+
+    def interceptors(self) -> list[grpc.ServerInterceptor]:
+        if not self.priority_methods:
+            return []
+        pool = futures.ThreadPoolExecutor(self.priority_threads, thread_name_prefix="grpc-priority")
+        return [_PriorityPool(frozenset(self.priority_methods), pool)]
+
+
+class _PriorityPool(grpc.ServerInterceptor):
+    """Serves ``methods`` from ``pool``: gRPC runs a behaviour with an ``experimental_thread_pool`` there."""
+
+    def __init__(self, methods: frozenset[str], pool: futures.ThreadPoolExecutor) -> None:
+        self._methods = methods
+        self._pool = pool
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method not in self._methods:
+            return handler
+        return wrap_server_method_handler(self._on_pool, handler)
+
+    def _on_pool(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            return behaviour(*args)
+
+        run.experimental_thread_pool = self._pool  # type: ignore[attr-defined]
+        return run
