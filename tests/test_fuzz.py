@@ -64,7 +64,7 @@ pytestmark = pytest.mark.timeout(int(SECONDS) * 3 + 600)
 
 
 #: See the module's docstring: True leaves the master's known gaps out of the live run.
-MASTER_GAPS = True
+MASTER_GAPS = False
 
 
 def _foreign_worker(request: Message, fuzzer: MessageFuzzer) -> None:

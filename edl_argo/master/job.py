@@ -65,6 +65,7 @@ from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import open_dataset
 from edl_argo.rpc.channel import make_server
+from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
 from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
 
@@ -200,7 +201,10 @@ class TrainingJob:
         )
 
     def _start_master_service(self, restored_holders: set[int]) -> None:
-        self._server = make_server(limits=master_server_limits(self.config.rpc_timeout_seconds))
+        self._server = make_server(
+            limits=master_server_limits(self.config.rpc_timeout_seconds),
+            interceptors=[RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS)],
+        )
         servicer = DurableMasterServicer(
             self.dispatcher,
             self.evaluation,

@@ -30,7 +30,7 @@ from edl_argo.proto import ps_pb2_grpc
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.health import add_health_service
 from edl_argo.rpc.master_watch import MasterWatch
-from edl_argo.rpc.request_deadline import RequestDeadlineInterceptor
+from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
 from edl_argo.settings import add_role_settings
 from edl_argo.storage.base import Storage
 
@@ -49,7 +49,6 @@ MAX_CONCURRENT_RPCS = 64
 #: that opens calls and never sends their requests holds the server's threads at most this long
 #: (:mod:`edl_argo.rpc.request_deadline`). A gradient push of the largest message (256 MiB) takes about 2 s
 #: on a 1 Gbit/s network.
-REQUEST_ARRIVAL_SECONDS = 10.0
 #: Seconds running requests get to finish after SIGTERM, and the last checkpoint to be written.
 STOP_GRACE_SECONDS = 10.0
 

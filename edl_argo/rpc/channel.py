@@ -93,7 +93,9 @@ def make_server(
         return grpc.server(
             futures.ThreadPoolExecutor(max_workers=limits.threads),
             options=[*_SERVER_OPTIONS, *limits.options()],
-            interceptors=[*interceptors, *limits.interceptors()],
+            # The limits' priority pool outermost: an inner interceptor may replace a method's handler
+            # (e.g. RequestDeadlineInterceptor), and the pool must be set on the handler gRPC runs.
+            interceptors=[*limits.interceptors(), *interceptors],
             maximum_concurrent_rpcs=limits.max_concurrent_calls,
         )
     return grpc.server(

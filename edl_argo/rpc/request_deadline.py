@@ -22,6 +22,9 @@ from edl_argo.log import get_logger
 
 log = get_logger(__name__)
 
+#: How long after its headers a unary call's request may arrive before the call is cancelled.
+REQUEST_ARRIVAL_SECONDS = 10.0
+
 
 class RequestDeadlineInterceptor(grpc.ServerInterceptor):
     """Cancel unary calls whose request message has not arrived ``seconds`` after their headers."""
