@@ -42,6 +42,13 @@ A frame this side cannot accept (wrong magic or version, unknown kind or dtype, 
 a whole number of elements) closes its connection: the server logs ``collective_frame_rejected`` naming the
 peer and the reason and goes on serving every other connection.
 
+**Authentication.** Every connection opens with a preamble, :data:`AUTH_MAGIC` and the job's collective
+token (:func:`edl_argo.rpc.auth.JobSecret.collective_token`, 32 bytes; zeros from a process without one).
+A server with a token (every worker of a job: :data:`~edl_argo.rpc.auth.COLLECTIVE_ENV`) reads the preamble
+within :data:`AUTH_SECONDS` and compares it in constant time before it reads a frame or serves a state; a
+connection without it, or with another job's, is closed, logged once per peer host
+(``collective_unauthenticated``).
+
 Outgoing pieces travel on one persistent connection per peer (:class:`PeerConnection`), reused across rounds
 and reopened after any error, with a sender thread of its own, so that a member sends to its right neighbour
 while its server's reader thread drains its left one. State requests use a short-lived connection each
@@ -53,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import hmac
 import os
 import queue
 import select
@@ -72,6 +80,7 @@ from edl_argo.addresses import split_host_port
 from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.log import get_logger
 from edl_argo.proto import collective_pb2, tensor_pb2
+from edl_argo.rpc.auth import TOKEN_BYTES, collective_token_from_env
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES
 
 log = get_logger(__name__)
@@ -96,6 +105,13 @@ STOP_JOIN_SECONDS = 2.0
 ACCEPT_POLL_SECONDS = 0.5
 #: How long a member serving a state waits for the requester to take each frame of it.
 STATE_FRAME_SECONDS = 60.0
+
+#: The first bytes of every connection, then the collective token (:data:`TOKEN_BYTES`).
+AUTH_MAGIC = b"EDLA"
+#: How long a server waits for a new connection's preamble.
+AUTH_SECONDS = 10.0
+#: At most this many refused peer hosts are remembered as already logged.
+LOGGED_PEERS_CAP = 1024
 
 #: ``(round_id, operation, step)``: where a piece belongs.
 PieceKey = tuple[int, int, int]
@@ -256,10 +272,37 @@ def read_piece(sock: socket.socket, header: FrameHeader) -> np.ndarray:
     return piece
 
 
-def _connect(address: str, deadline: float) -> socket.socket:
+def _preamble(token: bytes | None) -> bytes:
+    return AUTH_MAGIC + (token if token is not None else bytes(TOKEN_BYTES))
+
+
+def _connect(address: str, deadline: float, token: bytes | None) -> socket.socket:
+    """A connection to ``address`` that has sent its preamble with ``token``."""
     sock = socket.create_connection(split_address(address), timeout=_remaining(deadline))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        send_parts(sock, [_preamble(token)], deadline)
+    except BaseException:
+        sock.close()
+        raise
     return sock
+
+
+def _authenticated(sock: socket.socket, token: bytes | None) -> str:
+    """Read a new connection's preamble; the reason to refuse it, or "" to serve it (always "" without a
+    ``token``: a server of no job)."""
+    data = bytearray(len(AUTH_MAGIC) + TOKEN_BYTES)
+    try:
+        got = _recv_exact_into(sock, memoryview(data), time.monotonic() + AUTH_SECONDS)
+    except TimeoutError:
+        return f"no preamble within {AUTH_SECONDS:.0f} s"
+    except ConnectionError:
+        return "a short preamble"
+    if got == 0 or not data.startswith(AUTH_MAGIC):
+        return "no preamble"
+    if token is not None and not hmac.compare_digest(bytes(data[len(AUTH_MAGIC) :]), token):
+        return "a wrong collective token"
+    return ""
 
 
 # ------------------------------------------------------------------------------------------------ server
@@ -292,7 +335,12 @@ class FrameServer:
         listener: socket.socket,
         on_piece: Callable[[PieceKey, np.ndarray], None],
         state_provider: StateProvider,
+        token: bytes | None = None,
     ) -> None:
+        """``token``: the collective token every connection must present (default: this process's,
+        :func:`~edl_argo.rpc.auth.collective_token_from_env`; without one, any connection is served)."""
+        self._token = token if token is not None else collective_token_from_env()
+        self._refused_peers: set[str] = set()
         self._listener = listener
         self._on_piece = on_piece
         self._state_provider = state_provider
@@ -331,8 +379,24 @@ class FrameServer:
                 self._connections[sock] = reader
             reader.start()
 
+    def _refused(self, peer: str, reason: str) -> None:
+        host = peer.rsplit(":", 1)[0]
+        with self._lock:
+            first = host not in self._refused_peers
+            if first:
+                if len(self._refused_peers) >= LOGGED_PEERS_CAP:
+                    self._refused_peers.clear()
+                self._refused_peers.add(host)
+        if first:
+            log.warning("collective_unauthenticated", port=self.port, peer=host, reason=reason)
+
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
+            refusal = _authenticated(sock, self._token)
+            if refusal:
+                self._refused(peer, refusal)
+                return
+            sock.settimeout(None)
             while (header := read_header(sock)) is not None:
                 if header.kind == FrameKind.PIECE:
                     self._on_piece(header.key, read_piece(sock, header))
@@ -397,8 +461,10 @@ class PeerConnection:
     member that died between two sends is then noticed by the reconnection's refusal, not by a timeout).
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, token: bytes | None = None) -> None:
+        """``token``: the collective token to present (default: this process's)."""
         self.address = address
+        self._token = token if token is not None else collective_token_from_env()
         self._queue: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -453,7 +519,7 @@ class PeerConnection:
             # A piece connection never carries data back: readable means closed or reset by the peer.
             self._disconnect()
         if self._sock is None:
-            sock = _connect(self.address, deadline)
+            sock = _connect(self.address, deadline, self._token)
             with self._lock:
                 self._sock = sock
         return self._sock
@@ -501,15 +567,19 @@ class PeerConnections:
         self.retain(())
 
 
-def request_state(address: str, round_id: int, timeout: float) -> GroupState | None:
+def request_state(
+    address: str, round_id: int, timeout: float, token: bytes | None = None
+) -> GroupState | None:
     """The state the member at ``address`` serves for ``round_id`` (``< 0``: its current state), or None if
     it has none for that round; over a connection of its own. Each frame must arrive within ``timeout``
     seconds (a large state takes as many frames as it needs).
 
     Raises OSError when the member cannot be reached, does not answer in time, or answers with something
-    other than a state (:class:`FrameError`).
+    other than a state (:class:`FrameError`). ``token``: the collective token to present (default: this
+    process's).
     """
-    with _connect(address, time.monotonic() + timeout) as sock:
+    token = token if token is not None else collective_token_from_env()
+    with _connect(address, time.monotonic() + timeout, token) as sock:
         send_parts(
             sock, [FrameHeader(FrameKind.STATE_REQUEST, round_id=round_id).pack()], time.monotonic() + timeout
         )

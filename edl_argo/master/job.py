@@ -64,6 +64,7 @@ from edl_argo.pods import LocalProcessBackend, PodBackend, PodRole, PodSpec, Pod
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import ShardReader, open_dataset
+from edl_argo.rpc.auth import MASTER_IDENTITY, JobSecret
 from edl_argo.rpc.channel import make_server
 from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
@@ -157,6 +158,9 @@ class TrainingJob:
             self._state, self.state_store.save, wait_seconds=commit_wait_seconds(config.rpc_timeout_seconds)
         )
         self.backend = backend or _default_backend(config)
+        self.job_secret = self._job_secret()
+        self.backend.use_job_secret(self.job_secret)
+        self.credential = self.job_secret.credential(MASTER_IDENTITY)
         self.host = pod_host()
         k8s = config.kubernetes
         self.ps_ports = (
@@ -179,6 +183,20 @@ class TrainingJob:
         self._master_address = ""
         self._master_port = 0
         self._started = 0.0
+
+    def _job_secret(self) -> JobSecret:
+        """The job's secret: the one an earlier master of the job made (kept by the backend, else beside
+        the state), or a new one, kept likewise (see :mod:`edl_argo.rpc.auth`)."""
+        kept = self.backend.stored_job_secret()
+        if kept is None and self._saved is not None and not self.backend.keeps_job_secret:
+            kept = self.state_store.load_secret()
+        if kept is not None:
+            log.info("job_secret_reused", job=self.config.job_name)
+            return kept
+        secret = JobSecret.generate()
+        if not self.backend.keeps_job_secret:
+            self.state_store.save_secret(secret)
+        return secret
 
     # ------------------------------------------------------------------ pod commands
 
@@ -265,7 +283,7 @@ class TrainingJob:
         self.evaluation.on_model_version(self.versions.observe(version))
 
     def _start_master_service(self, restored_holders: set[int]) -> None:
-        self._server = make_server(MASTER_THREADS)
+        self._server = make_server(MASTER_THREADS, self.job_secret, "master")
         servicer = DurableMasterServicer(
             self.dispatcher,
             self.evaluation,
@@ -353,7 +371,10 @@ class TrainingJob:
             self._state_writer.changed()
             if c.num_ps:
                 self._ps_watch = ParameterServerWatch(
-                    lambda ps_id: self.backend.address(PodRole.PS, ps_id), c.num_ps, c.rpc_timeout_seconds
+                    lambda ps_id: self.backend.address(PodRole.PS, ps_id),
+                    c.num_ps,
+                    c.rpc_timeout_seconds,
+                    credential=self.credential,
                 )
             self._dispatch_until_done(progress)
             self._apply_pending_updates()  # when no worker asked for a task after the last one
@@ -551,7 +572,9 @@ class TrainingJob:
         """Read every member's state; keep the newest for the export and record how far replicas differ."""
         assert self.rendezvous is not None
         current = self.rendezvous.current
-        survey = survey_member_states([m.address for m in current.members])
+        survey = survey_member_states(
+            [m.address for m in current.members], token=self.job_secret.collective_token()
+        )
         newest = survey.newest
         self._replicas = {
             "members_compared": survey.members_compared,
@@ -577,7 +600,9 @@ class TrainingJob:
         with self._ps_status_lock:
             if self._ps_status is not None:
                 return
-            ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
+            ps = ParameterServerClient(
+                self._ps_addresses().split(","), retry_budget_seconds=60, credential=self.credential
+            )
             try:
                 self._ps_status = ps.status(apply_pending=True)
             finally:
@@ -671,6 +696,7 @@ class TrainingJob:
                 self._ps_addresses().split(","),
                 retry_budget_seconds=60,
                 rpc_timeout_seconds=self.config.rpc_timeout_seconds,
+                credential=self.credential,
             )
             try:
                 model = model_from_parameter_servers(self.spec, ps, self._sample_features())

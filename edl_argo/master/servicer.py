@@ -22,6 +22,7 @@ from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model.outputs import SINGLE
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
+from edl_argo.rpc.auth import OPERATOR_IDENTITIES, pod_identity, require_identity
 from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
 
@@ -217,6 +218,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.ScaleWorkersResponse:
         if self._scale_workers is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this master cannot scale its workers")
+        require_identity(context, "ScaleWorkers", *OPERATOR_IDENTITIES)
         if request.num_workers < 0:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"num_workers must be >= 0, got {request.num_workers}"
@@ -237,12 +239,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         rendezvous = self._require_rendezvous(context)
         if request.worker_id < 0 or not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "worker_id >= 0 and an address are required")
+        require_identity(context, "Rendezvous", pod_identity("worker", request.worker_id))
         current = rendezvous.rendezvous(request.worker_id, request.address, request)
         return rendezvous.response(current, request.worker_id)
 
     def ReportCollectiveFailure(
         self, request: master_pb2.ReportCollectiveFailureRequest, context: grpc.ServicerContext
     ) -> tensor_pb2.Empty:
+        _check_worker_id(context, "ReportCollectiveFailure", request.worker_id)
         self._require_rendezvous(context).report_failure(
             request.worker_id, request.round_id, request.suspect_worker_id, request.message
         )
@@ -250,5 +254,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
 
 def _check_worker_id(context: grpc.ServicerContext, rpc: str, worker_id: int) -> None:
+    """A call naming ``worker_id``: a valid id, and (on an authenticated server) from that worker."""
     if worker_id < 0:
         reject_request(context, rpc, _INVALID, f"worker_id must be >= 0, got {worker_id}")
+    require_identity(context, rpc, pod_identity("worker", worker_id))

@@ -19,6 +19,13 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.rpc.auth import (
+    ClientCredential,
+    JobSecret,
+    authenticated,
+    credential_from_env,
+    server_interceptor,
+)
 
 log = get_logger(__name__)
 
@@ -54,9 +61,12 @@ _CHANNEL_OPTIONS = [
 Response = TypeVar("Response")
 
 
-def make_channel(address: str) -> grpc.Channel:
-    """An insecure channel to ``host:port`` (traffic stays inside the job's network), with keepalive."""
-    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def make_channel(address: str, credential: ClientCredential | None = None) -> grpc.Channel:
+    """A channel to ``host:port`` with keepalive whose calls present ``credential`` (default: this
+    process's, :func:`~edl_argo.rpc.auth.credential_from_env`; none if it has none). Plain TCP: the
+    credential authenticates, it does not encrypt."""
+    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    return authenticated(channel, credential if credential is not None else credential_from_env())
 
 
 #: Servers never share a port: gRPC's default SO_REUSEPORT would let a second process bind a port in use
@@ -74,9 +84,16 @@ _SERVER_OPTIONS = [
 ]
 
 
-def make_server(max_workers: int = 8) -> grpc.Server:
-    """A server with the same message limits as :func:`make_channel`, owning its port alone."""
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS)
+def make_server(max_workers: int = 8, secret: JobSecret | None = None, service: str = "") -> grpc.Server:
+    """A server with the same message limits as :func:`make_channel`, owning its port alone. With a job
+    ``secret``, every call without a valid credential of that job is refused (UNAUTHENTICATED, see
+    :mod:`edl_argo.rpc.auth`; ``service`` names the server in the log line)."""
+    interceptors = [server_interceptor(secret, service)] if secret is not None else []
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=_SERVER_OPTIONS,
+        interceptors=interceptors,
+    )
 
 
 def reject_request(context: grpc.ServicerContext, rpc: str, code: grpc.StatusCode, reason: str) -> NoReturn:
