@@ -19,11 +19,13 @@ import keras
 import numpy as np
 import pytest
 
+from edl_argo import cli
 from edl_argo.collective import CollectiveServer
 from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.collective.transport import PeerConnection, request_state
 from edl_argo.log import configure as configure_logging
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.registry import register_master
 from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.state_store import SECRET_KEY, MasterStateStore
@@ -340,3 +342,27 @@ def test_on_kubernetes_the_secret_lives_in_a_secret_the_master_owns_and_a_restar
     assert stand_in.objects("secrets", f"app.kubernetes.io/instance={job}") == []
     calls = [c for c in stand_in.calls if c.user_agent.startswith(MASTER_USER_AGENT)]
     assert {c.verb for c in calls if c.resource == "secrets"} == {"create", "get", "patch", "delete"}
+
+
+def test_scale_authenticates_with_the_secret_its_local_master_registered(
+    master: tuple[str, TaskDispatcher],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    address, _ = master
+    monkeypatch.setenv("EDL_RUN_DIR", str(tmp_path))
+    for name in auth.CREDENTIAL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    register_master("scaled", address)  # an entry without the secret: the call is refused
+    assert cli.main(["scale", "scaled", "--workers", "3"]) != 0
+    assert "did not accept the request: master: no credential" in capsys.readouterr().err
+    register_master("scaled", address, SECRET)
+    entry = tmp_path / "jobs" / "scaled.json"
+    assert stat.S_IMODE(os.stat(entry).st_mode) == 0o600
+    assert cli.main(["scale", "scaled", "--workers", "3"]) == 0
+    assert "target workers 3" in capsys.readouterr().out
+    monkeypatch.setenv(auth.IDENTITY_ENV, "worker-0")  # a worker's credential may not steer the job
+    monkeypatch.setenv(auth.TOKEN_ENV, SECRET.token("worker-0"))
+    assert cli.main(["scale", "scaled", "--workers", "3"]) != 0
+    assert "worker-0 cannot act as admin" in capsys.readouterr().err

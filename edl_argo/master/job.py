@@ -321,7 +321,7 @@ class TrainingJob:
         self._master_port = port
         self._server.start()
         self._master_address = self.backend.expose_master(join_host_port(self.host, port))
-        register_master(self.config.job_name, join_host_port(self.host, port))
+        register_master(self.config.job_name, join_host_port(self.host, port), self.job_secret)
         log.info("master_started", job=self.config.job_name, address=self._master_address)
 
     def run(self) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 The master talks to the API server with the official ``kubernetes`` client (in-cluster service account,
 else ``KUBECONFIG``; ``EDL_KUBERNETES_API=http://host:port`` points it at any API server, for tests),
 through :class:`~edl_argo.pods.kubernetes_api.JobApi`: it needs exactly what ``templates/rbac.yaml``
-grants, pods and services (create, get, list, watch, delete), pods/log (get) and networkpolicies (create,
-delete) in its namespace.
+grants, pods and services (create, get, list, watch, delete), pods/log (get), networkpolicies (create,
+delete) and secrets (create, get, patch, delete) in its namespace.
 
 **Network.** On construction the backend creates the job's NetworkPolicy
 (:func:`~edl_argo.pods.manifests.network_policy_manifest`, owned like the pods): only the job's own pods
