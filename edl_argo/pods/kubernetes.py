@@ -393,7 +393,9 @@ class KubernetesBackend(PodBackend):
     def _create(self, pod: _Pod) -> None:
         """Create ``pod``'s object, retrying per the module docstring (the creator thread of ``pod``)."""
         assert pod.spec is not None
-        manifest = manifests.pod_manifest(self.job_name, self.config, pod.spec)
+        manifest = manifests.pod_manifest(
+            self.job_name, self.config, pod.spec, credentials=self.job_secret is not None
+        )
         deadline = time.monotonic() + self.config.pod_creation_timeout
         delay, reported = RETRY_FIRST_SECONDS, ""
         try:

@@ -203,15 +203,18 @@ def owner_references(config: KubernetesConfig) -> dict[str, Any]:
     }
 
 
-def pod_manifest(job_name: str, config: KubernetesConfig, spec: PodSpec) -> dict[str, Any]:
-    """The Pod that runs ``spec``."""
+def pod_manifest(
+    job_name: str, config: KubernetesConfig, spec: PodSpec, credentials: bool = True
+) -> dict[str, Any]:
+    """The Pod that runs ``spec``; with ``credentials``, its credentials come from the job's auth Secret
+    (without: a pod of no job, which no master's server serves)."""
     settings = config.role(spec.role.value)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": config.image,
         "imagePullPolicy": config.image_pull_policy,
         "command": list(spec.command),
-        "env": _env(job_name, config, spec),
+        "env": _env(job_name, config, spec, credentials),
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     resources = {k: dict(v) for k, v in (("requests", settings.requests), ("limits", settings.limits)) if v}
@@ -402,7 +405,7 @@ def service_dns_address(job_name: str, config: KubernetesConfig, ps_id: int) -> 
     return f"{name}.{config.namespace}.svc:{config.ps_port_of(ps_id)}"
 
 
-def _env(job_name: str, config: KubernetesConfig, spec: PodSpec) -> list[dict[str, Any]]:
+def _env(job_name: str, config: KubernetesConfig, spec: PodSpec, credentials: bool) -> list[dict[str, Any]]:
     """The container's environment; later entries replace earlier ones of the same name."""
     values = {
         **spec.env,
@@ -422,6 +425,8 @@ def _env(job_name: str, config: KubernetesConfig, spec: PodSpec) -> list[dict[st
         for name in SECRET_KEYS:
             ref = {"name": config.storage_secret, "key": name, "optional": True}
             env[name] = {"name": name, "valueFrom": {"secretKeyRef": ref}}
+    if not credentials:
+        return list(env.values())
     identity = auth.pod_identity(spec.role.value, spec.pod_id)
     env[auth.IDENTITY_ENV] = {"name": auth.IDENTITY_ENV, "value": identity}
     keys = (
