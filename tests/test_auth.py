@@ -144,6 +144,7 @@ def test_the_master_refuses_every_caller_not_of_the_job_and_logs_each_peer_once(
 def test_a_worker_cannot_act_as_another_worker_nor_steer_the_job(
     master: tuple[str, TaskDispatcher], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    configure_logging()
     address, dispatcher = master
     victim = master_pb2_grpc.MasterStub(make_channel(address, SECRET.credential("worker-0")))
     held = victim.GetTask(master_pb2.GetTaskRequest(worker_id=0), timeout=10).task
@@ -153,6 +154,8 @@ def test_a_worker_cannot_act_as_another_worker_nor_steer_the_job(
         assert rpc in details and "worker-1" in details
     # Worker 0 still holds its task, the fatal report did not end the job, nobody joined a group as it.
     assert dispatcher.held_task(held.task_id, 0) is not None and not dispatcher.finished
+    for call in master_calls(impostor).values():  # the same denials again are not logged again
+        assert_refused(call, grpc.StatusCode.PERMISSION_DENIED)
     assert capsys.readouterr().err.count("call_denied") == len(master_calls(impostor))
     # An operator holding the secret may scale the job; worker 0 may act as itself.
     admin = master_pb2_grpc.MasterStub(make_channel(address, SECRET.credential(auth.ADMIN_IDENTITY)))

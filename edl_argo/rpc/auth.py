@@ -277,6 +277,10 @@ def server_interceptor(secret: JobSecret, service: str) -> grpc.ServerIntercepto
     return _ServerInterceptor(secret, service)
 
 
+#: Denied (caller, method) pairs already logged: one line each, however often a buggy worker retries.
+_DENIALS_LOGGED = _PeersLogged()
+
+
 def caller_identity(context: grpc.ServicerContext) -> str | None:
     """The identity a call presented (checked by :func:`server_interceptor` when the server has one)."""
     for key, value in context.invocation_metadata() or ():
@@ -287,12 +291,14 @@ def caller_identity(context: grpc.ServicerContext) -> str | None:
 
 def require_identity(context: grpc.ServicerContext, rpc: str, *identities: str) -> None:
     """End the call with PERMISSION_DENIED unless it came from one of ``identities`` (a call naming
-    worker N must come from worker N). A call without an identity reached a server without authentication
-    (the interceptor refuses it on every other): allowed."""
+    worker N must come from worker N; logged once per caller and method as ``call_denied``). A call
+    without an identity reached a server without authentication (the interceptor refuses it on every
+    other): allowed."""
     caller = caller_identity(context)
     if caller is None or caller in identities:
         return
-    log.warning("call_denied", rpc=rpc, caller=caller, allowed=",".join(identities))
+    if _DENIALS_LOGGED.first(f"{caller} {rpc}"):
+        log.warning("call_denied", rpc=rpc, caller=caller, allowed=",".join(identities))
     context.abort(
         grpc.StatusCode.PERMISSION_DENIED, f"{rpc}: {caller} cannot act as {' or '.join(identities)}"
     )
