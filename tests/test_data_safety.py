@@ -195,7 +195,13 @@ def storage_changes(argv: list[str]) -> int:
     return int(done.stderr.rsplit("storage changes: ", 1)[1])
 
 
-@pytest.mark.parametrize("overwrite", [False, True], ids=["fresh", "overwrite"])
+@pytest.mark.parametrize(
+    "overwrite",
+    # make test kills each command over a previous dataset (the case where something can be lost);
+    # the fresh case repeats the same kills with nothing to keep.
+    [pytest.param(False, marks=pytest.mark.slow), True],
+    ids=["fresh", "overwrite"],
+)
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_command_killed_part_way_leaves_the_previous_dataset_or_none(
     command: str, overwrite: bool, root: Path, capsys: pytest.CaptureFixture[str]

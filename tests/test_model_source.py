@@ -237,6 +237,7 @@ def test_a_model_only_in_s3_trains_on_kubernetes_pods_that_all_run_the_same_byte
     assert cluster.objects("pods", job_selector(config.job_name)) == []
 
 
+@pytest.mark.slow  # the whole pipeline on S3; make test trains a model from S3 in the test above
 def test_the_digits_pipeline_variant_trains_its_model_from_s3(s3_env: str, tmp_path: Path) -> None:
     """``examples/pipelines/digits_s3_model_pipeline.py``, run here, with its model only in S3."""
     open_storage(s3_env).write("models/digits.py", MODEL_BYTES)
