@@ -24,6 +24,8 @@ RULES = [
     ),
     V1PolicyRule(api_groups=[""], resources=["pods/log"], verbs=["get"]),
     V1PolicyRule(api_groups=["networking.k8s.io"], resources=["networkpolicies"], verbs=["create", "delete"]),
+    # The job's credentials Secret <job>-auth: read by a restarted master, a worker's token added per pod.
+    V1PolicyRule(api_groups=[""], resources=["secrets"], verbs=["create", "get", "patch", "delete"]),
     V1PolicyRule(api_groups=["argoproj.io"], resources=["workflowtaskresults"], verbs=["create", "patch"]),
 ]
 

@@ -21,6 +21,7 @@ from edl_argo.collective.membership import survey_member_states
 from edl_argo.collective.ring import segment_bounds
 from edl_argo.collective.state import GroupState, Lineage, StatePoint
 from edl_argo.collective.transport import (
+    AUTH_MAGIC,
     FRAME_CAP_ENV,
     HEADER,
     MAGIC,
@@ -35,6 +36,7 @@ from edl_argo.errors import JobFailedError
 from edl_argo.log import configure as configure_logging
 from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.proto import master_pb2
+from edl_argo.rpc.auth import TOKEN_BYTES
 
 
 def _in_threads(count: int, body: Callable[[int], Any], timeout: float = 30.0) -> list[Any]:
@@ -266,7 +268,7 @@ def test_malformed_frames_are_rejected_and_the_server_keeps_serving(
     }
     for reason, frame in malformed.items():
         with socket.create_connection((host, int(port)), timeout=10) as raw:
-            raw.sendall(frame)
+            raw.sendall(AUTH_MAGIC + bytes(TOKEN_BYTES) + frame)  # a server of no job: any token passes
             assert _closed_by_peer(raw), f"the server kept a connection that sent a frame with {reason}"
         rejected = [
             line for line in capsys.readouterr().err.splitlines() if "collective_frame_rejected" in line

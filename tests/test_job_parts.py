@@ -14,6 +14,7 @@ from edl_argo.master.job import TrainingJob
 from edl_argo.master.job_parts import load_job_parts
 from edl_argo.master.state_store import STATE_PARTS
 from edl_argo.pods import LocalProcessBackend
+from edl_argo.rpc.auth import JobSecret
 from tests.engine_helpers import digits_config
 
 
@@ -31,7 +32,7 @@ def test_a_job_is_built_from_its_parts_without_reading_anything(
     elsewhere = dataclasses.replace(
         config, training_data=str(tmp_path / "gone"), output=str(tmp_path / "out")
     )
-    job = TrainingJob(elsewhere, parts, LocalProcessBackend(config.job_name))
+    job = TrainingJob(elsewhere, parts, LocalProcessBackend(config.job_name), JobSecret.generate())
     assert job.training_shards == parts.training_data.records and job.spec is parts.spec
     assert job.ps_ports == parts.ps_ports and job.output is parts.output
     assert not (tmp_path / "gone").exists() and not (tmp_path / "out").exists()

@@ -166,6 +166,12 @@ def test_manifests_are_exactly_as_expected(argo_env: None) -> None:
             {"name": key, "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": key, "optional": True}}}
             for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
         ),
+        {"name": "EDL_AUTH_IDENTITY", "value": "worker-3"},  # its own token and the collective one
+        {"name": "EDL_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "mnist-auth", "key": "worker-3"}}},
+        {
+            "name": "EDL_COLLECTIVE_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "mnist-auth", "key": "collective"}},
+        },
     ]
     assert worker == {
         "apiVersion": "v1",

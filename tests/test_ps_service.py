@@ -24,6 +24,8 @@ from edl_argo.ps.checkpoint import ps_checkpointer, ps_checkpoints, restore_late
 from edl_argo.ps.parameters import ParametersState
 from edl_argo.ps.server import PSConfig, create_servicer, serve, start_server
 from edl_argo.ps.servicer import ParameterServerServicer
+from edl_argo.rpc.auth import SECRET_ENV, JobSecret
+from edl_argo.rpc.channel import make_channel
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_indexed_slices, to_tensor
 from edl_argo.storage.base import ObjectInfo, ObjectNotFoundError, Storage
 
@@ -434,12 +436,13 @@ def test_ps_command_stops_gracefully_on_sigterm_with_a_last_checkpoint(tmp_path:
     port = find_free_port()
     flags = ["ps", "--model-def", str(model_file), "--port", str(port), "--use-async"]
     flags += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-steps", "100"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "POD_IP": "127.0.0.1"}
+    secret = JobSecret.generate()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "POD_IP": "127.0.0.1", SECRET_ENV: secret.hex()}
     process = subprocess.Popen(
         [sys.executable, "-m", "edl_argo.cli", *flags], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with make_channel(f"127.0.0.1:{port}", secret.credential("worker-0")) as channel:
             grpc.channel_ready_future(channel).result(timeout=60)
             stub = ps_pb2_grpc.ParameterServerStub(channel)
             assert stub.PushModel(ps_pb2.Model(dense_parameters=[to_tensor(B, "b")])).accepted

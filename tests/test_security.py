@@ -265,7 +265,8 @@ def test_an_oversized_message_is_refused_and_the_server_goes_on(make: Callable[.
 def test_storage_credentials_appear_in_no_log_argument_manifest_template_or_output(
     s3_env: str, s3_server: S3StandIn, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A job whose data and output live in S3: the key id and the secret are in its environment only."""
+    """A job whose data and output live in S3: the key id and the secret are in its environment only, as are
+    the job's own credentials."""
     secrets = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
     train, test = digits_records(0.2, 0)
     data = open_storage(f"{s3_env}/data")
@@ -297,7 +298,8 @@ def test_storage_credentials_appear_in_no_log_argument_manifest_template_or_outp
     log.configure("DEBUG")
     try:
         capsys.readouterr()
-        TrainingJob.load(config, backend=backend).run()
+        job = TrainingJob.load(config, backend=backend)
+        job.run()
         master_output = capsys.readouterr()
     finally:
         log.configure("INFO")
@@ -334,6 +336,10 @@ def test_storage_credentials_appear_in_no_log_argument_manifest_template_or_outp
         "rendered templates": templates,
         **{f"output {key}": content for key, content in outputs.items()},
     }
+    # ... and so do the job's own credentials (its secret, the workers' tokens, the collective token).
+    secrets["job secret"] = job.job_secret.hex()
+    secrets["worker-0 token"] = job.job_secret.token("worker-0")
+    secrets["collective token"] = job.job_secret.collective_token().hex()
     for name, value in secrets.items():
         leaks = [
             place

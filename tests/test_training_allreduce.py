@@ -194,7 +194,9 @@ def test_a_member_paused_inside_a_collective_is_dropped_within_the_timeout_and_r
     master too, is restarted as a dead one would be, and the job completes with nothing lost."""
     timeout = 8
     options = {**ALLREDUCE, "collective_timeout_seconds": timeout}
-    job = TrainingJob(digits_config(digits_data, tmp_path / "job", num_workers=2, num_epochs=10, **options))
+    job = TrainingJob.load(
+        digits_config(digits_data, tmp_path / "job", num_workers=2, num_epochs=10, **options)
+    )
     running = JobThread(job).start()
     assert job.rendezvous is not None
     running.wait_until(lambda: len(job.rendezvous.current.members) == 2, 240, "a group of two")

@@ -114,6 +114,7 @@ def record_workers_served(job: TrainingJob) -> set[int]:
 def assert_job_cleaned_up(cluster: KubernetesStandIn, job: str) -> None:
     assert cluster.objects("pods", job_selector(job)) == []
     assert cluster.objects("services", job_selector(job)) == []
+    assert cluster.objects("secrets", job_selector(job)) == []  # the job's credentials go with it
 
 
 def test_digits_job_trains_on_kubernetes_pods(
@@ -133,6 +134,7 @@ def test_digits_job_trains_on_kubernetes_pods(
         assert pod["spec"]["containers"][0]["command"][:2] == ["edl-argo", role]
         assert pod["spec"]["priorityClassName"] == {"worker": "low", "ps": "high"}[role]
         assert not [v for v in SECRET.values() if v in json.dumps(pod)]
+        assert job.job_secret.hex() not in json.dumps(pod)  # the job's credentials come by secretKeyRef
     metrics = thread.join(300)
 
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR  # as with the local backend

@@ -204,7 +204,11 @@ class CollectiveServer:
     """A worker's collective server on ``host:port`` (port 0: any free port), delivering into
     :attr:`mailbox`; see :attr:`address`."""
 
-    def __init__(self, host: str, port: int, state_provider: StateProvider) -> None:
+    def __init__(
+        self, host: str, port: int, state_provider: StateProvider, token: bytes | None = None
+    ) -> None:
+        """``token``: the collective token callers must present (default: this process's, see
+        :class:`~edl_argo.collective.transport.FrameServer`)."""
         self.mailbox = Mailbox()
         listener = open_listener(host, port)
         if listener is None:
@@ -214,7 +218,7 @@ class CollectiveServer:
             listener = open_listener(host, 0)
         if listener is None:
             raise OSError(f"cannot listen on {join_host_port(host, port)} for the collective service")
-        self._server = FrameServer(listener, self.mailbox.put, state_provider)
+        self._server = FrameServer(listener, self.mailbox.put, state_provider, token)
         self.address = join_host_port(host, self._server.port)
 
     def stop(self) -> None:

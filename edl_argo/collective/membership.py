@@ -342,12 +342,15 @@ class GroupStateSurvey:
     versions: list[int]
 
 
-def survey_member_states(addresses: list[str], timeout: float = 30.0) -> GroupStateSurvey:
+def survey_member_states(
+    addresses: list[str], timeout: float = 30.0, token: bytes | None = None
+) -> GroupStateSurvey:
     """Read the current state of every member at ``addresses`` that answers with one, each frame within
     ``timeout`` seconds (the master's export); members that cannot be reached or have none are left out.
 
     One member's state is held at a time besides the newest (so the master holds at most two states): each
     is compared with the newest so far as it arrives. Raises :class:`JobFailedError` if none answers.
+    ``token``: the job's collective token (default: this process's).
     """
     newest: GroupState | None = None
     differences: list[float] = []
@@ -355,7 +358,7 @@ def survey_member_states(addresses: list[str], timeout: float = 30.0) -> GroupSt
     errors: list[str] = []
     for address in addresses:
         try:
-            state = request_state(address, -1, timeout)
+            state = request_state(address, -1, timeout, token)
         except OSError as error:
             errors.append(f"{address}: {error}")
             continue

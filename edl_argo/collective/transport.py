@@ -45,6 +45,13 @@ peer and the reason and goes on serving every other connection. The server bound
 connection that sends no frame for :data:`IDLE_SECONDS` is closed, and beyond :data:`MAX_CONNECTIONS` open
 connections a new one closes the one idle longest (``collective_connection_evicted``).
 
+**Authentication.** Every connection opens with a preamble, :data:`AUTH_MAGIC` and the job's collective
+token (:func:`edl_argo.rpc.auth.JobSecret.collective_token`, 32 bytes; zeros from a process without one).
+A server with a token (every worker of a job: :data:`~edl_argo.rpc.auth.COLLECTIVE_ENV`) reads the preamble
+within :data:`AUTH_SECONDS` and compares it in constant time before it reads a frame or serves a state; a
+connection without it, or with another job's, is closed, logged once per peer host
+(``collective_unauthenticated``).
+
 Outgoing pieces travel on one persistent connection per peer (:class:`PeerConnection`), reused across rounds
 and reopened after any error, with a sender thread of its own (a peer address that is not ``host:port``
 fails every send to it, naming the address), so that a member sends to its right neighbour
@@ -57,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import hmac
 import os
 import queue
 import select
@@ -76,6 +84,7 @@ from edl_argo.addresses import AddressError, parse_host_port, split_host_port
 from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.log import get_logger
 from edl_argo.proto import collective_pb2, tensor_pb2
+from edl_argo.rpc.auth import TOKEN_BYTES, collective_token_from_env
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES
 
 log = get_logger(__name__)
@@ -108,6 +117,13 @@ IDLE_SECONDS = 600.0
 MAX_CONNECTIONS = 256
 #: A piece is read into an array of at most this many bytes first, which then doubles as bytes arrive.
 FIRST_READ_BYTES = 1 << 20
+
+#: The first bytes of every connection, then the collective token (:data:`TOKEN_BYTES`).
+AUTH_MAGIC = b"EDLA"
+#: How long a server waits for a new connection's preamble.
+AUTH_SECONDS = 10.0
+#: At most this many refused peer hosts are remembered as already logged.
+LOGGED_PEERS_CAP = 1024
 
 #: ``(round_id, operation, step)``: where a piece belongs.
 PieceKey = tuple[int, int, int]
@@ -278,11 +294,38 @@ def read_piece(sock: socket.socket, header: FrameHeader, deadline: float | None 
         data = grown
 
 
-def _connect(address: str | tuple[str, int], deadline: float) -> socket.socket:
+def _preamble(token: bytes | None) -> bytes:
+    return AUTH_MAGIC + (token if token is not None else bytes(TOKEN_BYTES))
+
+
+def _connect(address: str | tuple[str, int], deadline: float, token: bytes | None) -> socket.socket:
+    """A connection to ``address`` that has sent its preamble with ``token``."""
     target = split_address(address) if isinstance(address, str) else address
     sock = socket.create_connection(target, timeout=_remaining(deadline))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        send_parts(sock, [_preamble(token)], deadline)
+    except BaseException:
+        sock.close()
+        raise
     return sock
+
+
+def _authenticated(sock: socket.socket, token: bytes | None) -> str:
+    """Read a new connection's preamble; the reason to refuse it, or "" to serve it (always "" without a
+    ``token``: a server of no job)."""
+    data = bytearray(len(AUTH_MAGIC) + TOKEN_BYTES)
+    try:
+        got = _recv_exact_into(sock, memoryview(data), time.monotonic() + AUTH_SECONDS)
+    except TimeoutError:
+        return f"no preamble within {AUTH_SECONDS:.0f} s"
+    except ConnectionError:
+        return "a short preamble"
+    if got == 0 or not data.startswith(AUTH_MAGIC):
+        return "no preamble"
+    if token is not None and not hmac.compare_digest(bytes(data[len(AUTH_MAGIC) :]), token):
+        return "a wrong collective token"
+    return ""
 
 
 # ------------------------------------------------------------------------------------------------ server
@@ -315,7 +358,12 @@ class FrameServer:
         listener: socket.socket,
         on_piece: Callable[[PieceKey, np.ndarray], None],
         state_provider: StateProvider,
+        token: bytes | None = None,
     ) -> None:
+        """``token``: the collective token every connection must present (default: this process's,
+        :func:`~edl_argo.rpc.auth.collective_token_from_env`; without one, any connection is served)."""
+        self._token = token if token is not None else collective_token_from_env()
+        self._refused_peers: set[str] = set()
         self._listener = listener
         self._on_piece = on_piece
         self._state_provider = state_provider
@@ -368,8 +416,24 @@ class FrameServer:
         )
         return sock
 
+    def _refused(self, peer: str, reason: str) -> None:
+        host = peer.rsplit(":", 1)[0]
+        with self._lock:
+            first = host not in self._refused_peers
+            if first:
+                if len(self._refused_peers) >= LOGGED_PEERS_CAP:
+                    self._refused_peers.clear()
+                self._refused_peers.add(host)
+        if first:
+            log.warning("collective_unauthenticated", port=self.port, peer=host, reason=reason)
+
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
+            refusal = _authenticated(sock, self._token)
+            if refusal:
+                self._refused(peer, refusal)
+                return
+            sock.settimeout(None)
             while (header := read_header(sock, time.monotonic() + IDLE_SECONDS)) is not None:
                 if header.kind == FrameKind.PIECE:
                     piece = read_piece(sock, header, time.monotonic() + PIECE_READ_SECONDS)
@@ -447,8 +511,10 @@ class PeerConnection:
     member that died between two sends is then noticed by the reconnection's refusal, not by a timeout).
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, token: bytes | None = None) -> None:
+        """``token``: the collective token to present (default: this process's)."""
         self.address = address
+        self._token = token if token is not None else collective_token_from_env()
         self._target: tuple[str, int] | None = None
         self._address_error = ""
         try:
@@ -514,7 +580,7 @@ class PeerConnection:
         if self._sock is None:
             if self._target is None:
                 raise ConnectionError(self._address_error)
-            sock = _connect(self._target, deadline)
+            sock = _connect(self._target, deadline, self._token)
             with self._lock:
                 self._sock = sock
         return self._sock
@@ -562,15 +628,19 @@ class PeerConnections:
         self.retain(())
 
 
-def request_state(address: str, round_id: int, timeout: float) -> GroupState | None:
+def request_state(
+    address: str, round_id: int, timeout: float, token: bytes | None = None
+) -> GroupState | None:
     """The state the member at ``address`` serves for ``round_id`` (``< 0``: its current state), or None if
     it has none for that round; over a connection of its own. Each frame must arrive within ``timeout``
     seconds (a large state takes as many frames as it needs).
 
     Raises OSError when the member cannot be reached, does not answer in time, or answers with something
-    other than a state (:class:`FrameError`).
+    other than a state (:class:`FrameError`). ``token``: the collective token to present (default: this
+    process's).
     """
-    with _connect(address, time.monotonic() + timeout) as sock:
+    token = token if token is not None else collective_token_from_env()
+    with _connect(address, time.monotonic() + timeout, token) as sock:
         send_parts(
             sock, [FrameHeader(FrameKind.STATE_REQUEST, round_id=round_id).pack()], time.monotonic() + timeout
         )

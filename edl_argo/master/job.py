@@ -64,6 +64,7 @@ from edl_argo.pods import PodBackend, PodRole, PodSpec, PodStatus
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import open_dataset
+from edl_argo.rpc.auth import MASTER_IDENTITY, JobSecret, server_interceptor
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
 from edl_argo.stop import stop_on_sigterm
@@ -97,9 +98,12 @@ class VersionTracker:
 class TrainingJob:
     """Runs one job: start the master service and pods, dispatch until done, export, clean up."""
 
-    def __init__(self, config: TrainConfig, parts: JobParts, backend: PodBackend) -> None:
+    def __init__(
+        self, config: TrainConfig, parts: JobParts, backend: PodBackend, job_secret: JobSecret
+    ) -> None:
         """A job of ``config`` from its already-read ``parts`` (:func:`load_job_parts`), its pods run by
-        ``backend``; no I/O here (:meth:`load` reads the parts)."""
+        ``backend`` with ``job_secret`` (:mod:`edl_argo.rpc.auth`, handed to the backend already); no I/O
+        here (:meth:`load` reads the parts and establishes the secret)."""
         self.config = config
         self.model = parts.model
         self.spec: ModelSpec = parts.spec
@@ -134,6 +138,8 @@ class TrainingJob:
         self._state_writer = GroupCommit(
             self._state, self.state_store.save, wait_seconds=commit_wait_seconds(config.rpc_timeout_seconds)
         )
+        self.job_secret = job_secret
+        self.credential = job_secret.credential(MASTER_IDENTITY)
         self.host = pod_host()
         self.pods: PodManager | None = None
         self._ps_watch: ParameterServerWatch | None = None
@@ -153,10 +159,14 @@ class TrainingJob:
 
     @classmethod
     def load(cls, config: TrainConfig, backend: PodBackend | None = None) -> TrainingJob:
-        """Read the job's parts (model, datasets, saved state: :func:`load_job_parts`) and build it;
-        ``backend``: where pods run (default: ``config.backend``'s)."""
+        """Read the job's parts (model, datasets, saved state: :func:`load_job_parts`), establish its
+        secret (:func:`establish_job_secret`) and build it; ``backend``: where pods run (default:
+        ``config.backend``'s)."""
         parts = load_job_parts(config)  # a corrupt state fails here, before any backend or pod exists
-        return cls(config, parts, backend or default_backend(config))
+        backend = backend or default_backend(config)
+        job_secret = establish_job_secret(config, parts, backend)
+        backend.use_job_secret(job_secret)
+        return cls(config, parts, backend, job_secret)
 
     # ------------------------------------------------------------------ pod commands
 
@@ -203,7 +213,10 @@ class TrainingJob:
     def _start_master_service(self, restored_holders: set[int]) -> None:
         self._server = make_server(
             limits=master_server_limits(self.config.rpc_timeout_seconds),
-            interceptors=[RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS)],
+            interceptors=[
+                server_interceptor(self.job_secret, "master"),
+                RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS),
+            ],
         )
         servicer = DurableMasterServicer(
             self.dispatcher,
@@ -243,7 +256,7 @@ class TrainingJob:
         self._master_port = port
         self._server.start()
         self._master_address = self.backend.expose_master(join_host_port(self.host, port))
-        register_master(self.config.job_name, join_host_port(self.host, port))
+        register_master(self.config.job_name, join_host_port(self.host, port), self.job_secret)
         log.info("master_started", job=self.config.job_name, address=self._master_address)
 
     def run(self) -> dict[str, Any]:
@@ -293,7 +306,10 @@ class TrainingJob:
             self._state_writer.changed()
             if c.num_ps:
                 self._ps_watch = ParameterServerWatch(
-                    lambda ps_id: self.backend.address(PodRole.PS, ps_id), c.num_ps, c.rpc_timeout_seconds
+                    lambda ps_id: self.backend.address(PodRole.PS, ps_id),
+                    c.num_ps,
+                    c.rpc_timeout_seconds,
+                    credential=self.credential,
                 )
             self._dispatch_until_done(progress)
             self._apply_pending_updates()  # when no worker asked for a task after the last one
@@ -495,7 +511,9 @@ class TrainingJob:
         """Read every member's state; keep the newest for the export and record how far replicas differ."""
         assert self.rendezvous is not None
         current = self.rendezvous.current
-        survey = survey_member_states([m.address for m in current.members])
+        survey = survey_member_states(
+            [m.address for m in current.members], token=self.job_secret.collective_token()
+        )
         newest = survey.newest
         self._replicas = {
             "members_compared": survey.members_compared,
@@ -521,7 +539,9 @@ class TrainingJob:
         with self._ps_status_lock:
             if self._ps_status is not None:
                 return
-            ps = ParameterServerClient(self._ps_addresses().split(","), retry_budget_seconds=60)
+            ps = ParameterServerClient(
+                self._ps_addresses().split(","), retry_budget_seconds=60, credential=self.credential
+            )
             try:
                 self._ps_status = ps.status(apply_pending=True)
             finally:
@@ -608,6 +628,7 @@ class TrainingJob:
                 self._ps_addresses().split(","),
                 retry_budget_seconds=60,
                 rpc_timeout_seconds=self.config.rpc_timeout_seconds,
+                credential=self.credential,
             )
             try:
                 model = model_from_parameter_servers(self.spec, ps, self._sample_features())
@@ -653,3 +674,18 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("train", help="run an elastic training job (this process is the master)")
     add_train_flags(parser)
     parser.set_defaults(run=run_train)
+
+
+def establish_job_secret(config: TrainConfig, parts: JobParts, backend: PodBackend) -> JobSecret:
+    """The job's secret: the one an earlier master of the job made (kept by the backend, else beside the
+    saved state), or a new one, kept likewise (see :mod:`edl_argo.rpc.auth`)."""
+    kept = backend.stored_job_secret()
+    if kept is None and parts.saved is not None and not backend.keeps_job_secret:
+        kept = parts.state_store.load_secret()
+    if kept is not None:
+        log.info("job_secret_reused", job=config.job_name)
+        return kept
+    secret = JobSecret.generate()
+    if not backend.keeps_job_secret:
+        parts.state_store.save_secret(secret)
+    return secret

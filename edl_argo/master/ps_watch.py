@@ -19,6 +19,7 @@ from collections.abc import Callable
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import make_channel
 from edl_argo.rpc.health import ping
 
@@ -43,7 +44,9 @@ class ParameterServerWatch:
         num_ps: int,
         silence_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        credential: ClientCredential | None = None,
     ) -> None:
+        """Pings present ``credential`` (the master's; default: this process's)."""
         self._silence = silence_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -54,7 +57,7 @@ class ParameterServerWatch:
         # process (a deleted PS is woken up to exit), not of the one started again.
         self._reported_at: dict[int, float] = dict.fromkeys(range(num_ps), float("-inf"))
         self._stop = threading.Event()
-        self._channels = [make_channel(address_of(ps_id)) for ps_id in range(num_ps)]
+        self._channels = [make_channel(address_of(ps_id), credential) for ps_id in range(num_ps)]
         self._threads = [
             threading.Thread(target=self._watch, args=(ps_id,), name=f"ps-watch-{ps_id}", daemon=True)
             for ps_id in range(num_ps)

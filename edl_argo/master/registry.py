@@ -1,7 +1,8 @@
 """Where a running job's master can be found on this machine, for ``edl-argo scale JOB``.
 
-The master of a local job writes ``<run dir>/jobs/<job>.json`` (its gRPC address and pid) when it starts
-and removes it when it ends. The run dir is ``$EDL_RUN_DIR``, or ``edl-argo-<uid>`` in the system's
+The master of a local job writes ``<run dir>/jobs/<job>.json`` (its gRPC address, pid and, readable by its
+owner only, the job's secret, with which ``edl-argo scale`` authenticates) when it starts and removes it when
+it ends. The run dir is ``$EDL_RUN_DIR``, or ``edl-argo-<uid>`` in the system's
 temporary folder.
 """
 
@@ -11,8 +12,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from edl_argo.errors import ConfigError
+from edl_argo.rpc.auth import JobSecret
 
 
 def run_dir() -> Path:
@@ -24,11 +27,14 @@ def _entry(job_name: str) -> Path:
     return run_dir() / "jobs" / f"{job_name}.json"
 
 
-def register_master(job_name: str, address: str) -> None:
+def register_master(job_name: str, address: str, secret: JobSecret | None = None) -> None:
     path = _entry(job_name)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    entry = {"address": address, "pid": os.getpid()} | ({"secret": secret.hex()} if secret else {})
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(json.dumps(entry))
     os.replace(temporary, path)
 
 
@@ -37,10 +43,23 @@ def unregister_master(job_name: str) -> None:
 
 
 def master_address(job_name: str) -> str:
+    return str(_read_entry(job_name)["address"])
+
+
+def master_secret(job_name: str) -> JobSecret | None:
+    """The secret of the job's local master, if its entry holds one."""
+    text = _read_entry(job_name).get("secret")
+    return JobSecret.from_hex(str(text), str(_entry(job_name))) if text else None
+
+
+def _read_entry(job_name: str) -> dict[str, Any]:
     path = _entry(job_name)
     try:
-        return str(json.loads(path.read_text())["address"])
+        entry: dict[str, Any] = json.loads(path.read_text())
+        if "address" not in entry:
+            raise KeyError("address")
+        return entry
     except FileNotFoundError:
         raise ConfigError(f"no running job named {job_name!r} on this machine (looked for {path})") from None
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, TypeError):
         raise ConfigError(f"job registry entry {path} is unreadable; is the job still running?") from None

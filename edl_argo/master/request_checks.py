@@ -16,6 +16,7 @@ import grpc
 
 from edl_argo.addresses import AddressError, parse_host_port
 from edl_argo.proto import master_pb2
+from edl_argo.rpc.auth import pod_identity, require_identity
 from edl_argo.rpc.channel import reject_request
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -58,9 +59,11 @@ class RequestChecks:
         self._current_version = current_version
 
     def worker_id(self, context: grpc.ServicerContext, rpc: str, worker_id: int) -> None:
-        """A worker id the master created, and still runs (FAILED_PRECONDITION otherwise)."""
+        """A worker id the master created, and still runs (FAILED_PRECONDITION otherwise), named by that
+        worker itself on an authenticated server (PERMISSION_DENIED otherwise, :mod:`edl_argo.rpc.auth`)."""
         if worker_id < 0:
             reject_request(context, rpc, _INVALID, f"worker_id must be >= 0, got {worker_id}")
+        require_identity(context, rpc, pod_identity("worker", worker_id))
         if not self._bounds.is_worker(worker_id):
             reject_request(
                 context,

@@ -1,4 +1,8 @@
-"""``edl-argo scale JOB --workers N``: change the number of workers of a running job."""
+"""``edl-argo scale JOB --workers N``: change the number of workers of a running job.
+
+The call presents the job's credential as ``admin``: that of ``EDL_JOB_SECRET`` (on Kubernetes, key
+``job-secret`` of the Secret ``<job>-auth``), else, for a local job, the secret its master registered on
+this machine (:mod:`edl_argo.master.registry`)."""
 
 from __future__ import annotations
 
@@ -8,8 +12,9 @@ import grpc
 
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int
-from edl_argo.master.registry import master_address
+from edl_argo.master.registry import master_address, master_secret
 from edl_argo.proto import master_pb2, master_pb2_grpc
+from edl_argo.rpc.auth import ADMIN_IDENTITY, ClientCredential, credential_from_env
 from edl_argo.rpc.channel import make_channel
 
 
@@ -21,8 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_scale)
 
 
-def scale_workers(address: str, workers: int, timeout: float = 10.0) -> int:
-    stub = master_pb2_grpc.MasterStub(make_channel(address))
+def scale_workers(
+    address: str, workers: int, timeout: float = 10.0, credential: ClientCredential | None = None
+) -> int:
+    stub = master_pb2_grpc.MasterStub(make_channel(address, credential))
     try:
         response = stub.ScaleWorkers(master_pb2.ScaleWorkersRequest(num_workers=workers), timeout=timeout)
     except grpc.RpcError as error:
@@ -32,6 +39,10 @@ def scale_workers(address: str, workers: int, timeout: float = 10.0) -> int:
 
 def run_scale(args: argparse.Namespace) -> int:
     address = args.master_addr or master_address(args.job)
-    target = scale_workers(address, args.workers)
+    credential = credential_from_env()
+    if credential is None and not args.master_addr:
+        secret = master_secret(args.job)
+        credential = secret.credential(ADMIN_IDENTITY) if secret is not None else None
+    target = scale_workers(address, args.workers, credential=credential)
     print(f"job {args.job}: target workers {target}")
     return 0

@@ -26,6 +26,7 @@ from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model.outputs import SINGLE
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
+from edl_argo.rpc.auth import OPERATOR_IDENTITIES, require_identity
 from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
 
@@ -225,6 +226,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.ScaleWorkersResponse:
         if self._scale_workers is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this master cannot scale its workers")
+        require_identity(context, "ScaleWorkers", *OPERATOR_IDENTITIES)
         self._checks.num_workers(context, "ScaleWorkers", request.num_workers)
         return master_pb2.ScaleWorkersResponse(num_workers=self._scale_workers(request.num_workers))
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -47,13 +48,17 @@ from edl_argo.master.config import TrainConfig
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.task_dispatcher import TaskDispatcher
 from edl_argo.proto import master_pb2, tensor_pb2
+from edl_argo.rpc.auth import JobSecret
 from edl_argo.rpc.channel import reject_request
 from edl_argo.storage import Storage
+from edl_argo.storage.local import LocalStorage
 
 log = get_logger(__name__)
 
 #: Where the state lives, relative to the job's ``--output``.
 STATE_KEY = "master/state.json"
+#: Where the job's secret lives when the pod backend does not keep it (the local backend), beside the state.
+SECRET_KEY = "master/job-secret"
 #: Version of the state file's layout; a file of another version is not restored.
 STATE_FORMAT = 1
 #: The parts of the state (besides format, job name and fingerprint) every state file has.
@@ -185,8 +190,23 @@ class MasterStateStore:
         self.storage.write(STATE_KEY, json.dumps(state, separators=(",", ":")).encode())
 
     def remove(self) -> None:
-        """Delete the state (the job is over); deleting none is fine."""
+        """Delete the state and the job's secret (the job is over); deleting none is fine."""
         self.storage.delete(STATE_KEY)
+        self.storage.delete(SECRET_KEY)
+
+    def load_secret(self) -> JobSecret | None:
+        """The job secret an earlier master of this job saved with :meth:`save_secret`, or None."""
+        if not self.storage.exists(SECRET_KEY):
+            return None
+        return JobSecret.from_hex(
+            self.storage.read(SECRET_KEY).decode(errors="replace"), self.storage.describe(SECRET_KEY)
+        )
+
+    def save_secret(self, secret: JobSecret) -> None:
+        """Keep ``secret`` for a restarted master (a local file is made readable by its owner only)."""
+        self.storage.write(SECRET_KEY, secret.hex().encode())
+        if isinstance(self.storage, LocalStorage):
+            os.chmod(self.storage.root / SECRET_KEY, 0o600)
 
     def corrupt(self, problem: str) -> DataFormatError:
         """The error for a state file that cannot be restored."""

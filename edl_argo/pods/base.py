@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Final, TypeVar
 
+from edl_argo.rpc.auth import JobSecret
+
 
 class PodRole(str, enum.Enum):
     """What a pod does in the job."""
@@ -264,7 +266,26 @@ class PodBackend(abc.ABC):
 
     All methods are thread-safe. :meth:`events` is meant for a single consumer; with several, each
     event goes to exactly one of them.
+
+    **Credentials.** The master hands the backend the job's secret (:meth:`use_job_secret`) before it
+    starts a pod; the backend gives each pod its credentials (:meth:`JobSecret.pod_env
+    <edl_argo.rpc.auth.JobSecret.pod_env>`) without putting them in the :class:`PodSpec`. A backend that
+    keeps the secret itself across master restarts (:attr:`keeps_job_secret`) returns it from
+    :meth:`stored_job_secret`.
     """
+
+    #: The job's secret, once :meth:`use_job_secret` gave it.
+    job_secret: JobSecret | None = None
+    #: Whether :meth:`stored_job_secret` returns the secret a restarted master must reuse.
+    keeps_job_secret: bool = False
+
+    def stored_job_secret(self) -> JobSecret | None:
+        """The secret an earlier master of this job left with the backend, or None (the default)."""
+        return None
+
+    def use_job_secret(self, secret: JobSecret) -> None:
+        """Give the pods started from now on their credentials derived from ``secret``."""
+        self.job_secret = secret
 
     @abc.abstractmethod
     def start(self, spec: PodSpec) -> None:

@@ -62,8 +62,8 @@ def delete_job_objects(
     api: Any, job_name: str, grace_seconds: float | None = None, network_policy: bool = True
 ) -> None:
     """Ask the API to delete the job's pods (each with ``grace_seconds``, default its role's grace period),
-    its Services and (``network_policy``) its NetworkPolicy. API errors are the client's (see
-    :class:`JobApi`)."""
+    its Services and (``network_policy``) its NetworkPolicy and credentials Secret. API errors are the
+    client's (see :class:`JobApi`)."""
     for pod in job_pods(api):
         key = manifests.pod_key(pod["metadata"].get("labels"))
         assert key is not None
@@ -73,6 +73,7 @@ def delete_job_objects(
         api.delete_service(service["metadata"]["name"])
     if network_policy:
         api.delete_network_policy(manifests.network_policy_name(job_name))
+        api.delete_secret(manifests.auth_secret_name(job_name))
 
 
 def clean_up(api: Any, any_step: Any, job_name: str, step: str, timeout_seconds: float) -> list[str]:

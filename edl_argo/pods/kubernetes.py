@@ -3,8 +3,8 @@
 The master talks to the API server with the official ``kubernetes`` client (in-cluster service account,
 else ``KUBECONFIG``; ``EDL_KUBERNETES_API=http://host:port`` points it at any API server, for tests),
 through :class:`~edl_argo.pods.kubernetes_api.JobApi`: it needs exactly what ``templates/rbac.yaml``
-grants, pods and services (create, get, list, watch, delete), pods/log (get) and networkpolicies (create,
-delete) in its namespace.
+grants, pods and services (create, get, list, watch, delete), pods/log (get), networkpolicies (create,
+delete) and secrets (create, get, patch, delete) in its namespace.
 
 **Network.** On construction the backend creates the job's NetworkPolicy
 (:func:`~edl_argo.pods.manifests.network_policy_manifest`, owned like the pods): only the job's own pods
@@ -44,6 +44,13 @@ selects by label, not by creator), :meth:`~KubernetesBackend.delete` and :meth:`
 remove them -- and PS addresses come from the existing Services. :meth:`~KubernetesBackend.adopt` returns
 them and deletes the finished pods of earlier incarnations (until then they stay, for ``kubectl logs``);
 :meth:`~KubernetesBackend.close` deletes every pod and Service of the job and waits until they are gone.
+
+**Credentials.** The job's secret is kept in the Secret ``<job>-auth``
+(:func:`~edl_argo.pods.manifests.auth_secret_manifest`, owned like the pods): :meth:`stored_job_secret`
+reads it (a restarted master reuses it: the pods it adopts hold credentials derived from it),
+:meth:`use_job_secret` creates it, and before a worker's pod is created its own token is added to it under
+``worker-<id>`` (a JSON merge patch), which the pod reads through ``secretKeyRef``. :meth:`close` deletes it
+with the NetworkPolicy. The master's Role needs ``get``, ``create``, ``patch`` and ``delete`` on Secrets.
 
 **The master's address.** :meth:`~KubernetesBackend.expose_master` puts a ClusterIP Service ``<job>-master``
 (:func:`~edl_argo.pods.manifests.master_service_manifest`) in front of the master when its own pod
@@ -101,6 +108,7 @@ from edl_argo.pods.kubernetes_api import (
 )
 from edl_argo.pods.kubernetes_config import KubernetesConfig
 from edl_argo.pods.kubernetes_status import PodObservation, observe_pod
+from edl_argo.rpc.auth import JobSecret, pod_identity
 
 __all__ = ["API_URL_ENV", "KubernetesBackend", "load_api_client", "render_job_manifests"]
 
@@ -177,6 +185,8 @@ class KubernetesBackend(PodBackend):
         JobFailedError: the API server kept failing or could not be reached for START_RETRY_SECONDS.
     """
 
+    keeps_job_secret = True
+
     def __init__(self, job_name: str, config: KubernetesConfig, api: k8s.ApiClient | None = None) -> None:
         self.job_name = manifests.validate_job_name(job_name)
         self.config = config
@@ -222,6 +232,19 @@ class KubernetesBackend(PodBackend):
         with self._lock:
             self._creators.add(creator)
         creator.start()
+
+    def stored_job_secret(self) -> JobSecret | None:
+        name = manifests.auth_secret_name(self.job_name)
+        deadline = time.monotonic() + START_RETRY_SECONDS
+        found = self._starting(lambda: self._api.read_secret(name), f"read Secret {name}", deadline)
+        return manifests.read_auth_secret(self.job_name, found) if found is not None else None
+
+    def use_job_secret(self, secret: JobSecret) -> None:
+        body = manifests.auth_secret_manifest(self.job_name, self.config, secret)
+        deadline = time.monotonic() + START_RETRY_SECONDS
+        name = body["metadata"]["name"]
+        self._starting(lambda: self._api.create_secret(body), f"create Secret {name}", deadline)
+        super().use_job_secret(secret)
 
     def adopt(self) -> list[PodStatus]:
         with self._lock:
@@ -370,7 +393,9 @@ class KubernetesBackend(PodBackend):
     def _create(self, pod: _Pod) -> None:
         """Create ``pod``'s object, retrying per the module docstring (the creator thread of ``pod``)."""
         assert pod.spec is not None
-        manifest = manifests.pod_manifest(self.job_name, self.config, pod.spec)
+        manifest = manifests.pod_manifest(
+            self.job_name, self.config, pod.spec, credentials=self.job_secret is not None
+        )
         deadline = time.monotonic() + self.config.pod_creation_timeout
         delay, reported = RETRY_FIRST_SECONDS, ""
         try:
@@ -382,6 +407,7 @@ class KubernetesBackend(PodBackend):
                         self._finish(pod, PodPhase.DELETED, reason, None, "deleted before it was created")
                         return
                 try:
+                    self._add_credential(pod)
                     self._created(pod, self._api.create_pod(manifest)["metadata"]["uid"])
                     return
                 except ApiException as error:
@@ -404,6 +430,14 @@ class KubernetesBackend(PodBackend):
         finally:
             with self._lock:
                 self._creators.discard(threading.current_thread())
+
+    def _add_credential(self, pod: _Pod) -> None:
+        """Put a worker's own token in the job's Secret (under its identity) before its pod is created."""
+        if pod.role is not PodRole.WORKER or self.job_secret is None:
+            return
+        identity = pod_identity(pod.role.value, pod.pod_id)
+        data = manifests.auth_secret_data({identity: self.job_secret.token(identity)})
+        self._api.add_secret_data(manifests.auth_secret_name(self.job_name), data)
 
     def _creation_refused(self, pod: _Pod, error: ApiException) -> tuple[bool, str]:
         """``(retry, problem)`` after a refused creation; ``(True, "")``: retry, nothing to report;

@@ -176,6 +176,42 @@ class JobApi:
             if error.status != 409:
                 raise
 
+    def read_secret(self, name: str) -> Json | None:
+        """Secret ``name``, or None if there is none."""
+        try:
+            return self._call(self._core.read_namespaced_secret, name, self.namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        return None
+
+    def create_secret(self, body: Json) -> None:
+        """Create a Secret; one of that name that exists already (an earlier master of the job made it) is
+        fine."""
+        try:
+            self._call(self._core.create_namespaced_secret, self.namespace, body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    def add_secret_data(self, name: str, data: dict[str, str]) -> None:
+        """Add ``data`` (base64 values) to Secret ``name`` (a JSON merge patch: other keys stay)."""
+        self._call(
+            self._core.patch_namespaced_secret,
+            name,
+            self.namespace,
+            {"data": data},
+            _content_type="application/merge-patch+json",
+        )
+
+    def delete_secret(self, name: str) -> None:
+        """Delete Secret ``name``; one that is gone is fine."""
+        try:
+            self._call(self._core.delete_namespaced_secret, name, self.namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     def delete_network_policy(self, name: str) -> None:
         """Delete NetworkPolicy ``name``; one that is gone is fine."""
         try:

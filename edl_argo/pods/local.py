@@ -68,6 +68,7 @@ from edl_argo.pods.base import (
     pod_name,
 )
 from edl_argo.pods.event_queue import EventQueue
+from edl_argo.rpc.auth import CREDENTIAL_ENV
 
 log = get_logger(__name__)
 
@@ -166,7 +167,10 @@ class LocalProcessBackend(PodBackend):
 
     A pod's environment is this process's environment, then ``PYTHONUNBUFFERED=1`` unless already set
     (so Python pods' logs arrive as they are written), then ``spec.env``, then ``EDL_POD_NAME``,
-    ``EDL_POD_ROLE``, ``EDL_POD_ID`` and ``EDL_JOB_NAME``. A bare program name in ``spec.command[0]``
+    ``EDL_POD_ROLE``, ``EDL_POD_ID`` and ``EDL_JOB_NAME``, without the credentials of this process
+    (:data:`~edl_argo.rpc.auth.CREDENTIAL_ENV`) and with the pod's own once the master gave the job's
+    secret (:meth:`use_job_secret`); they are written nowhere (``pod.json`` holds ``spec.env`` only). A
+    bare program name in ``spec.command[0]``
     (like ``edl-argo``) is looked up first in the directory of ``sys.executable`` (this virtualenv's
     ``bin``), so pods run the same installation as the master, then on the pod's ``PATH``.
     """
@@ -322,7 +326,7 @@ class LocalProcessBackend(PodBackend):
 
     def _launch(self, spec: PodSpec, folder: Path) -> subprocess.Popen[bytes]:
         """Create the pod's folder and start its supervisor; OSError if the command cannot run."""
-        env = dict(os.environ)
+        env = {name: value for name, value in os.environ.items() if name not in CREDENTIAL_ENV}
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(spec.env)
         env.update(
@@ -331,6 +335,8 @@ class LocalProcessBackend(PodBackend):
             EDL_POD_ID=str(spec.pod_id),
             EDL_JOB_NAME=self.job_name,
         )
+        if self.job_secret is not None:
+            env.update(self.job_secret.pod_env(spec.role.value, spec.pod_id))
         program = _resolve_program(spec.command[0], env.get("PATH"))
         folder.mkdir(parents=True)
         record = {

@@ -19,10 +19,15 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
   escalation or capabilities (:data:`POD_SECURITY_CONTEXT`, :data:`CONTAINER_SECURITY_CONTEXT`). Storage
   credentials come from the ``--storage-secret`` Secret via ``secretKeyRef``, never as values. The image is
   pulled with the config's ``imagePullSecrets`` (by default the master's own pod's).
+* Credentials: the job's secret lives in the Secret ``<job>-auth`` (:func:`auth_secret_manifest`, owned like
+  the pods): key :data:`SECRET_KEY_JOB` the secret (a PS's ``EDL_JOB_SECRET``), :data:`SECRET_KEY_COLLECTIVE`
+  the workers' collective token, and ``worker-<id>`` each worker's own token, added before its pod is created
+  (:func:`auth_secret_data`). Pods get them through ``secretKeyRef`` (:mod:`edl_argo.rpc.auth`).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import re
@@ -31,6 +36,7 @@ from typing import Any
 from edl_argo.errors import ConfigError
 from edl_argo.pods.base import PodRole, PodSpec
 from edl_argo.pods.kubernetes_config import KubernetesConfig
+from edl_argo.rpc import auth
 
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -71,6 +77,11 @@ GRACE_SECONDS = {PodRole.WORKER: 10, PodRole.PS: 30}
 #: optional, as in the master's own pod (Argo's template mounts the Secret with ``optional: true``), so
 #: the pods see the credentials the master sees: none for public buckets or node/IRSA identities.
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+#: Keys of the job's auth Secret: the job secret, and the workers' collective token (each worker's own token
+#: is under its identity, ``worker-<id>``).
+SECRET_KEY_JOB = "job-secret"
+SECRET_KEY_COLLECTIVE = "collective"
 
 #: Environment variables filled in by Kubernetes (downward API) -> the pod field they hold.
 FIELD_ENV = (
@@ -192,15 +203,18 @@ def owner_references(config: KubernetesConfig) -> dict[str, Any]:
     }
 
 
-def pod_manifest(job_name: str, config: KubernetesConfig, spec: PodSpec) -> dict[str, Any]:
-    """The Pod that runs ``spec``."""
+def pod_manifest(
+    job_name: str, config: KubernetesConfig, spec: PodSpec, credentials: bool = True
+) -> dict[str, Any]:
+    """The Pod that runs ``spec``; with ``credentials``, its credentials come from the job's auth Secret
+    (without: a pod of no job, which no master's server serves)."""
     settings = config.role(spec.role.value)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": config.image,
         "imagePullPolicy": config.image_pull_policy,
         "command": list(spec.command),
-        "env": _env(job_name, config, spec),
+        "env": _env(job_name, config, spec, credentials),
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     resources = {k: dict(v) for k, v in (("requests", settings.requests), ("limits", settings.limits)) if v}
@@ -346,13 +360,52 @@ def network_policy_manifest(job_name: str, config: KubernetesConfig) -> dict[str
     }
 
 
+def auth_secret_name(job_name: str) -> str:
+    """The name of the Secret holding the job's credentials: ``<job>-auth``."""
+    return f"{job_name}-auth"
+
+
+def auth_secret_data(values: dict[str, str]) -> dict[str, str]:
+    """``values`` as a Secret's ``data`` (base64)."""
+    return {key: base64.b64encode(value.encode()).decode() for key, value in values.items()}
+
+
+def auth_secret_manifest(job_name: str, config: KubernetesConfig, secret: auth.JobSecret) -> dict[str, Any]:
+    """The Secret ``<job>-auth``: the job's secret and the workers' collective token (never rendered by
+    ``--yaml``: it holds the credential)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": auth_secret_name(job_name),
+            "namespace": config.namespace,
+            "labels": {NAME_LABEL: APP, INSTANCE_LABEL: job_name} | _owner_labels(config),
+            **owner_references(config),
+        },
+        "data": auth_secret_data(
+            {SECRET_KEY_JOB: secret.hex(), SECRET_KEY_COLLECTIVE: secret.collective_token().hex()}
+        ),
+    }
+
+
+def read_auth_secret(job_name: str, secret: dict[str, Any]) -> auth.JobSecret:
+    """The job secret held by the Secret ``secret`` (as the API returns it); ConfigError if it holds none."""
+    encoded = (secret.get("data") or {}).get(SECRET_KEY_JOB, "")
+    try:
+        text = base64.b64decode(encoded, validate=True).decode()
+    except ValueError:
+        text = ""
+    return auth.JobSecret.from_hex(text, f"key {SECRET_KEY_JOB} of Secret {auth_secret_name(job_name)}")
+
+
 def service_dns_address(job_name: str, config: KubernetesConfig, ps_id: int) -> str:
     """``<job>-ps-<id>.<namespace>.svc:<port>``: the DNS form of a PS's Service address (for ``--yaml``)."""
     name = object_name(job_name, PodRole.PS, ps_id)
     return f"{name}.{config.namespace}.svc:{config.ps_port_of(ps_id)}"
 
 
-def _env(job_name: str, config: KubernetesConfig, spec: PodSpec) -> list[dict[str, Any]]:
+def _env(job_name: str, config: KubernetesConfig, spec: PodSpec, credentials: bool) -> list[dict[str, Any]]:
     """The container's environment; later entries replace earlier ones of the same name."""
     values = {
         **spec.env,
@@ -372,4 +425,16 @@ def _env(job_name: str, config: KubernetesConfig, spec: PodSpec) -> list[dict[st
         for name in SECRET_KEYS:
             ref = {"name": config.storage_secret, "key": name, "optional": True}
             env[name] = {"name": name, "valueFrom": {"secretKeyRef": ref}}
+    if not credentials:
+        return list(env.values())
+    identity = auth.pod_identity(spec.role.value, spec.pod_id)
+    env[auth.IDENTITY_ENV] = {"name": auth.IDENTITY_ENV, "value": identity}
+    keys = (
+        {auth.SECRET_ENV: SECRET_KEY_JOB}
+        if spec.role is PodRole.PS
+        else {auth.TOKEN_ENV: identity, auth.COLLECTIVE_ENV: SECRET_KEY_COLLECTIVE}
+    )
+    for name, key in keys.items():
+        ref = {"name": auth_secret_name(job_name), "key": key}
+        env[name] = {"name": name, "valueFrom": {"secretKeyRef": ref}}
     return list(env.values())

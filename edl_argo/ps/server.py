@@ -27,6 +27,7 @@ from edl_argo.errors import ConfigError
 from edl_argo.flags import pod_host
 from edl_argo.model.contract import ModelOptions, model_options_from_args
 from edl_argo.proto import ps_pb2_grpc
+from edl_argo.rpc.auth import SECRET_ENV, JobSecret, secret_from_env, server_interceptor
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.health import add_health_service
 from edl_argo.rpc.master_watch import MasterWatch
@@ -121,11 +122,22 @@ def create_servicer(
     )
 
 
-def start_server(servicer: ParameterServerServicer, host: str, port: int) -> tuple[grpc.Server, int]:
-    """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port."""
+def start_server(
+    servicer: ParameterServerServicer,
+    host: str,
+    port: int,
+    secret: JobSecret | None = None,
+    service: str = "ps",
+) -> tuple[grpc.Server, int]:
+    """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port.
+    With the job's ``secret``, only calls with a credential of that job are served
+    (:mod:`edl_argo.rpc.auth`)."""
     server = make_server(
         SERVER_THREADS,
-        interceptors=[RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS)],
+        interceptors=[
+            *([server_interceptor(secret, service)] if secret is not None else []),
+            RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS),
+        ],
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
@@ -179,8 +191,14 @@ def run_ps(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_steps=args.checkpoint_steps,
     )
+    secret = secret_from_env()
+    if secret is None:
+        raise ConfigError(
+            f"{SECRET_ENV} is not set: a parameter server serves only the job whose master started it"
+            " (the master hands its pods the job's secret)"
+        )
     servicer = create_servicer(config)
-    server, _ = start_server(servicer, config.host, config.port)
+    server, _ = start_server(servicer, config.host, config.port, secret, f"ps-{config.ps_id}")
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:

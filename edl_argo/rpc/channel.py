@@ -19,6 +19,7 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.rpc.auth import ClientCredential, authenticated, credential_from_env
 from edl_argo.rpc.server_limits import ServerLimits
 from edl_argo.settings import table
 
@@ -56,9 +57,12 @@ _CHANNEL_OPTIONS = [
 Response = TypeVar("Response")
 
 
-def make_channel(address: str) -> grpc.Channel:
-    """An insecure channel to ``host:port`` (traffic stays inside the job's network), with keepalive."""
-    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def make_channel(address: str, credential: ClientCredential | None = None) -> grpc.Channel:
+    """A channel to ``host:port`` with keepalive whose calls present ``credential`` (default: this
+    process's, :func:`~edl_argo.rpc.auth.credential_from_env`; none if it has none). Plain TCP: the
+    credential authenticates, it does not encrypt."""
+    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    return authenticated(channel, credential if credential is not None else credential_from_env())
 
 
 #: Servers never share a port: gRPC's default SO_REUSEPORT would let a second process bind a port in use

@@ -26,6 +26,7 @@ from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import dense_owner, embedding_owner
+from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import fill_tensor, from_indexed_slices, from_tensor, to_tensor
 from edl_argo.worker.embedding import EmbeddingTableSpec
@@ -70,13 +71,15 @@ class ParameterServerClient:
         addresses: Sequence[str],
         retry_budget_seconds: float = 300.0,
         rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS,
+        credential: ClientCredential | None = None,
     ) -> None:
         """Every call has the deadline ``rpc_timeout_seconds`` and is retried for ``retry_budget_seconds``
-        while its PS is unavailable or does not answer in time."""
+        while its PS is unavailable or does not answer in time. Calls present ``credential`` (default: this
+        process's)."""
         if not addresses:
             raise ValueError("at least one parameter server address is needed")
         self._addresses = list(addresses)
-        self._stubs = [ps_pb2_grpc.ParameterServerStub(make_channel(a)) for a in self._addresses]
+        self._stubs = [ps_pb2_grpc.ParameterServerStub(make_channel(a, credential)) for a in self._addresses]
         self._budget = retry_budget_seconds
         self._timeout = rpc_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None

@@ -143,6 +143,15 @@ class Cluster:
                 return self._delete_pod(key, obj, grace)
             return self._remove(key) or {}
 
+    def merge_patch(self, resource: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Apply a JSON merge patch (RFC 7386: maps merge, ``null`` removes a key) to an object."""
+        key = (resource, namespace, name)
+        with self.store.lock:
+            obj = self.store.get(key)
+            if obj is None:
+                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            return self.store.put(key, _merged(_copy(obj), patch), "MODIFIED")
+
     def pod_log(self, namespace: str, name: str, tail_lines: int | None) -> str:
         pod = self.read("pods", namespace, name)
         path = self._log_path(namespace, name, pod["metadata"]["uid"])
@@ -429,6 +438,17 @@ class Cluster:
 
     def _log_path(self, namespace: str, name: str, uid: str) -> Path:
         return self.workdir / "logs" / f"{namespace}_{name}_{uid}.log"
+
+
+def _merged(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            target[key] = _merged(target[key], value)
+        else:
+            target[key] = value
+    return target
 
 
 def _copy(obj: dict[str, Any]) -> dict[str, Any]:

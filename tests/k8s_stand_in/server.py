@@ -6,7 +6,8 @@ Routes (JSON; errors are ``Status`` objects with the real reasons and codes):
   ``watch=true`` streams ``{"type", "object"}`` lines, chunked, from ``resourceVersion`` -- all current
   objects as ADDED when it is empty or 0 -- until ``timeoutSeconds`` or :attr:`KubernetesStandIn.
   watch_max_seconds`; a version older than the history gets an ERROR event with a 410 Status).
-* ``.../{resource}/{name}``: GET, DELETE (``gracePeriodSeconds``, ``preconditions.uid``);
+* ``.../{resource}/{name}``: GET, DELETE (``gracePeriodSeconds``, ``preconditions.uid``), PATCH (a JSON
+  merge patch, ``application/merge-patch+json`` only);
   ``.../pods/{name}/status``: GET; ``.../pods/{name}/log``: GET (``tailLines``), text.
 * ``/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies[/{name}]``: the same verbs; stored, not
   enforced.
@@ -268,7 +269,8 @@ class KubernetesStandIn:
                 self._log(call, 200)
                 self._watch(handler, resource, m["ns"], query)
                 return
-            code, answer = self._serve(method, resource, m["ns"], name, sub, query, body, group)
+            content_type = (handler.headers.get("Content-Type") or "").split(";")[0].strip()
+            code, answer = self._serve(method, resource, m["ns"], name, sub, query, body, group, content_type)
         except ApiError as error:
             self._log(call, error.code)
             _send_status(handler, error)
@@ -310,6 +312,7 @@ class KubernetesStandIn:
         query: dict[str, str],
         body: dict[str, Any],
         group: str,
+        content_type: str = "",
     ) -> tuple[int, dict[str, Any] | str]:
         kind = KINDS[(group, resource)]
         if method == "POST" and not name:
@@ -325,6 +328,12 @@ class KubernetesStandIn:
             return 200, self.cluster.pod_log(namespace, name, tail)
         if method == "GET" and sub in ("", "status"):
             return 200, {"kind": kind, "apiVersion": "v1"} | self.cluster.read(resource, namespace, name)
+        if method == "PATCH" and name and not sub:
+            if content_type != "application/merge-patch+json":
+                raise ApiError(415, "UnsupportedMediaType", f"the stand-in merges only, not {content_type}")
+            return 200, {"kind": kind, "apiVersion": "v1"} | self.cluster.merge_patch(
+                resource, namespace, name, body
+            )
         if method == "DELETE" and name and not sub:
             grace = body.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
             uid = (body.get("preconditions") or {}).get("uid")
