@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,7 @@ from edl_argo.collective.transport import (
 )
 from edl_argo.master.job import TrainingJob
 from edl_argo.proto import collective_pb2, master_pb2, ps_pb2, tensor_pb2
+from edl_argo.rpc.auth import ADMIN_IDENTITY, JobSecret, pod_identity
 from edl_argo.rpc.channel import make_channel
 from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
 from tests.engine_helpers import (
@@ -111,7 +114,7 @@ def test_fuzzing_a_live_job_crashes_and_hangs_no_server_and_changes_nothing_it_t
     digits_data: Path, tmp_path: Path
 ) -> None:
     output = tmp_path / "out"
-    overrides = {} if FULL else {"num_epochs": 4, "num_workers": 1}
+    overrides = {} if FULL else {"num_epochs": 8, "num_workers": 1}
     config = digits_config(digits_data, output, **overrides)
     job = JobThread(TrainingJob.load(config)).start()
     job.wait_until(lambda: job.job.dispatcher.progress()[0] > 0, 600, "the first task done")
@@ -124,10 +127,23 @@ def test_fuzzing_a_live_job_crashes_and_hangs_no_server_and_changes_nothing_it_t
 
     errors: list[BaseException] = []
 
+    secret = job.job.job_secret
+    stranger = JobSecret.generate()  # another job's
+
+    def credential(request: Message) -> tuple[tuple[str, str], ...]:
+        """An insider's credential: the identity of the worker the request names (or the operator's);
+        one request in ten carries another job's, which every server must refuse."""
+        worker_id = getattr(request, "worker_id", None)
+        identity = pod_identity("worker", worker_id) if worker_id is not None else ADMIN_IDENTITY
+        issuer = stranger if zlib.crc32(request.SerializeToString()) % 10 == 0 else secret
+        return issuer.credential(identity).metadata()
+
     def run(address: str, methods: list[Method], seed: int) -> None:
         try:
             with make_channel(address) as channel:
-                reports.append(fuzz(channel, methods, seed, SECONDS, MAX_REQUESTS // 2, names, stop))
+                reports.append(
+                    fuzz(channel, methods, seed, SECONDS, MAX_REQUESTS // 2, names, stop, metadata=credential)
+                )
         except BaseException as error:  # the fuzzer's own bug: surfaced below
             errors.append(error)
 
@@ -137,7 +153,17 @@ def test_fuzzing_a_live_job_crashes_and_hangs_no_server_and_changes_nothing_it_t
     ]
     for thread in threads:
         thread.start()
-    watcher = threading.Thread(target=lambda: (job._thread.join(), stop.set()), daemon=True)
+
+    def watch() -> None:
+        """Stop fuzzing once training is done: the job then stops its PS, which refuses connections."""
+        while job._thread.is_alive():
+            done, total = job.job.dispatcher.progress()
+            if total and done >= total:
+                break
+            time.sleep(0.2)
+        stop.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     for thread in threads:
         thread.join(SECONDS + 300)
@@ -169,6 +195,7 @@ def test_fuzzing_a_live_job_crashes_and_hangs_no_server_and_changes_nothing_it_t
     assert len(reports) == 2 and report.requests > 0, numbers
     assert not report.crashes, report.crashes[:10]
     assert not report.hangs, report.hangs[:10]
+    assert report.codes["UNAUTHENTICATED"] > 0, numbers  # another job's calls are refused
     assert rss_after <= 2 * rss_before, numbers
     assert result["status"] == "succeeded", result
     assert_no_record_lost(metrics)

@@ -90,9 +90,11 @@ def fuzz(
     names: Sequence[str] = (),
     stop: threading.Event | None = None,
     timeout: float = 30.0,
+    metadata: Callable[[Message], Sequence[tuple[str, str]]] | None = None,
 ) -> FuzzReport:
     """Call random ``methods`` with random requests from ``seed`` until ``seconds`` pass, ``max_requests``
-    are sent or ``stop`` is set; one call at a time, each with ``timeout``."""
+    are sent or ``stop`` is set; one call at a time, each with ``timeout`` and the ``metadata`` given for
+    its request (a credential of the job, :mod:`edl_argo.rpc.auth`: the fuzzer is an insider)."""
     fuzzer = MessageFuzzer(seed, names)
     calls = {
         m.path: channel.unary_unary(m.path, request_serializer=None, response_deserializer=None)
@@ -112,7 +114,7 @@ def fuzz(
             data = fuzzer.mutated(data)
         began = time.monotonic()
         try:
-            calls[method.path](data, timeout=timeout)
+            calls[method.path](data, timeout=timeout, metadata=metadata(request) if metadata else None)
             code, details = grpc.StatusCode.OK, ""
         except grpc.RpcError as error:
             code, details = error.code(), error.details() or ""  # type: ignore[attr-defined]
@@ -128,7 +130,11 @@ def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
+    state = next(
+        (line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:")),
+        "",
+    )
+    raise AssertionError(f"no VmRSS for process {pid} ({state})")
 
 
 def find_processes(*words: str) -> list[int]:
