@@ -39,7 +39,7 @@ from edl_argo.proto import master_pb2, master_pb2_grpc, ps_pb2, ps_pb2_grpc
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc import auth
-from edl_argo.rpc.auth import ClientCredential, JobSecret
+from edl_argo.rpc.auth import ClientCredential, JobSecret, server_interceptor
 from edl_argo.rpc.channel import make_channel, make_server
 from edl_argo.rpc.health import add_health_service, ping
 from edl_argo.storage import LocalStorage
@@ -83,7 +83,7 @@ def master() -> Iterator[tuple[str, TaskDispatcher]]:
         {"train": 20}, DispatcherConfig(records_per_task=10, num_epochs=1)
     )
     urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
-    server = make_server(4, SECRET, "master")
+    server = make_server(4, interceptors=[server_interceptor(SECRET, "master")])
     servicer = MasterServicer(
         dispatcher,
         evaluation,

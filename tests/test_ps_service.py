@@ -394,7 +394,7 @@ def test_cli_flags_and_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("POD_IP", "10.1.2.3")
     args = parser.parse_args(["ps", "--model-def", str(model_file), "--num-ps", "2", "--ps-id", "1"])
     assert (args.ps_id, args.num_ps, args.port, args.grads_to_wait, args.use_async) == (1, 2, 2222, 1, False)
-    assert (args.checkpoint_dir, args.checkpoint_steps, args.sync_version_tolerance) == (None, 0, 0)
+    assert (args.checkpoint_dir, args.checkpoint_steps, args.sync_version_tolerance) == ("", 0, 0)
     assert PSConfig().host == "10.1.2.3"
     with pytest.raises(SystemExit):
         parser.parse_args(["ps", "--model-def", "m.py", "--grads-to-wait", "0"])

@@ -86,12 +86,16 @@ class Mailbox:
             self._pieces = {k: v for k, v in self._pieces.items() if k[0] >= round_id}
             self._newer = {r for r in self._newer if r > round_id}
             self._dismissed = {r for r in self._dismissed if r > round_id}
+            # A member enters the round the master just named current: newer rounds seen before are none
+            # the master had started then (a member of a round started since is noticed by the next watch).
+            self._dismiss_locked(round_id)
 
     @property
     def newest_round(self) -> int:
-        """The newest round of any piece delivered so far (0: none)."""
+        """The newest round of the pieces delivered since this member entered its round, among those the
+        master has not said it never started (0: none)."""
         with self._cond:
-            return self._newest_seen
+            return max(self._newer, default=0)
 
     def put(self, key: PieceKey, piece: np.ndarray) -> None:
         with self._cond:
@@ -193,6 +197,8 @@ class Mailbox:
     def _dismiss_locked(self, current_round: int) -> None:
         """The master says ``current_round`` is current: the newer rounds seen are none it started."""
         rounds = sorted(r for r in self._newer if r > current_round)
+        if not rounds:
+            return
         log.warning("collective_round_not_started", current_round=current_round, rounds=rounds[:5])
         if len(self._dismissed) + len(rounds) > MAX_DISMISSED_ROUNDS:
             self._dismissed.clear()

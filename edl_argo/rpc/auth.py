@@ -281,15 +281,18 @@ def server_interceptor(secret: JobSecret, service: str) -> grpc.ServerIntercepto
 _DENIALS_LOGGED = _PeersLogged()
 
 
-def caller_identity(context: grpc.ServicerContext) -> str | None:
-    """The identity a call presented (checked by :func:`server_interceptor` when the server has one)."""
+def caller_identity(context: grpc.ServicerContext | None) -> str | None:
+    """The identity a call presented (checked by :func:`server_interceptor` when the server has one);
+    None for a call without one, or made in-process (no ``context``: tests call servicers directly)."""
+    if context is None:
+        return None
     for key, value in context.invocation_metadata() or ():
         if key == IDENTITY_KEY and isinstance(value, str):
             return value
     return None
 
 
-def require_identity(context: grpc.ServicerContext, rpc: str, *identities: str) -> None:
+def require_identity(context: grpc.ServicerContext | None, rpc: str, *identities: str) -> None:
     """End the call with PERMISSION_DENIED unless it came from one of ``identities`` (a call naming
     worker N must come from worker N; logged once per caller and method as ``call_denied``). A call
     without an identity reached a server without authentication (the interceptor refuses it on every

@@ -162,7 +162,11 @@ class Worker:
         STEP_TIMERS.bind()
         self._timers_at = STEP_TIMERS.totals()
         stream = TaskStream(self._master, self._source)
-        elements = iter(stream_batches(self._spec, stream.generate, self._minibatch_size))
+        try:
+            elements = iter(stream_batches(self._spec, stream.generate, self._minibatch_size))
+        except Exception as error:  # the model's input function, traced once here, raised
+            self._fail_on_input_function(error)
+            return
         wait = 0.05
         try:
             while True:
@@ -285,7 +289,7 @@ class Worker:
         except JobFailedError:
             raise
         except Exception as error:  # a task-level failure: the master requeues the task
-            message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+            message = error_line(error)
             log.error("task_failed", task=task.task_id, shard=task.shard, error=message)
             # Minibatches trained before the failure reached the model: the accounting counts them.
             counters = {"steps": progress.steps} if task.type == master_pb2.TRAINING else {}
@@ -304,6 +308,19 @@ class Worker:
             result["counters"] = {**result["counters"], **as_counters(self._timers_at, now)}
         self._timers_at = now
         self._master.report_task_result(task.task_id, next_task=False, **result)
+
+    def _fail_on_input_function(self, error: Exception) -> None:
+        """The model's input function raised when the worker's pipeline was built: no task can train,
+        and retrying cannot help, so the job fails, naming the task this worker was to train next."""
+        response = self._master.get_task()
+        if response.kind != master_pb2.GetTaskResponse.TASK:
+            raise error  # no task to name (the job is ending): the worker's exit says what went wrong
+        task = response.task
+        self._fail_job(
+            task,
+            f"training task {task.task_id} (shard {task.shard}): the model's input function failed:"
+            f" {error_line(error)}",
+        )
 
     def _fail_job(self, task: master_pb2.Task, message: str) -> bool:
         """Report ``task`` as a failure no retry can mend: the master fails the job with ``message``."""
@@ -453,3 +470,12 @@ def _master_lost() -> None:
     log.error("worker_stopping", reason="master_lost", exit_code=MASTER_LOST_EXIT_CODE)
     logging.shutdown()
     os._exit(MASTER_LOST_EXIT_CODE)
+
+
+def error_line(error: BaseException) -> str:
+    """``error`` as one line for a report: ``Type: message``; for an error TensorFlow raised while
+    tracing the model's code ("in user code: ... ValueError: ..."), the user's error at its end."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if lines and lines[0] == "in user code:" and len(lines) > 1:
+        return lines[-1][:500]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
