@@ -48,6 +48,7 @@ from edl_argo.recordio import Compressor
 from edl_argo.storage import open_storage
 from edl_argo.storage.base import Storage, join_url
 from edl_argo.storage.retry import RETRY_SECONDS_ENV
+from edl_argo.worker.ps_client import ParameterServerClient
 from tests.chaos.kubernetes import (
     api_environment,
     kubernetes_settings,
@@ -497,10 +498,24 @@ def ps_kill(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> Trial
 
     def inject(trial: Trial) -> None:
         trial.wait_for_progress(rng.uniform(0.20, 0.80))
-        trial.pods.signal(PodRole.PS, 0, signal.SIGSTOP)  # its version stops moving while it is read
+        # The PS's version right before the kill, asked of the PS itself while the workers are paused (the
+        # master's own figure lags: workers report versions only now and then). A push already sent when
+        # they stopped is applied within the pause.
+        workers = trial.job.pods.live_workers if trial.job.pods is not None else []
+        for worker_id in workers:
+            with contextlib.suppress(KeyError):  # a worker that ended meanwhile
+                trial.pods.signal(PodRole.WORKER, worker_id, signal.SIGSTOP)
+        try:
+            time.sleep(1.0)  # the pushes in flight arrive (not a wait for a result: the status is read next)
+            before = _ps_version(trial.job)
+            trial.pods.signal(PodRole.PS, 0, signal.SIGSTOP)
+        finally:
+            for worker_id in workers:
+                with contextlib.suppress(KeyError):
+                    trial.pods.signal(PodRole.WORKER, worker_id, signal.SIGCONT)
         time.sleep(0.5)  # lets the backend copy the PS's last log lines (not a wait for a result)
         checkpointed = trial.tap.search(saved)
-        before = max(trial.job.versions.version, int(checkpointed[1]) if checkpointed else 0)
+        before = max(before, int(checkpointed[1]) if checkpointed else 0)
         kill_line = len(trial.tap.lines)
         if backend == LOCAL:
             trial.pods.signal(PodRole.PS, 0, signal.SIGKILL)
@@ -523,6 +538,17 @@ def ps_kill(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> Trial
         checkpoint_steps=CHECKPOINT_STEPS,
         min_task_timeout_seconds=PS_KILL_TASK_TIMEOUT_SECONDS,
     )
+
+
+def _ps_version(job: TrainingJob) -> int:
+    """PS 0's model version now, asked with the master's credential."""
+    ps = ParameterServerClient(
+        [job.backend.address(PodRole.PS, 0)], retry_budget_seconds=10, credential=job.credential
+    )
+    try:
+        return int(ps.status()[0].version)
+    finally:
+        ps.close()
 
 
 def s3_outage(env: ChaosEnv, rng: random.Random) -> TrialResult:
