@@ -118,8 +118,8 @@ def fuzz(
             code, details = grpc.StatusCode.OK, ""
         except grpc.RpcError as error:
             code, details = error.code(), error.details() or ""  # type: ignore[attr-defined]
-        if stop is not None and stop.is_set() and code == grpc.StatusCode.UNAVAILABLE:
-            break  # the job ended: its servers are gone
+        if code == grpc.StatusCode.UNAVAILABLE and stop is not None and stop.wait(2.0):
+            break  # the job ended (``stop`` may be set a moment after its servers went): not a crash
         report.record(method.path, code, details, time.monotonic() - began, timeout)
     report.seconds = time.monotonic() - started
     return report
