@@ -98,7 +98,7 @@ def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(
     """1 worker → 3 (new members receive the state) → one SIGKILLed mid-step (the others neither hang nor
     crash; the group re-forms without it) → scaled down to 2; the job completes with nothing lost."""
     job = TrainingJob.load(
-        digits_config(digits_data, tmp_path / "job", num_workers=1, num_epochs=12, **ALLREDUCE)
+        digits_config(digits_data, tmp_path / "job", num_workers=1, num_epochs=60, **ALLREDUCE)
     )
     running = JobThread(job).start()
     assert job.rendezvous is not None
