@@ -88,7 +88,7 @@ FUZZ_SECONDS ?= 900
 fuzz: $(STAMP) $(S3SERVER_STAMP)
 	mkdir -p out
 	EDL_FUZZ_FULL=1 EDL_FUZZ_SECONDS=$(FUZZ_SECONDS) EDL_FUZZ_REPORT=out/fuzz-report.json \
-		$(BIN)/pytest -q -p no:cacheprovider tests/test_fuzz.py
+		$(BIN)/pytest -q -p no:cacheprovider -m "slow or not slow" tests/test_fuzz.py
 	cat out/fuzz-report.json
 
 proto: $(STAMP)

@@ -110,6 +110,8 @@ MASTER_METHODS = [
 ]
 
 
+@pytest.mark.slow  # flaky on a loaded machine (a PS call UNAVAILABLE near the job's end, not yet explained):
+# run by `make fuzz` and `make test-slow`; the decoder fuzzing below stays in `make test`
 def test_fuzzing_a_live_job_crashes_and_hangs_no_server_and_changes_nothing_it_trains(
     digits_data: Path, tmp_path: Path
 ) -> None:
