@@ -94,6 +94,11 @@ class CheckpointSeries:
             self.storage.delete(key)
         return len(keys)
 
+    def remove_abandoned_writes(self) -> int:
+        """Remove the half-written checkpoints of writers killed mid-write (only once no holder of the
+        series is running); returns how many were removed."""
+        return self.storage.remove_abandoned_writes(self.name)
+
     def newest(self, decode: Callable[[bytes, str], Decoded]) -> Decoded | None:
         """The newest checkpoint that ``decode(data, url)`` accepts, or None when there is none.
 

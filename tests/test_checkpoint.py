@@ -109,3 +109,25 @@ def test_a_fresh_job_removes_only_its_own_checkpoints_by_name(tmp_path: Path, st
     assert set(keep) <= remaining
     for series in ("ps-0", "ps-1", "ps-7", "allreduce", "other-job"):
         assert (CheckpointSeries(storage, series).key(3) in remaining) == (series not in own), series
+
+
+def test_writes_a_killed_writer_abandoned_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    """A writer SIGKILLed mid-write leaves its temporary file; the series removes it (once no writer is
+    left), and leaves its checkpoints and other files alone."""
+    storage = LocalStorage(tmp_path)
+    series = group_checkpoints(storage)
+    series.save(10, b"state")
+    abandoned = tmp_path / "allreduce" / ".edl-tmp-version-0000000020.ckpt-0123456789ab"
+    abandoned.write_bytes(b"half a check")
+    storage.write("allreduce/notes.txt", b"a user's file")
+    other = tmp_path / "ps-0" / ".edl-tmp-version-0000000020.ckpt-0123456789ab"
+    other.parent.mkdir()
+    other.write_bytes(b"another series: not ours")
+
+    assert series.remove_abandoned_writes() == 1
+    assert not abandoned.exists() and other.exists()
+    assert sorted(p.name for p in (tmp_path / "allreduce").iterdir()) == [
+        "notes.txt",
+        "version-0000000010.ckpt",
+    ]
+    assert series.remove_abandoned_writes() == 0

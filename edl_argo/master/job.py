@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from edl_argo.addresses import join_host_port
+from edl_argo.checkpoint import CheckpointSeries
 from edl_argo.collective.membership import survey_member_states
 from edl_argo.errors import DataFormatError, JobFailedError, StorageError
 from edl_argo.flags import pod_host
@@ -93,6 +94,19 @@ class VersionTracker:
         with self._lock:
             self.version = max(self.version, version)
             return self.version
+
+
+def own_checkpoint_series(c: TrainConfig) -> list[CheckpointSeries]:
+    """The checkpoint series the holders of job ``c`` save (none without ``--checkpoint-steps``)."""
+    from edl_argo.collective.checkpoint import group_checkpoints
+    from edl_argo.ps.checkpoint import ps_checkpoints
+
+    if not c.checkpoint_steps:
+        return []
+    storage = open_storage(c.checkpoints_url)
+    if c.allreduce:
+        return [group_checkpoints(storage)]
+    return [ps_checkpoints(storage, i) for i in range(c.num_ps)]
 
 
 class TrainingJob:
@@ -338,6 +352,7 @@ class TrainingJob:
                 self._ps_watch.close()
             self._state_writer.close()
             self.backend.close(grace_seconds=2.0)
+            self._remove_abandoned_checkpoint_writes()
             self._server.stop(grace=1.0)
             unregister_master(self.config.job_name)
 
@@ -434,23 +449,22 @@ class TrainingJob:
         """A job that starts afresh never restores the checkpoints an earlier run of it left. Only the
         checkpoints its own holders would restore are removed, by name (the series ``ps-<id>`` of its PSes,
         or ``allreduce``); anything else under ``--checkpoint-dir`` is left alone."""
-        from edl_argo.collective.checkpoint import group_checkpoints
-        from edl_argo.ps.checkpoint import ps_checkpoints
-
         c = self.config
-        if not c.checkpoint_steps:
-            return
-        storage = open_storage(c.checkpoints_url)
-        own = (
-            [group_checkpoints(storage)]
-            if c.allreduce
-            else [ps_checkpoints(storage, i) for i in range(c.num_ps)]
-        )
-        removed = sum(series.clear() for series in own)
+        removed = sum(series.clear() for series in own_checkpoint_series(self.config))
         if removed:
             log.warning(
                 "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=removed
             )
+
+    def _remove_abandoned_checkpoint_writes(self) -> None:
+        """Every pod is gone: remove the half-written checkpoints of holders killed mid-write."""
+        try:
+            removed = sum(series.remove_abandoned_writes() for series in own_checkpoint_series(self.config))
+        except StorageError as error:
+            log.warning("abandoned_checkpoint_writes_kept", job=self.config.job_name, reason=str(error))
+            return
+        if removed:
+            log.info("abandoned_checkpoint_writes_removed", job=self.config.job_name, objects=removed)
 
     def _forget_state(self) -> None:
         """The job is over: stop saving its state and remove it."""

@@ -128,6 +128,12 @@ class Storage(abc.ABC):
         ``key``. A failed download may leave some files in ``local_dir``.
         """
 
+    def remove_abandoned_writes(self, folder: str) -> int:
+        """Remove what writers killed mid-write left directly in ``folder`` (never a published object);
+        returns how many were removed. Call it only when no writer to ``folder`` is left. Object stores
+        publish an object in one request, so by default there is nothing to remove."""
+        return 0
+
     def exists(self, key: str) -> bool:
         """Whether an object exists at ``key``. Failures other than "not found" raise StorageError."""
         try:

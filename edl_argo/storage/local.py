@@ -3,8 +3,8 @@
 Keys map to files below the root folder; "directories" exist only as parents of files. Atomicity comes from
 ``rename``: every write goes to a temporary sibling (a name starting with :data:`TEMP_PREFIX`) that is
 fsynced and then renamed over the target, and :meth:`LocalStorage.put_tree` swaps whole directories the same
-way. Temporary names never appear in :meth:`LocalStorage.list`. A crash can leave temporaries behind; they
-are harmless and ignored.
+way. Temporary names never appear in :meth:`LocalStorage.list`. A writer killed mid-write leaves its temporary
+behind; :meth:`LocalStorage.remove_abandoned_writes` removes them once no writer is left.
 """
 
 from __future__ import annotations
@@ -191,6 +191,18 @@ class LocalStorage(Storage):
             # Linux reports unlink() on a directory as EISDIR, macOS as EPERM.
             if not (exc.errno == errno.EPERM and path.is_dir()):
                 raise _os_error(path, exc) from exc
+
+    def remove_abandoned_writes(self, folder: str) -> int:
+        directory = self._path(folder, allow_empty=True)
+        try:
+            abandoned = [entry.path for entry in os.scandir(directory) if entry.name.startswith(TEMP_PREFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        except OSError as exc:
+            raise _os_error(directory, exc) from exc
+        for path in abandoned:
+            _remove(Path(path))
+        return len(abandoned)
 
     def put_tree(self, local_dir: Path, key: str) -> None:
         target = self._path(key)
