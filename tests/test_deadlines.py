@@ -196,12 +196,6 @@ def test_reports_waiting_for_a_slow_save_leave_threads_for_other_calls() -> None
         server.stop(None)
 
 
-@pytest.mark.xfail(
-    reason="known defect (issue 12, open): a push whose deadline ran out while the replacement PS compiled"
-    " its first update is retried and can be applied twice; CI under load saw PS 0 at version 385 for 384"
-    " minibatches, and the job's accounting failed it (pushes are not yet idempotent)",
-    strict=False,
-)
 def test_a_paused_parameter_server_is_replaced_within_the_bound_and_the_job_finishes(
     digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

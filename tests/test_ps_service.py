@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -454,3 +455,77 @@ def test_ps_command_stops_gracefully_on_sigterm_with_a_last_checkpoint(tmp_path:
     assert process.returncode == 0, stderr
     assert "ps_stopped" in stderr and "checkpoint_saved" in stderr
     assert (tmp_path / "ckpt" / "ps-0" / "version-0000000001.ckpt").is_file()
+
+
+@pytest.mark.parametrize(
+    ("num_ps", "use_async", "slow_ps"),
+    [(1, True, 0), (1, False, 0), (2, False, 0), (2, False, 1)],
+    ids=["async", "sync", "sync-2ps-authority-slow", "sync-2ps-follower-slow"],
+)
+def test_a_push_retried_after_its_deadline_is_applied_once(
+    num_ps: int, use_async: bool, slow_ps: int
+) -> None:
+    """The PS applies a push but answers after the caller's deadline (it compiled its first update, say):
+    the client retries it, and the PS answers the retry from the push it already applied instead of
+    applying the minibatch a second time."""
+    from edl_argo.worker.ps_client import ParameterServerClient
+
+    servicers = [servicer(ps_id=i, num_ps=num_ps, use_async=use_async, factory=sgd) for i in range(num_ps)]
+    slowed = servicers[slow_ps].parameters
+    apply = slowed.apply_gradients
+    delays = [1.5]
+
+    def late_apply(*args: Any, **kwargs: Any) -> None:
+        apply(*args, **kwargs)
+        if delays:
+            time.sleep(delays.pop())  # applied, but the caller's deadline runs out before the answer
+
+    slowed.apply_gradients = late_apply  # type: ignore[method-assign]
+    servers = [start_server(s, "127.0.0.1", 0) for s in servicers]
+    client = ParameterServerClient([f"127.0.0.1:{port}" for _, port in servers], rpc_timeout_seconds=0.5)
+    try:
+        dense = {"w": W, "b": B}
+        client.push_model(dense, [])
+        client.synchronous = not use_async
+        result = client.push_gradients({n: np.ones_like(v) for n, v in dense.items()}, {}, [0] * num_ps)
+        assert result.accepted and not delays  # the slow answer happened, and was retried
+        time.sleep(1.5)  # the first attempt's answer has been sent by now
+        assert [s.version for s in servicers] == [1] * num_ps
+        statuses = client.status()
+        assert [s.pushes_accepted for s in statuses] == [1] * num_ps
+        pulled = {n: v for s in servicers for n, v in s.parameters.pull_dense(since_version=-1) or []}
+        np.testing.assert_allclose(pulled["w"], W - LR, rtol=1e-6)
+    finally:
+        client.close()
+        for server, _ in servers:
+            server.stop(None)
+
+
+def test_a_late_attempt_is_neither_applied_nor_accepted_and_push_ids_are_bounded(connect: Any) -> None:
+    from edl_argo.ps.push_memory import MAX_PUSHER_ID_CHARS, PushMemory, PushOutcome
+
+    stub = connect(servicer(use_async=True))
+    stub.PushModel(model())
+
+    def push_as(pusher: str, sequence: int) -> ps_pb2.PushGradientsResponse:
+        gradients = ps_pb2.Model(dense_parameters=[to_tensor(np.ones_like(W), "w")])
+        request = ps_pb2.PushGradientsRequest(gradients=gradients, pusher_id=pusher, sequence=sequence)
+        return stub.PushGradients(request)
+
+    assert push_as("a", 2).version == 1
+    assert push_as("b", 1).version == 2  # another pusher's numbers are its own
+    late = push_as("a", 1)  # an attempt "a" gave up on, delivered after its next push
+    repeat = push_as("a", 2)
+    assert (late.accepted, late.version, repeat.accepted, repeat.version) == (False, 2, True, 2)
+    status = stub.GetStatus(ps_pb2.GetStatusRequest())
+    assert (status.pushes_accepted, status.pushes_repeated) == (2, 2)
+    for pusher, sequence in (("x" * (MAX_PUSHER_ID_CHARS + 1), 1), ("a", 0)):
+        with pytest.raises(grpc.RpcError) as refused:
+            push_as(pusher, sequence)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert stub.GetStatus(ps_pb2.GetStatusRequest()).version == 2
+
+    memory = PushMemory(max_pushers=2)
+    for pusher in ("a", "b", "c"):  # "a" is forgotten: the least recently seen
+        memory.remember(pusher, PushOutcome(5, accepted=True))
+    assert memory.recall("a", 5) is None and memory.recall("c", 5) == PushOutcome(5, accepted=True)

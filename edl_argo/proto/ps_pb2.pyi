@@ -108,20 +108,24 @@ class PullEmbeddingTableRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("gradients", "version", "learning_rate_scale", "authority_step", "examples", "return_parameters")
+    __slots__ = ("gradients", "version", "learning_rate_scale", "authority_step", "examples", "return_parameters", "pusher_id", "sequence")
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_SCALE_FIELD_NUMBER: _ClassVar[int]
     AUTHORITY_STEP_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     RETURN_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    PUSHER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     gradients: Model
     version: int
     learning_rate_scale: float
     authority_step: int
     examples: int
     return_parameters: bool
-    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ..., authority_step: _Optional[int] = ..., examples: _Optional[int] = ..., return_parameters: _Optional[bool] = ...) -> None: ...
+    pusher_id: str
+    sequence: int
+    def __init__(self, gradients: _Optional[_Union[Model, _Mapping]] = ..., version: _Optional[int] = ..., learning_rate_scale: _Optional[float] = ..., authority_step: _Optional[int] = ..., examples: _Optional[int] = ..., return_parameters: _Optional[bool] = ..., pusher_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
     __slots__ = ("accepted", "version", "step", "parameters")
@@ -142,7 +146,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, apply_pending: _Optional[bool] = ...) -> None: ...
 
 class ParameterServerStatus(_message.Message):
-    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version", "pushes_non_finite")
+    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version", "pushes_non_finite", "pushes_repeated")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PUSHES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +155,7 @@ class ParameterServerStatus(_message.Message):
     PENDING_FIELD_NUMBER: _ClassVar[int]
     RESTORED_VERSION_FIELD_NUMBER: _ClassVar[int]
     PUSHES_NON_FINITE_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_REPEATED_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     version: int
     pushes_accepted: int
@@ -159,4 +164,5 @@ class ParameterServerStatus(_message.Message):
     pending: int
     restored_version: int
     pushes_non_finite: int
-    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ..., pushes_non_finite: _Optional[int] = ...) -> None: ...
+    pushes_repeated: int
+    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ..., pushes_non_finite: _Optional[int] = ..., pushes_repeated: _Optional[int] = ...) -> None: ...

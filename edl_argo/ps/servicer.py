@@ -33,6 +33,9 @@ the values ``fit`` would end with (EMA averages).
 A push's ``learning_rate_scale`` (1 when unset) multiplies the learning rate of the step that applies it;
 in synchronous mode the step uses the mean scale of the pushes it averages.
 
+A push is applied at most once: one that repeats a push already decided (a retry after the caller's
+deadline ran out) is answered from :class:`~edl_argo.ps.push_memory.PushMemory` instead of being applied.
+
 Every request is validated before anything changes (the bounds are in :mod:`edl_argo.ps.bounds`). A push
 whose gradients or values hold a NaN or an infinity is refused with ``INVALID_ARGUMENT`` and counted
 (``pushes_non_finite`` of ``GetStatus``); a request that would go beyond the server's resource bounds (new
@@ -74,6 +77,7 @@ from edl_argo.ps.parameters import (
     Parameters,
     ParametersState,
 )
+from edl_argo.ps.push_memory import PushMemory, PushOutcome
 from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor, to_indexed_slices, to_tensor
 
@@ -228,6 +232,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._checkpointer = checkpointer
         self._lock = threading.Lock()
         self._accumulator = _Accumulator()
+        self._pushes = PushMemory()
         self._dense_cache: ps_pb2.PullDenseParametersResponse | None = None
         # Synchronous SGD, PS other than 0: the step of PS 0 whose pushes it applied last (-1: unknown).
         self._synced_step = -1
@@ -341,45 +346,61 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
     ) -> ps_pb2.PushGradientsResponse:
         lr_scale = bounds.check_push_fields(request, self.parameters.ps_id)
+        PushMemory.check(request.pusher_id, request.sequence)
         with self._lock:
-            params = self.parameters
-            gradients = params.decode_gradients(request.gradients)
-            for name, (ids, _) in gradients.embeddings.items():
-                _non_negative_ids(name, ids)
-            try:
-                bounds.check_finite(gradients)
-            except NonFiniteGradientError:
-                self.pushes_non_finite += 1
-                raise
-            if lr_scale != 1.0 and not params.lr_scalable:
-                raise LearningRateScaleError(
-                    f"learning_rate_scale {lr_scale:g} asked, but the model's optimizer uses a "
-                    "learning-rate schedule"
+            recalled = self._pushes.recall(request.pusher_id, request.sequence)
+            if recalled is not None:
+                log.info(
+                    "push_repeated",
+                    pusher=request.pusher_id,
+                    sequence=request.sequence,
+                    accepted=recalled.accepted,
                 )
-            step = 0
-            if self.use_async:
-                if self.lr_staleness_modulation:
-                    lr_scale /= max(1, params.version - request.version)
-                params.apply_gradients(gradients, lr_scale)
-            elif request.authority_step <= 0 and not (
-                params.version - self.sync_version_tolerance
-                <= request.version
-                <= params.version + self.sync_version_tolerance
-            ):
-                # Older than the tolerance (stale), or newer than this server ever was (a worker that has
-                # not pulled since this server restarted from a checkpoint): pull and recompute.
-                self._pushes_refused += 1
-                log.debug("gradients_stale", version=request.version, current=params.version)
-                return self._push_answer(request, accepted=False)
-            else:
-                # PS 0 (or a lone PS) decided above; the others follow PS 0's decision.
-                step = request.authority_step if request.authority_step > 0 else params.version + 1
-                self._accumulator.add(gradients, lr_scale, request.examples, request.authority_step)
-                if self._accumulator.count >= self.grads_to_wait:
-                    self._apply_accumulated()
-            self._pushes_accepted += 1
-            self._maybe_checkpoint()
-            return self._push_answer(request, accepted=True, step=step)
+                return self._push_answer(request, recalled.accepted, recalled.step)
+            outcome = self._decide_push(request, lr_scale)
+            self._pushes.remember(request.pusher_id, outcome)
+            return self._push_answer(request, outcome.accepted, outcome.step)
+
+    def _decide_push(self, request: ps_pb2.PushGradientsRequest, lr_scale: float) -> PushOutcome:
+        """Apply (or accumulate) a new push, or refuse it as stale (under the lock)."""
+        params = self.parameters
+        gradients = params.decode_gradients(request.gradients)
+        for name, (ids, _) in gradients.embeddings.items():
+            _non_negative_ids(name, ids)
+        try:
+            bounds.check_finite(gradients)
+        except NonFiniteGradientError:
+            self.pushes_non_finite += 1
+            raise
+        if lr_scale != 1.0 and not params.lr_scalable:
+            raise LearningRateScaleError(
+                f"learning_rate_scale {lr_scale:g} asked, but the model's optimizer uses a "
+                "learning-rate schedule"
+            )
+        step = 0
+        if self.use_async:
+            if self.lr_staleness_modulation:
+                lr_scale /= max(1, params.version - request.version)
+            params.apply_gradients(gradients, lr_scale)
+        elif request.authority_step <= 0 and not (
+            params.version - self.sync_version_tolerance
+            <= request.version
+            <= params.version + self.sync_version_tolerance
+        ):
+            # Older than the tolerance (stale), or newer than this server ever was (a worker that has
+            # not pulled since this server restarted from a checkpoint): pull and recompute.
+            self._pushes_refused += 1
+            log.debug("gradients_stale", version=request.version, current=params.version)
+            return PushOutcome(request.sequence, accepted=False)
+        else:
+            # PS 0 (or a lone PS) decided above; the others follow PS 0's decision.
+            step = request.authority_step if request.authority_step > 0 else params.version + 1
+            self._accumulator.add(gradients, lr_scale, request.examples, request.authority_step)
+            if self._accumulator.count >= self.grads_to_wait:
+                self._apply_accumulated()
+        self._pushes_accepted += 1
+        self._maybe_checkpoint()
+        return PushOutcome(request.sequence, accepted=True, step=step)
 
     def _push_answer(
         self, request: ps_pb2.PushGradientsRequest, accepted: bool, step: int = 0
@@ -410,6 +431,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 pending=self._accumulator.count,
                 restored_version=self._restored_version,
                 pushes_non_finite=self.pushes_non_finite,
+                pushes_repeated=self._pushes.repeated,
             )
 
     def _apply_accumulated(self) -> None:

@@ -14,7 +14,9 @@ of the next minibatch are computed from parameters of one step.
 
 from __future__ import annotations
 
+import itertools
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -83,6 +85,9 @@ class ParameterServerClient:
         self._budget = retry_budget_seconds
         self._timeout = rpc_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
+        # Every push carries this client's id and its number, so that a PS applies a retried push once.
+        self._pusher_id = uuid.uuid4().hex
+        self._push_numbers = itertools.count(1)
         #: Whether the PS run synchronous SGD (learnt from every pull).
         self.synchronous = False
 
@@ -260,6 +265,7 @@ class ParameterServerClient:
         ``return_parameters``: the replies carry the dense parameters newer than ``versions`` as a pull
         right after the push would get them (:attr:`PushResult.parameters`), so the caller skips that pull.
         With several synchronous PS, a refused push carries none (PS 0 alone answered)."""
+        sequence = next(self._push_numbers)
         dense_by_owner = self._split_dense(dense)
         state_by_owner = self._split_dense(state or {})
         sparse_by_owner: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(self.num_ps)]
@@ -278,6 +284,8 @@ class ParameterServerClient:
                 authority_step=authority_step,
                 examples=examples,
                 return_parameters=return_parameters,
+                pusher_id=self._pusher_id,
+                sequence=sequence,
             )
             gradients = request.gradients
             gradients.version = versions[ps_id]
