@@ -76,10 +76,8 @@ def test_checkpoint_steps_without_a_checkpoint_dir_is_a_config_error(tmp_path: P
 def test_a_fresh_job_removes_only_its_own_checkpoints_by_name(tmp_path: Path, strategy: str) -> None:
     """A shared --checkpoint-dir keeps other series, unrelated files and foreign names inside the job's
     own series folders: only the checkpoints this job's holders would restore are removed."""
-    from types import SimpleNamespace
-
     from edl_argo.master.config import TrainConfig
-    from edl_argo.master.job import TrainingJob
+    from edl_argo.master.failover import remove_stale_checkpoints
 
     shared = tmp_path / "shared"
     storage = LocalStorage(shared)
@@ -103,7 +101,7 @@ def test_a_fresh_job_removes_only_its_own_checkpoints_by_name(tmp_path: Path, st
         num_ps=2,
         distribution_strategy=strategy,
     )
-    TrainingJob._remove_stale_checkpoints(SimpleNamespace(config=config))  # type: ignore[arg-type]
+    remove_stale_checkpoints(config)
 
     remaining = {info.key for info in storage.list()}
     assert set(keep) <= remaining

@@ -108,7 +108,6 @@ def new_master(saved: tuple[dict[str, Any], dict[str, Any], int] | None, live: s
 
     if saved is not None:
         evaluation.restore(saved[1])
-    holders = {int(e["worker_id"]) for e in saved[0]["doing"]} & live if saved else set()
     servicer = DurableMasterServicer(
         dispatcher,
         evaluation,
@@ -116,7 +115,6 @@ def new_master(saved: tuple[dict[str, Any], dict[str, Any], int] | None, live: s
         current_version=lambda: version[0],
         on_version=on_version,
         commit=_NoCommit(),
-        restored_holders=holders,
     )
     return Master(dispatcher, evaluation, servicer, version)
 

@@ -10,9 +10,9 @@ import pytest
 
 from edl_argo.errors import DataFormatError
 from edl_argo.master import job as job_module
+from edl_argo.master.failover import STATE_PARTS
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.job_parts import load_job_parts
-from edl_argo.master.state_store import STATE_PARTS
 from edl_argo.pods import LocalProcessBackend
 from edl_argo.rpc.auth import JobSecret
 from tests.engine_helpers import digits_config

@@ -20,8 +20,9 @@ import pytest
 from edl_argo.errors import ConfigError, DataFormatError, StorageError
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.failover import STATE_PARTS
 from edl_argo.master.job import TrainingJob, dataset_shards
-from edl_argo.master.state_store import STATE_KEY, STATE_PARTS, GroupCommit, MasterStateStore, job_fingerprint
+from edl_argo.master.state_store import STATE_KEY, GroupCommit, MasterStateStore, job_fingerprint
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.model.outputs import named_arrays
 from edl_argo.pods import find_free_port
@@ -297,6 +298,113 @@ def test_a_worker_reading_ahead_gets_a_new_task_and_its_tasks_are_requeued_when_
     assert get_task(0, []) == first  # a worker listing nothing holds nothing: its oldest task again
     assert {t.task_id for t in dispatcher.recover_tasks(0)} == {first.task_id, ahead.task_id}
     assert [get_task(1, []).task_id, get_task(1, [first.task_id]).task_id] == [first.task_id, ahead.task_id]
+
+
+class _NoCommit:
+    """The state writer's interface, for a master whose saves are the test's business."""
+
+    def commit(self) -> bool:
+        return True
+
+    def changed(self) -> None:
+        pass
+
+
+def restarted_master(saved: dict[str, Any], live: set[int]) -> tuple[TaskDispatcher, Any]:
+    """A master restarted from the dispatcher state ``saved`` (as read back from the state file) whose
+    adopted workers are ``live``: its dispatcher and its service, wired as the job wires them."""
+    from edl_argo.master.state_store import DurableMasterServicer
+
+    evaluation = EvaluationService(lambda: {}, {}, 1)
+    saved = json.loads(json.dumps(saved))
+    dispatcher = TaskDispatcher.restore(
+        saved, on_evaluation_complete=evaluation.round_complete, live_workers=live
+    )
+    evaluation.dispatcher = dispatcher
+    urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    servicer = DurableMasterServicer(dispatcher, evaluation, urls, lambda: 0, commit=_NoCommit())
+    return dispatcher, servicer
+
+
+def get_task(servicer: Any, worker_id: int, held: list[int]) -> Any:
+    """The task ``servicer`` hands ``worker_id``, which lists ``held`` as the tasks it holds (or None)."""
+    from edl_argo.proto import master_pb2
+
+    response = servicer.GetTask(master_pb2.GetTaskRequest(worker_id=worker_id, held_task_ids=held), None)
+    return response.task if response.kind == master_pb2.GetTaskResponse.TASK else None
+
+
+def finish_the_epoch(dispatcher: TaskDispatcher, servicer: Any, held: dict[int, list[int]]) -> list[int]:
+    """Workers ``held`` (worker -> the tasks it holds) report every task they hold and then go on asking
+    until nothing is left; returns the ids of every task handed out here, in order."""
+    from edl_argo.proto import master_pb2
+
+    handed_out = []
+    for _ in range(50):
+        for worker, tasks in held.items():
+            for task_id in tasks:
+                report = master_pb2.ReportTaskResultRequest(worker_id=worker, task_id=task_id, success=True)
+                assert servicer.ReportTaskResult(report, None).accepted, (worker, task_id)
+            task = get_task(servicer, worker, [])
+            held[worker] = [] if task is None else [task.task_id]
+            handed_out += held[worker]
+        if dispatcher.finished:
+            return handed_out
+    pytest.fail("the epoch did not end")
+
+
+def test_a_task_whose_reply_was_lost_with_the_master_is_handed_to_its_worker_again() -> None:
+    """The master saved that it gave task T to worker 0, then died before worker 0 got the reply. Worker 0
+    asks the restarted master again, without T among the tasks it holds: it gets T (the same id and
+    records), nobody else ever does, and the epoch ends with every record trained once."""
+    dispatcher = TaskDispatcher(SHARDS, DispatcherConfig(records_per_task=40, num_epochs=1))
+    evaluation = EvaluationService(lambda: {}, {}, 1)
+    evaluation.dispatcher = dispatcher
+    urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    from edl_argo.master.servicer import MasterServicer
+
+    before = MasterServicer(dispatcher, evaluation, urls, lambda: 0)
+    other = get_task(before, 1, [])  # worker 1 got its task
+    lost = get_task(before, 0, [])  # this reply never reached worker 0
+    saved = dispatcher.snapshot()  # ... but the master saved it, then died
+
+    restored, servicer = restarted_master(saved, live={0, 1})
+    again = get_task(servicer, 0, [])
+    assert again == lost
+    handed_out = finish_the_epoch(restored, servicer, {0: [again.task_id], 1: [other.task_id]})
+    assert lost.task_id not in handed_out and other.task_id not in handed_out
+    accounting = restored.accounting()
+    assert accounting.records_done_per_epoch == {0: sum(SHARDS.values())}
+    assert accounting.tasks_done == accounting.tasks_total == 5
+
+
+def test_a_worker_reading_ahead_keeps_its_task_across_a_restart_and_gets_its_lost_reply_again() -> None:
+    """Workers read one task ahead: they ask for the next task while they train one, listing it. After a
+    restart, a worker that lists the task it trains keeps it (nothing is requeued, nothing trained twice),
+    and one whose last reply was lost gets that task again."""
+    dispatcher = TaskDispatcher(SHARDS, DispatcherConfig(records_per_task=40, num_epochs=1))
+    evaluation = EvaluationService(lambda: {}, {}, 1)
+    evaluation.dispatcher = dispatcher
+    urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    from edl_argo.master.servicer import MasterServicer
+
+    before = MasterServicer(dispatcher, evaluation, urls, lambda: 0)
+    training_0 = get_task(before, 0, [])
+    lost = get_task(before, 0, [training_0.task_id])  # read ahead; this reply never arrived
+    training_1 = get_task(before, 1, [])  # worker 1 trains it and has not asked ahead yet
+    saved = dispatcher.snapshot()
+
+    restored, servicer = restarted_master(saved, live={0, 1})
+    assert get_task(servicer, 0, [training_0.task_id]) == lost
+    ahead_1 = get_task(servicer, 1, [training_1.task_id])
+    assert ahead_1.task_id not in (training_0.task_id, lost.task_id, training_1.task_id)
+    held = {0: [training_0.task_id, lost.task_id], 1: [training_1.task_id, ahead_1.task_id]}
+    handed_out = finish_the_epoch(restored, servicer, held)
+    assert not {training_0.task_id, lost.task_id, training_1.task_id, ahead_1.task_id} & set(handed_out)
+    accounting = restored.accounting()
+    assert accounting.records_done_per_epoch == {0: sum(SHARDS.values())}
+    assert accounting.records_trained_twice == 0
+    assert set(accounting.requeues.values()) == {0}
 
 
 # -- evaluation state -----------------------------------------------------------------------------------

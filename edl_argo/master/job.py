@@ -9,20 +9,11 @@ state: :mod:`~edl_argo.master.job_parts`) and does no I/O when constructed; ``Tr
 reads them and builds it. Its pods' command lines come from :mod:`~edl_argo.master.pod_commands`.
 
 **Failover.** The job's state is saved in its ``--master-state`` (default ``--output``) as it goes
-(:mod:`edl_argo.master.state_store`).
-A master started again for the same job (same ``--job-name`` and ``--output``, e.g. by Argo's
-retryStrategy, or by hand after it was killed) finds it and continues: it adopts the pods the old master
-left running (:meth:`~edl_argo.pods.PodBackend.adopt`), restores the dispatcher (tasks held by adopted
-workers stay theirs; only those of workers that did not survive are requeued), the evaluations, the model
-version, the training loss and the pod bookkeeping, and serves on the same port, so running workers
-carry on. PSes that did not survive are started again and restore their checkpoints; without
-``--checkpoint-steps`` their parameters would be lost, so the job starts afresh instead. With
-AllreduceStrategy the model lives in the workers: the job continues if any worker survived (the group
-re-forms around it; round ids come from the clock, so they only grow across masters) or, when none did,
-from the group's newest checkpoint; without ``--checkpoint-steps`` it starts afresh. Without a saved
-state, pods left by an earlier master are removed and the job starts afresh: checkpoints an earlier run
-left in its checkpoint series (``<output>/checkpoints/ps-<id>``, ``allreduce``) are removed too, so a new
-run never restores them; nothing else there is touched.
+(:mod:`edl_argo.master.state_store`). A master started again for the same job (same ``--job-name`` and
+``--output``, e.g. by Argo's retryStrategy, or by hand after it was killed) continues it: it adopts the
+pods the old master left running, restores its parts and serves on the same port, so running workers carry
+on (:mod:`edl_argo.master.failover`: what is saved, when a job starts afresh instead, and what a worker
+whose reply was lost with the old master gets).
 """
 
 from __future__ import annotations
@@ -31,19 +22,18 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edl_argo.addresses import join_host_port
-from edl_argo.checkpoint import CheckpointSeries
 from edl_argo.collective.membership import survey_member_states
-from edl_argo.errors import DataFormatError, JobFailedError, StorageError
+from edl_argo.errors import JobFailedError, StorageError
 from edl_argo.flags import pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.failover import MasterParts, own_checkpoint_series, state_to_save, take_over
 from edl_argo.master.job_parts import JobParts, default_backend, load_job_parts, sample_batch
 from edl_argo.master.ledger import PsReport, TrainingLedger
 from edl_argo.master.pod_commands import ps_pod, worker_pod
@@ -61,7 +51,7 @@ from edl_argo.master.state_store import (
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.model import Mode, ModelSpec
-from edl_argo.pods import PodBackend, PodRole, PodSpec, PodStatus
+from edl_argo.pods import PodBackend, PodRole, PodSpec
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import open_dataset
@@ -94,19 +84,6 @@ class VersionTracker:
         with self._lock:
             self.version = max(self.version, version)
             return self.version
-
-
-def own_checkpoint_series(c: TrainConfig) -> list[CheckpointSeries]:
-    """The checkpoint series the holders of job ``c`` save (none without ``--checkpoint-steps``)."""
-    from edl_argo.collective.checkpoint import group_checkpoints
-    from edl_argo.ps.checkpoint import ps_checkpoints
-
-    if not c.checkpoint_steps:
-        return []
-    storage = open_storage(c.checkpoints_url)
-    if c.allreduce:
-        return [group_checkpoints(storage)]
-    return [ps_checkpoints(storage, i) for i in range(c.num_ps)]
 
 
 class TrainingJob:
@@ -159,8 +136,6 @@ class TrainingJob:
         self._ps_watch: ParameterServerWatch | None = None
         # AllreduceStrategy: the workers' group, and the trained state fetched from it before they exit.
         self.rendezvous = RendezvousManager(clock_round_base()) if config.allreduce else None
-        if self.rendezvous is not None and self._saved is not None:
-            self.rendezvous.restore(self._saved.get("allreduce_group"))
         self._group_state: Any = None
         self._replicas: dict[str, Any] = {}
         self._server: Any = None
@@ -224,7 +199,8 @@ class TrainingJob:
             version_tolerance=max(1, minibatches * c.num_epochs),
         )
 
-    def _start_master_service(self, restored_holders: set[int]) -> None:
+    def _start_master_service(self, wanted: int) -> None:
+        """Serve the master's service on port ``wanted`` (0: any free port)."""
         self._server = make_server(
             limits=master_server_limits(self.config.rpc_timeout_seconds),
             interceptors=[
@@ -254,11 +230,8 @@ class TrainingJob:
             ledger=self.ledger,
             bounds=self._request_bounds(),
             commit=self._state_writer,
-            restored_holders=restored_holders,
         )
         master_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
-        # A restarted master serves where the workers it adopts expect it.
-        wanted = int(self._saved["master_port"]) if self._saved is not None else self.config.master_port
         try:
             port = self._server.add_insecure_port(join_host_port(self.host, wanted))
         except RuntimeError:
@@ -283,7 +256,6 @@ class TrainingJob:
             self.state_store.remove()
             log.info("job_succeeded", job=c.job_name, published="kept_model", **kept.get("final_metrics", {}))
             return kept
-        self._started = time.time() if self._saved is None else float(self._saved["started_at"])
         log.info(
             "job_started",
             job=c.job_name,
@@ -300,9 +272,10 @@ class TrainingJob:
                 else f"sync(grads_to_wait={c.grads_to_wait})"
             ),
         )
-        adopted, restored_holders = self._take_over()
-        started = self._started
-        self._start_master_service(restored_holders)
+        takeover = take_over(c, self.state_store, self._saved, self.backend, self._parts())
+        self.dispatcher = takeover.dispatcher
+        self._started = started = takeover.started_at
+        self._start_master_service(takeover.master_port(c.master_port))  # where adopted workers expect it
         self.pods = PodManager(
             self.backend,
             PodPolicy(c.num_workers, c.num_ps, c.max_worker_relaunches, c.max_ps_relaunches),
@@ -312,10 +285,7 @@ class TrainingJob:
         )
         progress = ProgressReporter(f"train {c.job_name}")
         try:
-            if self._saved is None:
-                self.pods.start()
-            else:
-                self.pods.resume(self._saved["pods"], adopted)
+            takeover.start_pods(self.pods)
             self._state_writer.start()
             self._state_writer.changed()
             if c.num_ps:
@@ -358,103 +328,22 @@ class TrainingJob:
 
     # ------------------------------------------------------------------ failover
 
-    def _state(self) -> dict[str, Any]:
-        """What a restarted master continues from (:data:`~edl_argo.master.state_store.STATE_PARTS`).
-
-        The dispatcher's snapshot comes before the evaluation's, as :meth:`EvaluationService.snapshot`
-        requires."""
-        assert self.pods is not None
-        return {
-            "started_at": self._started,
-            "master_port": self._master_port,
-            "ps_ports": self.ps_ports,
-            "dispatcher": self.dispatcher.snapshot(),
-            "evaluation": self.evaluation.snapshot(),
-            "model_version": self.versions.version,
-            "training_loss": self.training_loss.snapshot(),
-            "ledger": self.ledger.snapshot(),
-            "pods": self.pods.snapshot(),
-            # Not in STATE_PARTS: a state saved before it existed is still read.
-            "allreduce_group": self.rendezvous.snapshot() if self.rendezvous is not None else None,
-        }
-
-    def _restored_dispatcher(self, live_workers: Collection[int]) -> TaskDispatcher:
-        """The saved dispatcher, with the tasks of workers not in ``live_workers`` requeued; the state's
-        DataFormatError if it is corrupt."""
-        assert self._saved is not None
-        try:
-            snapshot = self._saved["dispatcher"]
-            return TaskDispatcher.restore(
-                snapshot, on_evaluation_complete=self.evaluation.round_complete, live_workers=live_workers
-            )
-        except (DataFormatError, KeyError, TypeError, ValueError) as error:
-            raise self.state_store.corrupt(f"dispatcher: {error}") from None
-
-    def _take_over(self) -> tuple[list[PodStatus], set[int]]:
-        """Continue from the saved state, if any: adopt the old master's pods and restore every part.
-        Returns the adopted pods and the adopted workers that hold tasks. Without a state (or one that
-        cannot be continued), remove the pods an earlier master left and start afresh."""
-        c, saved = self.config, self._saved
-        adopted = self.backend.adopt()
-        if saved is None:
-            self._remove_leftover_pods(adopted)
-            self._remove_stale_checkpoints()
-            return [], set()
-        surviving_ps = {pod.pod_id for pod in adopted if pod.role is PodRole.PS}
-        lost_ps = sorted(set(range(c.num_ps)) - surviving_ps)
-        workers = {pod.pod_id for pod in adopted if pod.role is PodRole.WORKER}
-        # The model lives in the PSes (restorable from checkpoints) or, with AllreduceStrategy, in the
-        # workers: any surviving worker holds it and hands it to the others when the group re-forms, and
-        # without one the group starts from its newest checkpoint.
-        reason = ""
-        if c.allreduce and not workers and not c.checkpoint_steps:
-            reason = "AllreduceStrategy: no worker survived to hold the model, and no --checkpoint-steps"
-        elif lost_ps and not c.checkpoint_steps:
-            reason = f"PS {lost_ps} lost without --checkpoint-steps"
-        if reason:
-            log.warning("master_state_discarded", job=c.job_name, state=self.state_store.url, reason=reason)
-            self._saved = None
-            self._started = time.time()
-            self._remove_leftover_pods(adopted)
-            self._remove_stale_checkpoints()
-            return [], set()
-        try:
-            self.dispatcher = self._restored_dispatcher(workers)
-            self.evaluation.dispatcher = self.dispatcher
-            self.evaluation.restore(saved["evaluation"])
-            self.versions.observe(int(saved["model_version"]))
-            self.training_loss.restore(saved["training_loss"])
-            self.ledger.restore(saved["ledger"])
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise self.state_store.corrupt(f"{type(error).__name__}: {error}") from None
-        holders = {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]} & workers
-        accounting = self.dispatcher.accounting()
-        log.info(
-            "master_state_restored",
-            job=c.job_name,
-            state=self.state_store.url,
-            tasks_done=accounting.tasks_done,
-            tasks_total=accounting.tasks_total,
-            tasks_requeued=accounting.requeues["master_restarted"]
-            - int(saved["dispatcher"]["requeues"]["master_restarted"]),
-            workers_adopted=len(workers),
-            ps_adopted=len(surviving_ps),
-            workers_holding_tasks=len(holders),
-            model_version=self.versions.version,
-            evaluations=len(self.evaluation.history),
+    def _parts(self) -> MasterParts:
+        """The parts whose state is saved (:mod:`edl_argo.master.failover`)."""
+        return MasterParts(
+            self.dispatcher, self.evaluation, self.versions, self.training_loss, self.ledger, self.rendezvous
         )
-        return adopted, holders
 
-    def _remove_stale_checkpoints(self) -> None:
-        """A job that starts afresh never restores the checkpoints an earlier run of it left. Only the
-        checkpoints its own holders would restore are removed, by name (the series ``ps-<id>`` of its PSes,
-        or ``allreduce``); anything else under ``--checkpoint-dir`` is left alone."""
-        c = self.config
-        removed = sum(series.clear() for series in own_checkpoint_series(self.config))
-        if removed:
-            log.warning(
-                "stale_checkpoints_removed", job=c.job_name, checkpoints=c.checkpoints_url, objects=removed
-            )
+    def _state(self) -> dict[str, Any]:
+        """What a restarted master continues from (:func:`~edl_argo.master.failover.state_to_save`)."""
+        assert self.pods is not None
+        return state_to_save(
+            self._parts(),
+            self.pods,
+            started_at=self._started,
+            master_port=self._master_port,
+            ps_ports=self.ps_ports,
+        )
 
     def _remove_abandoned_checkpoint_writes(self) -> None:
         """Every pod is gone: remove the half-written checkpoints of holders killed mid-write."""
@@ -470,20 +359,6 @@ class TrainingJob:
         """The job is over: stop saving its state and remove it."""
         self._state_writer.close()
         self.state_store.remove()
-
-    def _remove_leftover_pods(self, leftovers: list[PodStatus]) -> None:
-        """Delete the pods an earlier master of this job left (adopted from the backend) and wait until
-        they are gone: their tasks died with that master. PSes restore their checkpoints when started
-        again."""
-        if leftovers:
-            log.warning(
-                "leftover_pods_removed", job=self.config.job_name, pods=",".join(p.name for p in leftovers)
-            )
-        for pod in leftovers:
-            self.backend.delete(pod.role, pod.pod_id, reason="Leftover")
-        deadline = time.monotonic() + 120
-        while self.backend.list_pods() and time.monotonic() < deadline:
-            self.backend.events(timeout=0.5)
 
     def _dispatch_until_done(self, progress: ProgressReporter) -> None:
         assert self.pods is not None

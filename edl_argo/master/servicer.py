@@ -8,6 +8,8 @@ server goes on serving. Reports about a task the worker does not hold (unknown, 
 ignored, as :meth:`TaskDispatcher.report` ignores them, and an ignored report changes nothing: no model
 version, evaluation round or counter. A failed task reported as ``fatal`` (the loss became NaN) fails the
 job at once, with the worker's message (shortened to :data:`~edl_argo.master.request_checks.MAX_TEXT_CHARS`).
+A ``GetTask`` lists the tasks the worker holds: one the master has it holding but it does not list is one
+whose reply it never got, and is handed to it again (:func:`~edl_argo.master.failover.lost_reply`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import grpc
 
 from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.failover import lost_reply
 from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.request_checks import RequestBounds, RequestChecks, shortened
@@ -89,15 +92,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> master_pb2.GetTaskResponse:
         self._checks.worker_id(context, "GetTask", request.worker_id)
-        held = self._dispatcher.oldest_held_task(request.worker_id, frozenset(request.held_task_ids))
-        if held is not None and self._dispatcher.failure is None:
-            # A worker asks only for tasks beyond those it lists as held: it never received the answer that
-            # gave it this one (a reply lost to a master restart). Without this, the task would wait for its
-            # timeout.
-            log.info("task_assigned_again", task=held.task_id, worker=request.worker_id)
-            assignment = TaskAssignment("task", held)
-        else:
-            assignment = self._dispatcher.get_task(request.worker_id)
+        lost = lost_reply(self._dispatcher, request.worker_id, request.held_task_ids)
+        assignment = (
+            TaskAssignment("task", lost) if lost is not None else self._dispatcher.get_task(request.worker_id)
+        )
         if assignment.kind == "done" and self._dispatcher.failure is None:
             self._finish_training()
             if self._evaluation.start_final_round(self._current_version()):

@@ -1,15 +1,11 @@
-"""The master's state, kept in the job's storage so that a restarted master continues the job.
+"""The master's state file, and when it is written: what a restarted master continues from is kept in the
+job's storage. What the state holds and how a restarted master uses it: :mod:`edl_argo.master.failover`.
 
-**What is kept.** ``<output>/master/state.json`` (:data:`STATE_KEY`, written through the ``--output``
-storage, so on S3 too) holds everything a new master needs to continue where the old one stopped:
-
-* the dispatcher's :meth:`~edl_argo.master.task_dispatcher.TaskDispatcher.snapshot` (tasks to do, held,
-  done, record accounting), then the evaluation service's (history, open rounds with what they
-  aggregated), the newest model version, the training loss per epoch, and the pod manager's (next
-  worker id, live workers, target, relaunches);
-* the job's start time, the master's port (a restarted master serves on it again, so the workers'
-  ``--master-addr`` stays valid) and the PS ports;
-* the job name and a :func:`job_fingerprint` of the settings a job cannot change while it runs.
+**Where.** ``<output>/master/state.json`` (:data:`STATE_KEY`, written through the ``--master-state``
+storage, default ``--output``, so on S3 too): the parts of
+:data:`~edl_argo.master.failover.STATE_PARTS` (those of :data:`~edl_argo.master.failover.LATER_PARTS` may be
+missing from a file saved before they existed), the job name and a :func:`job_fingerprint` of the settings
+a job cannot change while it runs, and the layout's :data:`STATE_FORMAT`.
 
 **When it is written: group commit.** A :class:`GroupCommit` thread writes the newest state whenever
 something changed, one write at a time, and never from the dispatcher (which stays pure bookkeeping).
@@ -19,8 +15,9 @@ share writes, so a busy master makes about one write per write's duration, whate
 workers; each such request waits for one to two writes. Handing out a task and pod events (a worker died,
 its tasks requeued, a replacement started) ask for a write without waiting. Hence an accepted report is
 never repeated, and a restart repeats at most the tasks that were in flight: a task a worker holds is
-usually held by it in the saved state (and stays its task if the worker survives); one handed out just
-before the master died goes back to the queue.
+usually held by it in the saved state (and stays its task if the worker survives; if the worker never got
+the reply that gave it, it gets it again: :func:`~edl_argo.master.failover.lost_reply`); one handed out
+just before the master died goes back to the queue.
 
 **Restore.** :meth:`MasterStateStore.load` returns the saved state, or None when there is none (a new
 job). State of another job name, or of settings that differ from this run's, is a
@@ -37,7 +34,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -45,6 +42,7 @@ import grpc
 from edl_argo.errors import ConfigError, DataFormatError, StorageError
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
+from edl_argo.master.failover import STATE_PARTS
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.task_dispatcher import TaskDispatcher
 from edl_argo.proto import master_pb2, tensor_pb2
@@ -61,18 +59,6 @@ STATE_KEY = "master/state.json"
 SECRET_KEY = "master/job-secret"
 #: Version of the state file's layout; a file of another version is not restored.
 STATE_FORMAT = 1
-#: The parts of the state (besides format, job name and fingerprint) every state file has.
-STATE_PARTS = (
-    "started_at",
-    "master_port",
-    "ps_ports",
-    "dispatcher",
-    "evaluation",
-    "model_version",
-    "training_loss",
-    "ledger",
-    "pods",
-)
 #: The :class:`~edl_argo.master.config.TrainConfig` fields a job cannot change while it runs: how tasks
 #: are cut and ordered, what model is trained how, where the data is.
 FINGERPRINT_FIELDS = (
@@ -315,12 +301,8 @@ class DurableMasterServicer(MasterServicer):
     (when it hands out a task) and ReportVersion (which may queue an evaluation round) only call
     ``commit.changed()``: a task handed out but not saved yet is in flight, and in flight is what a restart
     may repeat, so the worker need not wait (every task would otherwise cost two saves instead of one).
-    Everything else is :class:`~edl_argo.master.servicer.MasterServicer`'s.
-
-    ``restored_holders``: after a restart, the re-adopted workers that hold tasks in the restored state.
-    Workers run one task at a time, so one of them that asks for a task before reporting one has lost
-    the answer to its last GetTask (the old master saved the assignment, then died before answering):
-    what it held goes back to the queue at once rather than after a timeout.
+    Everything else is :class:`~edl_argo.master.servicer.MasterServicer`'s (a reply lost with a master
+    restart included: :func:`~edl_argo.master.failover.lost_reply`).
     """
 
     def __init__(
@@ -328,23 +310,16 @@ class DurableMasterServicer(MasterServicer):
         dispatcher: TaskDispatcher,
         *args: Any,
         commit: GroupCommit,
-        restored_holders: Collection[int] = (),
         save_waiters: int = SAVE_WAITERS,
         **kwargs: Any,
     ) -> None:
         super().__init__(dispatcher, *args, **kwargs)
-        self._tasks = dispatcher
         self._commit = commit
         self._save_waiters = threading.BoundedSemaphore(save_waiters)
-        self._holders_lock = threading.Lock()
-        self._restored_holders = set(restored_holders)
 
     def GetTask(
         self, request: master_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> master_pb2.GetTaskResponse:
-        if self._first_call_since_restore(request.worker_id):
-            lost = self._tasks.recover_tasks(request.worker_id)
-            log.warning("assignment_lost", worker=request.worker_id, tasks_requeued=len(lost))
         response = super().GetTask(request, context)
         if response.kind == master_pb2.GetTaskResponse.TASK:
             self._commit.changed()
@@ -353,7 +328,6 @@ class DurableMasterServicer(MasterServicer):
     def ReportTaskResult(
         self, request: master_pb2.ReportTaskResultRequest, context: grpc.ServicerContext
     ) -> master_pb2.ReportTaskResultResponse:
-        self._first_call_since_restore(request.worker_id)
         response = super().ReportTaskResult(request, context)
         self._answer_once_saved(context, "ReportTaskResult")
         return response
@@ -387,11 +361,3 @@ class DurableMasterServicer(MasterServicer):
             self._commit.commit()
         finally:
             self._save_waiters.release()
-
-    def _first_call_since_restore(self, worker_id: int) -> bool:
-        """Whether ``worker_id`` is a restored holder calling for the first time (and it is not any more)."""
-        with self._holders_lock:
-            if worker_id not in self._restored_holders:
-                return False
-            self._restored_holders.discard(worker_id)
-            return True

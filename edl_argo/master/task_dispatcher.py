@@ -370,7 +370,8 @@ class TaskDispatcher:
 
     def oldest_held_task(self, worker_id: int, excluding: Collection[int] = ()) -> Task | None:
         """The task ``worker_id`` got first among those it holds now and that are not in ``excluding``
-        (those it says it holds), or None if there is none."""
+        (those it says it holds), or None if there is none: a task whose reply the worker never got
+        (:func:`edl_argo.master.failover.lost_reply`)."""
         with self._lock:
             held = [task_id for task_id in self._held.get(worker_id, {}) if task_id not in excluding]
             return self._doing[held[0]].task if held else None
