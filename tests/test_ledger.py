@@ -68,3 +68,28 @@ def test_attempts_that_ended_unreported_widen_the_expected_updates_to_a_range() 
     assert problems == [] and section["parameter_servers"][0]["updates_expected"] == [12, 16]
     _, problems = ledger.ps_updates(twice, [report(0, 17)])
     assert problems and "applied some twice" in problems[0]
+
+
+def test_an_ignored_report_of_a_trained_task_counts_once_and_a_resent_one_not_at_all() -> None:
+    ledger = TrainingLedger(minibatch_size=10)
+    ledger.add(task(1, 100), {"records": 100, "steps": 10}, worker_id=0)
+    ledger.add_ignored(1, 0, {"records": 100, "steps": 10})  # worker 0 sent its report again: counted already
+    ledger.add_ignored(1, 2, {"records": 100, "steps": 10})  # worker 2 trained the same records too
+    ledger.add_ignored(1, 2, {"records": 100, "steps": 10})  # ... and sent that report again
+    ledger.add_ignored(5, 0, {})  # an evaluation task: nothing trained
+    section, problems = ledger.ps_updates(accounting(), [report(0, 20)])
+    assert problems == [] and section["minibatches_of_ignored_reports"] == 10
+    restored = TrainingLedger(minibatch_size=10)
+    restored.restore(ledger.snapshot())
+    restored.add_ignored(1, 0, {"records": 100, "steps": 10})
+    assert restored.ps_updates(accounting(), [report(0, 20)]) == (section, [])
+
+
+def test_a_ledger_saved_before_reporters_were_saved_restores_and_counts_no_resent_report() -> None:
+    older = {"tasks": {"1": [0, 100, 10]}, "failed_steps": 2}
+    ledger = TrainingLedger(minibatch_size=10)
+    ledger.restore(older)
+    ledger.add_ignored(1, 3, {"records": 100, "steps": 10})  # its reporter is unknown: taken as a resend
+    section, problems = ledger.ps_updates(accounting(), [report(0, 12)])
+    assert problems == [] and section["minibatches_trained"] == 10
+    assert section["minibatches_of_ignored_reports"] == 0

@@ -246,11 +246,11 @@ def start_afresh(config: TrainConfig, backend: PodBackend, leftovers: list[PodSt
 
 def own_checkpoint_series(config: TrainConfig) -> list[CheckpointSeries]:
     """The checkpoint series the holders of job ``config`` save (none without ``--checkpoint-steps``)."""
-    from edl_argo.collective.checkpoint import group_checkpoints
-    from edl_argo.ps.checkpoint import ps_checkpoints
-
     if not config.checkpoint_steps:
         return []
+    from edl_argo.collective.checkpoint import group_checkpoints  # TensorFlow: only when there are any
+    from edl_argo.ps.checkpoint import ps_checkpoints
+
     storage = open_storage(config.checkpoints_url)
     if config.allreduce:
         return [group_checkpoints(storage)]

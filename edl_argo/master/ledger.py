@@ -18,7 +18,10 @@ master checks:
   without a report (their worker died or timed out) may have pushed any part of their task, so then the
   expectation is a range. A PS that restarted from its checkpoint lost the updates since that checkpoint:
   ``updates_lost_to_rollback`` counts them (exactly when nothing else is unknown); a PS that did not
-  restart must be exactly in the range, else the job fails.
+  restart must be exactly in the range, else the job fails. A training task reported done that the master
+  ignored (it was not the worker's any more, or a master that died before saving handed it out, so the
+  restarted one gave its records out again) was trained too: its minibatches count (:meth:`add_ignored`),
+  except those of a report sent again after its reply was lost, which counted the first time.
 
 Thread-safe; :meth:`snapshot` and :meth:`restore` carry it across a master restart.
 """
@@ -58,6 +61,10 @@ class TrainingLedger:
         # counting one again (a master restart between this and the dispatcher's save) changes nothing.
         self._tasks: dict[int, tuple[int, int, int]] = {}
         self._failed_steps = 0  # minibatches of attempts reported failed
+        self._reporters: dict[int, int] = {}  # task id -> the worker whose report of it counts
+        self._ignored: dict[
+            tuple[int, int], int
+        ] = {}  # (task id, worker id) -> minibatches, of ignored reports
 
     def check(self, task: Task, counters: Mapping[str, int]) -> str | None:
         """Why the report of ``task`` done with ``counters`` is wrong, or None if it adds up."""
@@ -76,15 +83,30 @@ class TrainingLedger:
             )
         return None
 
-    def add(self, task: Task, counters: Mapping[str, int]) -> None:
-        """Count a task reported done (after :meth:`check`; before the dispatcher marks it done)."""
+    def add(self, task: Task, counters: Mapping[str, int], worker_id: int = -1) -> None:
+        """Count a task reported done by ``worker_id`` (after :meth:`check`; before the dispatcher marks it
+        done)."""
         with self._lock:
             self._tasks[task.task_id] = (task.epoch, counters.get("records", 0), counters.get("steps", 0))
+            self._reporters[task.task_id] = worker_id
 
     def remove(self, task: Task) -> None:
         """Forget a task :meth:`add` counted whose report the dispatcher then refused."""
         with self._lock:
             self._tasks.pop(task.task_id, None)
+            self._reporters.pop(task.task_id, None)
+
+    def add_ignored(self, task_id: int, worker_id: int, counters: Mapping[str, int]) -> None:
+        """Count the minibatches (``steps``) of a report of task ``task_id`` done that the master ignored:
+        they reached the PS. Not when the task counted from this worker's report (this one was sent again
+        after its reply was lost, or counted by a state that did not name the reporter); once per task and
+        worker however often it is sent."""
+        if "steps" not in counters:
+            return  # not a training task
+        with self._lock:
+            if task_id in self._tasks and self._reporters.get(task_id, worker_id) == worker_id:
+                return
+            self._ignored[(task_id, worker_id)] = counters["steps"]
 
     def add_failed_attempt(self, counters: Mapping[str, int]) -> None:
         """Count the minibatches an attempt trained before it failed (they reached the PS)."""
@@ -121,7 +143,8 @@ class TrainingLedger:
         trained = self.minibatches
         with self._lock:
             failed = self._failed_steps
-        known = trained + failed
+            ignored = sum(self._ignored.values())
+        known = trained + failed + ignored
         # Requeued attempts may have pushed up to all of their task's minibatches, plus rounding per task.
         unknown = _minibatches(accounting.records_trained_twice, self._minibatch_size) + sum(
             accounting.requeues.values()
@@ -158,6 +181,7 @@ class TrainingLedger:
         section = {
             "minibatches_trained": trained,
             "minibatches_of_failed_attempts": failed,
+            "minibatches_of_ignored_reports": ignored,
             "records_reported_per_epoch": {str(k): v for k, v in sorted(self.records_per_epoch().items())},
             "grads_to_wait": self._grads_to_wait,
             "parameter_servers": rows,
@@ -171,6 +195,8 @@ class TrainingLedger:
             return {
                 "tasks": {str(task_id): list(entry) for task_id, entry in self._tasks.items()},
                 "failed_steps": self._failed_steps,
+                "reporters": {str(task_id): worker for task_id, worker in self._reporters.items()},
+                "ignored": [[task_id, worker, steps] for (task_id, worker), steps in self._ignored.items()],
             }
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
@@ -180,3 +206,8 @@ class TrainingLedger:
                 for task_id, (epoch, records, steps) in snapshot["tasks"].items()
             }
             self._failed_steps = int(snapshot["failed_steps"])
+            # Not in a state saved before they were: no reporter known, no ignored report counted.
+            self._reporters = {
+                int(task_id): int(worker) for task_id, worker in snapshot.get("reporters", {}).items()
+            }
+            self._ignored = {(int(t), int(w)): int(steps) for t, w, steps in snapshot.get("ignored", [])}

@@ -144,13 +144,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if problem is not None:
                 accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, problem)
                 return master_pb2.ReportTaskResultResponse(accepted=accepted)  # the job failed
-            ledger.add(task, request.counters)  # first: a state saved in between counts it
+            ledger.add(task, request.counters, request.worker_id)  # first: a state saved in between counts it
         accepted = self._dispatcher.report(request.task_id, request.worker_id, request.success, error_message)
         if ledger is not None and task is not None:
             if request.success and not accepted:
                 ledger.remove(task)
             elif not request.success and accepted:
                 ledger.add_failed_attempt(request.counters)
+        if request.success and not accepted and self._ledger is not None:
+            self._ledger.add_ignored(request.task_id, request.worker_id, request.counters)  # it was trained
         training = accepted and request.success and task is not None and task.type is TaskType.TRAINING
         if training and task is not None and "steps" in request.counters:
             self._training_loss.add(task.epoch, request.mean_loss, request.counters["steps"])
