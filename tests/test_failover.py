@@ -286,11 +286,15 @@ def trained(task: master_pb2.Task) -> dict[str, int]:
     return {"records": records, "steps": -(-records // MINIBATCH), "epoch": task.epoch}
 
 
-def test_a_task_handed_out_after_the_last_save_and_trained_twice_adds_up_in_the_accounting() -> None:
+@pytest.mark.parametrize("first_to_ask", [0, 1], ids=["its-worker-asks-first", "another-worker-asks-first"])
+def test_a_task_handed_out_after_the_last_save_is_trained_again_and_adds_up_in_the_accounting(
+    first_to_ask: int,
+) -> None:
     """The old master gave worker 0 a task after its last save (worker 0 got it and trains it); the
-    restarted master does not know, hands the same records out again and ignores worker 0's report. Both
-    trainings reached the PS: the ledger counts the ignored one, so the PS's version adds up exactly, and
-    a report retried after its reply was lost is not counted again."""
+    restarted master does not know, and hands the same records out again, never under an id worker 0
+    listed as held: worker 0's report of its task is ignored, whoever asks first. Both trainings reached
+    the PS: the ledger counts the ignored one, so the PS's version adds up exactly, and a report sent again
+    after its reply was lost is not counted again."""
     from edl_argo.master.ledger import PsReport
 
     ledger = TrainingLedger(MINIBATCH)
@@ -318,18 +322,15 @@ def test_a_task_handed_out_after_the_last_save_and_trained_twice_adds_up_in_the_
         return accepted
 
     assert report(0, first)
-    again = get_task(servicer, 1, [])  # the same records as the unsaved task, under the same id
-    assert (again.shard, again.start, again.end, again.task_id) == (
-        unsaved.shard,
-        unsaved.start,
-        unsaved.end,
-        unsaved.task_id,
-    )
-    assert not report(0, unsaved)  # worker 0 trained it too: ignored, the task is worker 1's
-    assert report(1, again)
+    again = get_task(servicer, first_to_ask, [unsaved.task_id] if first_to_ask == 0 else [])
+    assert (again.shard, again.start, again.end) == (unsaved.shard, unsaved.start, unsaved.end)
+    assert (again.task_id == unsaved.task_id) == (first_to_ask == 1)  # a listed id is never reused
+    assert not report(0, unsaved)  # worker 0's first training of it: ignored, yet counted
+    assert report(first_to_ask, again)
     while (task := get_task(servicer, 1, [])) is not None:
         assert report(1, task)
     assert restored.finished
     section, problems = after.ps_updates(restored.accounting(), [PsReport(0, updates, 0, -1)])
     assert problems == []
     assert section["minibatches_trained"] == 16 and updates == 20
+    assert section["minibatches_of_ignored_reports"] == 4

@@ -29,6 +29,14 @@ ahead: it asks for the next while it trains one), so a task the dispatcher has W
 list is one whose reply W never got: :func:`lost_reply` hands it to W again, with the same id, counted once
 and requeued never. This is the one mechanism for it; it serves any lost ``GetTask`` reply (a master
 restart, or a call that timed out after the master answered).
+
+**A handout that was not saved.** The old master gave W task T, W got it, and the master died before
+saving that: the new master does not know T, and its dispatcher would give T's id to the next task it hands
+out (most likely T's own records, to W or another worker). W's report of T is ignored (the ledger still
+counts what it trained: :meth:`~edl_argo.master.ledger.TrainingLedger.add_ignored`), and the records are
+trained again under a new id: :func:`skip_unsaved_task_ids` keeps ids a worker lists as held from being
+handed out again, so W's report of T is never taken for the new task's. This is what a restart repeats:
+the tasks in flight.
 """
 
 from __future__ import annotations
@@ -232,6 +240,14 @@ def lost_reply(dispatcher: TaskDispatcher, worker_id: int, held_task_ids: Collec
     if task is not None:
         log.info("task_assigned_again", task=task.task_id, worker=worker_id)
     return task
+
+
+def skip_unsaved_task_ids(dispatcher: TaskDispatcher, worker_id: int, held_task_ids: Collection[int]) -> None:
+    """Ids ``worker_id`` lists as held that ``dispatcher`` never handed out (an earlier master did, and
+    died before saving it) are never given to another task (:meth:`TaskDispatcher.skip_task_ids`)."""
+    skipped = dispatcher.skip_task_ids(held_task_ids)
+    if skipped:
+        log.warning("unsaved_tasks_skipped", worker=worker_id, tasks=skipped)
 
 
 # ---------------------------------------------------------------------- starting afresh

@@ -21,7 +21,7 @@ import grpc
 
 from edl_argo.log import get_logger
 from edl_argo.master.evaluation import EvaluationService
-from edl_argo.master.failover import lost_reply
+from edl_argo.master.failover import lost_reply, skip_unsaved_task_ids
 from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.request_checks import RequestBounds, RequestChecks, shortened
@@ -92,6 +92,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> master_pb2.GetTaskResponse:
         self._checks.worker_id(context, "GetTask", request.worker_id)
+        skip_unsaved_task_ids(self._dispatcher, request.worker_id, request.held_task_ids)
         lost = lost_reply(self._dispatcher, request.worker_id, request.held_task_ids)
         assignment = (
             TaskAssignment("task", lost) if lost is not None else self._dispatcher.get_task(request.worker_id)

@@ -42,6 +42,9 @@ DURATION_WINDOW = 100
 MIN_DURATIONS_FOR_TIMEOUT = 3
 """Until this many tasks of a type succeeded, ``initial_task_timeout`` applies to that type."""
 
+MAX_UNSAVED_TASK_IDS = 1_000_000
+"""How far beyond its next task id :meth:`TaskDispatcher.skip_task_ids` takes a worker's word for a task."""
+
 RequeueReason = Literal["worker_died", "timeout", "failed", "master_restarted"]
 REQUEUE_REASONS: tuple[RequeueReason, ...] = ("worker_died", "timeout", "failed", "master_restarted")
 
@@ -236,7 +239,8 @@ class TaskDispatcher:
     Training tasks of epoch ``e`` are created when the training todo queue drains and fewer than
     ``num_epochs`` epochs were created (in shard order, or shuffled with an RNG seeded by
     ``(seed, e)`` when ``config.shuffle``). A task gets its id when it is first handed out: ids
-    start at 1, follow dispatch order and are unique over the job; a requeued task keeps its id.
+    start at 1, follow dispatch order and are unique over the job (skipping those of
+    :meth:`skip_task_ids`); a requeued task keeps its id.
 
     Evaluation rounds: ``on_evaluation_complete(model_version)`` is called, outside the lock, by the
     thread whose :meth:`report` completes the last outstanding evaluation task of that model version
@@ -375,6 +379,18 @@ class TaskDispatcher:
         with self._lock:
             held = [task_id for task_id in self._held.get(worker_id, {}) if task_id not in excluding]
             return self._doing[held[0]].task if held else None
+
+    def skip_task_ids(self, task_ids: Collection[int]) -> list[int]:
+        """Of ``task_ids`` (tasks a worker holds), those this dispatcher never handed out: the tasks it
+        hands out from now on get larger ids, so that none is given one of those (a master that died before
+        saving handed them out; see :func:`edl_argo.master.failover.skip_unsaved_task_ids`). Ids more than
+        :data:`MAX_UNSAVED_TASK_IDS` ahead are not skipped. Returns the ids skipped."""
+        with self._lock:
+            first = self._next_task_id
+            unknown = sorted(i for i in task_ids if first <= i < first + MAX_UNSAVED_TASK_IDS)
+            if unknown:
+                self._next_task_id = unknown[-1] + 1
+            return unknown
 
     def recover_tasks(self, worker_id: int) -> list[Task]:
         """``worker_id`` died: requeue every task it held at the front of its queue, in the order it got
