@@ -31,7 +31,10 @@ import base64
 import copy
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
+
+import yaml
 
 from edl_argo.errors import ConfigError
 from edl_argo.pods.base import PodRole, PodSpec
@@ -438,3 +441,20 @@ def _env(job_name: str, config: KubernetesConfig, spec: PodSpec, credentials: bo
         ref = {"name": auth_secret_name(job_name), "key": key}
         env[name] = {"name": name, "valueFrom": {"secretKeyRef": ref}}
     return list(env.values())
+
+
+def render_job_manifests(
+    job_name: str, config: KubernetesConfig, specs: Sequence[PodSpec], *, master_port: int = 0
+) -> str:
+    """The NetworkPolicy, Services and Pods that a backend starting ``specs`` creates, as multi-document
+    YAML (for ``--yaml``); with a ``master_port``, the master's Service too."""
+    validate_job_name(job_name)
+    documents: list[dict[str, Any]] = [network_policy_manifest(job_name, config)]
+    if master_port:
+        documents.append(master_service_manifest(job_name, config, master_port))
+    for spec in specs:
+        if spec.role is PodRole.PS:
+            assert spec.port is not None
+            documents.append(service_manifest(job_name, config, spec.pod_id, spec.port))
+        documents.append(pod_manifest(job_name, config, spec))
+    return yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False)
