@@ -25,8 +25,16 @@ from kubernetes import client as k8s
 
 from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.master.config import add_train_flags, config_from_args
-from edl_argo.pods import PodEvent, PodExistsError, PodPhase, PodReason, PodRole, PodSpec, find_free_port
-from edl_argo.pods import kubernetes_creation
+from edl_argo.pods import (
+    PodEvent,
+    PodExistsError,
+    PodPhase,
+    PodReason,
+    PodRole,
+    PodSpec,
+    find_free_port,
+    kubernetes_creation,
+)
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend, render_job_manifests
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
 from edl_argo.pods.kubernetes_status import observe_pod
