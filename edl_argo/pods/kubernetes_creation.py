@@ -48,6 +48,7 @@ from edl_argo.pods.kubernetes_api import (
 )
 from edl_argo.pods.kubernetes_config import KubernetesConfig
 from edl_argo.pods.kubernetes_pods import Incarnation, JobPods, log
+from edl_argo.pods.kubernetes_status import has_finished
 from edl_argo.rpc.auth import JobSecret, pod_identity
 
 #: How long a backend's start-up retries transient API failures (429, 5xx, no connection) before giving up.
@@ -182,7 +183,7 @@ class JobObjects:
             stale = self._pods.is_stale(key, meta["uid"])
         if meta.get("deletionTimestamp"):
             return True, ""
-        if stale or (existing.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if stale or has_finished(existing):
             log.info("pod_previous_removed", job=self.job_name, pod=pod.name, uid=meta["uid"])
             self.delete_pod(pod.name, meta["uid"], 0)
             return True, ""

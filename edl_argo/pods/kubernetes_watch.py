@@ -40,7 +40,7 @@ from edl_argo.pods.kubernetes_api import (
     api_message,
 )
 from edl_argo.pods.kubernetes_pods import Incarnation, JobPods, log
-from edl_argo.pods.kubernetes_status import PodObservation, observe_pod
+from edl_argo.pods.kubernetes_status import PodObservation, has_finished, observe_pod
 
 #: Server-side duration of one watch request; the watch then resumes from its last resourceVersion.
 WATCH_SECONDS = 240
@@ -176,7 +176,7 @@ class PodWatch:
         with pods.lock:
             if key in pods.pods or pods.is_stale(key, meta["uid"]) or pods.closed:
                 return
-            if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if has_finished(obj):
                 pods.mark_stale(key, meta["uid"])
                 pods.leftovers.append((meta["name"], meta["uid"]))
                 return  # a finished incarnation: kept for its logs until adopt() or close

@@ -23,6 +23,7 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
   the pods): key :data:`SECRET_KEY_JOB` the secret (a PS's ``EDL_JOB_SECRET``), :data:`SECRET_KEY_COLLECTIVE`
   the workers' collective token, and ``worker-<id>`` each worker's own token, added before its pod is created
   (:func:`auth_secret_data`). Pods get them through ``secretKeyRef`` (:mod:`edl_argo.rpc.auth`).
+* ``--yaml``: :func:`render_job_manifests` renders all of a job's objects as multi-document YAML.
 """
 
 from __future__ import annotations
