@@ -232,7 +232,7 @@ def test_a_refusal_at_start_is_a_misconfiguration_and_lasting_trouble_a_failure(
     stand_in: KubernetesStandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from edl_argo.errors import JobFailedError
-    from edl_argo.pods import kubernetes
+    from edl_argo.pods import kubernetes_creation
 
     stand_in.fail_requests("list", "pods", 403, 'pods is forbidden: User "x" cannot list resource "pods"')
     with pytest.raises(
@@ -244,7 +244,7 @@ def test_a_refusal_at_start_is_a_misconfiguration_and_lasting_trouble_a_failure(
         ConfigError, match=r"cannot list the job's pods and services in namespace default: 404"
     ):
         start_backend(stand_in.url, monkeypatch)
-    monkeypatch.setattr(kubernetes, "START_RETRY_SECONDS", 1.5)
+    monkeypatch.setattr(kubernetes_creation, "START_RETRY_SECONDS", 1.5)
     stand_in.fail_requests("list", "pods", 503, "etcd is down", count=1000)
     try:
         with pytest.raises(JobFailedError, match=r"still answers 503 etcd is down after 2 s of retries"):

@@ -25,8 +25,16 @@ from kubernetes import client as k8s
 
 from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.master.config import add_train_flags, config_from_args
-from edl_argo.pods import PodEvent, PodExistsError, PodPhase, PodReason, PodRole, PodSpec, find_free_port
-from edl_argo.pods import kubernetes as kubernetes_backend
+from edl_argo.pods import (
+    PodEvent,
+    PodExistsError,
+    PodPhase,
+    PodReason,
+    PodRole,
+    PodSpec,
+    find_free_port,
+    kubernetes_creation,
+)
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend, render_job_manifests
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
 from edl_argo.pods.kubernetes_status import observe_pod
@@ -686,7 +694,7 @@ def test_a_refusing_or_unreachable_api_server_and_a_bad_job_name_are_one_line_er
     monkeypatch.setenv(API_URL_ENV, f"http://127.0.0.1:{find_free_port()}")
     # Retried for a few seconds rather than the production START_RETRY_SECONDS: the retries happen all the
     # same, and the test does not wait out a real cluster's budget.
-    monkeypatch.setattr(kubernetes_backend, "START_RETRY_SECONDS", 4.0)
+    monkeypatch.setattr(kubernetes_creation, "START_RETRY_SECONDS", 4.0)
     started = time.monotonic()
     with pytest.raises(JobFailedError, match="cannot reach the Kubernetes API"):
         KubernetesBackend("job", KubernetesConfig(image="img"))

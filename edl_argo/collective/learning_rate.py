@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from edl_argo.errors import ConfigError
-from edl_argo.ps.optimizer import OptimizerFactory, has_float_learning_rate, new_optimizer
+from edl_argo.model.optimizer import OptimizerFactory, has_float_learning_rate, new_optimizer
 
 
 class WorldSizeScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):

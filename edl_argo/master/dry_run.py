@@ -13,7 +13,7 @@ from __future__ import annotations
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.pod_commands import ps_pod, worker_pod
 from edl_argo.pods import manifests
-from edl_argo.pods.kubernetes import render_job_manifests
+from edl_argo.pods.manifests import render_job_manifests
 
 #: Stands for the master's ``<pod IP>:<port>`` in printed worker commands.
 MASTER_ADDRESS = "<master-pod-ip>:<master-port>"

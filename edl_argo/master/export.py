@@ -32,9 +32,9 @@ from edl_argo.errors import JobFailedError, StorageError
 from edl_argo.json_values import dumps
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
+from edl_argo.model.embedding_tables import embedding_layers
 from edl_argo.model.inventory import ModelInventory
 from edl_argo.storage import TREE_COMPLETE_MARKER, Storage
-from edl_argo.worker.embedding import embedding_layers
 from edl_argo.worker.ps_client import ParameterServerClient
 from edl_argo.worker.replica import build_model
 

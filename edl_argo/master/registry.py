@@ -2,25 +2,19 @@
 
 The master of a local job writes ``<run dir>/jobs/<job>.json`` (its gRPC address, pid and, readable by its
 owner only, the job's secret, with which ``edl-argo scale`` authenticates) when it starts and removes it when
-it ends. The run dir is ``$EDL_RUN_DIR``, or ``edl-argo-<uid>`` in the system's
-temporary folder.
+it ends. The run dir: :func:`edl_argo.run_dir.run_dir`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from edl_argo.errors import ConfigError
 from edl_argo.rpc.auth import JobSecret
-
-
-def run_dir() -> Path:
-    default = Path(tempfile.gettempdir()) / f"edl-argo-{os.getuid()}"
-    return Path(os.environ.get("EDL_RUN_DIR") or default)
+from edl_argo.run_dir import run_dir
 
 
 def _entry(job_name: str) -> Path:

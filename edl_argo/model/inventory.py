@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from edl_argo.errors import JobFailedError
-from edl_argo.worker.embedding import EmbeddingTableSpec, embedding_variable_paths, table_specs
+from edl_argo.model.embedding_tables import EmbeddingTableSpec, embedding_variable_paths, table_specs
 
 _FLOAT_KINDS = "f"
 

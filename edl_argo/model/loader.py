@@ -113,7 +113,7 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
 def _check_schedulable(optimizer: Callable[[], Any], model_def: str) -> None:
     """A learning rate by model version replaces the optimizer's float learning rate; :class:`ConfigError`
     when ``optimizer()`` has a schedule instead."""
-    from edl_argo.ps.optimizer import has_float_learning_rate, new_optimizer
+    from edl_argo.model.optimizer import has_float_learning_rate, new_optimizer
 
     if not has_float_learning_rate(new_optimizer(optimizer)):
         raise ConfigError(

@@ -35,7 +35,7 @@ import tensorflow as tf
 # under keras.losses.
 from keras.src.losses.losses import LossFunctionWrapper
 
-OptimizerFactory = Callable[[], keras.optimizers.Optimizer]
+from edl_argo.model.optimizer import OptimizerFactory
 
 
 def _inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:

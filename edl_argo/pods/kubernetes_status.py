@@ -59,6 +59,11 @@ class PodObservation:
     """FAILED without having run: a container that cannot start (missing Secret, bad image)."""
 
 
+def has_finished(pod: dict[str, Any]) -> bool:
+    """Whether a pod object's phase is Succeeded or Failed: its container has stopped for good."""
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def observe_pod(pod: dict[str, Any], gone: bool = False) -> PodObservation:
     """Read a pod object (as the API returns it); ``gone``: it was deleted (a DELETED watch event)."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}

@@ -8,7 +8,7 @@ ignores SIGTERM, SIGINT and SIGHUP itself (they reach the command directly, as m
 SIGKILL of the group kills it too, which is how a killed pod is told from one that exited.
 
 **Files, not pipes.** Each incarnation of a pod has a folder ``<pods dir>/<pod>.<token>/``, the pods dir
-being ``<run dir>/pods/<job>`` (run dir: :func:`edl_argo.master.registry.run_dir`). It holds:
+being ``<run dir>/pods/<job>`` (run dir: :func:`edl_argo.run_dir.run_dir`). It holds:
 
 * ``pod.json``: role, id, command, environment, port and start time, written before the pod starts;
 * ``supervisor``: the supervisor's pid (the group's id) and its start time in clock ticks since boot (so
@@ -54,7 +54,6 @@ from typing import Any, BinaryIO, TextIO
 
 from edl_argo.addresses import join_host_port
 from edl_argo.log import get_logger
-from edl_argo.master.registry import run_dir
 from edl_argo.pods.base import (
     BackendClosedError,
     PodBackend,
@@ -69,6 +68,7 @@ from edl_argo.pods.base import (
 )
 from edl_argo.pods.event_queue import EventQueue
 from edl_argo.rpc.auth import CREDENTIAL_ENV
+from edl_argo.run_dir import run_dir
 
 log = get_logger(__name__)
 

@@ -23,6 +23,7 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
   the pods): key :data:`SECRET_KEY_JOB` the secret (a PS's ``EDL_JOB_SECRET``), :data:`SECRET_KEY_COLLECTIVE`
   the workers' collective token, and ``worker-<id>`` each worker's own token, added before its pod is created
   (:func:`auth_secret_data`). Pods get them through ``secretKeyRef`` (:mod:`edl_argo.rpc.auth`).
+* ``--yaml``: :func:`render_job_manifests` renders all of a job's objects as multi-document YAML.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ import base64
 import copy
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
+
+import yaml
 
 from edl_argo.errors import ConfigError
 from edl_argo.pods.base import PodRole, PodSpec
@@ -438,3 +442,20 @@ def _env(job_name: str, config: KubernetesConfig, spec: PodSpec, credentials: bo
         ref = {"name": auth_secret_name(job_name), "key": key}
         env[name] = {"name": name, "valueFrom": {"secretKeyRef": ref}}
     return list(env.values())
+
+
+def render_job_manifests(
+    job_name: str, config: KubernetesConfig, specs: Sequence[PodSpec], *, master_port: int = 0
+) -> str:
+    """The NetworkPolicy, Services and Pods that a backend starting ``specs`` creates, as multi-document
+    YAML (for ``--yaml``); with a ``master_port``, the master's Service too."""
+    validate_job_name(job_name)
+    documents: list[dict[str, Any]] = [network_policy_manifest(job_name, config)]
+    if master_port:
+        documents.append(master_service_manifest(job_name, config, master_port))
+    for spec in specs:
+        if spec.role is PodRole.PS:
+            assert spec.port is not None
+            documents.append(service_manifest(job_name, config, spec.pod_id, spec.port))
+        documents.append(pod_manifest(job_name, config, spec))
+    return yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False)

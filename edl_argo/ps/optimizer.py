@@ -43,10 +43,8 @@ import tensorflow as tf
 
 from edl_argo.errors import ConfigError
 from edl_argo.log import get_logger
+from edl_argo.model.optimizer import OptimizerFactory, has_float_learning_rate, new_optimizer
 from edl_argo.ps.embedding_table import EmbeddingTable
-
-#: Builds a fresh Keras optimizer: the model definition's ``optimizer()``.
-OptimizerFactory = Callable[[], keras.optimizers.Optimizer]
 
 log = get_logger(__name__)
 
@@ -58,22 +56,6 @@ SHRINK_AFTER_APPLIES = 16
 
 class LearningRateScaleError(ValueError):
     """A learning-rate scale other than 1 was asked of an optimizer whose learning rate is not a float."""
-
-
-def new_optimizer(factory: OptimizerFactory) -> keras.optimizers.Optimizer:
-    """Call ``factory`` and check it returned a Keras optimizer (:class:`ConfigError` otherwise)."""
-    optimizer = factory()
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ConfigError(
-            f"optimizer() of the model definition returned {type(optimizer).__name__}, "
-            "not a keras.optimizers.Optimizer"
-        )
-    return optimizer
-
-
-def has_float_learning_rate(optimizer: keras.optimizers.Optimizer) -> bool:
-    """Whether the learning rate is a float (a variable that can be scaled), not a schedule or callable."""
-    return isinstance(optimizer.learning_rate, keras.Variable)
 
 
 def check_optimizer_factory(factory: OptimizerFactory, scale_learning_rate: bool) -> None:

@@ -21,18 +21,12 @@ import tensorflow as tf
 
 from edl_argo.errors import ConfigError
 from edl_argo.model.inventory import load_constraint
+from edl_argo.model.optimizer import OptimizerFactory, has_float_learning_rate, new_optimizer
 from edl_argo.proto import ps_pb2
 from edl_argo.ps import bounds
 from edl_argo.ps.embedding_table import FLOAT_DTYPES, EmbeddingTable, TableArrays
 from edl_argo.ps.errors import InvalidRequestError, NotInitializedError
-from edl_argo.ps.optimizer import (
-    DenseOptimizer,
-    LearningRateScaleError,
-    OptimizerFactory,
-    SparseOptimizer,
-    has_float_learning_rate,
-    new_optimizer,
-)
+from edl_argo.ps.optimizer import DenseOptimizer, LearningRateScaleError, SparseOptimizer
 from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor
 

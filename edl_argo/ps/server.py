@@ -36,7 +36,7 @@ from edl_argo.settings import add_role_settings
 from edl_argo.storage.base import Storage
 
 if TYPE_CHECKING:  # TensorFlow: imported when a server is created, not for --help (see edl_argo.cli)
-    from edl_argo.ps.optimizer import OptimizerFactory
+    from edl_argo.model.optimizer import OptimizerFactory
     from edl_argo.ps.servicer import ParameterServerServicer
 
 _log = log.get_logger(__name__)

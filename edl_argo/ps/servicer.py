@@ -65,11 +65,12 @@ import numpy as np
 from edl_argo.checkpoint import Checkpointer
 from edl_argo.errors import ConfigError, EdlError
 from edl_argo.log import get_logger
+from edl_argo.model.optimizer import OptimizerFactory
 from edl_argo.model.train_step import ps_optimizer_factory
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
 from edl_argo.ps import bounds
 from edl_argo.ps.errors import NonFiniteGradientError, ResourceLimitError
-from edl_argo.ps.optimizer import LearningRateScaleError, OptimizerFactory, check_optimizer_factory
+from edl_argo.ps.optimizer import LearningRateScaleError, check_optimizer_factory
 from edl_argo.ps.parameters import (
     Gradients,
     InvalidRequestError,

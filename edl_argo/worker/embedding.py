@@ -17,7 +17,6 @@ Both passes are traced into ``tf.function``\\ s; no Python runs per lookup at st
 
 from __future__ import annotations
 
-import json
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,16 +24,7 @@ from dataclasses import dataclass, field
 import keras
 import tensorflow as tf
 
-
-@dataclass(frozen=True)
-class EmbeddingTableSpec:
-    """What a PS needs to create the rows of one table lazily."""
-
-    name: str
-    dim: int
-    dtype: str
-    initializer: str  # JSON of keras.initializers.serialize(...)
-    constraint: str = ""  # JSON of keras.constraints.serialize(...), empty for none
+from edl_argo.model.embedding_tables import embedding_layers
 
 
 @dataclass
@@ -81,32 +71,6 @@ class EmbeddingLookups:
         outputs = tf.reshape(gathered, tf.concat([tf.shape(ids), [dim]], axis=0))
         outputs.set_shape(ids.shape.concatenate([dim]))
         return outputs
-
-
-def embedding_layers(model: keras.Model) -> list[keras.layers.Embedding]:
-    """Every ``Embedding`` layer of the model, nested ones included, in a stable order."""
-    return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.Embedding)]
-
-
-def table_specs(model: keras.Model) -> list[EmbeddingTableSpec]:
-    return [
-        EmbeddingTableSpec(
-            name=layer.embeddings.path,
-            dim=int(layer.output_dim),
-            dtype=str(layer.embeddings.dtype),
-            initializer=json.dumps(keras.initializers.serialize(layer.embeddings_initializer)),
-            constraint=(
-                json.dumps(keras.constraints.serialize(layer.embeddings.constraint))
-                if layer.embeddings.constraint is not None
-                else ""
-            ),
-        )
-        for layer in embedding_layers(model)
-    ]
-
-
-def embedding_variable_paths(model: keras.Model) -> set[str]:
-    return {layer.embeddings.path for layer in embedding_layers(model)}
 
 
 def bind_embeddings(model: keras.Model, lookups: EmbeddingLookups) -> None:

@@ -26,12 +26,12 @@ import numpy as np
 
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
+from edl_argo.model.embedding_tables import EmbeddingTableSpec
 from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import fill_tensor, from_indexed_slices, from_tensor, to_tensor
-from edl_argo.worker.embedding import EmbeddingTableSpec
 from edl_argo.worker.step_timers import STEP_TIMERS
 
 log = get_logger(__name__)
