@@ -6,10 +6,14 @@ started, an address that is not ``host:port``, an undecodable tensor, outputs wi
 ends with ``INVALID_ARGUMENT`` or ``FAILED_PRECONDITION`` and a one-line reason naming the field, and the
 server goes on serving. Reports about a task the worker does not hold (unknown, done, reclaimed) are
 ignored, as :meth:`TaskDispatcher.report` ignores them, and an ignored report changes nothing: no model
-version, evaluation round or counter. A failed task reported as ``fatal`` (the loss became NaN) fails the
-job at once, with the worker's message (shortened to :data:`~edl_argo.master.request_checks.MAX_TEXT_CHARS`).
+version, evaluation round or counter (but the ledger's count of what reached the PS:
+:meth:`~edl_argo.master.ledger.TrainingLedger.add_ignored`). A failed task reported as ``fatal`` (the loss
+became NaN) fails the job at once, with the worker's message (shortened to
+:data:`~edl_argo.master.request_checks.MAX_TEXT_CHARS`).
 A ``GetTask`` lists the tasks the worker holds: one the master has it holding but it does not list is one
-whose reply it never got, and is handed to it again (:func:`~edl_argo.master.failover.lost_reply`).
+whose reply it never got, and is handed to it again (:func:`~edl_argo.master.failover.lost_reply`); one it
+lists that the master never handed out keeps its id from other tasks
+(:func:`~edl_argo.master.failover.skip_unsaved_task_ids`).
 """
 
 from __future__ import annotations
