@@ -12,6 +12,8 @@ DEMO_DIR ?= out/demo
 #: `make chaos`: trials of each scenario, and a comma-separated subset of the scenarios (default: all).
 TRIALS ?= 20
 SCENARIOS ?=
+#: `make test`: test processes running side by side (pytest-xdist); most tests wait on their jobs' pods.
+TEST_PROCESSES ?= 2
 #: The package version, declared once in edl_argo/__init__.py; the image tag defaults to it.
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' edl_argo/__init__.py)
 IMAGE ?= edl-argo:$(VERSION)
@@ -52,10 +54,10 @@ $(S3SERVER_STAMP): $(S3SERVER)/package.json $(S3SERVER)/package-lock.json $(STAM
 test-servers: $(S3SERVER_STAMP)
 
 test: $(STAMP) $(S3SERVER_STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist worksteal
 
 test-slow: $(STAMP) $(S3SERVER_STAMP)
-	$(BIN)/pytest -m slow
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist worksteal -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -235,6 +235,7 @@ def test_a_paused_parameter_server_is_replaced_within_the_bound_and_the_job_fini
     assert metrics["relaunches"]["ps"] == 1
 
 
+@pytest.mark.slow  # 100 s; the master's absence is also ridden out in test_master_failover
 @pytest.mark.timeout(400)
 def test_workers_notice_a_paused_master_within_the_deadline_and_the_job_goes_on(
     digits_data: Path, tmp_path: Path

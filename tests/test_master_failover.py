@@ -447,7 +447,10 @@ def assert_the_job_continued(output: Path, log: str, in_flight_records: int) -> 
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("strategy", ["ParameterServerStrategy", "AllreduceStrategy"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["ParameterServerStrategy", pytest.param("AllreduceStrategy", marks=pytest.mark.slow)],  # 60 s more
+)
 def test_a_killed_master_started_again_adopts_its_pods_and_finishes_the_job(
     digits_data: Path, tmp_path: Path, strategy: str
 ) -> None:
@@ -473,6 +476,7 @@ def test_a_killed_master_started_again_adopts_its_pods_and_finishes_the_job(
         )
 
 
+@pytest.mark.slow  # 75 s; the take-over itself is tested in test_failover.py, a local restart above
 @pytest.mark.timeout(400)
 def test_a_killed_master_on_kubernetes_started_again_adopts_its_pods(
     digits_data: Path, tmp_path: Path

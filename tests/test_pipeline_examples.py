@@ -12,6 +12,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 
 from edl_argo.pipeline.loader import load_workflow, with_parameters
 from edl_argo.pipeline.runner import LocalRunner, Phase, RunResult
@@ -60,6 +61,7 @@ def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, 
     assert f"pipeline {result.workflow} succeeded" in text and f"artifact  model: {model}" in text
 
 
+@pytest.mark.slow  # 95 s; embeddings over two PS stay in make test through test_fit_parity
 def test_ctr_pipeline_trains_embeddings_sharded_over_two_parameter_servers(tmp_path: Path) -> None:
     data = tmp_path / "ctr"
     result = run_pipeline(

@@ -92,6 +92,7 @@ def test_three_workers_train_digits_and_end_with_identical_replicas(
         assert 0.0 < float(unscaled) <= 0.05 and float(rate) == pytest.approx(3 * float(unscaled), rel=1e-5)
 
 
+@pytest.mark.slow  # 90 s; membership changes stay in make test through the paused-member and all-lost tests
 def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(
     digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

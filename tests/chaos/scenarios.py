@@ -87,6 +87,9 @@ HUNG_TASK_TIMEOUT_SECONDS = 5
 #: over the default 60 s on a loaded machine (both workers were then replaced as stuck, their tasks trained
 #: again, and the job's count of updates lost to the rollback became unknown).
 PS_KILL_TASK_TIMEOUT_SECONDS = 300
+#: ``--num-epochs`` of :func:`scale_1_4_1`: twice the usual job, so that the lone worker has not trained every
+#: task by the time the added ones have started (17 s on a loaded machine; the usual job took 22 s alone).
+SCALING_EPOCHS = 2 * CHAOS_JOB["num_epochs"]
 #: ``EDL_STORAGE_RETRY_SECONDS`` of :func:`s3_outage`; its outages last at most a fifth of it.
 S3_RETRY_SECONDS = 60
 S3_OUTAGE_SECONDS = (3.0, 8.0)
@@ -600,6 +603,7 @@ def scale_1_4_1(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL, **ov
         trial.wait_for(lambda: len(trial.live_workers()) == 1, "one worker again")
 
     name = overrides.pop("scenario", "scale_1_4_1")
+    overrides.setdefault("num_epochs", SCALING_EPOCHS)
     return run_in_process(name, env, rng, inject, backend=backend, num_workers=1, **overrides)
 
 
