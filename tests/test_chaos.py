@@ -85,6 +85,7 @@ def test_killed_ps_restarts_from_its_latest_checkpoint(chaos_env: ChaosEnv) -> N
     assert result.updates_lost == result.versions_lost, result.metrics["accounting"]
 
 
+@pytest.mark.slow  # 50 s; S3 faults within the retry budget are ridden out in tests/test_storage.py
 def test_job_rides_out_an_s3_outage(chaos_env: ChaosEnv) -> None:
     result = run_trial("s3_outage", chaos_env)
 

@@ -200,6 +200,7 @@ def test_the_exit_hook_of_a_stopped_step_removes_the_job_and_nothing_else(
         assert not {name for _, name in deleted} & {n for kept in keep.values() for n in kept}
 
 
+@pytest.mark.slow  # 50 s; the same timeout ends the pods of a local master in make test
 @pytest.mark.timeout(400)
 def test_pods_of_a_sigkilled_master_on_kubernetes_end_after_the_master_timeout(
     digits_data: Path, tmp_path: Path
