@@ -62,6 +62,8 @@ SEED = int(os.environ.get("EDL_FUZZ_SEED", "24"))
 #: The long run (make fuzz) sets this: it also asserts the accuracy bar of a full digits job.
 FULL = os.environ.get("EDL_FUZZ_FULL", "") == "1"
 MAX_REQUESTS = int(os.environ.get("EDL_FUZZ_REQUESTS", "1000000"))
+#: Epochs of the long run's job: fuzzing stops when training does, so the job must outlast the requests.
+FULL_EPOCHS = int(os.environ.get("EDL_FUZZ_EPOCHS", "200"))
 
 pytestmark = pytest.mark.timeout(int(SECONDS) * 3 + 600)
 
@@ -116,7 +118,7 @@ def test_fuzzing_a_live_job_crashes_and_hangs_no_server_and_changes_nothing_it_t
     digits_data: Path, tmp_path: Path
 ) -> None:
     output = tmp_path / "out"
-    overrides = {} if FULL else {"num_epochs": 8, "num_workers": 1}
+    overrides = {"num_epochs": FULL_EPOCHS} if FULL else {"num_epochs": 8, "num_workers": 1}
     config = digits_config(digits_data, output, **overrides)
     job = JobThread(TrainingJob.load(config)).start()
     job.wait_until(lambda: job.job.dispatcher.progress()[0] > 0, 600, "the first task done")
