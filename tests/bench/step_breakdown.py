@@ -36,8 +36,8 @@ class CountersTap:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def add(self, task: Any, counters: Mapping[str, int]) -> None:
-        self._inner.add(task, counters)
+    def add(self, task: Any, counters: Mapping[str, int], *args: Any, **kwargs: Any) -> None:
+        self._inner.add(task, counters, *args, **kwargs)
         with self._lock:
             self.times[task.task_id] = {k: v for k, v in counters.items() if k.startswith("time_")}
 
