@@ -1,0 +1,36 @@
+"""`make bench` still runs: its quick (smoke) mode on one training benchmark, end to end.
+
+The benchmarks drive the engine through its internals (a tap on the job's ledger, the worker's step timers),
+so an interface change can break them while every other test passes. Slow (a minute): `make test-slow`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_quick_training_benchmark_measures_our_job_against_fit(tmp_path: Path) -> None:
+    report = tmp_path / "bench.md"
+    command = [
+        sys.executable,
+        "-m",
+        "tests.bench.run",
+        "--quick",
+        "--only",
+        "training_cnn",
+        "--output",
+        str(report),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    text = report.read_text()
+    ours = re.search(r"\| ours: local job, 1 worker \+ 1 PS, sync \| (\d+) \|", text)
+    assert ours and int(ours.group(1)) > 0, text[:3000]
+    assert re.search(r"worker main thread per step .*compute [\d.]+ ms", text), text[:3000]
