@@ -100,6 +100,7 @@ def test_scaling_one_to_four_to_one_worker(chaos_env: ChaosEnv) -> None:
     assert len(result.logged(r"worker_removed worker=\d+")) == 3
 
 
+@pytest.mark.slow  # 47 s; timeouts in test_task_dispatcher, silent peers replaced in test_deadlines
 def test_hung_worker_task_is_reclaimed_on_timeout(chaos_env: ChaosEnv) -> None:
     result = run_trial("hung_worker", chaos_env)
 

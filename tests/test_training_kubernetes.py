@@ -146,6 +146,7 @@ def test_digits_job_trains_on_kubernetes_pods(
     assert {(c.api_group, c.resource, c.verb) for c in calls} <= MASTER_RULES
 
 
+@pytest.mark.slow  # 40 s; allreduce pods' objects are checked in test_pods_kubernetes, training locally
 def test_allreduce_job_trains_on_worker_pods_only(
     make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn
 ) -> None:
@@ -170,6 +171,7 @@ def test_allreduce_job_trains_on_worker_pods_only(
     assert_job_cleaned_up(cluster, name)
 
 
+@pytest.mark.slow  # 40 s; deletions are mapped in test_pods_kubernetes, replacement in test_chaos (local)
 def test_worker_pod_deleted_through_the_api_is_replaced_and_nothing_is_lost(
     make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -221,6 +223,7 @@ def test_preempted_worker_replacement_waits_for_capacity_while_the_job_goes_on(
     assert_job_cleaned_up(cluster, name)
 
 
+@pytest.mark.slow  # 55 s; relaunch at the same address is in test_pods_kubernetes, restore in test_chaos
 def test_ps_pod_deleted_is_recreated_with_its_address_and_restores(
     make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn, capfd: pytest.CaptureFixture[str]
 ) -> None:
