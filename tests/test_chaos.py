@@ -5,12 +5,12 @@ then checks that its fault really happened and was handled the intended way (rel
 restore, retry, timeout, adoption, relisting).
 
 Variants whose fault ``make test`` covers elsewhere are marked slow (``make test-slow``) to keep the suite
-short: a worker or PS pod deleted or evicted on Kubernetes (tests/test_training_kubernetes.py), the master
-SIGKILLed and run again (tests/test_master_failover.py, tests/test_failover.py), an AllreduceStrategy
-member SIGKILLed, scaled, or every member lost (tests/test_training_allreduce.py), the watch cut with and
-without 410, API errors, quota refusals and eviction storms (the backend's handling of each is tested against
-the API stand-in in tests/test_pods_kubernetes.py), and a hung member on either backend
-(tests/test_training_allreduce.py pauses one inside a collective).
+short: a worker or PS pod deleted or evicted on Kubernetes, the watch cut with and without 410, API errors,
+quota refusals and eviction storms (the backend's handling of each is tested against the API stand-in in
+tests/test_pods_kubernetes.py); the master SIGKILLed and run again (tests/test_master_failover.py,
+tests/test_failover.py); an AllreduceStrategy member SIGKILLed, scaled, hung, or every member lost
+(tests/test_training_allreduce.py); a hung worker (task timeouts in tests/test_task_dispatcher.py, silent
+peers replaced in tests/test_deadlines.py); and an S3 outage (tests/test_storage.py).
 """
 
 from __future__ import annotations
