@@ -502,7 +502,8 @@ def test_a_push_retried_after_its_deadline_is_applied_once(
 
 
 def test_a_late_attempt_is_neither_applied_nor_accepted_and_push_ids_are_bounded(connect: Any) -> None:
-    from edl_argo.ps.push_memory import MAX_PUSHER_ID_CHARS, PushMemory, PushOutcome
+    from edl_argo.ps.bounds import MAX_PUSHER_ID_CHARS
+    from edl_argo.ps.push_memory import PushMemory, PushOutcome
 
     stub = connect(servicer(use_async=True))
     stub.PushModel(model())

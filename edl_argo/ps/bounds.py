@@ -5,7 +5,8 @@ variable or table at fault:
 
 * :class:`~edl_argo.ps.parameters.InvalidRequestError` (``INVALID_ARGUMENT``) for values no correct worker
   sends: a version or step beyond :data:`MAX_VERSION` (so that ``version + 1`` always fits the int64 of the
-  reply), more than :data:`MAX_EXAMPLES` examples in one push, a learning-rate scale that is not a finite
+  reply), more than :data:`MAX_EXAMPLES` examples in one push, a pusher id longer than
+:data:`MAX_PUSHER_ID_CHARS` (or a push number below 1 with one), a learning-rate scale that is not a finite
   number >= 0, and gradients or values that are NaN or infinite (:class:`NonFiniteGradientError`: the worker
   decides what the job does with its ``--nan-gradients`` policy);
 * :class:`ResourceLimitError` (``RESOURCE_EXHAUSTED``) for requests that would make the server hold or send
@@ -34,6 +35,8 @@ MAX_VERSION = 2**62
 MAX_EXAMPLES = 2**31
 #: The largest reply a pull may ask for (the gRPC message limit, less room for the envelope).
 MAX_REPLY_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
+#: The longest pusher id a push may carry (a UUID in hex is 32 characters).
+MAX_PUSHER_ID_CHARS = 64
 
 
 def check_version(field: str, value: int) -> int:
@@ -57,6 +60,12 @@ def check_push_fields(request: ps_pb2.PushGradientsRequest, ps_id: int) -> float
         raise InvalidRequestError(f"examples must be in [0, {MAX_EXAMPLES}], got {request.examples}")
     check_version("version", request.version)
     check_version("authority_step", request.authority_step)
+    if len(request.pusher_id) > MAX_PUSHER_ID_CHARS:
+        raise InvalidRequestError(
+            f"pusher_id of {len(request.pusher_id)} characters; at most {MAX_PUSHER_ID_CHARS} are accepted"
+        )
+    if request.pusher_id and request.sequence < 1:
+        raise InvalidRequestError(f"sequence must be at least 1 with a pusher_id, got {request.sequence}")
     if ps_id == 0 and request.authority_step > 0:
         raise InvalidRequestError(
             f"authority_step {request.authority_step} sent to PS 0, which decides the steps itself"

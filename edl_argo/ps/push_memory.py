@@ -22,12 +22,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from edl_argo.ps.errors import InvalidRequestError
-
 #: Pushers remembered per PS: every worker incarnation of a job, with room to spare.
 MAX_PUSHERS = 4096
-#: The longest pusher id accepted (a UUID in hex is 32 characters).
-MAX_PUSHER_ID_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -47,16 +43,6 @@ class PushMemory:
         self._max_pushers = max_pushers
         #: Pushes answered from memory instead of being applied.
         self.repeated = 0
-
-    @staticmethod
-    def check(pusher_id: str, sequence: int) -> None:
-        """:class:`InvalidRequestError` for a push id no correct worker sends."""
-        if len(pusher_id) > MAX_PUSHER_ID_CHARS:
-            raise InvalidRequestError(
-                f"pusher_id of {len(pusher_id)} characters; at most {MAX_PUSHER_ID_CHARS} are accepted"
-            )
-        if pusher_id and sequence < 1:
-            raise InvalidRequestError(f"sequence must be at least 1 with a pusher_id, got {sequence}")
 
     def recall(self, pusher_id: str, sequence: int) -> PushOutcome | None:
         """The outcome to answer a push with that was decided before (a retry, or a late attempt: refused),

@@ -347,7 +347,6 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
     ) -> ps_pb2.PushGradientsResponse:
         lr_scale = bounds.check_push_fields(request, self.parameters.ps_id)
-        PushMemory.check(request.pusher_id, request.sequence)
         with self._lock:
             recalled = self._pushes.recall(request.pusher_id, request.sequence)
             if recalled is not None:
