@@ -19,13 +19,16 @@ fault that lasts ``seconds``; connections open when it starts are cut (paused fo
     body, as a load balancer in front of the store would.
 
 After the fault's time, new connections are forwarded again. :meth:`FaultProxy.cut_after` instead cuts one
-connection once a number of bytes went back to the client (a reset in the middle of a download), and
-:attr:`FaultProxy.bytes_to_client` counts every byte sent back.
+connection once a number of bytes went back to the client (a reset in the middle of a download): it first
+pauses, so that the client reads what was relayed rather than having it cut away in its socket buffer.
+:attr:`FaultProxy.bytes_to_client` counts every byte sent back, and :attr:`FaultProxy.range_starts` lists the
+first byte of every ranged request (``Range: bytes=N-...``) in the order the requests came.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import select
 import socket
 import ssl
@@ -39,6 +42,8 @@ from types import TracebackType
 FAULTS = ("refuse", "reset", "stall", "tls_drop", "http_429", "http_503")
 _STATUS_LINES = {"http_429": "429 Too Many Requests", "http_503": "503 Service Unavailable"}
 _IO_TIMEOUT = 10.0
+_CUT_PAUSE_SECONDS = 1.0  # before a cut_after reset: time for the client to read what was relayed
+_RANGE_HEADER = re.compile(rb"(?im)^range:\s*bytes=(\d+)-")
 
 
 def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
@@ -92,6 +97,7 @@ class FaultProxy:
         self._cut_after: int | None = None
         #: Bytes relayed from the server to the client, over all connections.
         self.bytes_to_client = 0
+        self.range_starts: list[int] = []
         self._listener: socket.socket | None = None
         self.port = 0
         self._open_listener()
@@ -248,10 +254,13 @@ class FaultProxy:
                     if not data:
                         return
                     if sock is client:
+                        with self._lock:
+                            self.range_starts.extend(int(m) for m in _RANGE_HEADER.findall(data))
                         upstream.sendall(data)
                         continue
                     client.sendall(data)
                     if self._relayed(len(data)):
+                        time.sleep(_CUT_PAUSE_SECONDS)
                         _reset(client)
                         return
         finally:

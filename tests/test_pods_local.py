@@ -546,6 +546,10 @@ def test_a_new_backend_adopts_the_pods_of_a_master_that_died(sink: io.StringIO, 
     )
     try:
         wait_for(lambda: len(list(pods_dir.glob("*/supervisor"))) == 5, what="every supervisor to start")
+        wait_for(  # on a loaded machine the pod's interpreter can start well after its supervisor
+            lambda: any(b"before the crash" in f.read_bytes() for f in pods_dir.glob("worker-0.*/stderr")),
+            what="worker-0 to write its line before the crash",
+        )
     finally:
         doomed.kill()
         doomed.wait()

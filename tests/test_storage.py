@@ -602,13 +602,19 @@ def test_s3_download_cut_midway_resumes_where_it_broke_off(
     storage.write("big", data)
     before = proxy.bytes_to_client
 
-    proxy.cut_after(7 << 19)  # 3.5 MiB into the download
+    cut_at = 7 << 19  # 3.5 MiB into the download
+    proxy.cut_after(cut_at)
     assert storage.read("big", 1000) == data[1000:]
 
     assert len(events.named("storage_retry")) == 1
     relayed = proxy.bytes_to_client - before
-    # Resumed, not restarted (that would relay 3.5 MiB more): at most the chunk being read is fetched again.
-    assert len(data) - 1000 <= relayed < len(data) + READ_CHUNK + (64 << 10)
+    first, resumed = proxy.range_starts[-2:]
+    assert first == 1000
+    # Resumed, not restarted: the second request starts after the whole chunks the first one delivered (the
+    # client keeps what it read in whole chunks of READ_CHUNK) and fetches only the rest.
+    kept = resumed - first
+    assert kept % READ_CHUNK == 0 and READ_CHUNK <= kept <= cut_at, kept
+    assert relayed < cut_at + (len(data) - 1000 - kept) + (64 << 10)
 
 
 def test_s3_certificate_errors_are_not_retried(
