@@ -164,6 +164,22 @@ def test_epochs_are_created_lazily_and_exactly_num_epochs() -> None:
     assert_no_record_lost(dispatcher, 3)
 
 
+def test_the_saved_state_grows_with_the_epochs_started_not_with_num_epochs() -> None:
+    """A job asked for many epochs (or one that repeats a small dataset) saves its state after every report:
+    the snapshot must not carry a counter per epoch not yet started."""
+    sizes = []
+    for num_epochs in (2, 1_000_000):
+        dispatcher = make({"a": 8}, num_epochs=num_epochs)
+        task = take(dispatcher)
+        assert dispatcher.report(task.task_id, 0, success=True)
+        sizes.append(len(json.dumps(dispatcher.snapshot())))
+        restored = TaskDispatcher.restore(json.loads(json.dumps(dispatcher.snapshot())), clock=FakeClock())
+        accounting = restored.accounting()
+        assert len(accounting.records_done_per_epoch) == num_epochs  # the accounting still names each
+        assert accounting.records_done_per_epoch[0] == 4 and accounting.records_done_per_epoch[1] == 0
+    assert sizes[1] - sizes[0] < 16, sizes  # the digits of num_epochs in the config
+
+
 def _order(seed: int, num_epochs: int = 2) -> list[list[tuple[str, int]]]:
     dispatcher = make(
         {"a": 60, "b": 45, "c": 1}, records_per_task=3, num_epochs=num_epochs, shuffle=True, seed=seed

@@ -284,7 +284,9 @@ class TaskDispatcher:
         self._tasks_created: dict[TaskType, int] = {t: 0 for t in TaskType}
         self._tasks_done: dict[TaskType, int] = {t: 0 for t in TaskType}
         self._tasks_created[TaskType.TRAINING] = config.num_epochs * self._tasks_per_epoch
-        self._records_done: dict[int, int] = {epoch: 0 for epoch in range(config.num_epochs)}
+        # Records done per epoch started (an epoch not started yet has none: not kept, so that the state
+        # saved after every report does not grow with num_epochs).
+        self._records_done: dict[int, int] = {}
         self._records_trained_twice = 0
         self._requeues: dict[str, int] = {reason: 0 for reason in REQUEUE_REASONS}
         self._evaluations_pending: dict[int, int] = {}
@@ -333,7 +335,7 @@ class TaskDispatcher:
                 self._tasks_done[task.type] += 1
                 self._failures.pop(task_id, None)
                 if task.type is TaskType.TRAINING:
-                    self._records_done[task.epoch] += task.num_records
+                    self._records_done[task.epoch] = self._records_done.get(task.epoch, 0) + task.num_records
                 elif task.type is TaskType.EVALUATION:
                     completed_version = self._evaluation_task_done(task.model_version)
                 log.debug("task_done", task=task_id, worker=worker_id, records=task.num_records)
@@ -474,7 +476,9 @@ class TaskDispatcher:
         with self._lock:
             return Accounting(
                 records_per_epoch=self._records_per_epoch,
-                records_done_per_epoch=dict(self._records_done),
+                records_done_per_epoch={
+                    epoch: self._records_done.get(epoch, 0) for epoch in range(self._config.num_epochs)
+                },
                 records_trained_twice=self._records_trained_twice,
                 requeues=dict(self._requeues),
                 tasks_done=sum(self._tasks_done.values()),
@@ -582,6 +586,7 @@ class TaskDispatcher:
         epoch = self._epochs_created
         created = self._add_tasks(TaskType.TRAINING, self._shards, epoch, -1)
         self._epochs_created += 1
+        self._records_done.setdefault(epoch, 0)
         log.info("epoch_started", epoch=epoch, tasks=created, records=self._records_per_epoch)
 
     def _add_tasks(

@@ -3,7 +3,8 @@
 ``python -m tests.bench.profile_job --model cnn|ctr|digits [--seconds 20] [--output DIR] [--native]``
 
 Runs the model's local job as the training benchmark does (:class:`tests.bench.training.OurJob`: 1 worker,
-1 PS, 2 for CTR, sync), lets it warm up, then records every worker and PS process with ``py-spy record
+1 PS, 2 for CTR, sync), lets it warm up, then records every worker and PS process, and this process (where
+the job's master runs, on its server and state-saving threads) with ``py-spy record
 --idle --threads`` for ``--seconds`` while the job trains, and times that window. Prints, per process and
 thread group, the milliseconds per training step spent in the functions that take the most (inclusive,
 and self; threads waiting for work are left out), and writes
@@ -34,8 +35,9 @@ RATE = 100
 
 
 def pod_processes() -> dict[str, int]:
-    """``{"worker-0": pid, "ps-0": pid, ...}``: this process's ``edl-argo worker|ps`` children."""
-    found = {}
+    """``{"worker-0": pid, "ps-0": pid, ...}``: the ``edl-argo worker|ps`` processes this process started,
+    each the child of its pod's supervisor (``edl_argo.pods.local``), which is this process's child."""
+    parents, commands = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -44,13 +46,16 @@ def pod_processes() -> dict[str, int]:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        words = [w.decode(errors="replace") for w in cmdline]
-        if parent != os.getpid() or not any(w.endswith("edl-argo") for w in words):
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        commands[int(entry.name)] = [w.decode(errors="replace") for w in cmdline]
+    found = {}
+    for pid, words in commands.items():
+        supervisor = parents[pid]
+        if parents.get(supervisor) != os.getpid() or "-c" in words:  # not a pod, or its supervisor
             continue
-        role = words[words.index(next(w for w in words if w.endswith("edl-argo"))) + 1]
-        flag = "--worker-id" if role == "worker" else "--ps-id"
-        found[f"{role}-{words[words.index(flag) + 1]}"] = int(entry.name)
+        for role, flag in (("worker", "--worker-id"), ("ps", "--ps-id")):
+            if flag in words:
+                found[f"{role}-{words[words.index(flag) + 1]}"] = pid
     return found
 
 
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             job.start()
             try:
                 job.window(3.0, first=True)  # warm-up, then paused
-                pods = pod_processes()
+                pods = {**pod_processes(), "master": os.getpid()}  # the job's master runs in this process
                 print(f"profiling {', '.join(f'{k} (pid {v})' for k, v in sorted(pods.items()))}", flush=True)
                 extra = ["--native"] if args.native else []
                 spies = {
