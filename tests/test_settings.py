@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: namespace), and two that train nothing (a dry run, and a flag edl-argo refuses).
 NOT_ON_THE_STEP = {"--backend", "--output", "--metrics-output", "--master-port", "--namespace"}
 NOT_ON_THE_STEP |= {"--yaml", "--custom-data-reader"}
+#: A local job's TLS folder: the step's master names a Secret (tls-secret) instead.
+NOT_ON_THE_STEP |= {"--tls-dir"}
 STEP_REQUIRED = {
     "model-def": "/opt/edl-argo/examples/model_zoo/digits.py",
     "training-data": "s3://data/train",

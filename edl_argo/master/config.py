@@ -103,6 +103,20 @@ def _check_allreduce(args: argparse.Namespace) -> None:
             )
 
 
+def _check_tls(args: argparse.Namespace) -> None:
+    """Each backend has its own way to name the TLS files (:mod:`edl_argo.rpc.tls`)."""
+    if args.tls_secret and args.backend != "kubernetes":
+        raise ConfigError(
+            "--tls-secret names a Kubernetes Secret: it needs --backend kubernetes (locally, use --tls-dir"
+            " DIR)"
+        )
+    if args.tls_dir and args.backend == "kubernetes":
+        raise ConfigError(
+            "--tls-dir is for --backend local: on Kubernetes name the kubernetes.io/tls Secret with"
+            " --tls-secret (the master mounts it into its pods)"
+        )
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The validated configuration; :class:`ConfigError` names the flag at fault."""
     _check_allreduce(args)
@@ -139,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["job_name"] = fit_job_name(values["job_name"])  # <workflow>-<task> may be too long
     if args.distribution_strategy == ALLREDUCE:
         values["num_ps"] = 0
+    _check_tls(args)
     if args.yaml and args.backend != "kubernetes":
         raise ConfigError("--yaml prints Kubernetes manifests: it needs --backend kubernetes")
     values["kubernetes"] = kubernetes_config_from_args(args) if args.backend == "kubernetes" else None

@@ -58,6 +58,7 @@ from edl_argo.recordio import open_dataset
 from edl_argo.rpc.auth import MASTER_IDENTITY, JobSecret, server_interceptor
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
+from edl_argo.rpc.tls import TlsFiles, add_port, load_tls_dir
 from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
 
@@ -90,11 +91,17 @@ class TrainingJob:
     """Runs one job: start the master service and pods, dispatch until done, export, clean up."""
 
     def __init__(
-        self, config: TrainConfig, parts: JobParts, backend: PodBackend, job_secret: JobSecret
+        self,
+        config: TrainConfig,
+        parts: JobParts,
+        backend: PodBackend,
+        job_secret: JobSecret,
+        tls: TlsFiles | None = None,
     ) -> None:
         """A job of ``config`` from its already-read ``parts`` (:func:`load_job_parts`), its pods run by
-        ``backend`` with ``job_secret`` (:mod:`edl_argo.rpc.auth`, handed to the backend already); no I/O
-        here (:meth:`load` reads the parts and establishes the secret)."""
+        ``backend`` with ``job_secret`` (:mod:`edl_argo.rpc.auth`, handed to the backend already), its
+        services served over TLS with ``tls`` (:mod:`edl_argo.rpc.tls`; None: plaintext); no I/O here
+        (:meth:`load` reads the parts, the TLS files and establishes the secret)."""
         self.config = config
         self.model = parts.model
         self.spec: ModelSpec = parts.spec
@@ -131,6 +138,7 @@ class TrainingJob:
         )
         self.job_secret = job_secret
         self.credential = job_secret.credential(MASTER_IDENTITY)
+        self.tls = tls
         self.host = pod_host()
         self.pods: PodManager | None = None
         self._ps_watch: ParameterServerWatch | None = None
@@ -152,10 +160,13 @@ class TrainingJob:
         secret (:func:`establish_job_secret`) and build it; ``backend``: where pods run (default:
         ``config.backend``'s)."""
         parts = load_job_parts(config)  # a corrupt state fails here, before any backend or pod exists
+        tls = load_tls_dir(config.tls_dir) if config.tls_dir else None
         backend = backend or default_backend(config)
+        if config.kubernetes is not None and config.kubernetes.tls_secret:
+            tls = backend.tls_secret(config.kubernetes.tls_secret)
         job_secret = establish_job_secret(config, parts, backend)
         backend.use_job_secret(job_secret)
-        return cls(config, parts, backend, job_secret)
+        return cls(config, parts, backend, job_secret, tls)
 
     # ------------------------------------------------------------------ pod commands
 
@@ -233,7 +244,7 @@ class TrainingJob:
         )
         master_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         try:
-            port = self._server.add_insecure_port(join_host_port(self.host, wanted))
+            port = add_port(self._server, join_host_port(self.host, wanted), self.tls)
         except RuntimeError:
             port = 0
         if not port or (wanted and port != wanted):
@@ -243,8 +254,15 @@ class TrainingJob:
         self._master_port = port
         self._server.start()
         self._master_address = self.backend.expose_master(join_host_port(self.host, port))
-        register_master(self.config.job_name, join_host_port(self.host, port), self.job_secret)
-        log.info("master_started", job=self.config.job_name, address=self._master_address)
+        register_master(
+            self.config.job_name,
+            join_host_port(self.host, port),
+            self.job_secret,
+            tls_dir=self.config.tls_dir,
+        )
+        log.info(
+            "master_started", job=self.config.job_name, address=self._master_address, tls=self.tls is not None
+        )
 
     def run(self) -> dict[str, Any]:
         """Train to completion and publish the model; returns the metrics written to metrics.json."""
@@ -294,6 +312,7 @@ class TrainingJob:
                     c.num_ps,
                     c.rpc_timeout_seconds,
                     credential=self.credential,
+                    tls=self.tls,
                 )
             self._dispatch_until_done(progress)
             self._apply_pending_updates()  # when no worker asked for a task after the last one
@@ -429,7 +448,10 @@ class TrainingJob:
             if self._ps_status is not None:
                 return
             ps = ParameterServerClient(
-                self._ps_addresses().split(","), retry_budget_seconds=60, credential=self.credential
+                self._ps_addresses().split(","),
+                retry_budget_seconds=60,
+                credential=self.credential,
+                tls=self.tls,
             )
             try:
                 self._ps_status = ps.status(apply_pending=True)
@@ -518,6 +540,7 @@ class TrainingJob:
                 retry_budget_seconds=60,
                 rpc_timeout_seconds=self.config.rpc_timeout_seconds,
                 credential=self.credential,
+                tls=self.tls,
             )
             try:
                 model = model_from_parameter_servers(self.spec, ps, self._sample_features())

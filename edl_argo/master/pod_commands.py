@@ -13,6 +13,7 @@ from typing import Any
 
 from edl_argo.collective.transport import FRAME_CAP_ENV
 from edl_argo.pods.base import PodRole, PodSpec
+from edl_argo.rpc.tls import POD_TLS_DIR
 from edl_argo.settings import role_arguments
 
 
@@ -26,6 +27,15 @@ def job_values(config: Any) -> dict[str, Any]:
     return values
 
 
+def pod_tls_dir(config: Any) -> str:
+    """The ``--tls-dir`` of the job's pods: where the Kubernetes backend mounts ``--tls-secret``, else the
+    master's own ``--tls-dir`` (local pods share its filesystem); ``""``: no TLS."""
+    kubernetes = getattr(config, "kubernetes", None)
+    if kubernetes is not None and kubernetes.tls_secret:
+        return POD_TLS_DIR
+    return str(config.tls_dir)
+
+
 def ps_command(config: Any, ps_id: int, *, port: int, master_address: str, model_def: str) -> list[str]:
     """``edl-argo ps ...`` for parameter server ``ps_id`` of ``config``'s job."""
     values = {
@@ -34,6 +44,7 @@ def ps_command(config: Any, ps_id: int, *, port: int, master_address: str, model
         "port": port,
         "master_addr": master_address,
         "model_def": model_def,
+        "tls_dir": pod_tls_dir(config),
         # Without checkpoints a PS restores none: it gets no --checkpoint-dir at all.
         "checkpoint_dir": config.checkpoints_url if config.checkpoint_steps else None,
     }
@@ -57,6 +68,7 @@ def worker_command(
         "worker_id": worker_id,
         "master_addr": master_address,
         "model_def": model_def,
+        "tls_dir": pod_tls_dir(config),
         "ps_addrs": None if allreduce else ps_addresses,
         "collective_port": collective_port if allreduce else None,
         # The group's checkpoints (AllreduceStrategy); with parameter servers the PSes checkpoint.

@@ -22,6 +22,7 @@ from edl_argo.log import get_logger
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import make_channel
 from edl_argo.rpc.health import ping
+from edl_argo.rpc.tls import TlsFiles
 
 log = get_logger(__name__)
 
@@ -45,8 +46,9 @@ class ParameterServerWatch:
         silence_seconds: float,
         clock: Callable[[], float] = time.monotonic,
         credential: ClientCredential | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
-        """Pings present ``credential`` (the master's; default: this process's)."""
+        """Pings present ``credential`` (the master's; default: this process's), over TLS with ``tls``."""
         self._silence = silence_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -57,7 +59,7 @@ class ParameterServerWatch:
         # process (a deleted PS is woken up to exit), not of the one started again.
         self._reported_at: dict[int, float] = dict.fromkeys(range(num_ps), float("-inf"))
         self._stop = threading.Event()
-        self._channels = [make_channel(address_of(ps_id), credential) for ps_id in range(num_ps)]
+        self._channels = [make_channel(address_of(ps_id), credential, tls) for ps_id in range(num_ps)]
         self._threads = [
             threading.Thread(target=self._watch, args=(ps_id,), name=f"ps-watch-{ps_id}", daemon=True)
             for ps_id in range(num_ps)

@@ -1,7 +1,8 @@
 """Where a running job's master can be found on this machine, for ``edl-argo scale JOB``.
 
 The master of a local job writes ``<run dir>/jobs/<job>.json`` (its gRPC address, pid and, readable by its
-owner only, the job's secret, with which ``edl-argo scale`` authenticates) when it starts and removes it when
+owner only, the job's secret, with which ``edl-argo scale`` authenticates, and the folder of its TLS files
+if it serves TLS) when it starts and removes it when
 it ends. The run dir: :func:`edl_argo.run_dir.run_dir`.
 """
 
@@ -21,11 +22,16 @@ def _entry(job_name: str) -> Path:
     return run_dir() / "jobs" / f"{job_name}.json"
 
 
-def register_master(job_name: str, address: str, secret: JobSecret | None = None) -> None:
+def register_master(
+    job_name: str, address: str, secret: JobSecret | None = None, *, tls_dir: str = ""
+) -> None:
+    """Write the job's entry: its master's ``address``, ``secret`` and ``tls_dir`` (the folder of its TLS
+    files, a path only: ``edl-argo scale`` reads the files itself)."""
     path = _entry(job_name)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
     entry = {"address": address, "pid": os.getpid()} | ({"secret": secret.hex()} if secret else {})
+    entry |= {"tls_dir": tls_dir} if tls_dir else {}
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write(json.dumps(entry))
@@ -38,6 +44,11 @@ def unregister_master(job_name: str) -> None:
 
 def master_address(job_name: str) -> str:
     return str(_read_entry(job_name)["address"])
+
+
+def master_tls_dir(job_name: str) -> str:
+    """The ``--tls-dir`` of the job's local master; ``""``: it serves plaintext."""
+    return str(_read_entry(job_name).get("tls_dir") or "")
 
 
 def master_secret(job_name: str) -> JobSecret | None:

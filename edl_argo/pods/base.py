@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Final, TypeVar
 
+from edl_argo.errors import ConfigError
 from edl_argo.rpc.auth import JobSecret
+from edl_argo.rpc.tls import TlsFiles
 
 
 class PodRole(str, enum.Enum):
@@ -286,6 +288,11 @@ class PodBackend(abc.ABC):
     def use_job_secret(self, secret: JobSecret) -> None:
         """Give the pods started from now on their credentials derived from ``secret``."""
         self.job_secret = secret
+
+    def tls_secret(self, name: str) -> TlsFiles:
+        """The TLS files of the Secret ``name`` (``--tls-secret``, :mod:`edl_argo.rpc.tls`); only a backend
+        with Secrets has them (ConfigError otherwise)."""
+        raise ConfigError(f"--tls-secret {name}: this backend has no Secrets (use --tls-dir DIR)")
 
     @abc.abstractmethod
     def start(self, spec: PodSpec) -> None:

@@ -42,6 +42,8 @@ reads it (a restarted master reuses it: the pods it adopts hold credentials deri
 :meth:`use_job_secret` creates it, and before a worker's pod is created its own token is added to it under
 ``worker-<id>`` (a JSON merge patch), which the pod reads through ``secretKeyRef``. :meth:`close` deletes it
 with the NetworkPolicy. The master's Role needs ``get``, ``create``, ``patch`` and ``delete`` on Secrets.
+With ``--tls-secret``, :meth:`~KubernetesBackend.tls_secret` reads that Secret (``get``, nothing more) for
+the master's own server and clients, and its pods mount it read-only (:mod:`edl_argo.rpc.tls`).
 
 **The master's address.** :meth:`~KubernetesBackend.expose_master` puts a ClusterIP Service ``<job>-master``
 (:func:`~edl_argo.pods.manifests.master_service_manifest`) in front of the master when its own pod
@@ -90,6 +92,7 @@ from edl_argo.pods.kubernetes_pods import Incarnation, JobPods, log
 from edl_argo.pods.kubernetes_watch import PodWatch
 from edl_argo.pods.manifests import render_job_manifests
 from edl_argo.rpc.auth import JobSecret
+from edl_argo.rpc.tls import TlsFiles
 
 __all__ = ["API_URL_ENV", "KubernetesBackend", "load_api_client", "render_job_manifests"]
 
@@ -156,6 +159,12 @@ class KubernetesBackend(PodBackend):
             lambda: self._api.read_secret(name), f"read Secret {name}"
         )
         return manifests.read_auth_secret(self.job_name, found) if found is not None else None
+
+    def tls_secret(self, name: str) -> TlsFiles:
+        found = StartupCalls(self.config.namespace)(
+            lambda: self._api.read_secret(name), f"read Secret {name}"
+        )
+        return manifests.read_tls_secret(name, found)
 
     def use_job_secret(self, secret: JobSecret) -> None:
         body = manifests.auth_secret_manifest(self.job_name, self.config, secret)

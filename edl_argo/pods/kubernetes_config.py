@@ -101,6 +101,9 @@ class KubernetesConfig:
     storage_secret: str = ""
     """Secret holding ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (and optionally
     ``AWS_SESSION_TOKEN``) under those key names; pods read them with ``secretKeyRef``."""
+    tls_secret: str = ""
+    """Secret of type ``kubernetes.io/tls`` the gRPC services serve TLS with (``--tls-secret``); mounted
+    read-only into worker and PS pods at :data:`edl_argo.rpc.tls.POD_TLS_DIR`."""
     storage_endpoint: str = ""
     storage_region: str = ""
     workflow_name: str = ""
@@ -151,6 +154,7 @@ def kubernetes_config_from_args(
         tolerations=tuple(parse_toleration(text) for text in args.toleration),
         volumes=_unique_mounts(tuple(parse_volume(text) for text in args.volume)),
         storage_secret=_dns_name(args.storage_secret, "--storage-secret"),
+        tls_secret=_dns_name(args.tls_secret, "--tls-secret"),
         storage_endpoint=env.get("EDL_S3_ENDPOINT", ""),
         storage_region=env.get("AWS_REGION", ""),
         workflow_name=env.get("EDL_WORKFLOW_NAME", ""),

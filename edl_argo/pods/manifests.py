@@ -23,6 +23,9 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
   the pods): key :data:`SECRET_KEY_JOB` the secret (a PS's ``EDL_JOB_SECRET``), :data:`SECRET_KEY_COLLECTIVE`
   the workers' collective token, and ``worker-<id>`` each worker's own token, added before its pod is created
   (:func:`auth_secret_data`). Pods get them through ``secretKeyRef`` (:mod:`edl_argo.rpc.auth`).
+* TLS: with ``--tls-secret``, every worker and PS pod mounts that Secret read-only at
+  :data:`edl_argo.rpc.tls.POD_TLS_DIR` (:data:`TLS_VOLUME`); the master reads it through the API
+  (:func:`read_tls_secret`).
 * ``--yaml``: :func:`render_job_manifests` renders all of a job's objects as multi-document YAML.
 """
 
@@ -40,7 +43,7 @@ import yaml
 from edl_argo.errors import ConfigError
 from edl_argo.pods.base import PodRole, PodSpec
 from edl_argo.pods.kubernetes_config import KubernetesConfig
-from edl_argo.rpc import auth
+from edl_argo.rpc import auth, tls
 
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -86,6 +89,12 @@ SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"
 #: is under its identity, ``worker-<id>``).
 SECRET_KEY_JOB = "job-secret"
 SECRET_KEY_COLLECTIVE = "collective"
+
+#: The volume of the ``--tls-secret`` Secret in worker and PS pods, mounted read-only at
+#: :data:`edl_argo.rpc.tls.POD_TLS_DIR`; its files readable by the owner (root) and the pod's group
+#: (``fsGroup``, :data:`RUN_AS_ID`) only.
+TLS_VOLUME = "tls"
+TLS_FILE_MODE = 0o440
 
 #: Environment variables filled in by Kubernetes (downward API) -> the pod field they hold.
 FIELD_ENV = (
@@ -261,6 +270,13 @@ def pod_manifest(
             | ({"readOnly": True} if v.read_only else {})
             for v in config.volumes
         ]
+    if config.tls_secret:
+        pod_spec.setdefault("volumes", []).append(
+            {"name": TLS_VOLUME, "secret": {"secretName": config.tls_secret, "defaultMode": TLS_FILE_MODE}}
+        )
+        container.setdefault("volumeMounts", []).append(
+            {"name": TLS_VOLUME, "mountPath": tls.POD_TLS_DIR, "readOnly": True}
+        )
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -401,6 +417,31 @@ def read_auth_secret(job_name: str, secret: dict[str, Any]) -> auth.JobSecret:
     except ValueError:
         text = ""
     return auth.JobSecret.from_hex(text, f"key {SECRET_KEY_JOB} of Secret {auth_secret_name(job_name)}")
+
+
+def read_tls_secret(name: str, secret: dict[str, Any] | None) -> tls.TlsFiles:
+    """The certificate, key and CA of the ``kubernetes.io/tls`` Secret ``secret`` (as the API returns it,
+    None if there is none); ConfigError naming ``--tls-secret``, the Secret and the key at fault."""
+    where = f"Secret {name}"
+    if secret is None:
+        raise ConfigError(f"--tls-secret {name}: there is no such Secret in the job's namespace")
+    data = secret.get("data") or {}
+    files: dict[str, bytes] = {}
+    for key in (tls.CERT_FILE, tls.KEY_FILE, tls.CA_FILE):
+        if key not in data:
+            continue
+        try:
+            files[key] = base64.b64decode(data[key], validate=True)
+        except ValueError:
+            raise ConfigError(f"--tls-secret {name}: key {key} of {where} is not base64") from None
+    for key in (tls.CERT_FILE, tls.KEY_FILE):
+        if not files.get(key):
+            raise ConfigError(
+                f"--tls-secret {name}: {where} has no {key} (make it with kubectl create secret tls)"
+            )
+    return tls.TlsFiles.from_pem(
+        files[tls.CERT_FILE], files[tls.KEY_FILE], files.get(tls.CA_FILE) or None, where, "--tls-secret"
+    )
 
 
 def service_dns_address(job_name: str, config: KubernetesConfig, ps_id: int) -> str:

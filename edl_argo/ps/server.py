@@ -32,6 +32,7 @@ from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.health import add_health_service
 from edl_argo.rpc.master_watch import MasterWatch
 from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
+from edl_argo.rpc.tls import TlsFiles, add_port, load_tls_dir
 from edl_argo.settings import add_role_settings
 from edl_argo.storage.base import Storage
 
@@ -128,10 +129,11 @@ def start_server(
     port: int,
     secret: JobSecret | None = None,
     service: str = "ps",
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.Server, int]:
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port.
     With the job's ``secret``, only calls with a credential of that job are served
-    (:mod:`edl_argo.rpc.auth`)."""
+    (:mod:`edl_argo.rpc.auth`); with ``tls``, over TLS only (:mod:`edl_argo.rpc.tls`)."""
     server = make_server(
         SERVER_THREADS,
         interceptors=[
@@ -144,13 +146,15 @@ def start_server(
     add_health_service(server)  # the master's liveness check (edl_argo.master.ps_watch)
     address = join_host_port(host, port)
     try:
-        bound = server.add_insecure_port(address)
+        bound = add_port(server, address, tls)
     except RuntimeError:
         bound = 0
     if bound == 0:
         raise ConfigError(f"cannot listen on {address}: the address is in use or not local")
     server.start()
-    _log.info("ps_started", address=join_host_port(host, bound), version=servicer.version)
+    _log.info(
+        "ps_started", address=join_host_port(host, bound), version=servicer.version, tls=tls is not None
+    )
     return server, bound
 
 
@@ -197,8 +201,9 @@ def run_ps(args: argparse.Namespace) -> int:
             f"{SECRET_ENV} is not set: a parameter server serves only the job whose master started it"
             " (the master hands its pods the job's secret)"
         )
+    tls = load_tls_dir(args.tls_dir) if args.tls_dir else None
     servicer = create_servicer(config)
-    server, _ = start_server(servicer, config.host, config.port, secret, f"ps-{config.ps_id}")
+    server, _ = start_server(servicer, config.host, config.port, secret, f"ps-{config.ps_id}", tls)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -210,7 +215,9 @@ def run_ps(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    watch = MasterWatch(args.master_addr, args.master_timeout, master_lost) if args.master_addr else None
+    watch = (
+        MasterWatch(args.master_addr, args.master_timeout, master_lost, tls=tls) if args.master_addr else None
+    )
     if watch is not None:
         watch.start()
     try:

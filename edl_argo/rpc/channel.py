@@ -21,6 +21,8 @@ import grpc
 from edl_argo.log import get_logger
 from edl_argo.rpc.auth import ClientCredential, authenticated, credential_from_env
 from edl_argo.rpc.server_limits import ServerLimits
+from edl_argo.rpc.tls import TlsFiles
+from edl_argo.rpc.tls import channel as tls_channel
 from edl_argo.settings import table
 
 log = get_logger(__name__)
@@ -57,11 +59,17 @@ _CHANNEL_OPTIONS = [
 Response = TypeVar("Response")
 
 
-def make_channel(address: str, credential: ClientCredential | None = None) -> grpc.Channel:
+def make_channel(
+    address: str, credential: ClientCredential | None = None, tls: TlsFiles | None = None
+) -> grpc.Channel:
     """A channel to ``host:port`` with keepalive whose calls present ``credential`` (default: this
-    process's, :func:`~edl_argo.rpc.auth.credential_from_env`; none if it has none). Plain TCP: the
-    credential authenticates, it does not encrypt."""
-    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    process's, :func:`~edl_argo.rpc.auth.credential_from_env`; none if it has none). With ``tls``
+    (:mod:`edl_argo.rpc.tls`) the connection is TLS and the server's certificate is checked; without, plain
+    TCP: the credential authenticates, it does not encrypt."""
+    if tls is None:
+        channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    else:
+        channel = tls_channel(address, tls, _CHANNEL_OPTIONS)
     return authenticated(channel, credential if credential is not None else credential_from_env())
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.rpc.tls import TlsFiles
+from edl_argo.rpc.tls import channel as tls_channel
 from edl_argo.settings.table import MASTER_TIMEOUT_SECONDS
 
 log = get_logger(__name__)
@@ -39,8 +41,17 @@ class MasterWatch:
     ``start`` begins probing; ``close`` stops it (``on_lost`` is then never called).
     """
 
-    def __init__(self, address: str, timeout_seconds: float, on_lost: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_seconds: float,
+        on_lost: Callable[[], None],
+        tls: TlsFiles | None = None,
+    ) -> None:
+        """``tls``: the master serves TLS (:mod:`edl_argo.rpc.tls`); a probe then counts only once the
+        handshake succeeded."""
         self.address = address
+        self._tls = tls
         self.timeout_seconds = timeout_seconds
         self._on_lost = on_lost
         self._interval = max(0.2, min(PROBE_SECONDS, timeout_seconds / 5))
@@ -57,7 +68,10 @@ class MasterWatch:
             self._thread.join(PROBE_SECONDS + 1)
 
     def _run(self) -> None:
-        channel = grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        if self._tls is None:
+            channel = grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        else:
+            channel = tls_channel(self.address, self._tls, _CHANNEL_OPTIONS)
         try:
             last_reached = time.monotonic()
             while not self._stop.wait(self._interval):

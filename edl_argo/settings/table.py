@@ -487,6 +487,16 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="SECONDS",
         argo=Argo(),
     ),
+    Setting(
+        "--tls-dir",
+        str,
+        "",
+        "serve the master and parameter servers over TLS: a folder holding tls.crt, tls.key and optionally"
+        " ca.crt (the certificate must name DNS:edl-argo); with --backend kubernetes use --tls-secret",
+        roles=ALL,
+        group=CLUSTER,
+        metavar="DIR",
+    ),
     # ------------------------------------------------------------------ kubernetes
     Setting(
         "--image",
@@ -582,6 +592,18 @@ SETTINGS: tuple[Setting, ...] = (
         group=K8S,
         metavar="NAME",
         argo=Argo(default=STEP_STORAGE_SECRET),
+    ),
+    Setting(
+        "--tls-secret",
+        str,
+        "",
+        "serve the master and parameter servers over TLS: a Secret of type kubernetes.io/tls (tls.crt, "
+        "tls.key, optionally ca.crt; the certificate must name DNS:edl-argo), which the master reads and "
+        "mounts read-only into its worker and PS pods",
+        section="kubernetes",
+        group=K8S,
+        metavar="NAME",
+        argo=Argo(),
     ),
     Setting(
         "--ps-port",

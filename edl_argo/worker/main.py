@@ -46,6 +46,7 @@ from edl_argo.model.outputs import (
 from edl_argo.proto import master_pb2
 from edl_argo.recordio import ShardChangedError
 from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch
+from edl_argo.rpc.tls import load_tls_dir
 from edl_argo.settings import add_role_settings
 from edl_argo.storage import open_storage
 from edl_argo.worker.gradient_check import NonFiniteGradientError
@@ -406,6 +407,7 @@ def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.nd
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    tls = load_tls_dir(args.tls_dir) if args.tls_dir else None  # a bad file fails before TensorFlow loads
     from edl_argo.worker.allreduce_replica import AllreduceReplica  # TensorFlow: see edl_argo.cli
     from edl_argo.worker.ps_client import ParameterServerClient
     from edl_argo.worker.replica import ModelReplica
@@ -419,8 +421,9 @@ def run_worker(args: argparse.Namespace) -> int:
         args.worker_id,
         retry_budget_seconds=budget,
         rpc_timeout_seconds=args.rpc_timeout_seconds,
+        tls=tls,
     )
-    watch = MasterWatch(args.master_addr, args.master_timeout, _master_lost).start()
+    watch = MasterWatch(args.master_addr, args.master_timeout, _master_lost, tls=tls).start()
     replica: Replica
     if args.distribution_strategy == ALLREDUCE:
         replica = AllreduceReplica(
@@ -438,7 +441,7 @@ def run_worker(args: argparse.Namespace) -> int:
         ps_addresses = [a for a in args.ps_addrs.split(",") if a]
         if not ps_addresses:
             raise ConfigError("--ps-addrs is required with --distribution-strategy ParameterServerStrategy")
-        ps = ParameterServerClient(ps_addresses, rpc_timeout_seconds=args.rpc_timeout_seconds)
+        ps = ParameterServerClient(ps_addresses, rpc_timeout_seconds=args.rpc_timeout_seconds, tls=tls)
         replica = ModelReplica(spec, ps, pipelined=args.pipelined)
         log.info("worker_started", worker=args.worker_id, master=args.master_addr, ps=args.ps_addrs)
     worker = Worker(

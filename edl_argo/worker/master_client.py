@@ -11,6 +11,7 @@ from edl_argo.model.outputs import SINGLE
 from edl_argo.proto import master_pb2, master_pb2_grpc
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import to_tensor
+from edl_argo.rpc.tls import TlsFiles
 from edl_argo.worker.step_timers import STEP_TIMERS
 
 
@@ -23,9 +24,11 @@ class MasterClient:
         worker_id: int,
         retry_budget_seconds: float = 300.0,
         rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS,
+        tls: TlsFiles | None = None,
     ) -> None:
+        """Calls go to the master at ``address``, over TLS with ``tls`` (:mod:`edl_argo.rpc.tls`)."""
         self._address = address
-        self._stub = master_pb2_grpc.MasterStub(make_channel(address))
+        self._stub = master_pb2_grpc.MasterStub(make_channel(address, tls=tls))
         self.worker_id = worker_id
         self._budget = retry_budget_seconds
         self._timeout = rpc_timeout_seconds

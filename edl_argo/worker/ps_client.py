@@ -32,6 +32,7 @@ from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import fill_tensor, from_indexed_slices, from_tensor, to_tensor
+from edl_argo.rpc.tls import TlsFiles
 from edl_argo.worker.step_timers import STEP_TIMERS
 
 log = get_logger(__name__)
@@ -74,14 +75,17 @@ class ParameterServerClient:
         retry_budget_seconds: float = 300.0,
         rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS,
         credential: ClientCredential | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         """Every call has the deadline ``rpc_timeout_seconds`` and is retried for ``retry_budget_seconds``
         while its PS is unavailable or does not answer in time. Calls present ``credential`` (default: this
-        process's)."""
+        process's), over TLS with ``tls`` (:mod:`edl_argo.rpc.tls`)."""
         if not addresses:
             raise ValueError("at least one parameter server address is needed")
         self._addresses = list(addresses)
-        self._stubs = [ps_pb2_grpc.ParameterServerStub(make_channel(a, credential)) for a in self._addresses]
+        self._stubs = [
+            ps_pb2_grpc.ParameterServerStub(make_channel(a, credential, tls)) for a in self._addresses
+        ]
         self._budget = retry_budget_seconds
         self._timeout = rpc_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None

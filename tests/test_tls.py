@@ -1,0 +1,331 @@
+"""TLS on the job's gRPC services (``edl_argo.rpc.tls``): a job trains over it end to end, a plaintext client
+and a client that trusts another CA are refused, bad files are one-line errors, and on Kubernetes the
+``--tls-secret`` Secret reaches the master through the API and the pods as a read-only volume."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import keras
+import pytest
+import yaml
+
+from edl_argo import cli
+from edl_argo.errors import ConfigError
+from edl_argo.master.job import TrainingJob
+from edl_argo.master.pod_commands import ps_pod, worker_pod
+from edl_argo.master.registry import register_master
+from edl_argo.pods import find_free_port
+from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend
+from edl_argo.pods.kubernetes_config import KubernetesConfig
+from edl_argo.pods.manifests import render_job_manifests
+from edl_argo.proto import master_pb2, master_pb2_grpc
+from edl_argo.ps.server import start_server
+from edl_argo.ps.servicer import ParameterServerServicer
+from edl_argo.rpc import auth, tls
+from edl_argo.rpc.auth import JobSecret
+from edl_argo.rpc.channel import make_channel
+from edl_argo.rpc.health import ping
+from edl_argo.rpc.master_watch import MasterWatch
+from tests.engine_helpers import JobThread, assert_no_record_lost, digits_config
+from tests.k8s_helpers import MASTER_USER_AGENT, role_rules
+from tests.k8s_stand_in import KubernetesStandIn
+from tests.test_pods_kubernetes import FLAGS, parse_train
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = JobSecret.generate()
+#: What three epochs of the digits job reach at least (0.93-0.97 measured; chance is 0.1).
+TRAINED_ACCURACY = 0.85
+
+
+def openssl(*arguments: str) -> None:
+    subprocess.run(["openssl", *arguments], check=True, capture_output=True, timeout=60)
+
+
+def certificate(folder: Path, *, name: str = tls.SERVER_NAME, ca: Path | None = None) -> Path:
+    """``folder`` with ``tls.crt`` and ``tls.key``: a certificate naming ``DNS:name`` (and 127.0.0.1),
+    self-signed, or signed by the CA folder ``ca`` (whose ``tls.crt`` is then copied as ``ca.crt``)."""
+    folder.mkdir(parents=True)
+    signer = ["-CA", str(ca / tls.CERT_FILE), "-CAkey", str(ca / tls.KEY_FILE)] if ca else []
+    openssl(
+        *("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"),
+        *("-days", "1", "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name},IP:127.0.0.1"),
+        *signer,
+        *("-keyout", str(folder / tls.KEY_FILE), "-out", str(folder / tls.CERT_FILE)),
+    )
+    if ca:
+        (folder / tls.CA_FILE).write_bytes((ca / tls.CERT_FILE).read_bytes())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """TLS folders: ``self-signed`` (the job's), ``stranger`` (another self-signed one, naming edl-argo
+    too), ``misnamed`` (self-signed, naming another host), ``ca`` and ``signed`` (a certificate it signed,
+    with ca.crt)."""
+    root = tmp_path_factory.mktemp("tls")
+    made = {
+        "self-signed": certificate(root / "self-signed"),
+        "stranger": certificate(root / "stranger"),
+        "misnamed": certificate(root / "misnamed", name="elsewhere.example"),
+        "ca": certificate(root / "ca", name="edl-argo-test-ca"),
+    }
+    made["signed"] = certificate(root / "signed", ca=made["ca"])
+    return made
+
+
+@pytest.fixture
+def ps_over_tls(certificates: dict[str, Path]) -> Iterator[str]:
+    """A parameter server of this job serving TLS with the self-signed certificate: its address."""
+    servicer = ParameterServerServicer(lambda: keras.optimizers.SGD(0.1), jit_compile=False)
+    files = tls.load_tls_dir(str(certificates["self-signed"]))
+    server, port = start_server(servicer, "127.0.0.1", 0, SECRET, "ps-0", tls=files)
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def refusal(channel: grpc.Channel) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as raised:
+        ping(channel, 10)
+    return raised.value
+
+
+def test_a_tls_server_answers_a_client_that_trusts_its_certificate_by_the_fixed_name(
+    certificates: dict[str, Path], ps_over_tls: str
+) -> None:
+    files = tls.load_tls_dir(str(certificates["self-signed"]))
+    ping(make_channel(ps_over_tls, SECRET.credential("worker-0"), files), 10)
+    # Whatever address is dialled: the name checked is edl-argo's, not the address's.
+    ping(
+        make_channel(ps_over_tls.replace("127.0.0.1", "localhost"), SECRET.credential("worker-0"), files), 10
+    )
+
+
+def test_a_plaintext_client_is_refused_by_a_tls_server(ps_over_tls: str) -> None:
+    error = refusal(make_channel(ps_over_tls, SECRET.credential("worker-0")))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+
+
+def test_a_client_trusting_another_ca_or_a_server_of_another_name_fails_with_a_clear_error(
+    certificates: dict[str, Path], ps_over_tls: str
+) -> None:
+    stranger = tls.load_tls_dir(str(certificates["stranger"]))
+    error = refusal(make_channel(ps_over_tls, SECRET.credential("worker-0"), stranger))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "CERTIFICATE_VERIFY_FAILED" in (error.details() or ""), error.details()
+    # A server whose certificate does not name edl-argo is refused, even by a client that trusts it.
+    misnamed = tls.load_tls_dir(str(certificates["misnamed"]))
+    servicer = ParameterServerServicer(lambda: keras.optimizers.SGD(0.1), jit_compile=False)
+    server, port = start_server(servicer, "127.0.0.1", 0, SECRET, "ps-0", tls=misnamed)
+    try:
+        error = refusal(make_channel(f"127.0.0.1:{port}", SECRET.credential("worker-0"), misnamed))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert "Hostname Verification Check failed" in (error.details() or ""), error.details()
+    finally:
+        server.stop(None)
+
+
+def test_a_certificate_signed_by_a_ca_is_trusted_through_ca_crt(certificates: dict[str, Path]) -> None:
+    signed = tls.load_tls_dir(str(certificates["signed"]))
+    assert signed.ca == (certificates["ca"] / tls.CERT_FILE).read_bytes()
+    servicer = ParameterServerServicer(lambda: keras.optimizers.SGD(0.1), jit_compile=False)
+    server, port = start_server(servicer, "127.0.0.1", 0, SECRET, "ps-0", tls=signed)
+    try:
+        ping(make_channel(f"127.0.0.1:{port}", SECRET.credential("worker-0"), signed), 10)
+    finally:
+        server.stop(None)
+
+
+def test_bad_tls_files_are_one_line_errors_naming_the_file_and_the_setting(
+    certificates: dict[str, Path], tmp_path: Path
+) -> None:
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / tls.CERT_FILE).write_bytes((certificates["self-signed"] / tls.CERT_FILE).read_bytes())
+    key = (certificates["stranger"] / tls.KEY_FILE).read_bytes()
+    (mixed / tls.KEY_FILE).write_bytes(key)
+    cases = {
+        str(tmp_path / "absent"): f"--tls-dir {tmp_path / 'absent'}: not a folder",
+        str(mixed): f"--tls-dir: tls.key of {mixed} does not match its tls.crt",
+    }
+    for folder, message in cases.items():
+        with pytest.raises(ConfigError) as raised:
+            tls.load_tls_dir(folder)
+        assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
+        assert key.decode() not in str(raised.value)
+    (mixed / tls.KEY_FILE).unlink()
+    with pytest.raises(ConfigError, match=f"^--tls-dir: {mixed / tls.KEY_FILE} is missing$"):
+        tls.load_tls_dir(str(mixed))
+    (mixed / tls.KEY_FILE).mkdir()  # unreadable as a file (mode bits would not stop root)
+    with pytest.raises(ConfigError, match=f"^--tls-dir: {mixed / tls.KEY_FILE} is unreadable"):
+        tls.load_tls_dir(str(mixed))
+    # The pods' commands: a missing file ends them with that line, exit 2, no traceback.
+    absent = str(tmp_path / "absent")
+    for role in (["worker", "--worker-id", "0", "--master-addr", "127.0.0.1:1"], ["ps"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "edl_argo.cli", *role, "--model-def", "m.py", "--tls-dir", absent],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, auth.SECRET_ENV: SECRET.hex()},
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().endswith(
+            f"--tls-dir {absent}: not a folder (it holds tls.crt, tls.key, ca.crt)"
+        )
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_each_backend_names_its_tls_files_its_own_way() -> None:
+    with pytest.raises(ConfigError, match=r"^--tls-secret names a Kubernetes Secret: it needs --backend"):
+        parse_train([*FLAGS[: FLAGS.index("--backend")], "--tls-secret", "job-tls"])
+    with pytest.raises(ConfigError, match=r"^--tls-dir is for --backend local"):
+        parse_train([*FLAGS, "--tls-dir", "/etc/tls"])
+    with pytest.raises(ConfigError, match=r"^--tls-secret 'Bad_Name': not a valid Kubernetes name"):
+        parse_train([*FLAGS, "--tls-secret", "Bad_Name"])
+
+
+def test_a_local_job_trains_over_tls_and_refuses_plaintext_callers(
+    digits_data: Path, tmp_path: Path, certificates: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = certificates["self-signed"]
+    # Three epochs: enough to show the model trained (chance is 0.1), in a third of the usual time.
+    config = digits_config(digits_data, tmp_path / "job", tls_dir=str(folder), num_epochs=3)
+    job = TrainingJob.load(config)
+    key = (folder / tls.KEY_FILE).read_text()
+    for spec in (
+        worker_pod(config, 0, master_address="m:1", model_def="m.py", ps_addresses="p:1"),
+        ps_pod(config, 0, port=3000, master_address="m:1", model_def="m.py"),
+    ):
+        assert spec.command[spec.command.index("--tls-dir") + 1] == str(folder), spec.command
+        assert key not in json.dumps(spec.command)
+    thread = JobThread(job).start()
+    thread.wait_until(lambda: bool(job._master_address), 60, "the master to serve")
+    plaintext = make_channel(job._master_address, job.job_secret.credential("admin"))
+    with plaintext, pytest.raises(grpc.RpcError) as raised:
+        master_pb2_grpc.MasterStub(plaintext).ScaleWorkers(
+            master_pb2.ScaleWorkersRequest(num_workers=2), timeout=10
+        )
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    # An operator's `edl-argo scale` finds the TLS folder in the job's registry entry.
+    monkeypatch.setenv(auth.SECRET_ENV, job.job_secret.hex())
+    assert cli.main(["scale", config.job_name, "--workers", "2"]) == 0
+    metrics = thread.join(120)
+    assert metrics["final_metrics"]["accuracy"] >= TRAINED_ACCURACY
+    assert_no_record_lost(metrics)
+
+
+def test_scale_uses_the_tls_folder_a_local_master_registered(
+    certificates: dict[str, Path], ps_over_tls: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry holds the folder's path only, never a file's content."""
+    monkeypatch.setenv("EDL_RUN_DIR", str(tmp_path))
+    register_master("secured", ps_over_tls, SECRET, tls_dir=str(certificates["self-signed"]))
+    entry = (tmp_path / "jobs" / "secured.json").read_text()
+    assert json.loads(entry)["tls_dir"] == str(certificates["self-signed"])
+    assert (certificates["self-signed"] / tls.KEY_FILE).read_text() not in entry
+
+
+def test_the_master_watch_of_a_pod_reaches_a_tls_master_only_over_tls(
+    certificates: dict[str, Path], ps_over_tls: str
+) -> None:
+    lost: list[str] = []
+    files = tls.load_tls_dir(str(certificates["self-signed"]))
+    secure = MasterWatch(ps_over_tls, 1.5, lambda: lost.append("tls"), tls=files).start()
+    plain = MasterWatch(ps_over_tls, 1.5, lambda: lost.append("plaintext")).start()
+    try:
+        deadline = time.monotonic() + 20
+        while "plaintext" not in lost and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        secure.close()
+        plain.close()
+    assert lost == ["plaintext"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Kubernetes
+
+
+def tls_secret_body(name: str, folder: Path, keys: tuple[str, ...] = (tls.CERT_FILE, tls.KEY_FILE)) -> dict:
+    data = {key: base64.b64encode((folder / key).read_bytes()).decode() for key in keys}
+    return {"metadata": {"name": name}, "type": "kubernetes.io/tls", "data": data}
+
+
+def test_the_manifests_mount_the_tls_secret_read_only_into_worker_and_ps_pods(
+    certificates: dict[str, Path],
+) -> None:
+    config = parse_train([*FLAGS, "--tls-secret", "job-tls"])
+    assert config.kubernetes.tls_secret == "job-tls"
+    specs = [
+        ps_pod(config, 0, port=3000, master_address="m:1", model_def="m.py"),
+        worker_pod(config, 0, master_address="m:1", model_def="m.py", ps_addresses="p:1"),
+    ]
+    documents = list(yaml.safe_load_all(render_job_manifests("mnist", config.kubernetes, specs)))
+    pods = [d for d in documents if d["kind"] == "Pod"]
+    assert sorted(p["metadata"]["labels"]["edl-argo/role"] for p in pods) == ["ps", "worker"]
+    for pod in pods:
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["tls"] == {"name": "tls", "secret": {"secretName": "job-tls", "defaultMode": 0o440}}
+        (container,) = pod["spec"]["containers"]
+        assert {"name": "tls", "mountPath": tls.POD_TLS_DIR, "readOnly": True} in container["volumeMounts"]
+        assert len(container["volumeMounts"]) == 3  # the two --volume mounts stay
+        command = container["command"]
+        assert command[command.index("--tls-dir") + 1] == tls.POD_TLS_DIR
+    key = (certificates["self-signed"] / tls.KEY_FILE).read_text()
+    assert key not in json.dumps(documents)
+    plain = parse_train(FLAGS)
+    specs = [worker_pod(plain, 0, master_address="m:1", model_def="m.py", ps_addresses="p:1")]
+    documents = list(yaml.safe_load_all(render_job_manifests("mnist", plain.kubernetes, specs)))
+    (pod,) = [d for d in documents if d["kind"] == "Pod"]
+    assert "--tls-dir" not in pod["spec"]["containers"][0]["command"]
+    assert all(v["name"] != "tls" for v in pod["spec"]["volumes"])
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubernetesStandIn]:
+    with KubernetesStandIn(tmp_path_factory.mktemp("k8s")) as server:
+        server.enforce_rules(role_rules())  # templates/rbac.yaml: no verb beyond it
+        yield server
+
+
+def test_the_master_reads_the_tls_secret_through_the_api_with_the_role_it_has(
+    stand_in: KubernetesStandIn, certificates: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(API_URL_ENV, stand_in.url)
+    name = f"tls-{uuid.uuid4().hex[:6]}"
+    stand_in.create(
+        "secrets", tls_secret_body(name, certificates["signed"], (tls.CERT_FILE, tls.KEY_FILE, tls.CA_FILE))
+    )
+    stand_in.create("secrets", tls_secret_body(f"{name}-nokey", certificates["signed"], (tls.CERT_FILE,)))
+    backend = KubernetesBackend(
+        f"t-{uuid.uuid4().hex[:8]}", KubernetesConfig(image="img", ps_port=find_free_port())
+    )
+    try:
+        files = backend.tls_secret(name)
+        assert files.certificate == (certificates["signed"] / tls.CERT_FILE).read_bytes()
+        assert files.ca == (certificates["ca"] / tls.CERT_FILE).read_bytes()
+        assert str(files.key) not in repr(files) and "BEGIN" not in repr(files)
+        with pytest.raises(
+            ConfigError, match=f"^--tls-secret {name}-nokey: Secret {name}-nokey has no tls.key"
+        ):
+            backend.tls_secret(f"{name}-nokey")
+        with pytest.raises(ConfigError, match=f"^--tls-secret {name}-gone: there is no such Secret"):
+            backend.tls_secret(f"{name}-gone")
+    finally:
+        backend.close(grace_seconds=1)
+    calls = [
+        c for c in stand_in.calls if c.user_agent.startswith(MASTER_USER_AGENT) and c.name.startswith(name)
+    ]
+    assert {(c.verb, c.resource) for c in calls} == {("get", "secrets")}
