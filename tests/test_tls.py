@@ -19,7 +19,7 @@ import keras
 import pytest
 import yaml
 
-from edl_argo import cli
+from edl_argo import cli, log
 from edl_argo.errors import ConfigError
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.pod_commands import ps_pod, worker_pod
@@ -33,7 +33,7 @@ from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc import auth, tls
 from edl_argo.rpc.auth import JobSecret
-from edl_argo.rpc.channel import make_channel
+from edl_argo.rpc.channel import call_with_retry, make_channel
 from edl_argo.rpc.health import ping
 from edl_argo.rpc.master_watch import MasterWatch
 from tests.engine_helpers import JobThread, assert_no_record_lost, digits_config
@@ -133,6 +133,19 @@ def test_a_client_trusting_another_ca_or_a_server_of_another_name_fails_with_a_c
         assert "Hostname Verification Check failed" in (error.details() or ""), error.details()
     finally:
         server.stop(None)
+
+
+def test_a_worker_trusting_another_ca_logs_why_it_cannot_reach_the_server(
+    certificates: dict[str, Path], ps_over_tls: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a pod with the wrong ca.crt logs while it retries: the handshake's reason, not a bare code."""
+    log.configure("INFO")
+    stranger = tls.load_tls_dir(str(certificates["stranger"]))
+    channel = make_channel(ps_over_tls, SECRET.credential("worker-0"), stranger)
+    with pytest.raises(grpc.RpcError):
+        call_with_retry(lambda timeout: ping(channel, timeout), f"ps-0 {ps_over_tls}", budget_seconds=1.0)
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "peer_unavailable" in line]
+    assert "CERTIFICATE_VERIFY_FAILED" in line, line
 
 
 def test_a_certificate_signed_by_a_ca_is_trusted_through_ca_crt(certificates: dict[str, Path]) -> None:

@@ -57,6 +57,8 @@ _CHANNEL_OPTIONS = [
 ]
 
 Response = TypeVar("Response")
+#: The most of a failed call's details a ``peer_unavailable`` line quotes.
+REASON_CHARS = 300
 
 
 def make_channel(
@@ -154,7 +156,13 @@ def call_with_retry(
                 raise
             if attempt == 1 or attempt % 10 == 0:
                 log.warning(
-                    "peer_unavailable", peer=peer, attempt=attempt, code=code.name, retry_in=round(delay, 2)
+                    "peer_unavailable",
+                    peer=peer,
+                    attempt=attempt,
+                    code=code.name,
+                    retry_in=round(delay, 2),
+                    # Why: connection refused, a TLS handshake that failed (CERTIFICATE_VERIFY_FAILED), ...
+                    reason=(error.details() or "")[:REASON_CHARS] if hasattr(error, "details") else "",
                 )
             time.sleep(delay * (0.5 + random.random()))
             delay = min(max_delay, delay * 2)
