@@ -21,9 +21,12 @@ import yaml
 
 from edl_argo import cli, log
 from edl_argo.errors import ConfigError
+from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.pod_commands import ps_pod, worker_pod
 from edl_argo.master.registry import register_master
+from edl_argo.master.servicer import MasterServicer
+from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend
 from edl_argo.pods.kubernetes_config import KubernetesConfig
@@ -33,7 +36,7 @@ from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc import auth, tls
 from edl_argo.rpc.auth import JobSecret
-from edl_argo.rpc.channel import call_with_retry, make_channel
+from edl_argo.rpc.channel import call_with_retry, make_channel, make_server
 from edl_argo.rpc.health import ping
 from edl_argo.rpc.master_watch import MasterWatch
 from tests.engine_helpers import JobThread, assert_no_record_lost, digits_config
@@ -239,15 +242,56 @@ def test_a_local_job_trains_over_tls_and_refuses_plaintext_callers(
     assert_no_record_lost(metrics)
 
 
-def test_scale_uses_the_tls_folder_a_local_master_registered(
-    certificates: dict[str, Path], ps_over_tls: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.fixture
+def master_over_tls(certificates: dict[str, Path]) -> Iterator[str]:
+    """A master service of this job serving TLS with the self-signed certificate: its address."""
+    evaluation = EvaluationService(lambda: {}, {}, 0)
+    evaluation.dispatcher = dispatcher = TaskDispatcher(
+        {"train": 20}, DispatcherConfig(records_per_task=10, num_epochs=1)
+    )
+    urls = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
+    servicer = MasterServicer(
+        dispatcher, evaluation, urls, current_version=lambda: 0, scale_workers=lambda n: n
+    )
+    server = make_server(4, interceptors=[auth.server_interceptor(SECRET, "master")])
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    port = tls.add_port(server, "127.0.0.1:0", tls.load_tls_dir(str(certificates["self-signed"])))
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_scale_reaches_a_tls_master_with_the_certificate_alone_or_the_registered_folder(
+    certificates: dict[str, Path],
+    master_over_tls: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The registry holds the folder's path only, never a file's content."""
+    """An operator needs no key: tls.crt (or ca.crt) is what a client trusts. A local job's registry entry
+    holds its folder's path, never a file's content."""
     monkeypatch.setenv("EDL_RUN_DIR", str(tmp_path))
-    register_master("secured", ps_over_tls, SECRET, tls_dir=str(certificates["self-signed"]))
+    monkeypatch.setenv(auth.SECRET_ENV, SECRET.hex())
+    certificate_only = tmp_path / "operator"
+    certificate_only.mkdir()
+    (certificate_only / tls.CERT_FILE).write_bytes((certificates["self-signed"] / tls.CERT_FILE).read_bytes())
+    given = ["--master-addr", master_over_tls, "--workers", "3"]
+    assert cli.main(["scale", "secured", *given]) != 0  # plaintext: refused at the handshake
+    assert cli.main(["scale", "secured", *given, "--tls-dir", str(certificate_only)]) == 0
+    assert "target workers 3" in capsys.readouterr().out
+    register_master("secured", master_over_tls, SECRET, tls_dir=str(certificates["self-signed"]))
     entry = (tmp_path / "jobs" / "secured.json").read_text()
     assert json.loads(entry)["tls_dir"] == str(certificates["self-signed"])
     assert (certificates["self-signed"] / tls.KEY_FILE).read_text() not in entry
+    assert cli.main(["scale", "secured", "--workers", "2"]) == 0
+    assert "target workers 2" in capsys.readouterr().out
+
+
+def test_a_relative_tls_dir_reaches_the_pods_as_an_absolute_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir("/tmp")
+    config = parse_train([*FLAGS[: FLAGS.index("--backend")], "--tls-dir", "certs"])
+    command = worker_pod(config, 0, master_address="m:1", model_def="m.py", ps_addresses="p:1").command
+    assert command[command.index("--tls-dir") + 1] == "/tmp/certs"
 
 
 def test_the_master_watch_of_a_pod_reaches_a_tls_master_only_over_tls(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import uuid
 from typing import Any
@@ -149,6 +150,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {k: v for k, v in vars(args).items() if k in names}
     values["job_name"] = args.job_name or f"edl-{uuid.uuid4().hex[:8]}"
     values["model_options"] = model_options_from_args(args)
+    # Local pods run in folders of their own: they get the TLS folder as an absolute path.
+    values["tls_dir"] = os.path.abspath(args.tls_dir) if args.tls_dir else ""
     if args.backend == "kubernetes":
         values["job_name"] = fit_job_name(values["job_name"])  # <workflow>-<task> may be too long
     if args.distribution_strategy == ALLREDUCE:

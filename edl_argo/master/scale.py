@@ -57,7 +57,7 @@ def run_scale(args: argparse.Namespace) -> int:
         secret = master_secret(args.job)
         credential = secret.credential(ADMIN_IDENTITY) if secret is not None else None
     tls_dir = args.tls_dir or ("" if args.master_addr else master_tls_dir(args.job))
-    tls = load_tls_dir(tls_dir) if tls_dir else None
+    tls = load_tls_dir(tls_dir, server=False) if tls_dir else None
     target = scale_workers(address, args.workers, credential=credential, tls=tls)
     print(f"job {args.job}: target workers {target}")
     return 0

@@ -76,15 +76,20 @@ class TlsFiles:
 CHANNEL_OPTIONS = (("grpc.ssl_target_name_override", SERVER_NAME),)
 
 
-def load_tls_dir(folder: str, setting: str = "--tls-dir") -> TlsFiles:
+def load_tls_dir(folder: str, setting: str = "--tls-dir", *, server: bool = True) -> TlsFiles:
     """The TLS files of ``folder`` (``tls.crt``, ``tls.key``, optional ``ca.crt``); ConfigError naming the
-    file at fault and ``setting``."""
+    file at fault and ``setting``. ``server=False``: a client's, which needs no ``tls.key`` (``edl-argo
+    scale``; its :meth:`TlsFiles.server_credentials` must not be used)."""
     path = Path(folder)
     if not path.is_dir():
         raise ConfigError(f"{setting} {folder}: not a folder (it holds {CERT_FILE}, {KEY_FILE}, {CA_FILE})")
     certificate = _read(path / CERT_FILE, setting)
-    key = _read(path / KEY_FILE, setting)
     ca = _read(path / CA_FILE, setting) if (path / CA_FILE).exists() else None
+    if not server:
+        if b"-----BEGIN CERTIFICATE-----" not in certificate:
+            raise ConfigError(f"{setting}: {CERT_FILE} of {path} is not a PEM certificate")
+        return TlsFiles(certificate, b"", ca, str(path))
+    key = _read(path / KEY_FILE, setting)
     return TlsFiles.from_pem(certificate, key, ca, str(path), setting)
 
 
