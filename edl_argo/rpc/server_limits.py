@@ -9,9 +9,9 @@ more (a buggy or hostile one) holds a thread for as long as it keeps the connect
   calls of the other methods (however many, however slow their bodies) never take a thread from them;
 * refuses calls beyond ``max_concurrent_calls`` in progress at once with ``RESOURCE_EXHAUSTED`` instead of
   queueing them without limit;
-* ends every call within ``max_call_seconds``: each connection is told to go away (HTTP/2 GOAWAY) after
-  ``connection_seconds`` (clients open a new one for their next calls) and is closed, with whatever calls
-  it still holds, ``max_call_seconds`` later. A real call is bounded by its client's deadline well before;
+* ends every call within ``connection_seconds + max_call_seconds``: each connection is told to go away
+  (HTTP/2 GOAWAY) after ``connection_seconds`` (clients open a new one for their next calls) and is closed,
+  with whatever calls it still holds, ``max_call_seconds`` later. A real call is bounded by its client's deadline well before;
 * cancels a unary call whose request has not arrived ``request_arrival_seconds`` after its headers, and
   answers bytes that are no valid request ``INVALID_ARGUMENT`` (:mod:`edl_argo.rpc.request_deadline`).
 
