@@ -11,7 +11,8 @@ more (a buggy or hostile one) holds a thread for as long as it keeps the connect
   queueing them without limit;
 * ends every call within ``connection_seconds + max_call_seconds``: each connection is told to go away
   (HTTP/2 GOAWAY) after ``connection_seconds`` (clients open a new one for their next calls) and is closed,
-  with whatever calls it still holds, ``max_call_seconds`` later. A real call is bounded by its client's deadline well before;
+  with whatever calls it still holds, ``max_call_seconds`` later. A real call is bounded by its client's
+  deadline well before;
 * cancels a unary call whose request has not arrived ``request_arrival_seconds`` after its headers, and
   answers bytes that are no valid request ``INVALID_ARGUMENT`` (:mod:`edl_argo.rpc.request_deadline`).
 
