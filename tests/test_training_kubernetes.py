@@ -10,6 +10,7 @@ through the API, a preempted worker whose replacement waits for capacity, and a 
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -196,9 +197,7 @@ def test_worker_pod_deleted_through_the_api_is_replaced_and_nothing_is_lost(
 def test_preempted_worker_replacement_waits_for_capacity_while_the_job_goes_on(
     make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    # Twice the usual epochs: the replacement must start (a TensorFlow process on a loaded machine) before
-    # the one worker left has trained every task.
-    job = make_job(num_epochs=20)
+    job = make_job()
     name = job.config.job_name
     served = record_workers_served(job)
     thread = JobThread(job).start()
@@ -211,9 +210,17 @@ def test_preempted_worker_replacement_waits_for_capacity_while_the_job_goes_on(
         before = thread.progress_fraction()
         thread.wait_until(lambda: thread.progress_fraction() >= before + 0.1, 240, "progress with one worker")
         assert pod_phase(cluster, replacement) == "Pending" and 2 not in served
+        # The survivor is paused while capacity returns, so that the job cannot end before the replacement
+        # (a TensorFlow process starting on a loaded machine) takes a task; its held tasks time out.
+        survivor = f"{name}-worker-0"
+        cluster.kill(survivor, signal.SIGSTOP)
+        try:
+            cluster.release()
+            thread.wait_until(lambda: 2 in served, 120, "the replacement to take tasks")
+        finally:
+            cluster.kill(survivor, signal.SIGCONT)
     finally:
         cluster.release()
-    thread.wait_until(lambda: 2 in served, 120, "the replacement to take tasks")
     metrics = thread.join(300)
 
     assert metrics["relaunches"]["events"][0]["reason"] == "Preempted"

@@ -51,6 +51,7 @@ from edl_argo.storage import open_storage
 from edl_argo.worker.gradient_check import NonFiniteGradientError
 from edl_argo.worker.master_client import MasterClient
 from edl_argo.worker.step_timers import STEP_TIMERS, as_counters
+from edl_argo.worker.task_reporter import TaskReporter
 
 if TYPE_CHECKING:
     from edl_argo.worker.task_stream import StreamedTask
@@ -125,6 +126,8 @@ class Worker:
     (a member of an allreduce group keeps the group's steps going) and backs off only when that did no work.
     """
 
+    _reporter: TaskReporter  # made by run()
+
     def __init__(
         self,
         worker_id: int,
@@ -162,10 +165,14 @@ class Worker:
         STEP_TIMERS.bind()
         self._timers_at = STEP_TIMERS.totals()
         stream = TaskStream(self._master, self._source)
+        reporter = self._reporter = TaskReporter(on_failure=stream.close)
         try:
             elements = iter(stream_batches(self._spec, stream.generate, self._minibatch_size))
         except Exception as error:  # the model's input function, traced once here, raised
-            self._fail_on_input_function(error)
+            try:
+                self._fail_on_input_function(error)
+            finally:
+                reporter.close(raise_failure=False)
             return
         wait = 0.05
         try:
@@ -187,15 +194,15 @@ class Worker:
                     stream.resume()
                     continue
                 wait = 0.05
-                go_on = self._finish_task(stream.task(seq))
-                stream.finished(seq)
-                if not go_on:
+                if not self._finish_task(stream.task(seq), sent=lambda seq=seq: stream.finished(seq)):
                     return  # the job failed
+            reporter.close()  # every report sent (or the error that stopped them raised)
             if stream.failure is not None:
                 raise stream.failure
             log.info("worker_done", worker=self.worker_id)
         finally:
             stream.close()
+            reporter.close(raise_failure=False)
             totals = STEP_TIMERS.totals()
             log.info("worker_step_times", **{name: round(seconds, 3) for name, seconds in totals.items()})
 
@@ -241,9 +248,10 @@ class Worker:
         progress.total_loss += loss
         self._maybe_report_version()
 
-    def _finish_task(self, streamed: StreamedTask) -> bool:
+    def _finish_task(self, streamed: StreamedTask, sent: Callable[[], None]) -> bool:
         """Finish ``streamed`` (a training task's minibatches were all trained; evaluation and prediction
-        tasks run now) and report its outcome; False when the job failed."""
+        tasks run now) and hand its report to the reporter (``sent()`` runs once the master has it); False
+        when the job failed."""
         from edl_argo.worker.data import make_batches
 
         task = streamed.task
@@ -261,10 +269,14 @@ class Worker:
                 return self._evaluate(task, batches)
             return self._predict(task, batches)
 
-        return self._run_task(task, progress, work)
+        return self._run_task(task, progress, work, sent)
 
     def _run_task(
-        self, task: master_pb2.Task, progress: _TaskProgress, work: Callable[[], dict[str, Any]]
+        self,
+        task: master_pb2.Task,
+        progress: _TaskProgress,
+        work: Callable[[], dict[str, Any]],
+        sent: Callable[[], None],
     ) -> bool:
         """Report the outcome of ``task`` as ``work()`` returns its counters or raises; False when the
         failure fails the job."""
@@ -293,21 +305,23 @@ class Worker:
             log.error("task_failed", task=task.task_id, shard=task.shard, error=message)
             # Minibatches trained before the failure reached the model: the accounting counts them.
             counters = {"steps": progress.steps} if task.type == master_pb2.TRAINING else {}
-            self._report(task, success=False, error=message, counters=counters)
+            self._report(task, sent, success=False, error=message, counters=counters)
             return True
         counters["millis"] = int((time.monotonic() - progress.started) * 1000)
         mean_loss = counters.pop("mean_loss", 0.0)
-        self._report(task, success=True, counters=counters, mean_loss=mean_loss)
+        self._report(task, sent, success=True, counters=counters, mean_loss=mean_loss)
         return True
 
-    def _report(self, task: master_pb2.Task, **result: Any) -> None:
-        """Report ``task``'s result; a training task's report carries the main thread's time per section
-        since the last report (``time_<section>_us``, :mod:`edl_argo.worker.step_timers`)."""
+    def _report(self, task: master_pb2.Task, sent: Callable[[], None], **result: Any) -> None:
+        """Hand ``task``'s result to the reporter (:mod:`edl_argo.worker.task_reporter`); a training task's
+        report carries the main thread's time per section since the last report (``time_<section>_us``,
+        :mod:`edl_argo.worker.step_timers`)."""
         now = STEP_TIMERS.totals()
         if task.type == master_pb2.TRAINING:
             result["counters"] = {**result["counters"], **as_counters(self._timers_at, now)}
         self._timers_at = now
-        self._master.report_task_result(task.task_id, next_task=False, **result)
+        task_id = task.task_id
+        self._reporter.send(lambda: self._master.report_task_result(task_id, next_task=False, **result), sent)
 
     def _fail_on_input_function(self, error: Exception) -> None:
         """The model's input function raised when the worker's pipeline was built: no task can train,
@@ -325,7 +339,12 @@ class Worker:
     def _fail_job(self, task: master_pb2.Task, message: str) -> bool:
         """Report ``task`` as a failure no retry can mend: the master fails the job with ``message``."""
         log.error("task_failed", task=task.task_id, shard=task.shard, fatal=True, error=message)
-        self._master.report_task_result(task.task_id, success=False, error=message, fatal=True)
+        task_id = task.task_id
+        # After the reports before it, and sent before the worker ends.
+        self._reporter.send(
+            lambda: self._master.report_task_result(task_id, success=False, error=message, fatal=True)
+        )
+        self._reporter.flush()
         return False
 
     def _trained(self, task: master_pb2.Task, progress: _TaskProgress) -> dict[str, Any]:
