@@ -209,9 +209,13 @@ def test_a_pull_whose_reply_would_be_too_large_is_refused_before_creating_rows(
 
 
 def test_calls_that_send_headers_but_no_request_do_not_freeze_the_ps(ps: Any) -> None:
-    """Each hostile call opens a stream and never sends its request message (nor half-closes); the PS
-    cancels them after its request deadline, and real calls are answered meanwhile or soon after."""
-    from edl_argo.ps import server as ps_server
+    """Each hostile call opens a stream and never sends its request message (nor half-closes). Calls of the
+    other methods hold only the other pool: the training step's calls and the master's ping are answered at
+    once meanwhile. Calls of the training step's methods hold the priority pool until the PS cancels them
+    (its request deadline), and real calls are answered soon after."""
+    from edl_argo.ps import serving
+    from edl_argo.rpc.health import ping
+    from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS
 
     _, stub, channel = ps
     hold = threading.Event()
@@ -220,20 +224,35 @@ def test_calls_that_send_headers_but_no_request_do_not_freeze_the_ps(ps: Any) ->
         hold.wait(60)
         yield b""
 
-    method = channel.stream_unary("/edl_argo.ParameterServer/PushGradients")
-    holds = [method.future(never()) for _ in range(ps_server.SERVER_THREADS * 2)]
-    try:
-        time.sleep(1.0)
-        started = time.monotonic()
-        status = stub.GetStatus(ps_pb2.GetStatusRequest(), timeout=40)
-        assert status.initialized and time.monotonic() - started < ps_server.REQUEST_ARRIVAL_SECONDS + 10
+    def hostile(method: str, count: int) -> list[grpc.Future]:
+        call = channel.stream_unary(f"/edl_argo.ParameterServer/{method}")
+        return [call.future(never()) for _ in range(count)]
+
+    def ended(holds: list[grpc.Future]) -> None:
         for future in holds:
-            error = future.exception(timeout=ps_server.REQUEST_ARRIVAL_SECONDS + 20)
+            error = future.exception(timeout=REQUEST_ARRIVAL_SECONDS + 20)
             assert error is not None and error.code() in (
                 grpc.StatusCode.CANCELLED,
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             ), error
+
+    try:
+        holds = hostile("PullEmbeddingTable", serving.OTHER_THREADS)
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert stub.GetStatus(ps_pb2.GetStatusRequest(), timeout=40).initialized
+        assert stub.PushGradients(dense_push(np.ones_like(W)), timeout=40).accepted
+        ping(channel, timeout=40)
+        waited = time.monotonic() - started
+        assert waited < REQUEST_ARRIVAL_SECONDS / 2, f"the step waited {waited:.1f} s"
+
+        holds += hostile("PushGradients", serving.PROGRESS_THREADS)
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert stub.GetStatus(ps_pb2.GetStatusRequest(), timeout=40).initialized
+        assert time.monotonic() - started < REQUEST_ARRIVAL_SECONDS + 10
+        ended(holds)
     finally:
         hold.set()
-    assert stub.PushGradients(dense_push(np.ones_like(W)), timeout=30).accepted
+    assert stub.PushGradients(dense_push(np.ones_like(W), version=1), timeout=30).accepted

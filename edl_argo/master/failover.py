@@ -230,6 +230,15 @@ def restored_dispatcher(
         raise store.corrupt(f"dispatcher: {error}") from None
 
 
+def check_saved_dispatcher(saved: dict[str, Any], store: MasterStateStore) -> None:
+    """The state's DataFormatError if its dispatcher cannot be restored (checked before any pod starts)."""
+    try:
+        live_workers = {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]}
+    except (KeyError, TypeError, ValueError) as error:
+        raise store.corrupt(f"dispatcher: {error}") from None
+    restored_dispatcher(saved, store, lambda *_: None, live_workers)
+
+
 def lost_reply(dispatcher: TaskDispatcher, worker_id: int, held_task_ids: Collection[int]) -> Task | None:
     """The task to hand ``worker_id`` again because it never got the reply that gave it: the first task the
     dispatcher has it holding that is not among ``held_task_ids`` (those the worker says it holds). None if

@@ -57,7 +57,6 @@ from edl_argo.proto import master_pb2_grpc
 from edl_argo.recordio import open_dataset
 from edl_argo.rpc.auth import MASTER_IDENTITY, JobSecret, server_interceptor
 from edl_argo.rpc.channel import make_server
-from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
 from edl_argo.rpc.tls import TlsFiles, add_port, load_tls_dir
 from edl_argo.stop import stop_on_sigterm
 from edl_argo.storage import open_storage
@@ -214,10 +213,7 @@ class TrainingJob:
         """Serve the master's service on port ``wanted`` (0: any free port)."""
         self._server = make_server(
             limits=master_server_limits(self.config.rpc_timeout_seconds),
-            interceptors=[
-                server_interceptor(self.job_secret, "master"),
-                RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS),
-            ],
+            interceptors=[server_interceptor(self.job_secret, "master")],
         )
         servicer = DurableMasterServicer(
             self.dispatcher,

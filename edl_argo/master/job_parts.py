@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from edl_argo.errors import ConfigError, DataFormatError
+from edl_argo.errors import ConfigError
 from edl_argo.flags import pod_host
 from edl_argo.master.config import TrainConfig
+from edl_argo.master.failover import check_saved_dispatcher
 from edl_argo.master.state_store import MasterStateStore, job_fingerprint
-from edl_argo.master.task_dispatcher import TaskDispatcher
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
@@ -74,7 +74,7 @@ def load_job_parts(config: TrainConfig) -> JobParts:
     state_store = MasterStateStore(state_storage, config.job_name, fingerprint)
     saved = state_store.load()
     if saved is not None:
-        check_saved_dispatcher(saved, state_store)
+        check_saved_dispatcher(saved, state_store)  # before any pod starts
     if model is not None:  # a continued job keeps its model, even if the URL changed since
         staged = model
         model = pin_model_def(staged, state_url, config.job_name, continuing=saved is not None)
@@ -96,16 +96,6 @@ def load_job_parts(config: TrainConfig) -> JobParts:
         saved=saved,
         ps_ports=ps_ports,
     )
-
-
-def check_saved_dispatcher(saved: dict[str, Any], state_store: MasterStateStore) -> None:
-    """The state store's DataFormatError if the saved dispatcher cannot be restored."""
-    try:
-        snapshot = saved["dispatcher"]
-        live_workers = {int(entry["worker_id"]) for entry in snapshot["doing"]}
-        TaskDispatcher.restore(snapshot, on_evaluation_complete=lambda *_: None, live_workers=live_workers)
-    except (DataFormatError, KeyError, TypeError, ValueError) as error:
-        raise state_store.corrupt(f"dispatcher: {error}") from None
 
 
 def sample_batch(config: TrainConfig, spec: ModelSpec, shards: dict[str, int], mode: str) -> Any:

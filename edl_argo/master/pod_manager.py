@@ -13,7 +13,7 @@ Kept apart from task bookkeeping (:mod:`edl_argo.master.task_dispatcher`) and fr
   within ``max_ps_relaunches``.
 * Scaling changes the target number of workers: new ids start, or the newest workers are deleted (their
   tasks requeued, as preemption would).
-* A restarted master (see :mod:`edl_argo.master.state_store`) :meth:`~PodManager.resume` s from the
+* A restarted master (see :mod:`edl_argo.master.failover`) :meth:`~PodManager.resume` s from the
   :meth:`~PodManager.snapshot` of the one before instead of starting pods: the pods the backend adopted
   keep running under their ids, and those that died with the old master are started again (a PS with its
   id, a worker with a new one), each counted as a relaunch with reason ``LostWithMaster``.

@@ -27,11 +27,11 @@ from edl_argo.errors import ConfigError
 from edl_argo.flags import pod_host
 from edl_argo.model.contract import ModelOptions, model_options_from_args
 from edl_argo.proto import ps_pb2_grpc
+from edl_argo.ps.serving import ps_server_limits
 from edl_argo.rpc.auth import SECRET_ENV, JobSecret, secret_from_env, server_interceptor
-from edl_argo.rpc.channel import make_server
+from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, make_server
 from edl_argo.rpc.health import add_health_service
 from edl_argo.rpc.master_watch import MasterWatch
-from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
 from edl_argo.rpc.tls import TlsFiles, add_port, load_tls_dir
 from edl_argo.settings import add_role_settings
 from edl_argo.storage.base import Storage
@@ -42,15 +42,6 @@ if TYPE_CHECKING:  # TensorFlow: imported when a server is created, not for --he
 
 _log = log.get_logger(__name__)
 
-#: Threads serving requests.
-SERVER_THREADS = 8
-#: Calls running or queued beyond this many are refused at once (RESOURCE_EXHAUSTED), never queued without
-#: bound.
-MAX_CONCURRENT_RPCS = 64
-#: A call whose request message has not arrived this many seconds after its headers is cancelled: a peer
-#: that opens calls and never sends their requests holds the server's threads at most this long
-#: (:mod:`edl_argo.rpc.request_deadline`). A gradient push of the largest message (256 MiB) takes about 2 s
-#: on a 1 Gbit/s network.
 #: Seconds running requests get to finish after SIGTERM, and the last checkpoint to be written.
 STOP_GRACE_SECONDS = 10.0
 
@@ -72,6 +63,7 @@ class PSConfig:
     max_embedding_rows: int = 0
     checkpoint_dir: str | None = None
     checkpoint_steps: int = 0
+    rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS
 
 
 def create_servicer(
@@ -129,18 +121,17 @@ def start_server(
     port: int,
     secret: JobSecret | None = None,
     service: str = "ps",
+    rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS,
     tls: TlsFiles | None = None,
 ) -> tuple[grpc.Server, int]:
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port.
     With the job's ``secret``, only calls with a credential of that job are served
-    (:mod:`edl_argo.rpc.auth`); with ``tls``, over TLS only (:mod:`edl_argo.rpc.tls`)."""
+    (:mod:`edl_argo.rpc.auth`); with ``tls``, over TLS only (:mod:`edl_argo.rpc.tls`). The server bounds its
+    clients as :func:`~edl_argo.ps.serving.ps_server_limits` says for callers whose deadline is
+    ``rpc_timeout_seconds``."""
     server = make_server(
-        SERVER_THREADS,
-        interceptors=[
-            *([server_interceptor(secret, service)] if secret is not None else []),
-            RequestDeadlineInterceptor(REQUEST_ARRIVAL_SECONDS),
-        ],
-        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+        limits=ps_server_limits(rpc_timeout_seconds),
+        interceptors=[server_interceptor(secret, service)] if secret is not None else [],
     )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
     add_health_service(server)  # the master's liveness check (edl_argo.master.ps_watch)
@@ -162,7 +153,10 @@ def serve(
     config: PSConfig, optimizer_factory: OptimizerFactory | None = None, storage: Storage | None = None
 ) -> grpc.Server:
     """Start the parameter server of ``config`` (see :func:`create_servicer`); returns the started server."""
-    server, _ = start_server(create_servicer(config, optimizer_factory, storage), config.host, config.port)
+    servicer = create_servicer(config, optimizer_factory, storage)
+    server, _ = start_server(
+        servicer, config.host, config.port, rpc_timeout_seconds=config.rpc_timeout_seconds
+    )
     return server
 
 
@@ -194,6 +188,7 @@ def run_ps(args: argparse.Namespace) -> int:
         max_embedding_rows=args.max_embedding_rows,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_steps=args.checkpoint_steps,
+        rpc_timeout_seconds=args.rpc_timeout_seconds,
     )
     secret = secret_from_env()
     if secret is None:
@@ -203,7 +198,9 @@ def run_ps(args: argparse.Namespace) -> int:
         )
     tls = load_tls_dir(args.tls_dir) if args.tls_dir else None
     servicer = create_servicer(config)
-    server, _ = start_server(servicer, config.host, config.port, secret, f"ps-{config.ps_id}", tls)
+    server, _ = start_server(
+        servicer, config.host, config.port, secret, f"ps-{config.ps_id}", config.rpc_timeout_seconds, tls
+    )
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:

@@ -102,14 +102,13 @@ def make_server(
     ``maximum_concurrent_rpcs``: calls beyond this many running or queued are refused at once with
     ``RESOURCE_EXHAUSTED`` (None: no bound). ``limits`` (:mod:`edl_argo.rpc.server_limits`) instead: its
     ``threads`` instead of ``max_workers``, a pool of its own for its priority methods, a cap on concurrent
-    calls and a bound on every call's life."""
+    calls, a bound on every call's life and on its request's arrival, and its own decoding of requests
+    (``interceptors``, e.g. authentication, run inside the priority pool and before the decoding)."""
     if limits is not None:
         return grpc.server(
             futures.ThreadPoolExecutor(max_workers=limits.threads),
             options=[*_SERVER_OPTIONS, *limits.options()],
-            # The limits' priority pool outermost: an inner interceptor may replace a method's handler
-            # (e.g. RequestDeadlineInterceptor), and the pool must be set on the handler gRPC runs.
-            interceptors=[*limits.interceptors(), *interceptors],
+            interceptors=limits.interceptors(interceptors),
             maximum_concurrent_rpcs=limits.max_concurrent_calls,
         )
     return grpc.server(

@@ -1,8 +1,9 @@
 """A liveness check every edl-argo server answers: ``/edl_argo.Health/Ping``, empty request and reply.
 
 It needs no protocol buffer (raw bytes through gRPC's generic handlers), is answered by the server's own
-thread pool, and so tells a peer that serves (it answers, at once) from one that stopped answering (a
-paused process, a silent network path: the call runs out of its deadline) or is not there (refused).
+threads (a parameter server's priority pool, :mod:`edl_argo.ps.serving`), and so tells a peer that serves
+(it answers, at once) from one that stopped answering (a paused process, a silent network path: the call
+runs out of its deadline) or is not there (refused).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import grpc
 
 _SERVICE = "edl_argo.Health"
-_METHOD = f"/{_SERVICE}/Ping"
+#: The ping's full method name (a server may serve it from its priority pool).
+PING_METHOD = f"/{_SERVICE}/Ping"
 
 
 def _identity(data: bytes) -> bytes:
@@ -28,5 +30,5 @@ def add_health_service(server: grpc.Server) -> None:
 def ping(channel: grpc.Channel, timeout: float) -> None:
     """Ping the server behind ``channel``; raises :class:`grpc.RpcError` unless it answers within
     ``timeout`` seconds (DEADLINE_EXCEEDED: it did not answer; UNAVAILABLE: no connection)."""
-    call = channel.unary_unary(_METHOD, request_serializer=_identity, response_deserializer=_identity)
+    call = channel.unary_unary(PING_METHOD, request_serializer=_identity, response_deserializer=_identity)
     call(b"", timeout=timeout)

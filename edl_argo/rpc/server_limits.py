@@ -9,20 +9,28 @@ more (a buggy or hostile one) holds a thread for as long as it keeps the connect
   calls of the other methods (however many, however slow their bodies) never take a thread from them;
 * refuses calls beyond ``max_concurrent_calls`` in progress at once with ``RESOURCE_EXHAUSTED`` instead of
   queueing them without limit;
-* ends every call within ``max_call_seconds``: each connection is told to go away (HTTP/2 GOAWAY) after
-  ``connection_seconds`` (clients open a new one for their next calls) and is closed, with whatever calls
-  it still holds, ``max_call_seconds`` later. A real call is bounded by its client's deadline well before.
+* ends every call within ``connection_seconds + max_call_seconds``: each connection is told to go away
+  (HTTP/2 GOAWAY) after ``connection_seconds`` (clients open a new one for their next calls) and is closed,
+  with whatever calls it still holds, ``max_call_seconds`` later. A real call is bounded by its client's
+  deadline well before;
+* cancels a unary call whose request has not arrived ``request_arrival_seconds`` after its headers, and
+  answers bytes that are no valid request ``INVALID_ARGUMENT`` (:mod:`edl_argo.rpc.request_deadline`).
+
+The master's and the parameter servers' bounds are declared in ``edl_argo/master/serving.py`` and
+``edl_argo/ps/serving.py``; :func:`edl_argo.rpc.channel.make_server` applies them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc.experimental import wrap_server_method_handler
+
+from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class ServerLimits:
     max_concurrent_calls: int | None = None
     connection_seconds: float = 60.0
     max_call_seconds: float = 120.0
+    request_arrival_seconds: float = REQUEST_ARRIVAL_SECONDS
 
     def options(self) -> list[tuple[str, int]]:
         """The channel arguments that bound a connection's (and so every call's) life."""
@@ -44,11 +53,15 @@ class ServerLimits:
             ("grpc.max_connection_age_grace_ms", int(self.max_call_seconds * 1000)),
         ]
 
-    def interceptors(self) -> list[grpc.ServerInterceptor]:
-        if not self.priority_methods:
-            return []
-        pool = futures.ThreadPoolExecutor(self.priority_threads, thread_name_prefix="grpc-priority")
-        return [_PriorityPool(frozenset(self.priority_methods), pool)]
+    def interceptors(self, inner: Sequence[grpc.ServerInterceptor] = ()) -> list[grpc.ServerInterceptor]:
+        """The server's interceptors around ``inner`` (authentication): the priority pool outermost, so that
+        it is set on the handler gRPC runs, and the request deadline innermost, around the method itself (a
+        call ``inner`` refuses is not decoded at all)."""
+        pool: list[grpc.ServerInterceptor] = []
+        if self.priority_methods:
+            threads = futures.ThreadPoolExecutor(self.priority_threads, thread_name_prefix="grpc-priority")
+            pool.append(_PriorityPool(frozenset(self.priority_methods), threads))
+        return [*pool, *inner, RequestDeadlineInterceptor(self.request_arrival_seconds)]
 
 
 class _PriorityPool(grpc.ServerInterceptor):

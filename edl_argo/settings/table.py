@@ -461,8 +461,9 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         RPC_TIMEOUT_SECONDS,
         "deadline of every call to the master or a parameter server, in seconds; a peer that does not "
-        "answer in time is retried as an unavailable one",
-        roles=("train", "worker"),
+        "answer in time is retried as an unavailable one (a server ends a call that outlives it by more "
+        "than its handlers' slack)",
+        roles=("train", "worker", "ps"),
         group=CLUSTER,
         parse=positive_int,
         argo=Argo(),

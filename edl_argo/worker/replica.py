@@ -227,7 +227,8 @@ class ModelReplica:
             return loss_value, None
         dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True) if g is not None}
         sparse = _merge_rows(tables, ids, [g.numpy() for g in row_grads])
-        check_finite_gradients(dense, sparse, self.version)
+        if not bool(finite):  # the step's graph checked them all: name the first variable at fault
+            check_finite_gradients(dense, sparse, self.version)
         return loss_value, _Push(
             dense=dense,
             sparse=sparse,

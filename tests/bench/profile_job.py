@@ -53,9 +53,12 @@ def pod_processes() -> dict[str, int]:
         supervisor = parents[pid]
         if parents.get(supervisor) != os.getpid() or "-c" in words:  # not a pod, or its supervisor
             continue
-        for role, flag in (("worker", "--worker-id"), ("ps", "--ps-id")):
-            if flag in words:
-                found[f"{role}-{words[words.index(flag) + 1]}"] = pid
+        program = next((i for i, word in enumerate(words) if word.endswith("edl-argo")), None)
+        if program is None or program + 1 >= len(words):
+            continue
+        role = words[program + 1]
+        flag = f"--{role}-id"  # left out when it is the default, 0
+        found[f"{role}-{words[words.index(flag) + 1] if flag in words else 0}"] = pid
     return found
 
 

@@ -2,9 +2,18 @@
 
 An answer is fine when it is OK or a refusal a server gives on purpose (INVALID_ARGUMENT,
 FAILED_PRECONDITION, RESOURCE_EXHAUSTED, ...). It is a *crash* when the server answers INTERNAL or UNKNOWN
-(an exception escaped a handler) or becomes UNAVAILABLE while its job still runs, and a *hang* when a call
-passes its deadline. :class:`FuzzReport` counts them and keeps the first few of each with the method and
-the server's message.
+(an exception escaped a handler) or is gone while its job still runs, and a *hang* when a call passes its
+deadline. :class:`FuzzReport` counts them and keeps the first few of each with the method and the server's
+message.
+
+UNAVAILABLE alone does not tell a gone server from a dropped connection: a client drops a connection whose
+HTTP/2 ping is unanswered for 5 s (:mod:`edl_argo.rpc.channel`), which a server paused or starved of CPU
+that long causes, and fails the calls on it UNAVAILABLE (a real worker retries them). So after an
+UNAVAILABLE the fuzzer waits up to :data:`RECONNECT_SECONDS` for the server to accept a connection again:
+if it does, the call counts as a dropped connection (``FuzzReport.dropped``), not a crash; if ``stop`` is
+set meanwhile (the job ended and stopped its servers) the run ends; otherwise the server is gone: a crash.
+A server that died and was started again by its job also answers again: the caller checks that its job
+replaced no server (the job's ``relaunches``).
 """
 
 from __future__ import annotations
@@ -35,9 +44,12 @@ REFUSALS = frozenset(
         grpc.StatusCode.ABORTED,
     }
 )
-CRASHES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE})
+CRASHES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 #: Share of requests sent as randomly edited bytes of a valid message instead of the message.
 MUTATED_SHARE = 0.2
+#: How long a server that answered UNAVAILABLE has to accept a connection again before it counts as gone:
+#: the calls' deadline, and as long as a job lets a PS leave its pings unanswered before replacing it.
+RECONNECT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -60,16 +72,26 @@ class FuzzReport:
     codes: Counter[str] = field(default_factory=Counter)
     crashes: list[str] = field(default_factory=list)
     hangs: list[str] = field(default_factory=list)
+    #: Calls that ended UNAVAILABLE on a connection dropped while the server stayed up (module docstring),
+    #: with the seconds into the run and how long the server took to accept a connection again.
+    dropped: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def record(
-        self, method: str, code: grpc.StatusCode, details: str, elapsed: float, timeout: float
+        self,
+        method: str,
+        code: grpc.StatusCode,
+        details: str,
+        elapsed: float,
+        timeout: float,
+        gone: bool = False,
     ) -> None:
+        """Count one answer; ``gone``: the server answered UNAVAILABLE and no connection since."""
         self.requests += 1
         self.by_method[method] += 1
         self.codes[code.name] += 1
-        if code in CRASHES:
-            self.crashes.append(f"{method}: {code.name} {details[:300]}")
+        if code in CRASHES or gone:
+            self.crashes.append(f"{method}: {code.name}{' (server gone)' if gone else ''} {details[:300]}")
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED or elapsed >= timeout:
             self.hangs.append(f"{method}: no answer within {timeout} s")
 
@@ -79,6 +101,7 @@ class FuzzReport:
         self.codes.update(other.codes)
         self.crashes += other.crashes
         self.hangs += other.hangs
+        self.dropped += other.dropped
 
 
 def fuzz(
@@ -118,11 +141,35 @@ def fuzz(
             code, details = grpc.StatusCode.OK, ""
         except grpc.RpcError as error:
             code, details = error.code(), error.details() or ""  # type: ignore[attr-defined]
-        if code == grpc.StatusCode.UNAVAILABLE and stop is not None and stop.wait(2.0):
-            break  # the job ended (``stop`` may be set a moment after its servers went): not a crash
-        report.record(method.path, code, details, time.monotonic() - began, timeout)
+        elapsed = time.monotonic() - began
+        gone = False
+        if code == grpc.StatusCode.UNAVAILABLE:
+            waited = _reconnect(channel, stop)
+            if stop is not None and stop.is_set():
+                break  # the job ended and stopped its servers (``stop`` may be set a moment after): no crash
+            gone = waited is None
+            if not gone:
+                at = began - started
+                report.dropped.append(
+                    f"{method.path} at {at:.1f} s, back after {waited:.1f} s: {details[:200]}"
+                )
+        report.record(method.path, code, details, elapsed, timeout, gone)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _reconnect(channel: grpc.Channel, stop: threading.Event | None) -> float | None:
+    """Seconds until ``channel``'s server accepted a connection again (None: not within
+    :data:`RECONNECT_SECONDS`, or ``stop`` was set first)."""
+    began = time.monotonic()
+    while time.monotonic() - began < RECONNECT_SECONDS and not (stop is not None and stop.is_set()):
+        ready = grpc.channel_ready_future(channel)
+        try:
+            ready.result(timeout=1.0)
+            return time.monotonic() - began
+        except grpc.FutureTimeoutError:
+            ready.cancel()
+    return None
 
 
 def rss_bytes(pid: int) -> int:

@@ -1,0 +1,50 @@
+"""How a parameter server's gRPC server bounds its clients (:mod:`edl_argo.rpc.server_limits`): the calls the
+workers' training steps and the master's checks depend on have threads of their own, calls in progress are
+capped, and no call outlives its caller's deadline by more than the handlers' slack."""
+
+from __future__ import annotations
+
+from edl_argo.rpc.health import PING_METHOD
+from edl_argo.rpc.server_limits import ServerLimits
+
+#: The calls the job's progress depends on, served from a pool of their own (:func:`ps_server_limits`): a
+#: worker's start (PushModel) and training step (pulls and pushes), the master's count of the versions at the
+#: end of training (GetStatus) and its liveness check (a PS that leaves it unanswered is replaced). The
+#: others (single-table pulls, whole-table pulls for the export) share the other pool.
+PROGRESS_METHODS = (
+    *(
+        f"/edl_argo.ParameterServer/{name}"
+        for name in (
+            "PushModel",
+            "PullDenseParameters",
+            "PullEmbeddingVectorsBatch",
+            "PushGradients",
+            "GetStatus",
+        )
+    ),
+    PING_METHOD,
+)
+PROGRESS_THREADS = 8
+#: Threads of the other calls, and calls in progress at most (beyond: RESOURCE_EXHAUSTED at once).
+OTHER_THREADS = 4
+MAX_CONCURRENT_CALLS = 64
+#: A connection is asked to go away after this long (its client opens a new one).
+CONNECTION_SECONDS = 60.0
+#: The longest a handler may legitimately run beyond its caller's deadline: none waits for another peer,
+#: so this is only the time to finish the work in hand (applying a push of the largest message).
+HANDLER_SLACK_SECONDS = 10.0
+
+
+def ps_server_limits(rpc_timeout_seconds: float) -> ServerLimits:
+    """A parameter server's bounds: :data:`PROGRESS_METHODS` on :data:`PROGRESS_THREADS` threads of their
+    own, at most :data:`MAX_CONCURRENT_CALLS` calls at once, and no call lasting longer than the callers'
+    deadline (``--rpc-timeout-seconds``) plus the handlers' slack (a client that sends a call's headers
+    and never its body holds a thread that long at most, and its request's arrival 10 s at most)."""
+    return ServerLimits(
+        threads=OTHER_THREADS,
+        priority_methods=PROGRESS_METHODS,
+        priority_threads=PROGRESS_THREADS,
+        max_concurrent_calls=MAX_CONCURRENT_CALLS,
+        connection_seconds=CONNECTION_SECONDS,
+        max_call_seconds=rpc_timeout_seconds + HANDLER_SLACK_SECONDS,
+    )
