@@ -86,7 +86,17 @@ PS_COMBINATIONS = {
 }
 
 
-@pytest.mark.parametrize("combination", sorted(PS_COMBINATIONS))
+#: Slow (``make test-slow``): stale-push rejection by the tolerance is covered by test_ps_sync's PS tests.
+SLOW_COMBINATIONS = {"sync_version_tolerance_1"}
+
+
+@pytest.mark.parametrize(
+    "combination",
+    [
+        pytest.param(c, marks=pytest.mark.slow) if c in SLOW_COMBINATIONS else c
+        for c in sorted(PS_COMBINATIONS)
+    ],
+)
 def test_ps_combinations_end_at_the_expected_model_version(
     combination: str, digits_data: Path, tmp_path: Path
 ) -> None:
