@@ -30,7 +30,8 @@ def test_ipv6_hosts_are_joined_in_brackets_and_split_back(host: str, port: int |
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(  # PS addresses are gRPC's (join_host_port, tested above); the raw-socket
     # collective transport is the path that differs, so the PS variant is slow
-    "strategy", [pytest.param("ParameterServerStrategy", marks=pytest.mark.slow), "AllreduceStrategy"]
+    "strategy",
+    [pytest.param("ParameterServerStrategy", marks=pytest.mark.slow), "AllreduceStrategy"],
 )
 def test_a_local_job_runs_on_ipv6_loopback(
     digits_data: Path,
