@@ -86,7 +86,7 @@ PS_COMBINATIONS = {
 }
 
 
-#: Slow (``make test-slow``): stale-push rejection by the tolerance is covered by test_ps_sync's PS tests.
+#: Slow (``make test-slow``): stale-push acceptance within the tolerance is covered by test_ps_service.
 SLOW_COMBINATIONS = {"sync_version_tolerance_1"}
 
 
