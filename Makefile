@@ -89,7 +89,7 @@ chaos: $(STAMP) $(S3SERVER_STAMP)
 FUZZ_SECONDS ?= 900
 #: `make fuzz`: stop after this many requests (both services together), and the epochs of the fuzzed job.
 FUZZ_REQUESTS ?= 100000
-FUZZ_EPOCHS ?= 200
+FUZZ_EPOCHS ?= 300
 fuzz: $(STAMP) $(S3SERVER_STAMP)
 	mkdir -p out
 	EDL_FUZZ_FULL=1 EDL_FUZZ_SECONDS=$(FUZZ_SECONDS) EDL_FUZZ_REQUESTS=$(FUZZ_REQUESTS) EDL_FUZZ_EPOCHS=$(FUZZ_EPOCHS) EDL_FUZZ_REPORT=out/fuzz-report.json \

@@ -64,7 +64,7 @@ SEED = int(os.environ.get("EDL_FUZZ_SEED", "24"))
 FULL = os.environ.get("EDL_FUZZ_FULL", "") == "1"
 MAX_REQUESTS = int(os.environ.get("EDL_FUZZ_REQUESTS", "1000000"))
 #: Epochs of the long run's job: fuzzing stops when training does, so the job must outlast the requests.
-FULL_EPOCHS = int(os.environ.get("EDL_FUZZ_EPOCHS", "200"))
+FULL_EPOCHS = int(os.environ.get("EDL_FUZZ_EPOCHS", "300"))
 
 pytestmark = pytest.mark.timeout(int(SECONDS) * 3 + 600)
 
