@@ -218,10 +218,14 @@ def test_dense_optimizer_equals_keras_and_accepts_subsets() -> None:
     ref_optimizer.build(list(reference.values()))
     for names in (("a", "b"), ("a",), ("a", "b")):
         grads = {n: rng.normal(size=initial[n].shape).astype(np.float32) for n in names}
-        dense.apply(grads)
+        after = dense.apply(grads)
         ref_optimizer.apply_gradients([(tf.constant(grads[n]), reference[n]) for n in names])
         for name in initial:
             np.testing.assert_allclose(variables[name].numpy(), reference[name].numpy(), rtol=1e-5, atol=1e-6)
+        # The step returns every variable's new value, those it did not touch too, read-only.
+        assert after is not None and sorted(after) == sorted(initial)
+        for name, value in after.items():
+            assert np.array_equal(value, variables[name].numpy()) and not value.flags.writeable
     state = dense.get_state()
     assert [s.shape for s in state] == [tuple(v.shape) for v in ref_optimizer.variables]
     np.testing.assert_allclose(

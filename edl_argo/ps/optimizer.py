@@ -107,6 +107,13 @@ class _KerasOptimizer:
             variable.assign(base)
 
 
+def _read_only(tensor: tf.Tensor) -> np.ndarray:
+    """A read-only numpy view of an eager tensor's buffer (no copy; the tensor never changes)."""
+    value = np.asarray(tensor)
+    value.flags.writeable = False
+    return value
+
+
 def _state_of(variables: Sequence[keras.Variable]) -> list[np.ndarray]:
     return [np.array(v.numpy()) for v in variables]
 
@@ -138,22 +145,26 @@ class DenseOptimizer(_KerasOptimizer):
         self._variables = dict(variables)
         self._jit_compile = jit_compile
         self.optimizer.build(list(self._variables.values()))
-        self._steps: dict[tuple[str, ...], Callable[[list[tf.Tensor]], None]] = {}
+        self._steps: dict[tuple[str, ...], Callable[..., list[tf.Tensor]]] = {}
 
-    def apply(self, gradients: Mapping[str, np.ndarray], lr_scale: float = 1.0) -> None:
-        """Apply one gradient per named variable (a subset of the variables is fine) in one optimizer step.
+    def apply(
+        self, gradients: Mapping[str, np.ndarray], lr_scale: float = 1.0
+    ) -> dict[str, np.ndarray] | None:
+        """Apply one gradient per named variable (a subset of the variables is fine) in one optimizer step,
+        and return the value of every variable after it (read-only arrays, read by the step itself, so that
+        the caller's answer needs no read of its own).
 
         The names must be variables of this optimizer and each gradient must have its variable's shape
         and dtype (the caller validates requests). An empty mapping changes nothing, not even the
-        iteration count.
+        iteration count, and returns None.
         """
         if not gradients:
-            return
+            return None
         names = tuple(sorted(gradients))
-        grads = [tf.convert_to_tensor(gradients[n], dtype=self._variables[n].dtype) for n in names]
+        grads = [np.asarray(gradients[n], dtype=self._variables[n].dtype.as_numpy_dtype) for n in names]
         with self._scaled_learning_rate(lr_scale):
             try:
-                self._step(names)(grads)
+                values = self._step(names)(*grads)
             except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
                 if not self._jit_compile:
                     raise
@@ -161,17 +172,23 @@ class DenseOptimizer(_KerasOptimizer):
                 log.warning("xla_disabled", optimizer=type(self.optimizer).__name__, reason=str(error)[:200])
                 self._jit_compile = False
                 self._steps.clear()
-                self._step(names)(grads)
+                values = self._step(names)(*grads)
+        return {name: _read_only(value) for name, value in zip(self._variables, values, strict=True)}
 
-    def _step(self, names: tuple[str, ...]) -> Callable[[list[tf.Tensor]], None]:
+    def _step(self, names: tuple[str, ...]) -> Callable[..., list[tf.Tensor]]:
+        """The compiled step for gradients of ``names``: a concrete function (no per-call dispatch on its
+        arguments) that applies them and returns every variable's new value."""
         step = self._steps.get(names)
         if step is None:
             optimizer, variables = self.optimizer, [self._variables[n] for n in names]
+            every_variable = list(self._variables.values())
 
             @tf.function(jit_compile=self._jit_compile)
-            def step(grads: list[tf.Tensor]) -> None:
+            def apply_and_read(*grads: tf.Tensor) -> list[tf.Tensor]:
                 optimizer.apply_gradients(zip(grads, variables, strict=True))
+                return [v.read_value() for v in every_variable]
 
+            step = apply_and_read.get_concrete_function(*(tf.TensorSpec(v.shape, v.dtype) for v in variables))
             self._steps[names] = step
         return step
 

@@ -223,8 +223,8 @@ class Parameters:
     # -- pulls ----------------------------------------------------------------------------------------
 
     def pull_dense(self, since_version: int, finalized: bool = False) -> list[tuple[str, np.ndarray]] | None:
-        """Copies of every dense variable, trainable then non-trainable, or None when ``since_version`` is
-        the current version.
+        """The value of every dense variable, trainable then non-trainable (arrays the caller must not
+        change), or None when ``since_version`` is the current version.
 
         A caller whose version differs from this server's (older, -1 for none, or newer after this server
         restarted from a checkpoint) gets every variable. ``finalized``: the trainable values as ``fit``
@@ -234,11 +234,12 @@ class Parameters:
         self._require_initialized()
         if since_version == self.version and not finalized:
             return None
-        trainable = (
-            self._dense_optimizer.finalized_values()
-            if finalized and self._dense_optimizer is not None
-            else {name: np.array(v.numpy()) for name, v in self.dense.items()}
-        )
+        if finalized and self._dense_optimizer is not None:
+            trainable = self._dense_optimizer.finalized_values()
+        elif self._latest_dense is not None and self._latest_dense[0] == self.version:
+            trainable = self._latest_dense[1]  # what the last update read: no read of its own
+        else:
+            trainable = {name: np.array(v.numpy()) for name, v in self.dense.items()}
         return [*trainable.items(), *((name, np.array(v)) for name, v in self.non_trainable.items())]
 
     def pull_embeddings(self, name: str, ids: np.ndarray) -> np.ndarray:
@@ -302,8 +303,9 @@ class Parameters:
             }.values():
                 if optimizer is not None:
                     optimizer.set_learning_rate(rate)
+        updated = None
         if self._dense_optimizer is not None:
-            self._dense_optimizer.apply(gradients.dense, lr_scale)
+            updated = self._dense_optimizer.apply(gradients.dense, lr_scale)
         by_group: dict[int, list[tuple[EmbeddingTable, np.ndarray, np.ndarray]]] = {}
         for name, (ids, values) in gradients.embeddings.items():
             by_group.setdefault(id(self._table_optimizers[name]), []).append((self.tables[name], ids, values))
@@ -312,6 +314,7 @@ class Parameters:
         for name, value in gradients.state.items():
             self.non_trainable[name] = np.array(value, dtype=self.non_trainable[name].dtype)
         self.version += 1
+        self._latest_dense = None if updated is None else (self.version, updated)
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -324,6 +327,8 @@ class Parameters:
         self.tables: dict[str, EmbeddingTable] = {}
         self._dense_optimizer: DenseOptimizer | None = None
         self._table_optimizers: dict[str, SparseOptimizer] = {}
+        # The dense values the last update returned, and the version they are of.
+        self._latest_dense: tuple[int, dict[str, np.ndarray]] | None = None
 
     def _create(
         self,
