@@ -32,16 +32,23 @@ def fill_tensor(message: tensor_pb2.Tensor, array: np.ndarray | object, name: st
     Filling a field of the message being built (``request.tensors.add()``) instead of building a tensor and
     copying it in saves a copy of the bytes per level of nesting: megabytes per push for a dense model.
     """
-    value = np.asarray(array, order="C")  # not ascontiguousarray: it turns a scalar into shape (1,)
-    if value.dtype.name not in ALLOWED_DTYPES:
-        raise TypeError(f"tensor {name!r}: dtype {value.dtype} cannot travel on the wire")
-    if value.dtype.byteorder == ">":
-        value = value.astype(value.dtype.newbyteorder("<"))
+    value = wire_array(array, name)
     message.name = name
     message.dtype = value.dtype.name
     message.shape[:] = value.shape
     message.content = value.tobytes()
     return message
+
+
+def wire_array(array: np.ndarray | object, name: str = "") -> np.ndarray:
+    """``array`` as a C-ordered little-endian array of a dtype that may travel (a view when it already is
+    one); TypeError for any other dtype."""
+    value = np.asarray(array, order="C")  # not ascontiguousarray: it turns a scalar into shape (1,)
+    if value.dtype.name not in ALLOWED_DTYPES:
+        raise TypeError(f"tensor {name!r}: dtype {value.dtype} cannot travel on the wire")
+    if value.dtype.byteorder == ">":
+        value = value.astype(value.dtype.newbyteorder("<"))
+    return value
 
 
 def from_tensor(message: tensor_pb2.Tensor) -> np.ndarray:

@@ -31,8 +31,9 @@ from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
-from edl_argo.rpc.tensors import fill_tensor, from_indexed_slices, from_tensor, to_tensor
+from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
 from edl_argo.rpc.tls import TlsFiles
+from edl_argo.rpc.wire import Encoding
 from edl_argo.worker.step_timers import STEP_TIMERS
 
 log = get_logger(__name__)
@@ -66,6 +67,33 @@ class PushResult:
         return max(self.versions)
 
 
+_PUSH_GRADIENTS = f"/{ps_pb2.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/PushGradients"
+
+
+def push_request(
+    fields: ps_pb2.PushGradientsRequest,
+    dense: Mapping[str, np.ndarray],
+    state: Mapping[str, np.ndarray],
+    sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
+) -> bytes:
+    """The serialized ``PushGradientsRequest`` of ``fields`` (everything but the gradients) whose
+    ``gradients`` (of version ``fields.version``) hold the ``dense`` gradients, the non-trainable ``state``
+    and, per table, ``(row_gradients, ids)``: each tensor's bytes copied once (:mod:`edl_argo.rpc.wire`)."""
+    model = Encoding(ps_pb2.Model(version=fields.version))
+    for name, gradient in dense.items():
+        model.tensor(_MODEL_FIELDS["dense_parameters"], gradient, name)
+    for name, value in state.items():
+        model.tensor(_MODEL_FIELDS["non_trainable_parameters"], value, name)
+    for table, (values, ids) in sparse.items():
+        slices = Encoding().tensor(1, values, table).tensor(2, np.asarray(ids, dtype=np.int64), table)
+        model.message(_MODEL_FIELDS["embedding_tables"], Encoding().string(1, table).message(2, slices))
+    return Encoding(fields).message(_GRADIENTS_FIELD, model).tobytes()
+
+
+_MODEL_FIELDS = {f.name: f.number for f in ps_pb2.Model.DESCRIPTOR.fields}
+_GRADIENTS_FIELD = ps_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
+
+
 class ParameterServerClient:
     """Pull and push model partitions across ``addresses`` (one per PS id, in id order)."""
 
@@ -83,8 +111,14 @@ class ParameterServerClient:
         if not addresses:
             raise ValueError("at least one parameter server address is needed")
         self._addresses = list(addresses)
-        self._stubs = [
-            ps_pb2_grpc.ParameterServerStub(make_channel(a, credential, tls)) for a in self._addresses
+        channels = [make_channel(a, credential, tls) for a in self._addresses]
+        self._stubs = [ps_pb2_grpc.ParameterServerStub(channel) for channel in channels]
+        # Pushes travel pre-encoded (edl_argo.rpc.wire): a method that sends the bytes as they are.
+        self._push_methods = [
+            channel.unary_unary(
+                _PUSH_GRADIENTS, response_deserializer=ps_pb2.PushGradientsResponse.FromString
+            )
+            for channel in channels
         ]
         self._budget = retry_budget_seconds
         self._timeout = rpc_timeout_seconds
@@ -109,7 +143,7 @@ class ParameterServerClient:
             return list(self._pool.map(fn, ids))
 
     def _call(self, ps_id: int, method: str, request: object) -> object:
-        rpc = getattr(self._stubs[ps_id], method)
+        rpc = self._push_methods[ps_id] if method == "PushGradients" else getattr(self._stubs[ps_id], method)
         return call_with_retry(
             lambda timeout: rpc(request, timeout=timeout),
             f"ps-{ps_id} {self._addresses[ps_id]}",
@@ -281,8 +315,7 @@ class ParameterServerClient:
                     sparse_by_owner[ps_id][table] = (values[mask], ids[mask])
 
         def push(ps_id: int, authority_step: int = 0) -> ps_pb2.PushGradientsResponse:
-            # Built in place: each tensor's bytes are copied once into the request.
-            request = ps_pb2.PushGradientsRequest(
+            fields = ps_pb2.PushGradientsRequest(
                 version=versions[ps_id],
                 learning_rate_scale=learning_rate_scale,
                 authority_step=authority_step,
@@ -291,16 +324,9 @@ class ParameterServerClient:
                 pusher_id=self._pusher_id,
                 sequence=sequence,
             )
-            gradients = request.gradients
-            gradients.version = versions[ps_id]
-            for name, gradient in dense_by_owner[ps_id].items():
-                fill_tensor(gradients.dense_parameters.add(), gradient, name)
-            for name, value in state_by_owner[ps_id].items():
-                fill_tensor(gradients.non_trainable_parameters.add(), value, name)
-            for table, (values, ids) in sparse_by_owner[ps_id].items():
-                slices = gradients.embedding_tables[table]
-                fill_tensor(slices.values, values, table)
-                fill_tensor(slices.ids, np.asarray(ids, dtype=np.int64), table)
+            request = push_request(
+                fields, dense_by_owner[ps_id], state_by_owner[ps_id], sparse_by_owner[ps_id]
+            )
             return self._call(ps_id, "PushGradients", request)
 
         if not self.synchronous or self.num_ps == 1:

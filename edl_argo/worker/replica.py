@@ -225,14 +225,17 @@ class ModelReplica:
             self._steps.step_done(finite=False)
             log.info("step_skipped_non_finite_gradients", loss_scale=self._steps.dynamic_scale)
             return loss_value, None
-        dense = {v.path: g.numpy() for v, g in zip(self._dense, dense_grads, strict=True) if g is not None}
+        # np.asarray: read-only views of the tensors' buffers (numpy() copies); the push copies them once.
+        dense = {
+            v.path: np.asarray(g) for v, g in zip(self._dense, dense_grads, strict=True) if g is not None
+        }
         sparse = _merge_rows(tables, ids, [g.numpy() for g in row_grads])
         if not bool(finite):  # the step's graph checked them all: name the first variable at fault
             check_finite_gradients(dense, sparse, self.version)
         return loss_value, _Push(
             dense=dense,
             sparse=sparse,
-            state={v.path: s.numpy() for v, s in zip(self._inventory.non_trainable, state, strict=True)},
+            state={v.path: np.asarray(s) for v, s in zip(self._inventory.non_trainable, state, strict=True)},
             examples=num_records(features),
         )
 

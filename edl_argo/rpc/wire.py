@@ -1,0 +1,84 @@
+"""Messages that carry large tensors, encoded with each tensor's bytes copied once.
+
+Building a protobuf message copies a tensor's bytes three times before gRPC sees them (``tobytes``, into the
+message, ``SerializeToString``): for a model of a few megabytes, most of a push's encoding time. An
+:class:`Encoding` instead collects the serialized message as a list of pieces: the small fields serialized by
+protobuf itself, and each tensor's ``content`` as a view of the array's buffer. :meth:`Encoding.tobytes`
+joins them, which is the only copy. The result is the protobuf encoding of the same message (fields in
+another order, which the wire format allows): any protobuf parser reads it back as the message
+:func:`edl_argo.rpc.tensors.fill_tensor` would have built. Only encoding is done here; decoding stays with
+protobuf, which checks what it reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from google.protobuf.message import Message
+
+from edl_argo.proto import tensor_pb2
+from edl_argo.rpc.tensors import wire_array
+
+_LENGTH_DELIMITED = 2
+#: ``Tensor.content``'s field number.
+_CONTENT = tensor_pb2.Tensor.DESCRIPTOR.fields_by_name["content"].number
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _length_prefix(field_number: int, size: int) -> bytes:
+    """The key and length of a length-delimited field of ``size`` bytes."""
+    return _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(size)
+
+
+class Encoding:
+    """A serialized message under construction: pieces in order, and their total size in bytes."""
+
+    def __init__(self, fields: Message | None = None) -> None:
+        """Start with ``fields``' own serialization (its small fields), if given."""
+        self._pieces: list[bytes | memoryview] = []
+        self.size = 0
+        if fields is not None:
+            self._add(fields.SerializeToString())
+
+    def _add(self, piece: bytes | memoryview) -> None:
+        self._pieces.append(piece)
+        self.size += len(piece)
+
+    def message(self, field_number: int, inner: Encoding) -> Encoding:
+        """Append ``inner`` as the (sub-)message field ``field_number``; returns self."""
+        self._add(_length_prefix(field_number, inner.size))
+        self._pieces.extend(inner._pieces)
+        self.size += inner.size
+        return self
+
+    def string(self, field_number: int, text: str) -> Encoding:
+        """Append a string field; returns self."""
+        data = text.encode()
+        self._add(_length_prefix(field_number, len(data)) + data)
+        return self
+
+    def tensor(self, field_number: int, array: np.ndarray | object, name: str = "") -> Encoding:
+        """Append the ``Tensor`` field ``field_number`` holding ``array`` (checked and converted as
+        :func:`~edl_argo.rpc.tensors.fill_tensor` does) without copying its bytes; returns self.
+
+        The array's buffer is read when :meth:`tobytes` runs: it must not change before."""
+        value = wire_array(array, name)
+        content = memoryview(np.ascontiguousarray(value).reshape(-1)).cast("B")
+        tensor = Encoding(tensor_pb2.Tensor(name=name, dtype=value.dtype.name, shape=value.shape))
+        if len(content):  # proto3 leaves an empty field out
+            tensor._add(_length_prefix(_CONTENT, len(content)))
+            tensor._add(content)
+        return self.message(field_number, tensor)
+
+    def tobytes(self) -> bytes:
+        """The serialized message."""
+        return b"".join(self._pieces)

@@ -1,0 +1,93 @@
+"""Pushes encoded piece by piece (edl_argo.rpc.wire) are the messages protobuf builds from the same values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from edl_argo.proto import ps_pb2
+from edl_argo.rpc.tensors import fill_tensor, from_tensor
+from edl_argo.rpc.wire import Encoding
+from edl_argo.worker.ps_client import push_request
+
+RNG = np.random.default_rng(7)
+
+ARRAYS = {
+    "matrix": RNG.normal(size=(33, 7)).astype(np.float32),
+    "half": RNG.normal(size=(5,)).astype(np.float16),
+    "flags": np.array([True, False, True]),
+    "scalar": np.float64(2.5),
+    "empty": np.zeros((0, 3), np.float32),
+    "columns": RNG.normal(size=(6, 8)).astype(np.float32)[:, ::2],  # not contiguous
+    "big_endian": np.arange(4, dtype=">f8"),
+    "eager": tf.constant(RNG.normal(size=(4, 4)).astype(np.float32)),
+    "large": RNG.normal(size=(300, 200)).astype(np.float32),  # lengths of 3-byte varints
+}
+
+
+def reference_push(
+    fields: ps_pb2.PushGradientsRequest,
+    dense: dict[str, object],
+    state: dict[str, object],
+    sparse: dict[str, tuple[np.ndarray, np.ndarray]],
+) -> ps_pb2.PushGradientsRequest:
+    """The request as protobuf builds it from the same values."""
+    request = ps_pb2.PushGradientsRequest()
+    request.CopyFrom(fields)
+    request.gradients.version = fields.version
+    for name, value in dense.items():
+        fill_tensor(request.gradients.dense_parameters.add(), value, name)
+    for name, value in state.items():
+        fill_tensor(request.gradients.non_trainable_parameters.add(), value, name)
+    for table, (values, ids) in sparse.items():
+        fill_tensor(request.gradients.embedding_tables[table].values, values, table)
+        fill_tensor(request.gradients.embedding_tables[table].ids, np.asarray(ids, np.int64), table)
+    return request
+
+
+def test_a_push_encoded_piece_by_piece_parses_as_the_message_protobuf_builds() -> None:
+    fields = ps_pb2.PushGradientsRequest(
+        version=41,
+        learning_rate_scale=0.5,
+        authority_step=3,
+        examples=64,
+        return_parameters=True,
+        pusher_id="a" * 200,  # a length of two varint bytes
+        sequence=2**40,
+    )
+    dense = {f"layer/{name}": value for name, value in ARRAYS.items()}
+    state = {"norm/moving_mean": RNG.normal(size=(7,)).astype(np.float32)}
+    sparse = {
+        "users": (RNG.normal(size=(3, 4)).astype(np.float32), np.array([9, 2, 2**33])),
+        "items": (np.zeros((0, 4), np.float32), np.zeros(0, np.int64)),
+    }
+    encoded = push_request(fields, dense, state, sparse)
+    parsed = ps_pb2.PushGradientsRequest.FromString(encoded)
+    assert parsed == reference_push(fields, dense, state, sparse)
+    assert len(encoded) == parsed.ByteSize()  # nothing more on the wire than protobuf would send
+    decoded = {t.name: from_tensor(t) for t in parsed.gradients.dense_parameters}
+    for name, value in ARRAYS.items():
+        expected = np.asarray(value)
+        assert decoded[f"layer/{name}"].shape == expected.shape
+        assert np.array_equal(decoded[f"layer/{name}"], expected)
+
+
+def test_an_empty_push_is_the_fields_alone() -> None:
+    fields = ps_pb2.PushGradientsRequest(version=0, pusher_id="w", sequence=1)
+    parsed = ps_pb2.PushGradientsRequest.FromString(push_request(fields, {}, {}, {}))
+    assert parsed == reference_push(fields, {}, {}, {})
+
+
+def test_strings_and_messages_nest_at_every_length() -> None:
+    for size in (0, 1, 127, 128, 16_383, 16_384, 70_000):
+        text = "é" * (size // 2) + "x" * (size % 2)  # multi-byte characters: the length is in bytes
+        inner = Encoding(ps_pb2.PushModelResponse(version=size)).string(1, text)
+        outer = Encoding().message(2, inner)
+        entry = ps_pb2.PushGradientsRequest.FromString(Encoding().message(1, outer).tobytes())
+        assert entry.gradients.embedding_tables[text].values.name == ""
+
+
+def test_a_dtype_that_cannot_travel_is_refused_naming_the_tensor() -> None:
+    with pytest.raises(TypeError, match="'dense/strings'"):
+        Encoding().tensor(2, np.array(["a"]), "dense/strings")
