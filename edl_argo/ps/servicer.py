@@ -81,8 +81,12 @@ from edl_argo.ps.parameters import (
 from edl_argo.ps.push_memory import PushMemory, PushOutcome
 from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor, to_indexed_slices, to_tensor
+from edl_argo.rpc.wire import Encoding
 
 log = get_logger(__name__)
+
+_DENSE_PARAMETERS = ps_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
+_PUSH_PARAMETERS = ps_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["parameters"].number
 
 _Response = TypeVar("_Response")
 
@@ -234,7 +238,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._lock = threading.Lock()
         self._accumulator = _Accumulator()
         self._pushes = PushMemory()
-        self._dense_cache: ps_pb2.PullDenseParametersResponse | None = None
+        # The encoded answer carrying every dense parameter, and the version it is of.
+        self._dense_cache: tuple[int, Encoding] | None = None
         # Synchronous SGD, PS other than 0: the step of PS 0 whose pushes it applied last (-1: unknown).
         self._synced_step = -1
         self._pushes_accepted = 0
@@ -273,7 +278,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def PullDenseParameters(
         self, request: ps_pb2.PullDenseParametersRequest, context: grpc.ServicerContext
-    ) -> ps_pb2.PullDenseParametersResponse:
+    ) -> ps_pb2.PullDenseParametersResponse | bytes:
+        """The answer; a serialized one (:mod:`edl_argo.rpc.wire`) when the server is initialised."""
         with self._lock:
             params = self.parameters
             if not params.initialized:
@@ -285,34 +291,28 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 for name, value in params.pull_dense(since_version=-1, finalized=True) or []:
                     fill_tensor(response.dense_parameters.add(), value, name)
                 return response
-            return self._dense_answer(request.version)
+            return self._dense_answer(request.version).tobytes()
 
-    def _dense_answer(
-        self, since_version: int, into: ps_pb2.PullDenseParametersResponse | None = None
-    ) -> ps_pb2.PullDenseParametersResponse:
+    def _dense_answer(self, since_version: int) -> Encoding:
         """The answer to a pull of the dense parameters newer than ``since_version`` (under the lock, the
-        PS initialised): ``into`` (filled) or a message shared by every caller of the current version.
+        PS initialised), encoded.
 
-        The answer carrying every parameter is built once per version and cached; gRPC only reads
-        (serialises) it. With ``into`` (a push's reply), the parameters are built into it when the cache is
-        of an older version, and ``into`` becomes the cache: one copy of the values per version either way.
+        The answer carrying every parameter is encoded once per version and cached: a push's reply and
+        every pull of that version send it. Its tensors are views of the values the last update returned,
+        which never change (:meth:`Parameters.pull_dense`): their bytes are copied once, into each reply.
         """
         version = self.parameters.version
+        fields = ps_pb2.PullDenseParametersResponse(initialized=True, version=version, **self._pull_status())
+        if since_version == version:
+            return Encoding(fields)
         cache = self._dense_cache
-        if since_version != version and cache is not None and cache.version == version:
-            if into is None:
-                return cache
-            into.CopyFrom(cache)
-            return into
-        answer = ps_pb2.PullDenseParametersResponse() if into is None else into
-        answer.initialized, answer.version = True, version
-        answer.synced_step, answer.synchronous = self._synced_step, not self.use_async
-        if since_version != version:
+        if cache is None or cache[0] != version:
+            answer = Encoding(fields)
             for name, value in self.parameters.pull_dense(since_version=-1) or []:
-                fill_tensor(answer.dense_parameters.add(), value, name)  # built in place: one copy
+                answer.tensor(_DENSE_PARAMETERS, value, name)
             # synced_step changes only when the version does: the cache stays right for its version.
-            self._dense_cache = answer
-        return answer
+            self._dense_cache = cache = (version, answer)
+        return cache[1]
 
     @_rpc
     def PullEmbeddingVectors(
@@ -343,9 +343,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return to_indexed_slices(rows, ids, request.name)
 
     @_rpc
-    def PushGradients(
-        self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
-    ) -> ps_pb2.PushGradientsResponse:
+    def PushGradients(self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext) -> bytes:
+        """A serialized ``PushGradientsResponse`` (:mod:`edl_argo.rpc.wire`)."""
         lr_scale = bounds.check_push_fields(request, self.parameters.ps_id)
         with self._lock:
             recalled = self._pushes.recall(request.pusher_id, request.sequence)
@@ -402,14 +401,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._maybe_checkpoint()
         return PushOutcome(request.sequence, accepted=True, step=step)
 
-    def _push_answer(
-        self, request: ps_pb2.PushGradientsRequest, accepted: bool, step: int = 0
-    ) -> ps_pb2.PushGradientsResponse:
-        """The reply to a push (under the lock), with the parameters newer than its version if it asks."""
-        response = ps_pb2.PushGradientsResponse(accepted=accepted, version=self.parameters.version, step=step)
+    def _push_answer(self, request: ps_pb2.PushGradientsRequest, accepted: bool, step: int = 0) -> bytes:
+        """The reply to a push (under the lock), encoded, with the parameters newer than its version if it
+        asks."""
+        fields = ps_pb2.PushGradientsResponse(accepted=accepted, version=self.parameters.version, step=step)
+        response = Encoding(fields)
         if request.return_parameters:
-            self._dense_answer(request.version, into=response.parameters)
-        return response
+            response.message(_PUSH_PARAMETERS, self._dense_answer(request.version))
+        return response.tobytes()
 
     @_rpc
     def GetStatus(

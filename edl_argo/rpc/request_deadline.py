@@ -7,7 +7,8 @@ here serves every unary-unary method as a stream-unary one so that the handler g
 the request, starts a timer, and cancels the call (the client sees ``CANCELLED``) when its request has not
 arrived within ``seconds``. It also decodes the request itself, so that bytes that are no valid message
 end with ``INVALID_ARGUMENT`` (gRPC's own decoding answers ``INTERNAL``). Requests that arrive in time and
-decode are served exactly as before.
+decode are served exactly as before, and a response the method returns already serialized (``bytes``, see
+:mod:`edl_argo.rpc.wire`) is sent as it is.
 """
 
 from __future__ import annotations
@@ -67,7 +68,19 @@ class RequestDeadlineInterceptor(grpc.ServerInterceptor):
                     )
             return unary(request, context)
 
-        return grpc.stream_unary_rpc_method_handler(behavior, response_serializer=handler.response_serializer)
+        return grpc.stream_unary_rpc_method_handler(
+            behavior, response_serializer=_sending_bytes_as_they_are(handler.response_serializer)
+        )
+
+
+def _sending_bytes_as_they_are(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    if serializer is None:
+        return None
+
+    def serialize(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else serializer(response)
+
+    return serialize
 
 
 def _cancel_late(context: grpc.ServicerContext, method: str, seconds: float) -> None:
