@@ -1,15 +1,17 @@
-"""Pushes encoded piece by piece (edl_argo.rpc.wire) are the messages protobuf builds from the same values."""
+"""Pushes encoded piece by piece (edl_argo.rpc.wire) are the messages protobuf builds from the same values;
+replies read without copies are the messages protobuf reads, and damaged ones fail with a decoding error."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 
 from edl_argo.proto import ps_pb2
-from edl_argo.rpc.tensors import fill_tensor, from_tensor
-from edl_argo.rpc.wire import Encoding
-from edl_argo.worker.ps_client import push_request
+from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor
+from edl_argo.rpc.wire import Encoding, WireError, read_tensor, split_field
+from edl_argo.worker.ps_client import PushReply, push_request
 
 RNG = np.random.default_rng(7)
 
@@ -91,3 +93,75 @@ def test_strings_and_messages_nest_at_every_length() -> None:
 def test_a_dtype_that_cannot_travel_is_refused_naming_the_tensor() -> None:
     with pytest.raises(TypeError, match="'dense/strings'"):
         Encoding().tensor(2, np.array(["a"]), "dense/strings")
+
+
+def answer_message(values: dict[str, np.ndarray], synced_step: int) -> ps_pb2.PullDenseParametersResponse:
+    answer = ps_pb2.PullDenseParametersResponse(
+        initialized=True, version=12, synced_step=synced_step, synchronous=True
+    )
+    for name, value in values.items():
+        fill_tensor(answer.dense_parameters.add(), value, name)
+    return answer
+
+
+def test_a_reply_is_read_as_protobuf_reads_it_with_views_of_its_bytes() -> None:
+    values = {"w": ARRAYS["large"], "b": ARRAYS["half"], "s": np.asarray(ARRAYS["scalar"])}
+    reply = ps_pb2.PushGradientsResponse(accepted=True, version=12, step=-3)
+    reply.parameters.CopyFrom(answer_message(values, synced_step=-1))  # negative: 10-byte varints
+    data = reply.SerializeToString()
+    parsed = PushReply.parse(data)
+    assert (parsed.accepted, parsed.version, parsed.step) == (True, 12, -3)
+    carried = parsed.parameters
+    assert (carried.initialized, carried.version, carried.synced_step, carried.synchronous) == (
+        True,
+        12,
+        -1,
+        True,
+    )
+    assert sorted(carried.values) == sorted(values)
+    for name, value in values.items():
+        assert np.array_equal(carried.values[name], value) and carried.values[name].dtype == value.dtype
+        assert not carried.values[name].flags.writeable
+    assert np.shares_memory(carried.values["w"], np.frombuffer(data, np.uint8))  # a view, not a copy
+    empty = PushReply.parse(ps_pb2.PushGradientsResponse(accepted=False, version=3).SerializeToString())
+    assert not empty.accepted and not empty.parameters.initialized and empty.parameters.values == {}
+
+
+def test_split_field_leaves_protobuf_the_rest_and_keeps_every_occurrence_in_order() -> None:
+    answer = answer_message({"a": ARRAYS["matrix"], "b": ARRAYS["flags"]}, synced_step=5)
+    rest, tensors = split_field(answer.SerializeToString(), 3)
+    without = ps_pb2.PullDenseParametersResponse()
+    without.CopyFrom(answer)
+    del without.dense_parameters[:]
+    assert ps_pb2.PullDenseParametersResponse.FromString(rest) == without
+    assert [read_tensor(t)[0] for t in tensors] == ["a", "b"]
+
+
+def test_damaged_replies_fail_with_a_decoding_error_and_nothing_else() -> None:
+    """Every truncation, and bytes flipped at random, of a reply: an error protobuf, the wire reader or the
+    tensor checks name, or (when the damage keeps it a valid message) an answer; never another exception."""
+    reply = ps_pb2.PushGradientsResponse(accepted=True, version=4)
+    reply.parameters.CopyFrom(answer_message({"w": ARRAYS["matrix"], "b": ARRAYS["half"]}, synced_step=2))
+    data = reply.SerializeToString()
+    damaged = [data[:cut] for cut in range(len(data))]
+    for _ in range(300):
+        flipped = bytearray(data)
+        for position in RNG.integers(0, len(data), size=3):
+            flipped[position] = RNG.integers(0, 256)
+        damaged.append(bytes(flipped))
+    errors = 0
+    for candidate in damaged:
+        try:
+            PushReply.parse(candidate)
+        except (WireError, TensorDecodeError, DecodeError):
+            errors += 1
+    assert errors > len(data) // 2  # most truncations cut a tensor short
+
+
+def test_wire_types_no_message_of_ours_uses_are_refused() -> None:
+    with pytest.raises(WireError, match="wire type 3"):
+        split_field(bytes([1 << 3 | 3]), 2)
+    with pytest.raises(WireError, match="varint"):
+        split_field(bytes([0x08] + [0xFF] * 11), 2)
+    with pytest.raises(WireError, match="past the end"):
+        split_field(bytes([2 << 3 | 2, 5, 1]), 2)

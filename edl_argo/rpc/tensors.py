@@ -56,27 +56,33 @@ def from_tensor(message: tensor_pb2.Tensor) -> np.ndarray:
 
     Raises :class:`TensorDecodeError` when the dtype is unknown or the byte count does not match the shape.
     """
-    if message.dtype not in ALLOWED_DTYPES:
-        raise TensorDecodeError(f"tensor {message.name!r}: unsupported dtype {message.dtype!r}")
-    dtype = np.dtype(message.dtype).newbyteorder("<")
-    if len(message.shape) > MAX_DIMENSIONS:
-        raise TensorDecodeError(
-            f"tensor {message.name!r}: {len(message.shape)} dimensions, at most {MAX_DIMENSIONS}"
-        )
-    shape = tuple(message.shape)
+    return tensor_array(message.name, message.dtype, tuple(message.shape), message.content)
+
+
+def tensor_array(
+    name: str, dtype_name: str, shape: tuple[int, ...], content: bytes | memoryview
+) -> np.ndarray:
+    """The read-only array of a tensor message's fields, viewing ``content`` (no copy); see
+    :func:`from_tensor`."""
+    if dtype_name not in ALLOWED_DTYPES:
+        raise TensorDecodeError(f"tensor {name!r}: unsupported dtype {dtype_name!r}")
+    dtype = np.dtype(dtype_name).newbyteorder("<")
+    if len(shape) > MAX_DIMENSIONS:
+        raise TensorDecodeError(f"tensor {name!r}: {len(shape)} dimensions, at most {MAX_DIMENSIONS}")
     if any(d < 0 for d in shape):
-        raise TensorDecodeError(f"tensor {message.name!r}: negative dimension in shape {shape}")
+        raise TensorDecodeError(f"tensor {name!r}: negative dimension in shape {shape}")
     # Python ints: a hostile shape cannot overflow them. Zero dimensions left out: numpy refuses to
     # reshape into (0, 2**62, 2**62) as well.
     if math.prod(d for d in shape if d) * dtype.itemsize > 2**63 - 1:
-        raise TensorDecodeError(f"tensor {message.name!r}: the size of shape {shape} overflows int64")
+        raise TensorDecodeError(f"tensor {name!r}: the size of shape {shape} overflows int64")
     expected = math.prod(shape) * dtype.itemsize
-    if expected != len(message.content):
+    if expected != len(content):
         raise TensorDecodeError(
-            f"tensor {message.name!r}: shape {shape} of {message.dtype} needs {expected} bytes, "
-            f"got {len(message.content)}"
+            f"tensor {name!r}: shape {shape} of {dtype_name} needs {expected} bytes, got {len(content)}"
         )
-    return np.frombuffer(message.content, dtype=dtype).reshape(shape)
+    array = np.frombuffer(content, dtype=dtype).reshape(shape)
+    array.flags.writeable = False
+    return array
 
 
 def to_indexed_slices(values: np.ndarray, ids: np.ndarray, name: str = "") -> tensor_pb2.IndexedSlices:

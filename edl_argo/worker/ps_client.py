@@ -33,7 +33,7 @@ from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
 from edl_argo.rpc.tls import TlsFiles
-from edl_argo.rpc.wire import Encoding
+from edl_argo.rpc.wire import Encoding, read_tensor, split_field
 from edl_argo.worker.step_timers import STEP_TIMERS
 
 log = get_logger(__name__)
@@ -67,7 +67,52 @@ class PushResult:
         return max(self.versions)
 
 
-_PUSH_GRADIENTS = f"/{ps_pb2.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/PushGradients"
+def _method(name: str) -> str:
+    """The full name of a method of the parameter server service."""
+    return f"/{ps_pb2.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/{name}"
+
+
+@dataclass(frozen=True)
+class DenseAnswer:
+    """A pull's answer, or the parameters a push's reply carries; ``values`` by name, read-only views of the
+    reply's bytes."""
+
+    initialized: bool
+    version: int
+    synced_step: int
+    synchronous: bool
+    values: dict[str, np.ndarray]
+
+    @classmethod
+    def parse(cls, data: bytes | memoryview) -> DenseAnswer:
+        """Decode a serialized ``PullDenseParametersResponse`` (its tensors without a copy)."""
+        rest, tensors = split_field(data, _ANSWER_TENSORS)
+        fields = ps_pb2.PullDenseParametersResponse.FromString(rest)
+        values = dict(read_tensor(tensor) for tensor in tensors)
+        return cls(fields.initialized, fields.version, fields.synced_step, fields.synchronous, values)
+
+
+@dataclass(frozen=True)
+class PushReply:
+    """A push's reply; ``parameters`` those it carries (not initialised and empty when it carries none)."""
+
+    accepted: bool
+    version: int
+    step: int
+    parameters: DenseAnswer
+
+    @classmethod
+    def parse(cls, data: bytes) -> PushReply:
+        """Decode a serialized ``PushGradientsResponse`` (the parameters' tensors without a copy)."""
+        rest, carried = split_field(data, _REPLY_PARAMETERS)
+        fields = ps_pb2.PushGradientsResponse.FromString(rest)
+        # Occurrences of a message field merge, as their concatenation parses.
+        parameters = DenseAnswer.parse(carried[0] if len(carried) == 1 else b"".join(carried))
+        return cls(fields.accepted, fields.version, fields.step, parameters)
+
+
+_ANSWER_TENSORS = ps_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
+_REPLY_PARAMETERS = ps_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["parameters"].number
 
 
 def push_request(
@@ -113,10 +158,17 @@ class ParameterServerClient:
         self._addresses = list(addresses)
         channels = [make_channel(a, credential, tls) for a in self._addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(channel) for channel in channels]
-        # Pushes travel pre-encoded (edl_argo.rpc.wire): a method that sends the bytes as they are.
-        self._push_methods = [
+        # Pushes travel pre-encoded, and the parameters of replies and pulls are read without a copy
+        # (edl_argo.rpc.wire): methods of their own for these two.
+        self._pushes = [
+            channel.unary_unary(_method("PushGradients"), response_deserializer=PushReply.parse)
+            for channel in channels
+        ]
+        self._pulls = [
             channel.unary_unary(
-                _PUSH_GRADIENTS, response_deserializer=ps_pb2.PushGradientsResponse.FromString
+                _method("PullDenseParameters"),
+                request_serializer=ps_pb2.PullDenseParametersRequest.SerializeToString,
+                response_deserializer=DenseAnswer.parse,
             )
             for channel in channels
         ]
@@ -143,7 +195,12 @@ class ParameterServerClient:
             return list(self._pool.map(fn, ids))
 
     def _call(self, ps_id: int, method: str, request: object) -> object:
-        rpc = self._push_methods[ps_id] if method == "PushGradients" else getattr(self._stubs[ps_id], method)
+        if method == "PushGradients":
+            rpc = self._pushes[ps_id]
+        elif method == "PullDenseParameters":
+            rpc = self._pulls[ps_id]
+        else:
+            rpc = getattr(self._stubs[ps_id], method)
         return call_with_retry(
             lambda timeout: rpc(request, timeout=timeout),
             f"ps-{ps_id} {self._addresses[ps_id]}",
@@ -196,7 +253,7 @@ class ParameterServerClient:
         """
         held = list(versions)
 
-        def pull(ps_id: int) -> ps_pb2.PullDenseParametersResponse:
+        def pull(ps_id: int) -> DenseAnswer:
             request = ps_pb2.PullDenseParametersRequest(version=held[ps_id], finalized=finalized)
             return self._call(ps_id, "PullDenseParameters", request)
 
@@ -224,11 +281,11 @@ class ParameterServerClient:
             pause = min(0.1, pause * 2)
 
     @staticmethod
-    def _values_of(responses: Sequence[ps_pb2.PullDenseParametersResponse]) -> dict[str, np.ndarray]:
-        """The parameters of pull answers by name (read-only views of the messages' bytes)."""
-        return {t.name: from_tensor(t) for r in responses for t in r.dense_parameters}
+    def _values_of(responses: Sequence[DenseAnswer]) -> dict[str, np.ndarray]:
+        """The parameters of pull answers by name (read-only views of the replies' bytes)."""
+        return {name: value for r in responses for name, value in r.values.items()}
 
-    def _lagging(self, responses: Sequence[ps_pb2.PullDenseParametersResponse]) -> list[int]:
+    def _lagging(self, responses: Sequence[DenseAnswer]) -> list[int]:
         """The PS whose pull answers (one per PS, in id order) are of a step before PS 0's (synchronous SGD);
         learns from PS 0's answer whether the PS run synchronous SGD."""
         self.synchronous = responses[0].synchronous
@@ -238,7 +295,7 @@ class ParameterServerClient:
             if self.synchronous and 0 <= r.synced_step < responses[0].version
         ]
 
-    def _carried(self, responses: Sequence[ps_pb2.PushGradientsResponse]) -> Pulled | None:
+    def _carried(self, responses: Sequence[PushReply]) -> Pulled | None:
         """The parameters the push replies of every PS (in id order) carry, if they are of one step and
         every PS is initialised; else None (the caller pulls)."""
         answers = [r.parameters for r in responses]
@@ -314,7 +371,7 @@ class ParameterServerClient:
                 if mask.any():
                     sparse_by_owner[ps_id][table] = (values[mask], ids[mask])
 
-        def push(ps_id: int, authority_step: int = 0) -> ps_pb2.PushGradientsResponse:
+        def push(ps_id: int, authority_step: int = 0) -> PushReply:
             fields = ps_pb2.PushGradientsRequest(
                 version=versions[ps_id],
                 learning_rate_scale=learning_rate_scale,
