@@ -76,7 +76,7 @@ class Encoding:
 
         The array's buffer is read when :meth:`tobytes` runs: it must not change before."""
         value = wire_array(array, name)
-        content = memoryview(np.ascontiguousarray(value).reshape(-1)).cast("B")
+        content = memoryview(value.reshape(-1)).cast("B")  # wire_array is C-ordered: a view
         tensor = Encoding(tensor_pb2.Tensor(name=name, dtype=value.dtype.name, shape=value.shape))
         if len(content):  # proto3 leaves an empty field out
             tensor._add(_length_prefix(_CONTENT, len(content)))
@@ -108,7 +108,7 @@ def _varint_at(data: memoryview, position: int) -> tuple[int, int]:
 def split_field(data: bytes | memoryview, field_number: int) -> tuple[bytes, list[memoryview]]:
     """The serialized message ``data`` without its length-delimited field ``field_number`` (for protobuf to
     parse), and that field's occurrences in order (views of ``data``)."""
-    data = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+    data = memoryview(data)
     rest: list[memoryview] = []
     taken: list[memoryview] = []
     position = 0
