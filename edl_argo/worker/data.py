@@ -6,11 +6,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from edl_argo.model import Mode, ModelSpec
 from edl_argo.recordio import ShardReader
 from edl_argo.storage import Storage, open_storage
+
+#: The first component :func:`python_stream` gives after the generator's last element (never yielded).
+STREAM_END = np.iinfo(np.int64).min
 
 
 class RecordSource:
@@ -60,12 +64,10 @@ def stream_batches(
 
     Elements are ``(seq, item)``: ``item`` (a :class:`tf.experimental.Optional`) holds a minibatch of task
     ``seq``, or nothing after a task's last minibatch. Maps run in parallel (tf.data's map parallelization)
-    and minibatches are prefetched (autotuned), across task boundaries.
+    and minibatches are prefetched (autotuned), across task boundaries. The dataset is meant to be iterated
+    once (:func:`python_stream`).
     """
-    tasks_dataset = tf.data.Dataset.from_generator(
-        tasks,
-        output_signature=(tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string)),
-    )
+    tasks_dataset = python_stream(tasks, (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string)))
 
     def task_batches(seq: tf.Tensor, records: tf.Tensor) -> tf.data.Dataset:
         fed = spec.feed(tf.data.Dataset.from_tensor_slices(records), Mode.TRAINING, metadata)
@@ -79,3 +81,36 @@ def stream_batches(
     options.experimental_optimization.map_parallelization = True
     options.deterministic = True
     return tasks_dataset.flat_map(task_batches).with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def python_stream(
+    generate: Callable[[], Iterator[tuple[Any, ...]]], signature: tuple[tf.TensorSpec, ...]
+) -> tf.data.Dataset:
+    """The elements of ``generate()`` (one call, on the first element asked for), pulled on a tf.data thread,
+    each a tuple matching ``signature``; the first component must be a scalar ``int64`` below
+    :data:`STREAM_END`.
+
+    Not ``Dataset.from_generator``: on Python 3.11 TensorFlow's generator kernel calls
+    ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` when it is built (``ApplyPython311MemoryPatch``), which turns
+    every later allocation of 128 KiB or more in the process (each buffer of a training step) into a fresh
+    mapping that the kernel faults in and zeroes: a CNN worker spent a third of its step doing that
+    (``docs/profile.md``). ``tf.py_function`` pulls from the same generator without that side effect.
+    """
+    state: dict[str, Iterator[tuple[Any, ...]]] = {}
+    end = (
+        np.int64(STREAM_END),
+        *(np.zeros([dim or 0 for dim in spec.shape], spec.dtype.as_numpy_dtype) for spec in signature[1:]),
+    )
+
+    def pull(_: tf.Tensor) -> tuple[Any, ...]:
+        if "elements" not in state:
+            state["elements"] = generate()
+        return next(state["elements"], end)
+
+    def pulled(step: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        values = tf.py_function(pull, [step], [spec.dtype for spec in signature])
+        for value, spec in zip(values, signature, strict=True):
+            value.set_shape(spec.shape)
+        return tuple(values)
+
+    return tf.data.Dataset.range(1).repeat().map(pulled).take_while(lambda first, *_: first != STREAM_END)
