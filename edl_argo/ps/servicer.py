@@ -79,14 +79,13 @@ from edl_argo.ps.parameters import (
     ParametersState,
 )
 from edl_argo.ps.push_memory import PushMemory, PushOutcome
+from edl_argo.rpc import ps_layout
 from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor, to_indexed_slices, to_tensor
 from edl_argo.rpc.wire import Encoding
 
 log = get_logger(__name__)
 
-_DENSE_PARAMETERS = ps_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
-_PUSH_PARAMETERS = ps_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["parameters"].number
 
 _Response = TypeVar("_Response")
 
@@ -309,7 +308,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if cache is None or cache[0] != version:
             answer = Encoding(fields)
             for name, value in self.parameters.pull_dense(since_version=-1) or []:
-                answer.tensor(_DENSE_PARAMETERS, value, name)
+                answer.tensor(ps_layout.ANSWER_PARAMETERS, value, name)
             # synced_step changes only when the version does: the cache stays right for its version.
             self._dense_cache = cache = (version, answer)
         return cache[1]
@@ -407,7 +406,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         fields = ps_pb2.PushGradientsResponse(accepted=accepted, version=self.parameters.version, step=step)
         response = Encoding(fields)
         if request.return_parameters:
-            response.message(_PUSH_PARAMETERS, self._dense_answer(request.version))
+            response.message(ps_layout.REPLY_PARAMETERS, self._dense_answer(request.version))
         return response.tobytes()
 
     @_rpc

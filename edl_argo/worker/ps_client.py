@@ -29,6 +29,7 @@ from edl_argo.log import get_logger
 from edl_argo.model.embedding_tables import EmbeddingTableSpec
 from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import dense_owner, embedding_owner
+from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
@@ -86,7 +87,7 @@ class DenseAnswer:
     @classmethod
     def parse(cls, data: bytes | memoryview) -> DenseAnswer:
         """Decode a serialized ``PullDenseParametersResponse`` (its tensors without a copy)."""
-        rest, tensors = split_field(data, _ANSWER_TENSORS)
+        rest, tensors = split_field(data, ps_layout.ANSWER_PARAMETERS)
         fields = ps_pb2.PullDenseParametersResponse.FromString(rest)
         values = dict(read_tensor(tensor) for tensor in tensors)
         return cls(fields.initialized, fields.version, fields.synced_step, fields.synchronous, values)
@@ -104,15 +105,11 @@ class PushReply:
     @classmethod
     def parse(cls, data: bytes) -> PushReply:
         """Decode a serialized ``PushGradientsResponse`` (the parameters' tensors without a copy)."""
-        rest, carried = split_field(data, _REPLY_PARAMETERS)
+        rest, carried = split_field(data, ps_layout.REPLY_PARAMETERS)
         fields = ps_pb2.PushGradientsResponse.FromString(rest)
         # Occurrences of a message field merge, as their concatenation parses.
         parameters = DenseAnswer.parse(carried[0] if len(carried) == 1 else b"".join(carried))
         return cls(fields.accepted, fields.version, fields.step, parameters)
-
-
-_ANSWER_TENSORS = ps_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
-_REPLY_PARAMETERS = ps_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["parameters"].number
 
 
 def push_request(
@@ -126,17 +123,15 @@ def push_request(
     and, per table, ``(row_gradients, ids)``: each tensor's bytes copied once (:mod:`edl_argo.rpc.wire`)."""
     model = Encoding(ps_pb2.Model(version=fields.version))
     for name, gradient in dense.items():
-        model.tensor(_MODEL_FIELDS["dense_parameters"], gradient, name)
+        model.tensor(ps_layout.MODEL_FIELDS["dense_parameters"], gradient, name)
     for name, value in state.items():
-        model.tensor(_MODEL_FIELDS["non_trainable_parameters"], value, name)
+        model.tensor(ps_layout.MODEL_FIELDS["non_trainable_parameters"], value, name)
     for table, (values, ids) in sparse.items():
         slices = Encoding().tensor(1, values, table).tensor(2, np.asarray(ids, dtype=np.int64), table)
-        model.message(_MODEL_FIELDS["embedding_tables"], Encoding().string(1, table).message(2, slices))
-    return Encoding(fields).message(_GRADIENTS_FIELD, model).tobytes()
-
-
-_MODEL_FIELDS = {f.name: f.number for f in ps_pb2.Model.DESCRIPTOR.fields}
-_GRADIENTS_FIELD = ps_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
+        model.message(
+            ps_layout.MODEL_FIELDS["embedding_tables"], Encoding().string(1, table).message(2, slices)
+        )
+    return Encoding(fields).message(ps_layout.PUSH_GRADIENTS, model).tobytes()
 
 
 class ParameterServerClient:
