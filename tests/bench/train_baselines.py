@@ -17,7 +17,10 @@ in memory as numpy arrays, batch 64:
 * ``fit_tfdata``: the same ``model.fit``, on what a careful user writes instead of numpy in memory: a
   ``tf.data`` pipeline that reads the RecordIO shards of ``--data`` again every epoch (a generator over
   :func:`~tests.bench.data.read_records`) and decodes them every epoch with the model file's ``feed``, with
-  tf.data's map parallelization on, batched and prefetched (autotuned).
+  tf.data's map parallelization on, batched and prefetched (autotuned). Its generator is
+  ``Dataset.from_generator``, which on Python 3.11 pins glibc's mmap threshold for the process
+  (``docs/profile.md``, *Found*): that slows this baseline's every step, not only its input; our
+  workers avoid it, so compare against ``fit`` on numpy first.
 * ``tf_ps``: an in-process cluster of ``tf.distribute.Server``\\ s, one worker and one PS on loopback;
   ``ParameterServerStrategy`` with a ``ClusterCoordinator`` that schedules a ``tf.function`` train step
   (GradientTape + ``optimizer.apply_gradients`` inside ``strategy.run``) over a
