@@ -6,6 +6,8 @@ Per model, two things run side by side, and take turns so that only one of them 
   ``ParameterServerStrategy`` (in-process cluster, 1 worker + 1 PS), each built and warmed up once;
 * ours: one local :class:`~edl_argo.master.job.TrainingJob` (master in this process, PS and worker as child
   processes) with 1 worker, synchronous SGD (``grads_to_wait`` 1), minibatch 64, 8 minibatches per task.
+  For the CNN and the digits MLP also the same job with asynchronous SGD and ``--pipelined`` (the push
+  and its reply run while the next minibatch computes), which takes its turn after the synchronous one.
 
 Each repeat is: our job trains for a timed window of at least the target seconds, then is paused and the
 children measure ``fit`` and TF PS for a few seconds each, one after the other. Ratios pair the windows of
@@ -85,6 +87,16 @@ class ModelCase:
     records: Callable[[bool], list[bytes]]
     #: ``(baseline key, threshold, text)``: ours ÷ that baseline must reach the threshold.
     goals: tuple[tuple[str, float, str], ...] = ()
+    #: ``(label, TrainConfig overrides)``: more of our jobs measured next to the synchronous one (a row of
+    #: the table each, and a note with its ratio to ``fit``).
+    variants: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+#: Asynchronous SGD with ``--pipelined``: the push and its reply run while the next minibatch computes.
+ASYNC_PIPELINED = (
+    "ours: local job, 1 worker + 1 PS, async, `--pipelined`",
+    {"use_async": True, "pipelined": True},
+)
 
 
 CNN = ModelCase(
@@ -94,6 +106,7 @@ CNN = ModelCase(
     num_ps=1,
     records=lambda quick: mnist_like_records(1024 if quick else 8192),
     goals=(("fit", 0.8, "CNN: ours ≥ 0.8× model.fit"),),
+    variants=(ASYNC_PIPELINED,),
 )
 CTR = ModelCase(
     name="training_ctr",
@@ -112,6 +125,7 @@ DIGITS = ModelCase(
     model_def=MODELS / "digits_mlp.py",
     num_ps=1,
     records=lambda quick: digits_train_records(),
+    variants=(ASYNC_PIPELINED,),
 )
 
 
@@ -476,8 +490,26 @@ def run_case(ctx: BenchContext, case: ModelCase) -> BenchResult:
     }
     with (folder / "job.log").open("a") as job_log:
         job = OurJob(case, data, folder, job_log)
-        windows, rates = take_turns(ctx, case.name, {"ours": job}, children, timing)
-    return _tabulate(case, records, windows["ours"], rates, job, timing.baseline_seconds)
+        variants = {
+            label: OurJob(case, data, folder, job_log, overrides=overrides, name=f"bench-{case.name}-{index}")
+            for index, (label, overrides) in enumerate(case.variants, start=1)
+        }
+        windows, rates = take_turns(ctx, case.name, {"ours": job, **variants}, children, timing)
+    result = _tabulate(case, records, windows["ours"], rates, job, timing.baseline_seconds)
+    ours = [w.examples_per_s for w in windows["ours"]]
+    for label, variant in variants.items():
+        measured = [w.examples_per_s for w in windows[label]]
+        result.rows.append(
+            {
+                "measurement": label,
+                "examples/s": Stat.of(measured),
+                "ours ÷ this": ratio_stat(ours, measured),
+                "timed per repeat": Stat.of([w.seconds for w in windows[label]]).format(0) + " s",
+            }
+        )
+        result.notes.append(f"{label} ÷ `model.fit`: {ratio_stat(measured, rates['fit']).format(2)}.")
+        result.notes.append(variant.breakdown_note(label, windows[label]))
+    return result
 
 
 def _tabulate(
