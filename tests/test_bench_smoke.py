@@ -33,4 +33,6 @@ def test_the_quick_training_benchmark_measures_our_job_against_fit(tmp_path: Pat
     text = report.read_text()
     ours = re.search(r"\| ours: local job, 1 worker \+ 1 PS, sync \| (\d+) \|", text)
     assert ours and int(ours.group(1)) > 0, text[:3000]
+    pipelined = re.search(r"\| ours: local job, 1 worker \+ 1 PS, async, `--pipelined` \| (\d+) \|", text)
+    assert pipelined and int(pipelined.group(1)) > 0, text[:3000]
     assert re.search(r"worker main thread per step .*compute [\d.]+ ms", text), text[:3000]
