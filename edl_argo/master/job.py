@@ -86,6 +86,27 @@ class VersionTracker:
             return self.version
 
 
+#: An AllreduceStrategy job reclaims a task only after this many collective timeouts (see
+#: :func:`task_timeout_floor`).
+COLLECTIVE_TIMEOUTS_PER_TASK_TIMEOUT = 2
+
+
+def task_timeout_floor(config: TrainConfig) -> float:
+    """The least time a worker may hold a task before the master reclaims it and replaces the worker.
+
+    ``--min-task-timeout-seconds``, except with AllreduceStrategy: there a member blocked in a collective on a
+    hung peer holds its task until the collective times out and the group re-forms without the peer, so its
+    task must not time out first (that replaced the healthy member too, and a group that loses every member
+    starts again from its last checkpoint, or from scratch). It is at least twice the collective timeout.
+    """
+    if not config.allreduce:
+        return config.min_task_timeout_seconds
+    return max(
+        config.min_task_timeout_seconds,
+        COLLECTIVE_TIMEOUTS_PER_TASK_TIMEOUT * config.collective_timeout_seconds,
+    )
+
+
 class TrainingJob:
     """Runs one job: start the master service and pods, dispatch until done, export, clean up."""
 
@@ -127,7 +148,7 @@ class TrainingJob:
                 shuffle=config.shuffle,
                 seed=config.seed,
                 max_task_retries=config.max_task_retries,
-                task_timeout_floor=config.min_task_timeout_seconds,
+                task_timeout_floor=task_timeout_floor(config),
             ),
             on_evaluation_complete=self.evaluation.round_complete,
         )
