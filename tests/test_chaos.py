@@ -112,17 +112,10 @@ def test_hung_worker_task_is_reclaimed_on_timeout(chaos_env: ChaosEnv) -> None:
 
 def test_min_task_timeout_flag_sets_the_dispatcher_timeout_floor(digits_data: Path, tmp_path: Path) -> None:
     """hung_worker relies on ``--min-task-timeout-seconds`` reaching the dispatcher (default: 60 s)."""
-    parser = argparse.ArgumentParser()
-    add_train_flags(parser)
-    flags = ["--model-def", DIGITS_MODEL, "--training-data", str(digits_data / "train")]
-    flags += ["--output", str(tmp_path / "job")]
-    default = config_from_args(parser.parse_args(flags))
-    chosen = config_from_args(parser.parse_args([*flags, "--min-task-timeout-seconds", "5"]))
-
-    assert TrainingJob.load(default).dispatcher.snapshot()["config"]["task_timeout_floor"] == 60
-    assert TrainingJob.load(chosen).dispatcher.snapshot()["config"]["task_timeout_floor"] == 5
+    assert _task_timeout_floor(digits_data, tmp_path) == 60
+    assert _task_timeout_floor(digits_data, tmp_path, "--min-task-timeout-seconds", "5") == 5
     with pytest.raises(SystemExit):
-        parser.parse_args([*flags, "--min-task-timeout-seconds", "0"])
+        _task_timeout_floor(digits_data, tmp_path, "--min-task-timeout-seconds", "0")
 
 
 def test_an_allreduce_member_waiting_on_a_hung_peer_keeps_its_task(digits_data: Path, tmp_path: Path) -> None:
@@ -131,19 +124,21 @@ def test_an_allreduce_member_waiting_on_a_hung_peer_keeps_its_task(digits_data: 
     not time out first: that replaced the healthy member too, the whole group was lost and the model started
     again from version 0 (2 of 20 ``allreduce_hang`` trials, accuracy 0.947). So an AllreduceStrategy job
     reclaims tasks only after twice the collective timeout, whatever the floor asked."""
+    allreduce = ("--distribution-strategy", "AllreduceStrategy")
+    assert _task_timeout_floor(digits_data, tmp_path, *allreduce) == 120
+    short = ("--min-task-timeout-seconds", "5", "--collective-timeout-seconds", "15")
+    assert _task_timeout_floor(digits_data, tmp_path, *allreduce, *short) == 30
+    assert _task_timeout_floor(digits_data, tmp_path, *allreduce, "--min-task-timeout-seconds", "500") == 500
+
+
+def _task_timeout_floor(digits_data: Path, tmp_path: Path, *extra: str) -> float:
+    """The dispatcher's task-timeout floor of a digits job loaded from the command line plus ``extra``."""
     parser = argparse.ArgumentParser()
     add_train_flags(parser)
     flags = ["--model-def", DIGITS_MODEL, "--training-data", str(digits_data / "train")]
-    flags += ["--output", str(tmp_path / "job"), "--distribution-strategy", "AllreduceStrategy"]
-    default = config_from_args(parser.parse_args(flags))
-    short = config_from_args(
-        parser.parse_args([*flags, "--min-task-timeout-seconds", "5", "--collective-timeout-seconds", "15"])
-    )
-    long = config_from_args(parser.parse_args([*flags, "--min-task-timeout-seconds", "500"]))
-
-    assert TrainingJob.load(default).dispatcher.snapshot()["config"]["task_timeout_floor"] == 120
-    assert TrainingJob.load(short).dispatcher.snapshot()["config"]["task_timeout_floor"] == 30
-    assert TrainingJob.load(long).dispatcher.snapshot()["config"]["task_timeout_floor"] == 500
+    flags += ["--output", str(tmp_path / "job"), *extra]
+    config = config_from_args(parser.parse_args(flags))
+    return TrainingJob.load(config).dispatcher.snapshot()["config"]["task_timeout_floor"]
 
 
 # -------------------------------------------------------------------------- the other backend and strategy
