@@ -15,6 +15,8 @@ from edl_argo.storage import Storage, open_storage
 
 #: The first component :func:`python_stream` gives after the generator's last element (never yielded).
 STREAM_END = np.iinfo(np.int64).min
+#: Minibatches the training stream prepares ahead of the one being trained.
+PREFETCH_MINIBATCHES = 2
 
 
 class RecordSource:
@@ -64,8 +66,8 @@ def stream_batches(
 
     Elements are ``(seq, item)``: ``item`` (a :class:`tf.experimental.Optional`) holds a minibatch of task
     ``seq``, or nothing after a task's last minibatch. Maps run in parallel (tf.data's map parallelization)
-    and minibatches are prefetched (autotuned), across task boundaries. The dataset is meant to be iterated
-    once (:func:`python_stream`).
+    and :data:`PREFETCH_MINIBATCHES` minibatches are prefetched, across task boundaries. The dataset is
+    meant to be iterated once (:func:`python_stream`).
     """
     tasks_dataset = python_stream(tasks, (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string)))
 
@@ -80,7 +82,10 @@ def stream_batches(
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = True
     options.deterministic = True
-    return tasks_dataset.flat_map(task_batches).with_options(options).prefetch(tf.data.AUTOTUNE)
+    # No autotuning: its optimization thread made dropping this iterator (a worker's last act) wait 1-8 s
+    # (tests/test_worker_data.py), and it bought no throughput here. Parallel maps then run on every core.
+    options.autotune.enabled = False
+    return tasks_dataset.flat_map(task_batches).with_options(options).prefetch(PREFETCH_MINIBATCHES)
 
 
 def python_stream(
