@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -67,6 +68,11 @@ def _log_level_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
     """The parser with ``commands`` registered (all of them by default).
 
@@ -93,7 +99,7 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_native_logs(_log_level_in(argv))
-    chosen = next((a for a in argv if not a.startswith("-")), None)
+    chosen = _command_in(argv)
     parser = build_parser([chosen] if chosen in COMMANDS else [])
     args = parser.parse_args(argv)
     log.configure(getattr(args, "log_level", None))
@@ -110,5 +116,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return TERMINATED_EXIT_CODE
 
 
+#: Commands that a pod runs. Their process ends as soon as the command returns, without the interpreter's
+#: teardown: with TensorFlow loaded that takes 1.5-2 s of a core (its thread pools and modules), during which
+#: the pod holds its resources and the master, which waits for its pods, waits too. A pod command returns
+#: only when its work is done and saved, and runs no thread whose work the teardown would finish.
+POD_COMMANDS = frozenset({"worker", "ps"})
+
+
+def entry_point() -> NoReturn:
+    """The ``edl-argo`` program: :func:`main`, then the exit (at once for :data:`POD_COMMANDS`)."""
+    code = main()
+    if _command_in(sys.argv[1:]) in POD_COMMANDS:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()
