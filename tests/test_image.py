@@ -266,7 +266,7 @@ def test_the_entrypoint_is_the_installed_edl_argo_program() -> None:
     env = " ".join(i.arguments for i in stage if i.keyword == "ENV")
     assert f"PATH={VENV}/bin:$PATH" in env
     module, _, function = PYPROJECT["project"]["scripts"]["edl-argo"].partition(":")
-    assert getattr(importlib.import_module(module), function) is cli.main
+    assert getattr(importlib.import_module(module), function) is cli.entry_point
     # every step and every pod runs it by that name
     commands = [t["container"]["command"] for t in container_templates()]
     commands += [c["command"] for pod in training_pod_manifests() for c in pod["spec"]["containers"]]
