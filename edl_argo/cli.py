@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -24,7 +23,7 @@ from typing import NoReturn
 
 from edl_argo import __version__, log
 from edl_argo.errors import EdlError
-from edl_argo.stop import TERMINATED_EXIT_CODE, Terminated
+from edl_argo.stop import TERMINATED_EXIT_CODE, Terminated, exit_now
 
 #: command -> (module providing ``register``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -127,10 +126,7 @@ def entry_point() -> NoReturn:
     """The ``edl-argo`` program: :func:`main`, then the exit (at once for :data:`POD_COMMANDS`)."""
     code = main()
     if _command_in(sys.argv[1:]) in POD_COMMANDS:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_now(code)
     sys.exit(code)
 
 

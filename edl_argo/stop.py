@@ -8,8 +8,12 @@ itself is not interrupted (SIGKILL still ends it).
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
+import sys
 import threading
+from typing import NoReturn
 
 from edl_argo.log import get_logger
 
@@ -38,3 +42,13 @@ def stop_on_sigterm() -> None:
         raise Terminated
 
     signal.signal(signal.SIGTERM, terminate)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with ``code`` at once, once its log lines and standard output are flushed: no
+    interpreter teardown (``atexit`` handlers, joining threads, unloading modules), whatever its other
+    threads are doing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -19,7 +19,6 @@ decides in the same way, and ``nan_gradients_skipped`` counts those skipped.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from edl_argo.recordio import ShardChangedError
 from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch
 from edl_argo.rpc.tls import load_tls_dir
 from edl_argo.settings import add_role_settings
+from edl_argo.stop import exit_now
 from edl_argo.storage import open_storage
 from edl_argo.worker.gradient_check import NonFiniteGradientError
 from edl_argo.worker.master_client import MasterClient
@@ -490,8 +490,7 @@ def _master_lost() -> None:
     """The master is gone for good: end the worker at once, whatever its main thread is waiting for (a
     parameter server, a peer, the master itself); a worker holds nothing that must be saved."""
     log.error("worker_stopping", reason="master_lost", exit_code=MASTER_LOST_EXIT_CODE)
-    logging.shutdown()
-    os._exit(MASTER_LOST_EXIT_CODE)
+    exit_now(MASTER_LOST_EXIT_CODE)
 
 
 def error_line(error: BaseException) -> str:
