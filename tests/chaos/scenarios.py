@@ -90,10 +90,12 @@ PS_KILL_TASK_TIMEOUT_SECONDS = 300
 #: ``--num-epochs`` of :func:`scale_1_4_1`: twice the usual job, so that the lone worker has not trained
 #: every task by the time the added ones have started. Their start took 17 s on a loaded machine and 30 s
 #: under ``make test``, where a lone worker then trained the last 85% of a twice-usual job in 25 s (and 88%
-#: of a thrice-usual one once): the lone worker is also paused while they start, for at most
-#: :data:`SCALING_PAUSE_SECONDS`, under the RPC deadline (30 s) and the task timeout (60 s).
+#: of a thrice-usual one once, the added ones starting in 35-40 s): so the lone worker is also paused while
+#: they start, for at most :data:`SCALING_PAUSE_SECONDS`; the job's RPC deadline and task timeout are longer
+#: (:data:`SCALING_PAUSE_SETTINGS`), so that a call or task it held when paused does not expire.
 SCALING_EPOCHS = 2 * CHAOS_JOB["num_epochs"]
-SCALING_PAUSE_SECONDS = 20.0
+SCALING_PAUSE_SECONDS = 60.0
+SCALING_PAUSE_SETTINGS = {"rpc_timeout_seconds": 90, "min_task_timeout_seconds": 180}
 #: ``EDL_STORAGE_RETRY_SECONDS`` of :func:`s3_outage`; its outages last at most a fifth of it.
 S3_RETRY_SECONDS = 60
 S3_OUTAGE_SECONDS = (3.0, 8.0)
@@ -627,7 +629,7 @@ def scale_1_4_1(
         if pause_lone_worker:
             # On a cluster the added pods start on their own nodes; here they share two cores with the lone
             # worker, which trained the rest of the job while they imported TensorFlow under make test's
-            # load. Pausing it (for less than an RPC deadline and the task timeout) stands in for that.
+            # load. Pausing it (for less than the job's RPC deadline and task timeout) stands in for that.
             with trial.paused_worker(lone):
                 deadline = time.monotonic() + SCALING_PAUSE_SECONDS
                 while not all(map(started, added)) and time.monotonic() < deadline:
@@ -642,6 +644,8 @@ def scale_1_4_1(
 
     name = overrides.pop("scenario", "scale_1_4_1")
     overrides.setdefault("num_epochs", SCALING_EPOCHS)
+    if pause_lone_worker:
+        overrides.update(SCALING_PAUSE_SETTINGS)
     return run_in_process(name, env, rng, inject, backend=backend, num_workers=1, **overrides)
 
 
