@@ -40,7 +40,7 @@ from edl_argo.collective import CollectiveGroup, CollectiveServer
 from edl_argo.collective.flags import ALLREDUCE
 from edl_argo.collective.transport import PeerConnections
 from edl_argo.pods import PodRole
-from tests.bench.common import BenchContext, BenchResult, Stat, ratio_stat
+from tests.bench.common import BenchContext, BenchResult, Goal, Stat, ratio_stat
 
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Barrier
@@ -379,6 +379,17 @@ def allreduce_cnn(ctx: BenchContext) -> BenchResult:
                 "timed per repeat": Stat.of([w.seconds for w in windows[label]]).format(0) + " s",
             }
         )
+    two_workers = [w.examples_per_s for w in windows[labels[2]]]
+    result.goals = [
+        Goal(
+            "AllreduceStrategy, 1 worker, CNN: ours ≥ 0.9× model.fit", ratio_stat(one_worker, fit_rates), 0.9
+        ),
+        Goal(
+            "AllreduceStrategy, CNN: 2 workers ≥ 0.95× 1 worker (on this 2-core machine)",
+            ratio_stat(two_workers, one_worker),
+            0.95,
+        ),
+    ]
     first_steps = ", ".join(
         f"{label} {job.first_report - job.first_resume:.1f} s" for label, job in jobs.items()
     )
