@@ -214,10 +214,12 @@ class PodManager:
             self._finished_workers.add(worker_id)
             log.info("worker_finished", worker=worker_id)
             return
-        if removed_reason == SCALED_DOWN:
-            log.info("worker_removed", worker=worker_id)
-            return
+        # Removing a worker requeued what it held, but it may have been handed a task since, before its
+        # pod stopped: that one goes back now, not on the task timeout.
         requeued = self.dispatcher.recover_tasks(worker_id)
+        if removed_reason == SCALED_DOWN:
+            log.info("worker_removed", worker=worker_id, tasks_requeued=len(requeued))
+            return
         log.warning(
             "worker_lost",
             worker=worker_id,
