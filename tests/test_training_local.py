@@ -63,8 +63,14 @@ def test_sync_job_trains_digits_and_publishes_model(digits_data: Path, tmp_path:
     assert all(len(p["output"]) == 10 for p in lines)
 
 
+#: Asynchronous SGD applies stale gradients, so its accuracy after the synchronous jobs' 10 epochs varies from
+#: run to run (0.94-0.98 seen here); 12 epochs keep it above the floor.
+ASYNC_DIGITS_EPOCHS = 12
+
+
 def test_async_job_trains_digits(digits_data: Path, tmp_path: Path) -> None:
-    metrics = TrainingJob.load(digits_config(digits_data, tmp_path / "job", use_async=True)).run()
+    config = digits_config(digits_data, tmp_path / "job", use_async=True, num_epochs=ASYNC_DIGITS_EPOCHS)
+    metrics = TrainingJob.load(config).run()
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
 
