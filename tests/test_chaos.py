@@ -286,3 +286,54 @@ def test_a_process_or_kubernetes_object_of_the_job_left_behind_fails_the_trial(t
         found = left_behind(KubernetesPods(cluster, job), seconds=1)
         assert found == [f"service {job}-ps-0"]
         assert cluster.objects("services") == []
+
+
+# ------------------------------------------------------------------------------------ the report's summary
+
+
+def _stored_trial(passed: bool = True, records_lost: int = 0) -> dict[str, Any]:
+    return {
+        "backend": "local",
+        "strategy": "ParameterServerStrategy",
+        "completed": True,
+        "passed": passed,
+        "records_lost": records_lost,
+        "records_trained_twice": 0,
+        "wall_seconds": 40.0,
+        "accuracy": 0.98,
+        "versions_lost": None,
+        "updates_lost": 0,
+        "load": 1.0,
+    }
+
+
+def _stored_run(started: str, **variants: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "started": started,
+        "machine": {"code": f"commit {started[-2:]}"},
+        "baselines": {},
+        "variants": variants,
+    }
+
+
+def test_the_summary_counts_only_variants_whose_newest_run_has_20_trials_all_passed() -> None:
+    from tests.chaos.run import GOAL_TRIALS, summary
+
+    runs = [  # newest first, as stored
+        _stored_run("2026-11-28 01:00:02", worker_kills=[_stored_trial()] * GOAL_TRIALS),
+        _stored_run(
+            "2026-11-28 00:00:01",
+            worker_kills=[_stored_trial(passed=False)],  # replaced by the newer run
+            ps_kill=[_stored_trial()] * GOAL_TRIALS,
+            hung_worker=[_stored_trial()] * (GOAL_TRIALS - 1),  # too few trials
+            s3_outage=[_stored_trial()] * (GOAL_TRIALS - 1) + [_stored_trial(passed=False, records_lost=3)],
+        ),
+    ]
+    text = "\n".join(summary(runs))
+    short = text.split("short of that: ")[1].split("\n")[0]
+    assert f"**2 of {len(VARIANTS)} variants**" in text
+    assert "worker_kills," not in short and "ps_kill," not in short
+    assert "hung_worker" in short and "s3_outage" in short and "master_restart" in short
+    assert "| worker_kills | local | PS | 20 | 20 | 20 | 0 |" in text and "commit 02 |" in text
+    assert "| s3_outage | local | PS | 20 | 20 | 19 | **3** |" in text
+    assert "| master_restart | local | PS | no run |" in text

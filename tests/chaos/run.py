@@ -134,6 +134,43 @@ def scenario_row(name: str, trials: list[Trial], baseline_seconds: float | None)
     ]
 
 
+#: The trials a variant's run needs to meet the reliability goal (all of them passed, no record lost).
+GOAL_TRIALS = 20
+
+
+def _trial_goal_met(trials: list[Trial]) -> bool:
+    return len(trials) >= GOAL_TRIALS and all(t["passed"] and t["records_lost"] == 0 for t in trials)
+
+
+def summary(runs: list[dict[str, Any]]) -> list[str]:
+    """The report's first section: every variant of :data:`VARIANTS` with the row of its newest run
+    (``runs`` is newest first) and that run's date and commit, or "no run"; and how many variants meet
+    the goal of :data:`GOAL_TRIALS` trials, every one passed with no record lost."""
+    newest: dict[str, tuple[dict[str, Any], list[Trial]]] = {}
+    for run in reversed(runs):  # oldest first, so a newer run of a variant replaces an older one
+        for name, trials in run["variants"].items():
+            newest[name] = (run, trials)
+    header = (*COLUMNS, "run")
+    rows = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    short = []
+    for name, variant in VARIANTS.items():
+        if name not in newest:
+            strategy = "allreduce" if variant.strategy == ALLREDUCE else "PS"
+            rows.append(f"| {name} | {variant.backend} | {strategy} | no run |" + " |" * (len(header) - 4))
+            short.append(name)
+            continue
+        run, trials = newest[name]
+        reference = run["baselines"].get(_baseline_key(trials[0]))
+        row = scenario_row(name, trials, reference["wall_seconds"] if reference else None)
+        rows.append("| " + " | ".join([*row, f"{run['started'][:10]}, {run['machine']['code']}"]) + " |")
+        if not _trial_goal_met(trials):
+            short.append(name)
+    met = len(VARIANTS) - len(short)
+    verdict = f"**{met} of {len(VARIANTS)} variants** have a run of at least {GOAL_TRIALS} trials, every "
+    verdict += "trial passed, 0 records lost" + (f"; short of that: {', '.join(short)}." if short else ".")
+    return ["## Summary: the newest run of every variant", "", verdict, "", *rows]
+
+
 def render(runs: list[dict[str, Any]]) -> str:
     """The markdown report of the stored ``runs`` (newest first)."""
     settings = ", ".join(f"{name} {value}" for name, value in CHAOS_JOB.items())
@@ -171,6 +208,8 @@ def render(runs: list[dict[str, Any]]) -> str:
         f"{S3_OUTAGE_SECONDS[0]:.0f}-{S3_OUTAGE_SECONDS[1]:.0f} s "
         f"with `EDL_STORAGE_RETRY_SECONDS={S3_RETRY_SECONDS}`; `--min-task-timeout-seconds "
         f"{HUNG_TASK_TIMEOUT_SECONDS}` in `hung_worker` and `allreduce_hang`.",
+        "",
+        *summary(runs),
     ]
     for run in runs:
         info = run["machine"]
