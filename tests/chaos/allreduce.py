@@ -81,10 +81,11 @@ def allreduce_hang(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -
 
 def allreduce_scale(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> TrialResult:
     """:func:`~tests.chaos.scenarios.scale_1_4_1` with AllreduceStrategy: new members receive the state
-    of a member of the group, the members removed leave it. The lone member is not paused while they start:
-    they would blame it for the round it could not join, and the master replace it."""
+    of a member of the group, the members removed leave it. The lone member, which trains without a
+    collective and so ends the job in seconds, is paused only until the first added worker has started:
+    paused longer, it would miss the round that worker forms with it, and be blamed and replaced."""
     return scale_1_4_1(
-        env, rng, backend=backend, scenario="allreduce_scale_1_4_1", pause_lone_worker=False, **ALLREDUCE_JOB
+        env, rng, backend=backend, scenario="allreduce_scale_1_4_1", resume_when=any, **ALLREDUCE_JOB
     )
 
 

@@ -32,7 +32,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -603,7 +603,7 @@ def scale_1_4_1(
     rng: random.Random,
     *,
     backend: str = LOCAL,
-    pause_lone_worker: bool = True,
+    resume_when: Callable[[Iterable[bool]], bool] = all,
     **overrides: Any,
 ) -> TrialResult:
     """One worker, scaled to 4 at a random point between 5% and 20% of the tasks, and back to 1 at a
@@ -611,8 +611,9 @@ def scale_1_4_1(
 
     The job is long enough (:data:`SCALING_EPOCHS`) for the added workers to start before it ends on a
     loaded machine (their TensorFlow start-up took 30 s under ``make test``'s load): a trial where they did
-    not fails as such, since it could not scale them down. With ``pause_lone_worker`` the lone worker is
-    paused while they start (see :data:`SCALING_EPOCHS`)."""
+    not fails as such, since it could not scale them down. The lone worker is paused while they start (see
+    :data:`SCALING_EPOCHS`), until ``resume_when`` (``all`` or ``any``) of them have started or for at most
+    :data:`SCALING_PAUSE_SECONDS`."""
 
     def inject(trial: Trial) -> None:
         trial.wait_for_progress(rng.uniform(0.05, 0.20))
@@ -626,14 +627,13 @@ def scale_1_4_1(
         def started(worker: int) -> bool:
             return trial.tap.search(rf"worker_started worker={worker}\b") is not None
 
-        if pause_lone_worker:
-            # On a cluster the added pods start on their own nodes; here they share two cores with the lone
-            # worker, which trained the rest of the job while they imported TensorFlow under make test's
-            # load. Pausing it (for less than the job's RPC deadline and task timeout) stands in for that.
-            with trial.paused_worker(lone):
-                deadline = time.monotonic() + SCALING_PAUSE_SECONDS
-                while not all(map(started, added)) and time.monotonic() < deadline:
-                    time.sleep(0.1)
+        # On a cluster the added pods start on their own nodes; here they share two cores with the lone
+        # worker, which trained the rest of the job while they imported TensorFlow under make test's load.
+        # Pausing it (for less than the job's RPC deadline and task timeout) stands in for that.
+        with trial.paused_worker(lone):
+            deadline = time.monotonic() + SCALING_PAUSE_SECONDS
+            while not resume_when(map(started, added)) and time.monotonic() < deadline:
+                time.sleep(0.1)
         trial.wait_for(lambda: all(map(started, added)), f"the added workers {added} to start")
         started_at = trial.progress()
         assert started_at < 0.90, f"the added workers started only at {started_at:.0%} of the tasks"
@@ -644,8 +644,7 @@ def scale_1_4_1(
 
     name = overrides.pop("scenario", "scale_1_4_1")
     overrides.setdefault("num_epochs", SCALING_EPOCHS)
-    if pause_lone_worker:
-        overrides.update(SCALING_PAUSE_SETTINGS)
+    overrides.update(SCALING_PAUSE_SETTINGS)
     return run_in_process(name, env, rng, inject, backend=backend, num_workers=1, **overrides)
 
 
