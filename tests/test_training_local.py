@@ -64,7 +64,7 @@ def test_sync_job_trains_digits_and_publishes_model(digits_data: Path, tmp_path:
 
 
 #: Asynchronous SGD applies stale gradients, so its accuracy after the synchronous jobs' 10 epochs varies from
-#: run to run (0.94-0.98 seen here); 12 epochs keep it above the floor.
+#: run to run (once below 0.95 here, 0.958-0.981 otherwise); 12 epochs keep it above the floor.
 ASYNC_DIGITS_EPOCHS = 12
 
 

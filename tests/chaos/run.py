@@ -109,6 +109,11 @@ COLUMNS = (
 )
 
 
+def strategy_label(strategy: str) -> str:
+    """How the report names a distribution strategy."""
+    return "allreduce" if strategy == ALLREDUCE else "PS"
+
+
 def scenario_row(name: str, trials: list[Trial], baseline_seconds: float | None) -> list[str]:
     """The report's table row of one variant's trials."""
     done = [t for t in trials if t["completed"]]
@@ -118,7 +123,7 @@ def scenario_row(name: str, trials: list[Trial], baseline_seconds: float | None)
     return [
         name,
         first["backend"],
-        "allreduce" if first["strategy"] == ALLREDUCE else "PS",
+        strategy_label(first["strategy"]),
         str(len(trials)),
         str(len(done)),
         str(sum(t["passed"] for t in trials)),
@@ -155,7 +160,7 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
     short = []
     for name, variant in VARIANTS.items():
         if name not in newest:
-            strategy = "allreduce" if variant.strategy == ALLREDUCE else "PS"
+            strategy = strategy_label(variant.strategy)
             rows.append(f"| {name} | {variant.backend} | {strategy} | no run |" + " |" * (len(header) - 4))
             short.append(name)
             continue
@@ -258,7 +263,7 @@ def render(runs: list[dict[str, Any]]) -> str:
 
 
 def _baseline_key(trial: Trial) -> str:
-    return f"{trial['backend']}/{'allreduce' if trial['strategy'] == ALLREDUCE else 'PS'}"
+    return f"{trial['backend']}/{strategy_label(trial['strategy'])}"
 
 
 def _summary(trial: Trial) -> str:
@@ -385,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s3 is not None:
             s3.start()
         for variant in chosen:
-            key = f"{variant.backend}/{'allreduce' if variant.strategy == ALLREDUCE else 'PS'}"
+            key = f"{variant.backend}/{strategy_label(variant.strategy)}"
             if key not in baselines:
                 overrides = ALLREDUCE_JOB if variant.strategy == ALLREDUCE else {}
                 load = os.getloadavg()[0]
