@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from edl_argo import __version__, log
 from edl_argo.errors import EdlError
+from edl_argo.native_logs import hide_notices_while_importing
 from edl_argo.stop import TERMINATED_EXIT_CODE, Terminated, exit_now
 
 #: command -> (module providing ``register``, one-line help)
@@ -51,10 +52,14 @@ def quiet_native_logs(log_level: str | None) -> None:
     """Hide TensorFlow's C++ log lines below ERROR unless ``log_level`` (else ``$EDL_LOG_LEVEL``) is DEBUG.
 
     Must run before TensorFlow is imported. A ``TF_CPP_MIN_LOG_LEVEL`` already in the environment wins
-    (set by hand, or inherited from the master by a local pod, whose log level is the master's).
+    (set by hand, or inherited from the master by a local pod, whose log level is the master's); it also
+    decides which of the notices TensorFlow's import writes are kept (:mod:`edl_argo.native_logs`).
     """
     level = (log_level or os.environ.get("EDL_LOG_LEVEL") or "INFO").upper()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if level == "DEBUG" else "2")
+    # The level above does not reach the lines TensorFlow writes before absl's logging starts (on some
+    # CPUs: oneDNN's notice, twice, with absl's preamble); those are filtered from the import's output.
+    hide_notices_while_importing("tensorflow")
 
 
 def import_tensorflow_for_a_pod() -> None:

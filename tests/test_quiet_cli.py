@@ -103,32 +103,83 @@ def test_invalid_command_still_lists_the_commands(capsys: pytest.CaptureFixture[
     assert "invalid choice: 'trian'" in err and "train" in err and len(err.strip().splitlines()) == 1
 
 
-def tensorflow_start_lines(log_level: str | None) -> list[str]:
-    """The native start-up lines of a process that runs the CLI entry, then uses TensorFlow."""
-    code = f"""
-import sys
-from edl_argo import cli
-cli.quiet_native_logs({log_level!r})
-import tensorflow as tf
-(tf.zeros([2]) + 1).numpy()
+#: A package that writes native notices to file descriptor 2 when imported, as TensorFlow does on some CPUs,
+#: between a line of its own before and after them.
+NOISY_PACKAGE = f"""
+import os
+lines = ["noisy: before"] + {TF_NOTICES!r} + [
+    "E0000 00:00:1795617866.000002   11482 port.cc:9] an error line",
+    "noisy: after",
+]
+os.write(2, ("\\n".join(lines) + "\\n").encode())
 """
+
+
+def stderr_of_quiet_entry(code: str, log_level: str | None, path: Path = ROOT) -> list[str]:
+    """The stderr lines of a process that runs the CLI's start (:func:`cli.quiet_native_logs`), then
+    ``code``, with ``path`` and this checkout on ``sys.path``."""
+    program = f"import sys\nfrom edl_argo import cli\ncli.quiet_native_logs({log_level!r})\n{code}"
     environment = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "EDL_LOG_LEVEL")}
     result = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", program],
         capture_output=True,
         text=True,
-        env={**environment, "PYTHONPATH": str(ROOT)},
+        env={**environment, "PYTHONPATH": os.pathsep.join([str(ROOT), str(path)])},
         timeout=300,
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    return [line for line in result.stderr.splitlines() if is_native_notice(line)]
+    return result.stderr.splitlines()
 
 
-def test_tensorflow_start_up_lines_only_at_debug() -> None:
-    assert tensorflow_start_lines(None) == []
-    assert tensorflow_start_lines("INFO") == []
-    assert tensorflow_start_lines("DEBUG") != []  # the notices are there, and recognized as such
+def test_tensorflow_start_up_lines_hidden_on_this_cpu() -> None:
+    """Whatever this CPU makes TensorFlow write before absl's logging starts (oneDNN's notice on an Intel
+    CPU with AVX-512, nothing on others), a process that went through the CLI's start shows none of it."""
+    stderr = stderr_of_quiet_entry("import tensorflow as tf\n(tf.zeros([2]) + 1).numpy()", None)
+    assert [line for line in stderr if is_native_notice(line)] == []
+
+
+@pytest.mark.parametrize("via", ["import noisy", "import uses_noisy"])
+def test_notices_written_by_an_import_are_hidden_below_the_log_level(tmp_path: Path, via: str) -> None:
+    """The same on any CPU: a package that writes the notices when imported (directly, or by another
+    package's import) leaves only its own lines and the ERROR line; at DEBUG, everything."""
+    (tmp_path / "noisy.py").write_text(NOISY_PACKAGE)
+    (tmp_path / "uses_noisy.py").write_text("import noisy\n")
+    hook = "from edl_argo.native_logs import hide_notices_while_importing as hide\nhide('noisy')\n"
+    after = f"{hook}{via}\nprint('program: after the import', file=sys.stderr)"
+    shown = [
+        "noisy: before",
+        "E0000 00:00:1795617866.000002   11482 port.cc:9] an error line",
+        "noisy: after",
+    ]
+    assert stderr_of_quiet_entry(after, "INFO", tmp_path) == [*shown, "program: after the import"]
+    debug = stderr_of_quiet_entry(after, "DEBUG", tmp_path)
+    assert debug == ["noisy: before", *TF_NOTICES, *shown[1:], "program: after the import"]
+
+
+def test_an_import_that_fails_still_shows_its_error(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text(f"{NOISY_PACKAGE}\nraise ImportError('broken: needs libfoo.so')\n")
+    code = (
+        "from edl_argo.native_logs import hide_notices_while_importing\n"
+        "hide_notices_while_importing('broken')\n"
+        "try:\n    import broken\n"
+        "except ImportError as error:\n    print(f'caught: {error}', file=sys.stderr)\n"
+        "import broken as again\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "EDL_LOG_LEVEL")}
+    program = f"import sys\nfrom edl_argo import cli\ncli.quiet_native_logs('INFO')\n{code}"
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        env={**environment, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])},
+        timeout=60,
+        cwd=ROOT,
+    )
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1
+    assert "caught: broken: needs libfoo.so" in lines and lines[-1] == "ImportError: broken: needs libfoo.so"
+    assert not any(is_native_notice(line) and not line.startswith("E") for line in lines)
 
 
 def test_failure_line_is_the_errors_own_last_line() -> None:

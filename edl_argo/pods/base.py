@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import abc
 import enum
-import re
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Final, TypeVar
 
 from edl_argo.errors import ConfigError
+from edl_argo.native_logs import is_native_notice
 from edl_argo.rpc.auth import JobSecret
 from edl_argo.rpc.tls import TlsFiles
 
@@ -163,23 +163,6 @@ class PodEvent:
 #: What separates a terminal event's ``message`` from the pod's last output lines it quotes
 #: (``"exited with status 1; last lines of stderr:\n..."``).
 _TAIL_HEADER = "; last lines of "
-
-#: Lines native libraries write on their own (TensorFlow's C++ start-up notices through absl or glog,
-#: gRPC's): ``I0000 00:00:1795617865.911643   11482 cpu_feature_guard.cc:227] ...``,
-#: ``2026-05-04 10:11:12.345678: I tensorflow/core/util/port.cc:153] oneDNN ...``, absl's preamble and the
-#: continuation line of the CPU-feature notice.
-_NATIVE_NOTICE = re.compile(
-    r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
-    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\]"
-    r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
-    r"|To enable the following instructions: .* rebuild TensorFlow"
-)
-
-
-def is_native_notice(line: str) -> bool:
-    """Whether ``line`` is a native library's log line (TensorFlow's C++ notices), not the program's."""
-    return _NATIVE_NOTICE.match(line) is not None
-
 
 def failure_line(lines: Sequence[str]) -> str:
     """The last non-blank line of a failed process's output that is not a native notice ("" if none):
