@@ -22,6 +22,7 @@ One job serves several features at once (a job costs seconds of process start-up
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,8 @@ class Case:
     minibatch_size: int = 8
     #: ``fit``'s batch size (the job's minibatch times ``grads_to_wait`` when pushes are averaged).
     fit_batch_size: int = 8
+    #: The module under ``parity_models`` whose ``records(count)`` makes the rows.
+    data: str = "parity_data"
     job: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,6 +69,8 @@ CASES = {
     "embedding_clip": Case("embedding_clip.py", rows=100, job={"num_ps": 2}),
     # 92 rows: 11 minibatches of 8 and one of 4; pushed in pairs: fit's 5 batches of 16 and one of 12.
     "weighted": Case("weighted.py", rows=92, fit_batch_size=16, job={"num_ps": 1, "grads_to_wait": 2}),
+    # ElasticDL's MNIST model's shape: convolutions, BatchNormalization, Dropout (the same masks as fit).
+    "conv_dropout": Case("conv_dropout.py", rows=100, data="conv_dropout", job={"num_ps": 2}),
 }
 
 
@@ -100,9 +105,7 @@ def _fit(spec: ModelSpec, records: list[bytes], batch: int) -> tuple[keras.Model
 def _trained(name: str, root: Path) -> Trained:
     case = CASES[name]
     spec = load_model_spec(str(MODELS / case.model))
-    from parity_models.parity_data import records as make_records
-
-    records = make_records(case.rows)
+    records = importlib.import_module(f"parity_models.{case.data}").records(case.rows)
     data = root / name / "data"
     write_dataset(LocalStorage(data), "train", records, 1, Compressor.NONE, overwrite=False)
     output = root / name / "out"
@@ -188,6 +191,20 @@ def test_global_clipnorm_spans_embedding_and_dense_gradients_of_two_ps(trained) 
     assert_saved_model_equals_fit(result)
     table = next(v for v in result.exported.weights if v.path == "embedding/embeddings").numpy()
     assert (table == 0.0).any() and table.min() == 0.0, "the NonNeg constraint did not bind"
+
+
+def test_convolutions_batch_normalization_and_dropout_equal_fit(trained) -> None:
+    """ElasticDL's MNIST model's shape: Dropout's masks are drawn on the worker from the generator the
+    model built (its state is not the PS's), so one worker draws fit's masks step for step."""
+    result = trained("conv_dropout")
+    for path in ("conv2d/kernel", "conv2d_1/kernel", "batch_normalization/moving_variance", "dense/kernel"):
+        assert_trained(result, path)
+    assert_variables_equal_fit(result)
+    assert_saved_model_equals_fit(result)
+    features, labels = next(iter(_dataset(result.spec, result.records, Mode.EVALUATION, len(result.records))))
+    predicted = np.argmax(np.asarray(result.exported(features, training=False)), axis=1)
+    accuracy = float(np.mean(predicted == np.reshape(labels, [-1])))
+    assert result.metrics["final_metrics"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
 
 def test_sample_weights_and_pushes_weighted_by_examples_equal_fit(trained) -> None:
