@@ -25,6 +25,7 @@ from edl_argo.hera.render import render, stale_files
 from edl_argo.master.config import config_from_args
 from edl_argo.pipeline.loader import load_workflow
 from edl_argo.pipeline.variables import substitute
+from tests.argo_steps import parameter_values, step_template, training_tasks
 from tests.manifests import ARGO, ROOT, load_documents, schema_errors, validate
 
 TEMPLATES = ROOT / "templates"
@@ -127,12 +128,15 @@ def test_every_manifest_is_valid(source: str, manifest: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("template", container_templates(), ids=lambda template: template["name"])
 def test_every_step_command_is_an_edl_argo_command_line(template: dict[str, Any]) -> None:
-    """Fill in the parameters as Argo would (defaults, or sample values), then parse like `edl-argo`."""
+    """Fill in the parameters as Argo would (defaults, themselves filled in with the workflow's variables,
+    or sample values), then parse like `edl-argo`."""
     inputs = template.get("inputs", {})
     scope = {
         **WORKFLOW_VARIABLES,
         **{
-            f"inputs.parameters.{p['name']}": p.get("default", REQUIRED.get(p["name"]))
+            f"inputs.parameters.{p['name']}": substitute(
+                p.get("default", REQUIRED.get(p["name"])), WORKFLOW_VARIABLES, p["name"]
+            )
             for p in inputs["parameters"]
         },
         **{f"inputs.artifacts.{a['name']}.path": a["path"] for a in inputs.get("artifacts", [])},
@@ -156,23 +160,15 @@ def test_artifacts_flow_from_producers_to_consumers(pipeline: Path) -> None:
     tasks = {t["name"]: t for t in templates[spec["entrypoint"]]["dag"]["tasks"]}
     consumed = 0
     for task in tasks.values():
-        declared = {a["name"] for a in _template(task, templates).get("inputs", {}).get("artifacts", [])}
+        declared = {a["name"] for a in step_template(task, templates).get("inputs", {}).get("artifacts", [])}
         for artifact in task.get("arguments", {}).get("artifacts", []):
             _, producer, _, kind, name = artifact["from"].strip("{}").split(".")
             assert kind == "artifacts" and artifact["name"] in declared
-            outputs = _template(tasks[producer], templates)["outputs"]["artifacts"]
+            outputs = step_template(tasks[producer], templates)["outputs"]["artifacts"]
             assert name in {a["name"] for a in outputs}, f"{producer} outputs no artifact {name}"
             assert producer in _ancestors(task["name"], tasks), f"{task['name']} does not wait for {producer}"
             consumed += 1
     assert consumed >= 1
-
-
-def _template(task: dict[str, Any], templates: dict[str, Any]) -> dict[str, Any]:
-    ref = task.get("templateRef")
-    if ref is None:
-        return templates[task["template"]]
-    step = next(s for s in STEPS if (s.workflow_template, s.name) == (ref["name"], ref["template"]))
-    return step.template_model().model_dump(by_alias=True, exclude_none=True)
 
 
 def _ancestors(name: str, tasks: dict[str, Any]) -> set[str]:
@@ -282,36 +278,18 @@ def test_the_documented_example_builds_a_valid_workflow() -> None:
     assert tasks == {"prepare-digits": None, "elastic-train": "prepare-digits", "evaluate": "elastic-train"}
 
 
-def _training_tasks(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(task, template) of every task of the manifest's DAGs that runs ``edl-argo train``."""
-    templates = {t["name"]: t for t in manifest["spec"]["templates"]}
-    found = []
-    for dag in (t for t in manifest["spec"]["templates"] if "dag" in t):
-        for task in dag["dag"]["tasks"]:
-            template = _template(task, templates)
-            if template.get("container", {}).get("command", [])[:2] == ["edl-argo", "train"]:
-                found.append((task, template))
-    return found
-
-
-def _job_name(task: dict[str, Any], template: dict[str, Any]) -> str:
-    given = {p["name"]: p["value"] for p in task.get("arguments", {}).get("parameters", [])}
-    defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
-    return given.get("job-name", defaults["job-name"])
-
-
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
 def test_every_training_task_of_the_examples_has_an_exit_hook_cleaning_up_its_own_job(pipeline: Path) -> None:
     manifest = _manifest(pipeline)
     templates = {t["name"]: t for t in manifest["spec"]["templates"]}
-    tasks = _training_tasks(manifest)
+    tasks = training_tasks(manifest)
     assert tasks
     for task, template in tasks:
         hook = task["hooks"]["exit"]
-        hook_template = _template(hook, templates)
+        hook_template = step_template(hook, templates)
         assert hook_template["container"]["command"][:2] == ["edl-argo", "cleanup"]
         hook_job = {p["name"]: p["value"] for p in hook["arguments"]["parameters"]}["job-name"]
-        assert hook_job == _job_name(task, template) == "{{workflow.name}}-" + task["name"]
+        assert hook_job == parameter_values(task, template)["job-name"] == "{{workflow.name}}-" + task["name"]
 
 
 @pytest.mark.parametrize("template_ref", [False, True], ids=["embedded", "template-ref"])
@@ -323,9 +301,10 @@ def test_two_training_tasks_of_one_workflow_run_two_jobs_each_cleaned_up_by_its_
             elastic_train(name, model_def="m.py", training_data="s3://d/train", template_ref=template_ref)
     manifest = workflow.to_dict()
     validate(manifest)
-    tasks = _training_tasks(manifest)
+    tasks = training_tasks(manifest)
     variables = dict(WORKFLOW_VARIABLES)
-    names = {substitute(_job_name(task, template), variables, "test") for task, template in tasks}
+    job_names = [parameter_values(task, template)["job-name"] for task, template in tasks]
+    names = {substitute(name, variables, "test") for name in job_names}
     assert names == {"digits-x7k2p-train-small", "digits-x7k2p-train-large"}
     hooks = {
         p["value"]

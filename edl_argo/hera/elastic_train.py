@@ -12,8 +12,10 @@ fails on its own (exit 1) or is misconfigured (exit 2) is not, nor one stopped b
 strategy's ``backoff.maxDuration``, so retries stop once it has passed since the first attempt and a retried
 master only gets what is left of it. The job name stays the same across
 retries (the workflow's name by default), so a retried master adopts the pods of the one before. The
-step's pod carries :func:`~edl_argo.pods.manifests.master_labels` of the job, which the master's
-``<job>-master`` Service selects: the workers reach a retried master, in its new pod, at the same address.
+step's pod carries :data:`~edl_argo.pods.manifests.MASTER_POD_LABELS`; the master adds its job's name
+(:func:`~edl_argo.pods.manifests.kubernetes_job_name`, shortened when too long for a label) as it starts,
+so the ``<job>-master`` Service and the job's NetworkPolicy select it: the workers reach a retried master,
+in its new pod, at the same address.
 
 Outputs: the ``model`` artifact, the model tree the job publishes (``saved_model/``, ``model.keras``,
 ``metrics.json``, ``flags.json``), and the ``metrics`` parameter, the job's final metrics as a JSON object
@@ -31,7 +33,7 @@ from edl_argo.hera.container import IMAGE, Image, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.setting_inputs import with_setting_inputs
 from edl_argo.hera.step import Step, StepTask
-from edl_argo.pods.manifests import PORT_NAME, master_labels
+from edl_argo.pods.manifests import MASTER_POD_LABELS, PORT_NAME
 from edl_argo.settings import table
 
 WORKFLOW_TEMPLATE = "edl-argo-elastic-train"
@@ -156,7 +158,7 @@ def _template(inputs: StepInputs) -> Container:
         resources=ResourceRequirements(
             requests={"cpu": inputs.ref("master-cpu"), "memory": inputs.ref("master-memory")}
         ),
-        labels=master_labels(inputs.ref("job-name")),
+        labels=dict(MASTER_POD_LABELS),
         service_account_name=SERVICE_ACCOUNT,
         priority_class_name=inputs.ref("master-pod-priority"),
         active_deadline_seconds=inputs.ref("active-deadline-seconds"),
