@@ -343,3 +343,26 @@ def test_the_training_steps_deadline_bounds_its_retries() -> None:
     assert not retried("Failed", "1") and not retried("Failed", "2")  # failed on its own, misconfigured
     assert not retried("Failed", "143", "Pod was active on the node longer than the specified deadline")
     assert not retried("Failed", "137", "Step exceeded its deadline")
+
+
+def test_a_master_that_finished_is_never_retried_even_when_its_node_is_an_error() -> None:
+    """Argo marks a node Error when only its wait container failed (the model artifact's upload to a
+    misconfigured repository), with the main container's exit code 0 (the controller reads it from the pod);
+    retrying that master would train the model again. A lost node (no exit code: -1) is retried."""
+    from edl_argo.pipeline.expressions import evaluate
+
+    (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
+    expression = document["spec"]["templates"][0]["retryStrategy"]["expression"]
+
+    def retried(status: str, exit_code: str) -> bool:
+        variables = {
+            "lastRetry.status": status,
+            "lastRetry.exitCode": exit_code,
+            "lastRetry.message": "",
+            "lastRetry.duration": "60",
+            "retries": 0,
+        }
+        return bool(evaluate(expression, variables))
+
+    assert not retried("Error", "0")  # trained and published; only the upload failed
+    assert retried("Error", "-1") and retried("Error", "137")  # lost its node, killed with it

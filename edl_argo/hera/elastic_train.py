@@ -7,7 +7,9 @@ by the workflow (see :mod:`edl_argo.pods.kubernetes_config`). It writes ``N/M`` 
 ``$ARGO_PROGRESS_FILE``, which Argo shows as the step's progress.
 
 A master that is killed or loses its node (an exit by signal, an ``Error`` node) is retried; a job that
-fails on its own (exit 1) or is misconfigured (exit 2) is not, nor one stopped by its deadline.
+fails on its own (exit 1) or is misconfigured (exit 2) is not, nor one stopped by its deadline, nor a master
+that exited 0 (its model trained and published) whose node is an ``Error`` because the upload of its
+``model`` artifact failed: a retry would train it again.
 ``active-deadline-seconds`` bounds the whole step: it is the pod's ``activeDeadlineSeconds`` and the retry
 strategy's ``backoff.maxDuration``, so retries stop once it has passed since the first attempt and a retried
 master only gets what is left of it. The job name stays the same across
@@ -51,9 +53,12 @@ MASTER_PORT = 2221
 #: How often a master that was killed or lost is started again.
 MASTER_RETRIES = 2
 #: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed, nor one
-#: stopped by its deadline (Argo's message for that names the deadline).
+#: stopped by its deadline (Argo's message for that names the deadline), nor a master that finished (exit
+#: 0): Argo also marks a node Error when only its wait container failed (the model's upload), and a retry
+#: would train the model again. Argo takes the exit code from the main container ("-1" when it has none).
 RETRY_WHEN = (
-    '(lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2)'
+    'lastRetry.exitCode != "0"'
+    ' && (lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2)'
     ' && !(lastRetry.message contains "deadline")'
 )
 #: The exit hook of every elastic-train task (:func:`elastic_train_cleanup`).
