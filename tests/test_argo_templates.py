@@ -25,7 +25,7 @@ from edl_argo.hera.render import render, stale_files
 from edl_argo.master.config import config_from_args
 from edl_argo.pipeline.loader import load_workflow
 from edl_argo.pipeline.variables import substitute
-from tests.argo_steps import parameter_values, step_template, training_tasks
+from tests.argo_steps import argo_pod, parameter_values, step_template, training_tasks
 from tests.manifests import ARGO, ROOT, load_documents, schema_errors, validate
 
 TEMPLATES = ROOT / "templates"
@@ -366,3 +366,38 @@ def test_a_master_that_finished_is_never_retried_even_when_its_node_is_an_error(
 
     assert not retried("Error", "0")  # trained and published; only the upload failed
     assert retried("Error", "-1") and retried("Error", "137")  # lost its node, killed with it
+
+
+@pytest.mark.parametrize("job_name", ["", "my-job"], ids=["default-job-name", "given-job-name"])
+def test_a_single_step_submit_of_the_workflow_template_cleans_up_its_job(job_name: str) -> None:
+    """`argo submit --from workflowtemplate/edl-argo-elastic-train -p ...` runs the entry template alone, as
+    a workflow whose spec is the WorkflowTemplate's: its exit handler (spec.onExit, given the workflow's
+    arguments as the entry template is) must remove that job, and only the objects of that step."""
+    from edl_argo.pods.manifests import kubernetes_job_name, step_identity
+
+    (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
+    given = {"model-def": "m.py", "training-data": "s3://d/train"} | (
+        {"job-name": job_name} if job_name else {}
+    )
+    spec = document["spec"] | {
+        "arguments": {"parameters": [{"name": k, "value": v} for k, v in given.items()]}
+    }
+    workflow = {"apiVersion": document["apiVersion"], "kind": "Workflow", "metadata": {"name": "wf-1"}}
+    validate(workflow | {"spec": spec})
+    templates = {t["name"]: t for t in spec["templates"]}
+    variables = {"workflow.name": "wf-1", "workflow.uid": "0f6c1d", "workflow.namespace": "argo"}
+
+    def as_run(template_name: str) -> dict[str, Any]:
+        task = {"template": template_name, "arguments": spec["arguments"]}
+        return argo_pod(task, templates[template_name], variables)
+
+    train = as_run(spec["entrypoint"])
+    hook = as_run(spec["onExit"])
+    assert hook["argv"][:2] == ["edl-argo", "cleanup"]
+    train_args = cli.build_parser().parse_args(train["argv"][1:])
+    hook_args = cli.build_parser().parse_args(hook["argv"][1:])
+    assert kubernetes_job_name(hook_args.job_name) == config_from_args(train_args).job_name
+    assert hook_args.job_name == (job_name or "wf-1")
+    env = {e["name"]: e.get("value") for e in templates[spec["onExit"]]["container"]["env"]}
+    assert env["EDL_NODE_NAME"] == "{{node.name}}"  # Argo's exit handler node: "wf-1.onExit"
+    assert step_identity("0f6c1d", "wf-1.onExit") == step_identity("0f6c1d", "wf-1")  # the entry node
