@@ -206,6 +206,7 @@ def test_the_train_step_has_what_the_master_relies_on() -> None:
     assert fields == {
         "EDL_POD_NAME": "metadata.name",
         "EDL_POD_UID": "metadata.uid",
+        "EDL_NAMESPACE": "metadata.namespace",  # the owner's: --namespace must not differ
         "POD_IP": "status.podIP",
     }
     assert template["container"]["command"][:4] == ["edl-argo", "train", "--backend", "kubernetes"]

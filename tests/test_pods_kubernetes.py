@@ -147,6 +147,29 @@ def argo_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
+def test_pods_in_another_namespace_than_their_owner_are_refused(
+    argo_env: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kubernetes deletes a dependent whose owner is in another namespace: the master refuses --namespace
+    other than its own (EDL_NAMESPACE, the downward API's) while it owns its pods by its Workflow or pod."""
+    from edl_argo import cli
+
+    monkeypatch.setenv("EDL_NAMESPACE", "argo")  # FLAGS say --namespace ml
+    with pytest.raises(ConfigError, match=r"^--namespace ml: .*Workflow wf-abc.* namespace argo") as raised:
+        parse_train(FLAGS)
+    assert "\n" not in str(raised.value)
+    assert cli.main(["train", *FLAGS, "--yaml"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    monkeypatch.setenv("EDL_NAMESPACE", "ml")
+    owner = parse_train(FLAGS).kubernetes.owner
+    assert owner is not None and owner.name == "wf-abc"
+    for name in ("EDL_WORKFLOW_NAME", "EDL_WORKFLOW_UID", "EDL_POD_NAME", "EDL_POD_UID"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("EDL_NAMESPACE", "argo")
+    config = parse_train(FLAGS).kubernetes  # no owner: the pods may go anywhere
+    assert config.owner is None and config.namespace == "ml"
+
+
 def test_manifests_are_exactly_as_expected(argo_env: None) -> None:
     config = parse_train(FLAGS).kubernetes
     command = ("edl-argo", "worker", "--worker-id", "3")

@@ -69,7 +69,12 @@ CLEANUP_RETRIES = 3
 DEFAULT_JOB_NAME = str(table.BY_FLAG["--job-name"].argo_default)
 JobName = Input(table.BY_FLAG["--job-name"].argo.description)  # type: ignore[union-attr]
 #: The master's environment: its pod (downward API) and its workflow (the owner of the job's pods).
-POD_FIELDS = {"EDL_POD_NAME": "metadata.name", "EDL_POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
+POD_FIELDS = {
+    "EDL_POD_NAME": "metadata.name",
+    "EDL_POD_UID": "metadata.uid",
+    "EDL_NAMESPACE": "metadata.namespace",
+    "POD_IP": "status.podIP",
+}
 WORKFLOW_ENV = {
     "EDL_WORKFLOW_NAME": "{{workflow.name}}",
     "EDL_WORKFLOW_UID": "{{workflow.uid}}",
