@@ -22,6 +22,8 @@ RULES = [
     V1PolicyRule(
         api_groups=[""], resources=["pods", "services"], verbs=["create", "get", "list", "watch", "delete"]
     ),
+    # The master labels its own pod with its job (the step cannot: the name may be too long for a label).
+    V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["patch"]),
     V1PolicyRule(api_groups=[""], resources=["pods/log"], verbs=["get"]),
     V1PolicyRule(api_groups=["networking.k8s.io"], resources=["networkpolicies"], verbs=["create", "delete"]),
     # The job's credentials Secret <job>-auth: read by a restarted master, a worker's token added per pod.

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: ``(API group, resource, verb)`` the master needs, per the issue: nothing beyond this.
 MASTER_RULES = (
-    {("", "pods", verb) for verb in ("create", "get", "list", "watch", "delete")}
+    {("", "pods", verb) for verb in ("create", "get", "list", "watch", "delete", "patch")}
     | {("", "services", verb) for verb in ("create", "get", "list", "watch", "delete")}
     | {("", "pods/log", "get")}
     | {("networking.k8s.io", "networkpolicies", verb) for verb in ("create", "delete")}

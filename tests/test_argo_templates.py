@@ -25,6 +25,7 @@ from edl_argo.hera.render import render, stale_files
 from edl_argo.master.config import config_from_args
 from edl_argo.pipeline.loader import load_workflow
 from edl_argo.pipeline.variables import substitute
+from tests.argo_steps import argo_pod, parameter_values, step_template, training_tasks
 from tests.manifests import ARGO, ROOT, load_documents, schema_errors, validate
 
 TEMPLATES = ROOT / "templates"
@@ -127,12 +128,15 @@ def test_every_manifest_is_valid(source: str, manifest: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("template", container_templates(), ids=lambda template: template["name"])
 def test_every_step_command_is_an_edl_argo_command_line(template: dict[str, Any]) -> None:
-    """Fill in the parameters as Argo would (defaults, or sample values), then parse like `edl-argo`."""
+    """Fill in the parameters as Argo would (defaults, themselves filled in with the workflow's variables,
+    or sample values), then parse like `edl-argo`."""
     inputs = template.get("inputs", {})
     scope = {
         **WORKFLOW_VARIABLES,
         **{
-            f"inputs.parameters.{p['name']}": p.get("default", REQUIRED.get(p["name"]))
+            f"inputs.parameters.{p['name']}": substitute(
+                p.get("default", REQUIRED.get(p["name"])), WORKFLOW_VARIABLES, p["name"]
+            )
             for p in inputs["parameters"]
         },
         **{f"inputs.artifacts.{a['name']}.path": a["path"] for a in inputs.get("artifacts", [])},
@@ -156,23 +160,15 @@ def test_artifacts_flow_from_producers_to_consumers(pipeline: Path) -> None:
     tasks = {t["name"]: t for t in templates[spec["entrypoint"]]["dag"]["tasks"]}
     consumed = 0
     for task in tasks.values():
-        declared = {a["name"] for a in _template(task, templates).get("inputs", {}).get("artifacts", [])}
+        declared = {a["name"] for a in step_template(task, templates).get("inputs", {}).get("artifacts", [])}
         for artifact in task.get("arguments", {}).get("artifacts", []):
             _, producer, _, kind, name = artifact["from"].strip("{}").split(".")
             assert kind == "artifacts" and artifact["name"] in declared
-            outputs = _template(tasks[producer], templates)["outputs"]["artifacts"]
+            outputs = step_template(tasks[producer], templates)["outputs"]["artifacts"]
             assert name in {a["name"] for a in outputs}, f"{producer} outputs no artifact {name}"
             assert producer in _ancestors(task["name"], tasks), f"{task['name']} does not wait for {producer}"
             consumed += 1
     assert consumed >= 1
-
-
-def _template(task: dict[str, Any], templates: dict[str, Any]) -> dict[str, Any]:
-    ref = task.get("templateRef")
-    if ref is None:
-        return templates[task["template"]]
-    step = next(s for s in STEPS if (s.workflow_template, s.name) == (ref["name"], ref["template"]))
-    return step.template_model().model_dump(by_alias=True, exclude_none=True)
 
 
 def _ancestors(name: str, tasks: dict[str, Any]) -> set[str]:
@@ -210,6 +206,7 @@ def test_the_train_step_has_what_the_master_relies_on() -> None:
     assert fields == {
         "EDL_POD_NAME": "metadata.name",
         "EDL_POD_UID": "metadata.uid",
+        "EDL_NAMESPACE": "metadata.namespace",  # the owner's: --namespace must not differ
         "POD_IP": "status.podIP",
     }
     assert template["container"]["command"][:4] == ["edl-argo", "train", "--backend", "kubernetes"]
@@ -282,36 +279,18 @@ def test_the_documented_example_builds_a_valid_workflow() -> None:
     assert tasks == {"prepare-digits": None, "elastic-train": "prepare-digits", "evaluate": "elastic-train"}
 
 
-def _training_tasks(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(task, template) of every task of the manifest's DAGs that runs ``edl-argo train``."""
-    templates = {t["name"]: t for t in manifest["spec"]["templates"]}
-    found = []
-    for dag in (t for t in manifest["spec"]["templates"] if "dag" in t):
-        for task in dag["dag"]["tasks"]:
-            template = _template(task, templates)
-            if template.get("container", {}).get("command", [])[:2] == ["edl-argo", "train"]:
-                found.append((task, template))
-    return found
-
-
-def _job_name(task: dict[str, Any], template: dict[str, Any]) -> str:
-    given = {p["name"]: p["value"] for p in task.get("arguments", {}).get("parameters", [])}
-    defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
-    return given.get("job-name", defaults["job-name"])
-
-
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
 def test_every_training_task_of_the_examples_has_an_exit_hook_cleaning_up_its_own_job(pipeline: Path) -> None:
     manifest = _manifest(pipeline)
     templates = {t["name"]: t for t in manifest["spec"]["templates"]}
-    tasks = _training_tasks(manifest)
+    tasks = training_tasks(manifest)
     assert tasks
     for task, template in tasks:
         hook = task["hooks"]["exit"]
-        hook_template = _template(hook, templates)
+        hook_template = step_template(hook, templates)
         assert hook_template["container"]["command"][:2] == ["edl-argo", "cleanup"]
         hook_job = {p["name"]: p["value"] for p in hook["arguments"]["parameters"]}["job-name"]
-        assert hook_job == _job_name(task, template) == "{{workflow.name}}-" + task["name"]
+        assert hook_job == parameter_values(task, template)["job-name"] == "{{workflow.name}}-" + task["name"]
 
 
 @pytest.mark.parametrize("template_ref", [False, True], ids=["embedded", "template-ref"])
@@ -323,9 +302,10 @@ def test_two_training_tasks_of_one_workflow_run_two_jobs_each_cleaned_up_by_its_
             elastic_train(name, model_def="m.py", training_data="s3://d/train", template_ref=template_ref)
     manifest = workflow.to_dict()
     validate(manifest)
-    tasks = _training_tasks(manifest)
+    tasks = training_tasks(manifest)
     variables = dict(WORKFLOW_VARIABLES)
-    names = {substitute(_job_name(task, template), variables, "test") for task, template in tasks}
+    job_names = [parameter_values(task, template)["job-name"] for task, template in tasks]
+    names = {substitute(name, variables, "test") for name in job_names}
     assert names == {"digits-x7k2p-train-small", "digits-x7k2p-train-large"}
     hooks = {
         p["value"]
@@ -364,3 +344,61 @@ def test_the_training_steps_deadline_bounds_its_retries() -> None:
     assert not retried("Failed", "1") and not retried("Failed", "2")  # failed on its own, misconfigured
     assert not retried("Failed", "143", "Pod was active on the node longer than the specified deadline")
     assert not retried("Failed", "137", "Step exceeded its deadline")
+
+
+def test_a_master_that_finished_is_never_retried_even_when_its_node_is_an_error() -> None:
+    """Argo marks a node Error when only its wait container failed (the model artifact's upload to a
+    misconfigured repository), with the main container's exit code 0 (the controller reads it from the pod);
+    retrying that master would train the model again. A lost node (no exit code: -1) is retried."""
+    from edl_argo.pipeline.expressions import evaluate
+
+    (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
+    expression = document["spec"]["templates"][0]["retryStrategy"]["expression"]
+
+    def retried(status: str, exit_code: str) -> bool:
+        variables = {
+            "lastRetry.status": status,
+            "lastRetry.exitCode": exit_code,
+            "lastRetry.message": "",
+            "lastRetry.duration": "60",
+            "retries": 0,
+        }
+        return bool(evaluate(expression, variables))
+
+    assert not retried("Error", "0")  # trained and published; only the upload failed
+    assert retried("Error", "-1") and retried("Error", "137")  # lost its node, killed with it
+
+
+@pytest.mark.parametrize("job_name", ["", "my-job"], ids=["default-job-name", "given-job-name"])
+def test_a_single_step_submit_of_the_workflow_template_cleans_up_its_job(job_name: str) -> None:
+    """`argo submit --from workflowtemplate/edl-argo-elastic-train -p ...` runs the entry template alone, as
+    a workflow whose spec is the WorkflowTemplate's: its exit handler (spec.onExit, given the workflow's
+    arguments as the entry template is) must remove that job, and only the objects of that step."""
+    from edl_argo.pods.manifests import kubernetes_job_name, step_identity
+
+    (document,) = load_documents(TEMPLATES / "elastic-train.yaml")
+    given = {"model-def": "m.py", "training-data": "s3://d/train"} | (
+        {"job-name": job_name} if job_name else {}
+    )
+    spec = document["spec"] | {
+        "arguments": {"parameters": [{"name": k, "value": v} for k, v in given.items()]}
+    }
+    workflow = {"apiVersion": document["apiVersion"], "kind": "Workflow", "metadata": {"name": "wf-1"}}
+    validate(workflow | {"spec": spec})
+    templates = {t["name"]: t for t in spec["templates"]}
+    variables = {"workflow.name": "wf-1", "workflow.uid": "0f6c1d", "workflow.namespace": "argo"}
+
+    def as_run(template_name: str) -> dict[str, Any]:
+        task = {"template": template_name, "arguments": spec["arguments"]}
+        return argo_pod(task, templates[template_name], variables)
+
+    train = as_run(spec["entrypoint"])
+    hook = as_run(spec["onExit"])
+    assert hook["argv"][:2] == ["edl-argo", "cleanup"]
+    train_args = cli.build_parser().parse_args(train["argv"][1:])
+    hook_args = cli.build_parser().parse_args(hook["argv"][1:])
+    assert kubernetes_job_name(hook_args.job_name) == config_from_args(train_args).job_name
+    assert hook_args.job_name == (job_name or "wf-1")
+    env = {e["name"]: e.get("value") for e in templates[spec["onExit"]]["container"]["env"]}
+    assert env["EDL_NODE_NAME"] == "{{node.name}}"  # Argo's exit handler node: "wf-1.onExit"
+    assert step_identity("0f6c1d", "wf-1.onExit") == step_identity("0f6c1d", "wf-1")  # the entry node

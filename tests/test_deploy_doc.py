@@ -197,3 +197,40 @@ def test_argo_logs_selects_the_job_pods_by_their_labels() -> None:
         assert key == manifests.ROLE_LABEL and value in ("worker", "ps")
     assert manifests.WORKFLOW_LABEL == "workflows.argoproj.io/workflow"  # what `argo logs` selects by
     assert manifests.CONTAINER == "main"  # the container `argo logs` reads by default
+
+
+#: Repository paths in the prose of a doc: `templates/x.yaml`, `examples/cluster/`, `tests/...`.
+_PROSE_PATH = re.compile(r"`((?:templates|examples|docs|tests|components|edl_argo)/[\w./-]*)`")
+
+
+@pytest.mark.parametrize("doc", [DOC, ROOT / "templates" / "README.md"], ids=lambda p: p.parent.name)
+def test_every_repository_path_the_prose_names_exists(doc: Any) -> None:
+    named = _PROSE_PATH.findall(doc.read_text())
+    assert named
+    assert [path for path in named if not (ROOT / path).exists()] == []
+
+
+def test_the_cli_is_installed_before_the_first_edl_argo_command() -> None:
+    listed = commands()
+    first_edl_argo = next(i for i, words in enumerate(listed) if words[0] == "edl-argo")
+    installs = [i for i, words in enumerate(listed) if words[:4] == ["python", "-m", "pip", "install"]]
+    assert installs and installs[0] < first_edl_argo
+    assert listed[installs[0]][4:] == ["."]  # this clone: the CLI of the templates it renders
+
+
+def test_the_doc_covers_cluster_wide_and_namespaced_argo_installs() -> None:
+    text = " ".join(DOC.read_text().split())
+    assert "namespace install" in text and "--server-side" in text
+
+
+def test_every_argo_submit_of_the_templates_readme_names_the_image() -> None:
+    """The default image (edl-argo:VERSION) is on no registry: a submit without -p image= cannot pull it."""
+    text = (ROOT / "templates" / "README.md").read_text()
+    submits = [
+        shlex.split(line, comments=True)
+        for block in re.findall(r"```sh\n(.*?)```", text, re.S)
+        for line in block.replace("\\\n", " ").splitlines()
+        if line.startswith("argo submit")
+    ]
+    assert len(submits) >= 2
+    assert [s for s in submits if not any(w.startswith("image=") for w in s)] == []

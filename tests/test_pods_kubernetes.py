@@ -25,6 +25,7 @@ from kubernetes import client as k8s
 
 from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.master.config import add_train_flags, config_from_args
+from edl_argo.pipeline.variables import substitute
 from edl_argo.pods import (
     PodEvent,
     PodExistsError,
@@ -41,6 +42,7 @@ from edl_argo.pods.kubernetes_status import observe_pod
 from edl_argo.pods.manifests import master_labels, pod_manifest, service_manifest
 from tests.k8s_helpers import ARGO_EXECUTOR_RULES, MASTER_RULES, MASTER_USER_AGENT, ROOT, role_rules
 from tests.k8s_stand_in import KubernetesStandIn, rules_allow
+from tests.manifests import load_documents
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,6 +145,29 @@ def argo_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "AWS_REGION": "eu-west-1",
     }.items():
         monkeypatch.setenv(name, value)
+
+
+def test_pods_in_another_namespace_than_their_owner_are_refused(
+    argo_env: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kubernetes deletes a dependent whose owner is in another namespace: the master refuses --namespace
+    other than its own (EDL_NAMESPACE, the downward API's) while it owns its pods by its Workflow or pod."""
+    from edl_argo import cli
+
+    monkeypatch.setenv("EDL_NAMESPACE", "argo")  # FLAGS say --namespace ml
+    with pytest.raises(ConfigError, match=r"^--namespace ml: .*Workflow wf-abc.* namespace argo") as raised:
+        parse_train(FLAGS)
+    assert "\n" not in str(raised.value)
+    assert cli.main(["train", *FLAGS, "--yaml"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    monkeypatch.setenv("EDL_NAMESPACE", "ml")
+    owner = parse_train(FLAGS).kubernetes.owner
+    assert owner is not None and owner.name == "wf-abc"
+    for name in ("EDL_WORKFLOW_NAME", "EDL_WORKFLOW_UID", "EDL_POD_NAME", "EDL_POD_UID"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("EDL_NAMESPACE", "argo")
+    config = parse_train(FLAGS).kubernetes  # no owner: the pods may go anywhere
+    assert config.owner is None and config.namespace == "ml"
 
 
 def test_manifests_are_exactly_as_expected(argo_env: None) -> None:
@@ -632,6 +657,79 @@ def test_the_master_is_behind_a_service_when_its_pod_carries_the_master_labels(
         successor.close(grace_seconds=1)
         assert stand_in.pod(master_pod) is not None  # close deletes the job's pods, not its master's
         assert stand_in.objects("services", f"app.kubernetes.io/instance={job}") == []
+    finally:
+        stand_in.delete("pods", master_pod)
+
+
+#: A label value as Kubernetes accepts it (at most 63 characters).
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (``matchLabels`` and ``Exists`` expressions) selects ``labels``."""
+    expressions = selector.get("matchExpressions", [])
+    assert {e["operator"] for e in expressions} <= {"Exists"}, expressions
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and all(
+        e["key"] in labels for e in expressions
+    )
+
+
+def test_a_job_named_after_argos_longest_workflow_name_reaches_its_master(
+    new_backend: Callable[..., KubernetesBackend],
+    stand_in: KubernetesStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 63-character workflow name (Argo's longest; a CronWorkflow's runs are as long) makes a 77-character
+    job name: the master's pod, created by Argo from the rendered template, is a valid pod, and the job's
+    NetworkPolicy, its master's Service and its workers select it; the exit hook removes the job."""
+    from hera.workflows import DAG, Workflow
+
+    from edl_argo import cli
+    from edl_argo.hera import elastic_train
+    from tests.argo_steps import argo_pod, training_tasks
+
+    workflow_name = "nightly-" + "x" * 55
+    with Workflow(name=workflow_name, entrypoint="main") as workflow, DAG(name="main"):
+        elastic_train(model_def="m.py", training_data="s3://d/train")
+    ((task, template),) = training_tasks(workflow.to_dict())
+    variables = {"workflow.name": workflow_name, "workflow.uid": "uid-1", "workflow.namespace": "default"}
+    pod = argo_pod(task, template, variables)
+    labels = pod["metadata"]["labels"]
+    assert [v for v in labels.values() if not LABEL_VALUE.match(v)] == []  # else Argo cannot create it
+    config = config_from_args(cli.build_parser().parse_args(pod["argv"][1:]))
+    job = config.job_name
+    master_pod = f"{job[:40]}-master-pod"
+    monkeypatch.setenv("EDL_POD_NAME", master_pod)
+    container = {"name": "main", "image": "Not Runnable", "command": ["edl-argo", "train"]}  # never runs
+    stand_in.create(
+        "pods", {"metadata": {"name": master_pod, "labels": labels}, "spec": {"containers": [container]}}
+    )
+    try:
+        backend = new_backend(job)
+        backend.start(sleeper(0))
+        address = backend.expose_master("10.1.2.3:5000")
+        master = (stand_in.pod(master_pod) or {})["metadata"]["labels"]
+        worker = (stand_in.pod(f"{job}-worker-0") or {})["metadata"]["labels"]
+        (policy,) = stand_in.objects("networkpolicies", f"app.kubernetes.io/instance={job}")
+        (service,) = stand_in.objects("services", f"app.kubernetes.io/instance={job},edl-argo/role=master")
+        assert address == f"{service['spec']['clusterIP']}:5000"
+        assert _selects({"matchLabels": service["spec"]["selector"]}, master)
+        assert _selects(policy["spec"]["podSelector"], master) and _selects(
+            policy["spec"]["podSelector"], worker
+        )
+        (rule,) = policy["spec"]["ingress"]
+        assert all(_selects(peer["podSelector"], worker) for peer in rule["from"])  # workers reach the master
+        (default_deny,) = load_documents(ROOT / "templates" / "network-policy.yaml")
+        assert _selects(default_deny["spec"]["podSelector"], master)
+
+        hook = {p["name"]: p["value"] for p in task["hooks"]["exit"]["arguments"]["parameters"]}
+        hook_job = substitute(hook["job-name"], variables, "the exit hook")
+        assert (
+            cli.main(["cleanup", "--backend", "kubernetes", "--job-name", hook_job, "--timeout", "30"]) == 0
+        )
+        assert f"job {job}: nothing left" in capsys.readouterr().out
+        assert stand_in.objects("pods", f"app.kubernetes.io/instance={job},edl-argo/role=worker") == []
     finally:
         stand_in.delete("pods", master_pod)
 

@@ -29,6 +29,7 @@ from edl_argo.model.contract import ModelOptions
 from edl_argo.pipeline.variables import substitute
 from edl_argo.settings import Setting, parse_bool, settings_of, table
 from edl_argo.settings.schema import ROLES, Argo
+from tests.argo_steps import argo_pod, training_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The train settings the elastic-train step does not expose: those it sets itself (the workflow's
@@ -233,10 +234,8 @@ def test_a_pipeline_can_ask_for_asynchronous_sgd_without_shuffling() -> None:
     task = next(t for t in manifest["spec"]["templates"] if "dag" in t)["dag"]["tasks"][0]
     given = {p["name"]: p["value"] for p in task["arguments"]["parameters"]}
     assert given["use-async"] == "true" and given["shuffle"] == "false"
-    template = next(t for t in manifest["spec"]["templates"] if t["name"] == "elastic-train")
-    defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
-    scope = {**WORKFLOW, **{f"inputs.parameters.{k}": given.get(k, v) for k, v in defaults.items()}}
-    args = parse("train", substitute(template["container"]["command"], scope, "test")[2:])
+    ((task, template),) = training_tasks(manifest)
+    args = parse("train", argo_pod(task, template, WORKFLOW)["argv"][2:])  # filled in as Argo does
     config = config_from_args(args)
     assert config.use_async and config.lr_staleness_modulation and not config.shuffle and config.seed == 7
     assert config.kubernetes is not None

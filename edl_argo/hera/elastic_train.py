@@ -7,13 +7,17 @@ by the workflow (see :mod:`edl_argo.pods.kubernetes_config`). It writes ``N/M`` 
 ``$ARGO_PROGRESS_FILE``, which Argo shows as the step's progress.
 
 A master that is killed or loses its node (an exit by signal, an ``Error`` node) is retried; a job that
-fails on its own (exit 1) or is misconfigured (exit 2) is not, nor one stopped by its deadline.
+fails on its own (exit 1) or is misconfigured (exit 2) is not, nor one stopped by its deadline, nor a master
+that exited 0 (its model trained and published) whose node is an ``Error`` because the upload of its
+``model`` artifact failed: a retry would train it again.
 ``active-deadline-seconds`` bounds the whole step: it is the pod's ``activeDeadlineSeconds`` and the retry
 strategy's ``backoff.maxDuration``, so retries stop once it has passed since the first attempt and a retried
 master only gets what is left of it. The job name stays the same across
 retries (the workflow's name by default), so a retried master adopts the pods of the one before. The
-step's pod carries :func:`~edl_argo.pods.manifests.master_labels` of the job, which the master's
-``<job>-master`` Service selects: the workers reach a retried master, in its new pod, at the same address.
+step's pod carries :data:`~edl_argo.pods.manifests.MASTER_POD_LABELS`; the master adds its job's name
+(:func:`~edl_argo.pods.manifests.kubernetes_job_name`, shortened when too long for a label) as it starts,
+so the ``<job>-master`` Service and the job's NetworkPolicy select it: the workers reach a retried master,
+in its new pod, at the same address.
 
 Outputs: the ``model`` artifact, the model tree the job publishes (``saved_model/``, ``model.keras``,
 ``metrics.json``, ``flags.json``), and the ``metrics`` parameter, the job's final metrics as a JSON object
@@ -31,7 +35,7 @@ from edl_argo.hera.container import IMAGE, Image, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.setting_inputs import with_setting_inputs
 from edl_argo.hera.step import Step, StepTask
-from edl_argo.pods.manifests import PORT_NAME, master_labels
+from edl_argo.pods.manifests import MASTER_POD_LABELS, PORT_NAME
 from edl_argo.settings import table
 
 WORKFLOW_TEMPLATE = "edl-argo-elastic-train"
@@ -49,9 +53,12 @@ MASTER_PORT = 2221
 #: How often a master that was killed or lost is started again.
 MASTER_RETRIES = 2
 #: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed, nor one
-#: stopped by its deadline (Argo's message for that names the deadline).
+#: stopped by its deadline (Argo's message for that names the deadline), nor a master that finished (exit
+#: 0): Argo also marks a node Error when only its wait container failed (the model's upload), and a retry
+#: would train the model again. Argo takes the exit code from the main container ("-1" when it has none).
 RETRY_WHEN = (
-    '(lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2)'
+    'lastRetry.exitCode != "0"'
+    ' && (lastRetry.status == "Error" || asInt(lastRetry.exitCode) > 2)'
     ' && !(lastRetry.message contains "deadline")'
 )
 #: The exit hook of every elastic-train task (:func:`elastic_train_cleanup`).
@@ -62,7 +69,12 @@ CLEANUP_RETRIES = 3
 DEFAULT_JOB_NAME = str(table.BY_FLAG["--job-name"].argo_default)
 JobName = Input(table.BY_FLAG["--job-name"].argo.description)  # type: ignore[union-attr]
 #: The master's environment: its pod (downward API) and its workflow (the owner of the job's pods).
-POD_FIELDS = {"EDL_POD_NAME": "metadata.name", "EDL_POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
+POD_FIELDS = {
+    "EDL_POD_NAME": "metadata.name",
+    "EDL_POD_UID": "metadata.uid",
+    "EDL_NAMESPACE": "metadata.namespace",
+    "POD_IP": "status.podIP",
+}
 WORKFLOW_ENV = {
     "EDL_WORKFLOW_NAME": "{{workflow.name}}",
     "EDL_WORKFLOW_UID": "{{workflow.uid}}",
@@ -156,7 +168,7 @@ def _template(inputs: StepInputs) -> Container:
         resources=ResourceRequirements(
             requests={"cpu": inputs.ref("master-cpu"), "memory": inputs.ref("master-memory")}
         ),
-        labels=master_labels(inputs.ref("job-name")),
+        labels=dict(MASTER_POD_LABELS),
         service_account_name=SERVICE_ACCOUNT,
         priority_class_name=inputs.ref("master-pod-priority"),
         active_deadline_seconds=inputs.ref("active-deadline-seconds"),

@@ -144,12 +144,16 @@ class StepTask(Task):
         return f"{{{{tasks.{self.name}.outputs.{kind}.{name}}}}}"
 
 
-def workflow_template(*steps: Step, description: str) -> WorkflowTemplate:
+def workflow_template(*steps: Step, description: str, on_exit: Step | None = None) -> WorkflowTemplate:
     """The installable WorkflowTemplate holding ``steps`` (all of one ``workflow_template``).
 
     Its entrypoint is the first step: ``argo submit --from workflowtemplate/NAME -p ...`` runs that step
-    alone (``--entrypoint`` picks another). ``description`` is shown by the Argo UI.
+    alone (``--entrypoint`` picks another). ``on_exit``, one of ``steps``, is the exit handler of such a
+    submit (``spec.onExit``; Argo gives it the workflow's arguments, as it does the entrypoint); workflows
+    that reference the steps by ``templateRef`` do not inherit it. ``description`` is shown by the Argo UI.
     """
+    if on_exit is not None and on_exit not in steps:
+        raise ValueError(f"the exit handler {on_exit.name} must be one of the WorkflowTemplate's steps")
     names = {step.workflow_template for step in steps}
     if len(names) != 1:
         raise ValueError(
@@ -159,6 +163,7 @@ def workflow_template(*steps: Step, description: str) -> WorkflowTemplate:
         lambda: WorkflowTemplate(
             name=names.pop(),
             entrypoint=steps[0].name,
+            on_exit=on_exit.name if on_exit is not None else None,
             labels=LABELS,
             annotations={"workflows.argoproj.io/description": " ".join(description.split())},
             templates=[step.template for step in steps],

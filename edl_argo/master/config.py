@@ -13,7 +13,7 @@ from typing import Any
 from edl_argo.errors import ConfigError
 from edl_argo.model.contract import ModelOptions, model_options_from_args
 from edl_argo.pods.kubernetes_config import KubernetesConfig, kubernetes_config_from_args
-from edl_argo.pods.manifests import fit_job_name
+from edl_argo.pods.manifests import kubernetes_job_name
 from edl_argo.settings import add_role_settings, table
 from edl_argo.settings.schema import settings_dataclass
 from edl_argo.settings.table import ALLREDUCE, NAN_LOSS_POLICIES
@@ -153,7 +153,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     # Local pods run in folders of their own: they get the TLS folder as an absolute path.
     values["tls_dir"] = os.path.abspath(args.tls_dir) if args.tls_dir else ""
     if args.backend == "kubernetes":
-        values["job_name"] = fit_job_name(values["job_name"])  # <workflow>-<task> may be too long
+        values["job_name"] = kubernetes_job_name(values["job_name"])  # <workflow>-<task> may be too long
     if args.distribution_strategy == ALLREDUCE:
         values["num_ps"] = 0
     _check_tls(args)

@@ -123,7 +123,7 @@ def clean_up_local(job_name: str) -> int:
 def run_cleanup(args: argparse.Namespace) -> int:
     if args.backend == "local":
         return clean_up_local(args.job_name)
-    job_name = manifests.validate_job_name(manifests.fit_job_name(args.job_name))
+    job_name = manifests.kubernetes_job_name(args.job_name)
     from kubernetes.client.rest import ApiException
 
     from edl_argo.pods.kubernetes_api import CONNECTION_ERRORS, JobApi, api_message, load_api_client

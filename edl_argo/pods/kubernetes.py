@@ -47,9 +47,12 @@ the master's own server and clients, and its pods mount it read-only (:mod:`edl_
 
 **The master's address.** :meth:`~KubernetesBackend.expose_master` puts a ClusterIP Service ``<job>-master``
 (:func:`~edl_argo.pods.manifests.master_service_manifest`) in front of the master when its own pod
-(``EDL_POD_NAME``) carries :func:`~edl_argo.pods.manifests.master_labels`, as the elastic-train step's pod
-does: the Service selects whichever pod of the step runs, so a master that Argo retried in a new pod (with
-a new IP) is reached at the same ``<clusterIP>:<port>``. The master's own pod is never listed, watched or
+(``EDL_POD_NAME``) carries :data:`~edl_argo.pods.manifests.MASTER_POD_LABELS`, as the elastic-train
+step's pod does. It first labels that pod with the job (:func:`~edl_argo.pods.manifests.master_labels`,
+``patch`` on pods), which the step cannot do itself since only the master fits a long job name to a
+label (:func:`~edl_argo.pods.manifests.kubernetes_job_name`). The Service selects whichever pod of the
+step runs, so a master that Argo retried in a new pod (with a new IP) is reached at the same
+``<clusterIP>:<port>``. The master's own pod is never listed, watched or
 deleted as one of the job's pods (its role is ``master``).
 """
 
@@ -194,15 +197,17 @@ class KubernetesBackend(PodBackend):
         port = split_host_port(address)[1]
         own_pod = os.environ.get("EDL_POD_NAME", "")
         labels = ((self._read_own_pod() or {}).get("metadata") or {}).get("labels") or {}
-        wanted = manifests.master_labels(self.job_name)
-        if any(labels.get(key) != value for key, value in wanted.items()):
+        step_labels = manifests.MASTER_POD_LABELS
+        if any(labels.get(key) != value for key, value in step_labels.items()):
             log.info(
                 "master_service_skipped",
                 job=self.job_name,
                 pod=own_pod or "none",
-                reason="the master's pod does not carry " + ",".join(f"{k}={v}" for k, v in wanted.items()),
+                reason="the master's pod does not carry "
+                + ",".join(f"{k}={v}" for k, v in step_labels.items()),
             )
             return address
+        self._label_own_pod(own_pod, labels)
         body = manifests.master_service_manifest(self.job_name, self.config, port)
         service, problem = self._objects.ensure_master_service(body, self.config.pod_creation_timeout)
         if service is None:
@@ -305,6 +310,22 @@ class KubernetesBackend(PodBackend):
             f"create NetworkPolicy {policy['metadata']['name']}",
         )
         return resource_version
+
+    def _label_own_pod(self, own_pod: str, labels: dict[str, str]) -> None:
+        """Label the master's pod ``own_pod`` (now labelled ``labels``) with the job
+        (:func:`~edl_argo.pods.manifests.master_labels`), so the job's Service and NetworkPolicy select it.
+
+        Raises:
+            ConfigError: the API refuses (the service account lacks ``patch`` on pods): unlabelled, the
+                master would be out of its workers' reach.
+        """
+        wanted = manifests.master_labels(self.job_name)
+        if all(labels.get(key) == value for key, value in wanted.items()):
+            return
+        StartupCalls(self.config.namespace)(
+            lambda: self._api.label_pod(own_pod, wanted), f"label the master's pod {own_pod}"
+        )
+        log.info("master_pod_labelled", job=self.job_name, pod=own_pod)
 
     def _read_own_pod(self) -> dict[str, Any] | None:
         """The master's own pod (``EDL_POD_NAME``), whose labels and imagePullSecrets the job uses; None

@@ -141,6 +141,16 @@ class JobApi:
     def read_pod(self, name: str) -> Json:
         return self._call(self._core.read_namespaced_pod, name, self.namespace)
 
+    def label_pod(self, name: str, labels: dict[str, str]) -> Json:
+        """Add ``labels`` to pod ``name`` (a JSON merge patch: its other labels stay); returns the pod."""
+        return self._call(
+            self._core.patch_namespaced_pod,
+            name,
+            self.namespace,
+            {"metadata": {"labels": labels}},
+            _content_type="application/merge-patch+json",
+        )
+
     def delete_pod(self, name: str, uid: str, grace_seconds: float) -> None:
         """Delete pod ``name`` if it still is incarnation ``uid``; one that is gone (404) or is another
         incarnation now (409) is fine. The grace period is rounded up to whole seconds, at least 1: 0

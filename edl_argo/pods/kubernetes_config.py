@@ -9,6 +9,8 @@ at fault, on one line). Some settings come from the master's environment, which 
   pods are also labelled ``workflows.argoproj.io/workflow`` so ``argo logs`` finds them.
 * Otherwise ``EDL_POD_NAME`` / ``EDL_POD_UID`` (downward API ``metadata.name``/``metadata.uid``): the
   master's own pod is the owner. With neither, pods have no owner and outlive a master that dies.
+* ``EDL_NAMESPACE`` (downward API ``metadata.namespace``): the master's own namespace, that of its owner;
+  ``--namespace`` naming another is refused, since an owner must be in its dependents' namespace.
 * ``EDL_NODE_NAME`` (``{{node.name}}``) with ``EDL_WORKFLOW_UID``: the step that owns the job; its objects
   are labelled ``edl-argo/step`` with a hash of both, and the master touches no object of its job name
   labelled for another step.
@@ -141,9 +143,12 @@ def kubernetes_config_from_args(
     last_port = args.ps_port + getattr(args, "num_ps", 1) - 1
     if last_port > 65535:
         raise ConfigError(f"--ps-port {args.ps_port}: the last PS would listen on {last_port}, past 65535")
+    namespace = namespace_from_flag(args.namespace)
+    owner = owner_from_env(env)
+    _check_owner_namespace(namespace, owner, own_namespace(env))
     return KubernetesConfig(
         image=args.image,
-        namespace=namespace_from_flag(args.namespace),
+        namespace=namespace,
         image_pull_policy=args.image_pull_policy,
         image_pull_secrets=tuple(_dns_name(name, "--image-pull-secret") for name in args.image_pull_secret),
         service_account=_dns_name(args.service_account, "--service-account"),
@@ -159,7 +164,7 @@ def kubernetes_config_from_args(
         storage_region=env.get("AWS_REGION", ""),
         workflow_name=env.get("EDL_WORKFLOW_NAME", ""),
         step=step_from_env(env),
-        owner=owner_from_env(env),
+        owner=owner,
         ps_port=args.ps_port,
         pod_creation_timeout=float(args.pod_creation_timeout),
     )
@@ -189,6 +194,33 @@ def owner_from_env(env: Mapping[str, str]) -> Owner | None:
         if name:
             return Owner(api_version, kind, name, uid)
     return None
+
+
+def own_namespace(env: Mapping[str, str]) -> str:
+    """The master's own namespace, where its owner (its Workflow, its pod) lives: ``EDL_NAMESPACE`` (the
+    downward API's ``metadata.namespace``, which the elastic-train template sets), else its service
+    account's; ``""`` outside a cluster."""
+    if env.get("EDL_NAMESPACE"):
+        return env["EDL_NAMESPACE"]
+    if SERVICE_ACCOUNT_NAMESPACE_FILE.is_file():
+        return SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip()
+    return ""
+
+
+def _check_owner_namespace(namespace: str, owner: Owner | None, home: str) -> None:
+    """Refuse pods in ``namespace`` owned by ``owner``, which lives in ``home``: Kubernetes' garbage
+    collector deletes a dependent whose owner is in another namespace (it finds no such owner).
+
+    Raises:
+        ConfigError: one line naming ``--namespace``.
+    """
+    if owner is None or not home or namespace == home:
+        return
+    raise ConfigError(
+        f"--namespace {namespace}: the job's pods would be owned by {owner.kind} {owner.name} in namespace"
+        f" {home}, and Kubernetes deletes pods whose owner is in another namespace; leave --namespace out"
+        f" or run the step in namespace {namespace}"
+    )
 
 
 def parse_resources(text: str, flag: str) -> dict[str, str]:

@@ -8,9 +8,10 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
   ``edl-argo/id``, and ``workflows.argoproj.io/workflow=<workflow>`` inside Argo (``argo logs`` finds the
   pods by it). :func:`job_selector` selects every pod and Service of a job.
 * Every object has the config's owner (the Workflow, else the master's pod) as ownerReference.
-* The master: the elastic-train step labels its pod :func:`master_labels` (the job's two labels and
-  ``edl-argo/role=master``), and the master puts a ClusterIP Service ``<job>-master`` selecting them in
-  front of itself (:func:`master_service_manifest`), so workers keep its address when Argo replaces its pod.
+* The master: the elastic-train step labels its pod :data:`MASTER_POD_LABELS` (``edl-argo/role=master``);
+  the master adds the job's instance label itself (:func:`master_labels`: only the master fits a long job
+  name to a label, :func:`kubernetes_job_name`) and puts a ClusterIP Service ``<job>-master`` selecting them
+  in front of itself (:func:`master_service_manifest`): workers keep its address when Argo replaces its pod.
 * Network: one NetworkPolicy per job (``<job>-grpc``, :func:`network_policy_manifest`) admits the job's own
   pods, and nobody else, to the job's gRPC ports.
 * Pods: one container ``main`` (the name ``argo logs`` reads) running ``spec.command``,
@@ -117,6 +118,13 @@ def fit_job_name(job_name: str) -> str:
         return job_name
     digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
     return f"{job_name[: MAX_JOB_NAME - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+def kubernetes_job_name(requested: str) -> str:
+    """The job's name on Kubernetes for the ``--job-name`` ``requested``: :func:`fit_job_name`, validated.
+    The one place that names a job: the master, its pods' labels, its pod's label and its exit hook's
+    clean-up all use it, so a long ``<workflow>-<task>`` gives them all the same name."""
+    return validate_job_name(fit_job_name(requested))
 
 
 def validate_job_name(job_name: str) -> str:
@@ -304,9 +312,16 @@ def service_manifest(job_name: str, config: KubernetesConfig, ps_id: int, port: 
     }
 
 
+#: The labels the elastic-train step gives its pod: it is an edl-argo master, of no job yet. They do not
+#: name the job: a job name is only known for sure once the master has fitted it (:func:`fit_job_name`),
+#: and the requested one (``<workflow>-<task>``) may be too long for a label value.
+MASTER_POD_LABELS = {NAME_LABEL: APP, ROLE_LABEL: MASTER_ROLE}
+
+
 def master_labels(job_name: str) -> dict[str, str]:
-    """The labels of the master's pod (the elastic-train step sets them), which its Service selects."""
-    return {NAME_LABEL: APP, INSTANCE_LABEL: job_name, ROLE_LABEL: MASTER_ROLE}
+    """The labels of the master's pod once the master has labelled it with its job (the step's
+    :data:`MASTER_POD_LABELS` and the job's name), which its Service and the job's NetworkPolicy select."""
+    return MASTER_POD_LABELS | {INSTANCE_LABEL: job_name}
 
 
 def master_service_name(job_name: str) -> str:

@@ -1,0 +1,66 @@
+"""Rendered Argo workflows read as Argo reads them: a task's template (embedded or by ``templateRef``), the
+values of its input parameters, and the master's pod of an elastic-train task as Argo creates it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from edl_argo.hera import STEPS
+from edl_argo.pipeline.variables import substitute
+
+#: The label Argo adds to every pod of a workflow (its name).
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+
+
+def step_template(task: Mapping[str, Any], templates: Mapping[str, Any]) -> dict[str, Any]:
+    """The template ``task`` (or a hook) runs: one of ``templates`` (the workflow's), or the installed
+    WorkflowTemplate's that its ``templateRef`` names."""
+    ref = task.get("templateRef")
+    if ref is None:
+        return dict(templates[task["template"]])
+    step = next(s for s in STEPS if (s.workflow_template, s.name) == (ref["name"], ref["template"]))
+    return step.template_model().model_dump(by_alias=True, exclude_none=True)
+
+
+def training_tasks(manifest: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(task, template) of every task of the manifest's DAGs that runs ``edl-argo train``."""
+    templates = {t["name"]: t for t in manifest["spec"]["templates"]}
+    found = []
+    for dag in (t for t in manifest["spec"]["templates"] if "dag" in t):
+        for task in dag["dag"]["tasks"]:
+            template = step_template(task, templates)
+            if template.get("container", {}).get("command", [])[:2] == ["edl-argo", "train"]:
+                found.append((task, template))
+    return found
+
+
+def parameter_values(task: Mapping[str, Any], template: Mapping[str, Any]) -> dict[str, str]:
+    """The task's input parameters by name, as given by its arguments, else the template's defaults."""
+    given = {p["name"]: p["value"] for p in task.get("arguments", {}).get("parameters", [])}
+    defaults = {p["name"]: p.get("default") for p in template["inputs"]["parameters"]}
+    return defaults | given
+
+
+def task_scope(
+    task: Mapping[str, Any], template: Mapping[str, Any], workflow: Mapping[str, str]
+) -> dict[str, str]:
+    """The variables Argo fills in when it runs ``task``: the ``workflow`` variables (``workflow.name``,
+    ...) and ``inputs.parameters.*``, the arguments themselves filled in from ``workflow``."""
+    scope = dict(workflow)
+    for name, value in parameter_values(task, template).items():
+        scope[f"inputs.parameters.{name}"] = substitute(value or "", workflow, f"parameter {name}")
+    return scope
+
+
+def argo_pod(
+    task: Mapping[str, Any], template: Mapping[str, Any], workflow: Mapping[str, str]
+) -> dict[str, Any]:
+    """The pod Argo creates for ``task`` (what edl-argo relies on): its labels (the template's, filled in,
+    and Argo's workflow label) and its main container's command line."""
+    scope = task_scope(task, template, workflow)
+    labels = substitute(template.get("metadata", {}).get("labels", {}), scope, template["name"])
+    labels[WORKFLOW_LABEL] = workflow["workflow.name"]
+    container = template["container"]
+    argv = substitute(container["command"] + container.get("args", []), scope, template["name"])
+    return {"metadata": {"labels": labels}, "argv": argv}
