@@ -39,6 +39,28 @@ def digits_train_records() -> list[bytes]:
     return train
 
 
+def digits_28x28_records() -> tuple[list[bytes], list[bytes]]:
+    """scikit-learn's digits as ElasticDL's MNIST model reads them: ``image`` 28×28 floats in [0, 255]
+    (each 8×8 pixel repeated, nearest neighbour), ``label``; the (train, test) split of ``edl-argo data
+    digits`` (1,437 and 360 records)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    order = np.random.default_rng(0).permutation(len(digits.target))
+    rows = (np.arange(MNIST_SIDE) * 8) // MNIST_SIDE
+    records = [
+        encode_example(
+            {
+                "image": (digits.images[i][np.ix_(rows, rows)] * (255.0 / 16.0)).astype(np.float32).ravel(),
+                "label": int(digits.target[i]),
+            }
+        )
+        for i in order
+    ]
+    test = len(records) // 5 + (len(records) % 5 > 0)  # the 20% digits_records keeps for testing
+    return records[test:], records[:test]
+
+
 def ctr_train_records(count: int) -> list[bytes]:
     """``count`` synthetic click records as ``edl-argo data ctr`` writes them (vocabulary 100,000)."""
     return ctr_records(count, vocabulary=100_000, seed=0)

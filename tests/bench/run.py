@@ -43,6 +43,7 @@ NAMES = (
     "training_cnn",
     "training_ctr",
     "training_digits",
+    "training_stability",
     "allreduce_throughput",
     "allreduce_cnn",
     "allreduce_recovery",
@@ -50,7 +51,7 @@ NAMES = (
 )
 GROUPS = {
     "recordio": NAMES[:2],
-    "training": NAMES[4:7],
+    "training": NAMES[4:8],
     "allreduce": tuple(name for name in NAMES if name.startswith("allreduce_")),
 }
 
@@ -62,6 +63,7 @@ def benchmarks() -> dict[str, Benchmark]:
     from tests.bench.dispatch import dispatch
     from tests.bench.k8s_relaunch import k8s_relaunch
     from tests.bench.recordio_bench import recordio_local, recordio_s3
+    from tests.bench.stability import training_stability
     from tests.bench.training import training_cnn, training_ctr, training_digits
 
     return {
@@ -72,6 +74,7 @@ def benchmarks() -> dict[str, Benchmark]:
         "training_cnn": training_cnn,
         "training_ctr": training_ctr,
         "training_digits": training_digits,
+        "training_stability": training_stability,
         "allreduce_throughput": allreduce_throughput,
         "allreduce_cnn": allreduce_cnn,
         "allreduce_recovery": allreduce_recovery,
