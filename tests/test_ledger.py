@@ -21,8 +21,8 @@ def accounting(records_trained_twice: int = 0, requeues: int = 0, epochs: int = 
     )
 
 
-def report(ps_id: int, version: int, restored: int = -1) -> PsReport:
-    return PsReport(ps_id, version, pushes_refused=0, restored_version=restored)
+def report(ps_id: int, version: int, restored: int = -1, accepted: int | None = None) -> PsReport:
+    return PsReport(ps_id, version, pushes_refused=0, restored_version=restored, pushes_accepted=accepted)
 
 
 def test_a_task_adds_up_only_with_all_its_records_in_all_its_minibatches() -> None:
@@ -93,3 +93,27 @@ def test_a_ledger_saved_before_reporters_were_saved_restores_and_counts_no_resen
     section, problems = ledger.ps_updates(accounting(), [report(0, 12)])
     assert problems == [] and section["minibatches_trained"] == 10
     assert section["minibatches_of_ignored_reports"] == 0
+
+
+def test_pushes_accepted_see_a_duplicate_that_the_version_count_cannot() -> None:
+    """With --grads-to-wait 3, 10 minibatches make 4 updates, and so do 11 or 12: a minibatch applied twice
+    leaves the version right. Every PS also counts the pushes it accepted, which must be the minibatches."""
+    ledger = TrainingLedger(minibatch_size=10, grads_to_wait=3)
+    ledger.add(task(1, 100), {"records": 100, "steps": 10})
+    both = [report(0, 4, accepted=10), report(1, 4, accepted=10)]
+    section, problems = ledger.ps_updates(accounting(), both)
+    assert problems == [] and [p["pushes_accepted"] for p in section["parameter_servers"]] == [10, 10]
+    _, problems = ledger.ps_updates(accounting(), [report(0, 4, accepted=11), report(1, 4, accepted=9)])
+    assert len(problems) == 2
+    assert (
+        "PS 0 accepted 11 pushes, but the workers trained 10 minibatches: it took some twice" in (problems[0])
+    )
+    assert "PS 1 accepted 9 pushes, but the workers trained 10 minibatches" in problems[1]
+    # A worker died holding a task of 30 records: up to 3 more pushes, and one per requeue for rounding;
+    # a restarted PS counts only the pushes since it restarted.
+    twice = accounting(records_trained_twice=30, requeues=1)
+    fits = [report(0, 5, accepted=13), report(1, 5, restored=2, accepted=4)]
+    assert ledger.ps_updates(twice, fits)[1] == []
+    too_many = [report(0, 5, accepted=15), report(1, 5, restored=2, accepted=15)]
+    _, problems = ledger.ps_updates(twice, too_many)
+    assert len(problems) == 2 and all("took some twice" in problem for problem in problems)

@@ -484,7 +484,7 @@ class TrainingJob:
         accounting = self.dispatcher.accounting()
         problems = self.ledger.epoch_problems(accounting)
         reports = [
-            PsReport(ps_id, s.version, s.pushes_refused, s.restored_version)
+            PsReport(ps_id, s.version, s.pushes_refused, s.restored_version, s.pushes_accepted)
             for ps_id, s in enumerate(self._ps_status or [])
         ]
         section, ps_problems = self.ledger.ps_updates(accounting, reports)

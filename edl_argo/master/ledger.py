@@ -18,7 +18,11 @@ master checks:
   without a report (their worker died or timed out) may have pushed any part of their task, so then the
   expectation is a range. A PS that restarted from its checkpoint lost the updates since that checkpoint:
   ``updates_lost_to_rollback`` counts them (exactly when nothing else is unknown); a PS that did not
-  restart must be exactly in the range, else the job fails. A training task reported done that the master
+  restart must be exactly in the range, else the job fails. Since ``grads_to_wait`` minibatches make one
+  update, a version count cannot see a minibatch applied twice within a step; so every PS also counts the
+  pushes it accepted (``pushes_accepted``; repeats it recognised are not counted, nor refused pushes), which
+  must equal the minibatches exactly (within the same range when attempts ended unreported; at most its
+  upper end for a PS that restarted, whose count starts again). A training task reported done that the master
   ignored (it was not the worker's any more, or a master that died before saving handed it out, so the
   restarted one gave its records out again) was trained too: its minibatches count (:meth:`add_ignored`),
   except those of a report sent again after its reply was lost, which counted the first time.
@@ -48,6 +52,26 @@ class PsReport:
     version: int
     pushes_refused: int
     restored_version: int  # -1: it never restarted from a checkpoint
+    #: Pushes it accepted since it started (None: not known, e.g. a PS of an older version).
+    pushes_accepted: int | None = None
+
+
+def _push_problems(report: PsReport, low: int, high: int) -> list[str]:
+    """Why ``report``'s accepted pushes do not fit the ``low``..``high`` minibatches trained (empty if they
+    do; a PS that restarted counts only the pushes since, so only the upper bound holds for it)."""
+    accepted = report.pushes_accepted
+    assert accepted is not None
+    if accepted > high:
+        return [
+            f"accounting: PS {report.ps_id} accepted {accepted} pushes, but the workers trained "
+            f"{low if low == high else f'{low} to {high}'} minibatches: it took some twice"
+        ]
+    if accepted < low and report.restored_version < 0:
+        return [
+            f"accounting: PS {report.ps_id} accepted {accepted} pushes, but the workers trained {low} "
+            "minibatches and it never restarted: pushes were lost"
+        ]
+    return []
 
 
 class TrainingLedger:
@@ -166,6 +190,9 @@ class TrainingLedger:
             }
             if restarted and lost is None:
                 row["updates_lost_to_rollback"] = None  # unknown: some attempts ended unreported
+            if report.pushes_accepted is not None:
+                row["pushes_accepted"] = report.pushes_accepted
+                problems += _push_problems(report, known, known + unknown if unreported else known)
             rows.append(row)
             if report.version > high:
                 problems.append(
