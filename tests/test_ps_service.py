@@ -458,29 +458,48 @@ def test_ps_command_stops_gracefully_on_sigterm_with_a_last_checkpoint(tmp_path:
 
 
 @pytest.mark.parametrize(
-    ("num_ps", "use_async", "slow_ps"),
-    [(1, True, 0), (1, False, 0), (2, False, 0), (2, False, 1)],
-    ids=["async", "sync", "sync-2ps-authority-slow", "sync-2ps-follower-slow"],
+    ("num_ps", "use_async", "slow_ps", "grads_to_wait"),
+    [
+        (1, True, 0, 1),
+        (1, False, 0, 1),
+        (2, False, 0, 1),
+        (2, False, 1, 1),
+        (1, False, 0, 2),
+        (2, False, 1, 2),
+    ],
+    ids=[
+        "async",
+        "sync",
+        "sync-2ps-authority-slow",
+        "sync-2ps-follower-slow",
+        "sync-grads-to-wait-2",
+        "sync-2ps-follower-slow-grads-to-wait-2",
+    ],
 )
 def test_a_push_retried_after_its_deadline_is_applied_once(
-    num_ps: int, use_async: bool, slow_ps: int
+    num_ps: int, use_async: bool, slow_ps: int, grads_to_wait: int
 ) -> None:
-    """The PS applies a push but answers after the caller's deadline (it compiled its first update, say):
-    the client retries it, and the PS answers the retry from the push it already applied instead of
-    applying the minibatch a second time."""
+    """The PS takes a push but answers after the caller's deadline (it compiled its first update, say):
+    the client retries it, and the PS answers the retry from the push it already took instead of taking the
+    minibatch a second time. With ``grads_to_wait`` 2 the retry would complete the step on its own; the
+    step must be the mean of the first push and the next one (gradients 1 and 3: a step of 2)."""
     from edl_argo.worker.ps_client import ParameterServerClient
 
-    servicers = [servicer(ps_id=i, num_ps=num_ps, use_async=use_async, factory=sgd) for i in range(num_ps)]
-    slowed = servicers[slow_ps].parameters
-    apply = slowed.apply_gradients
+    servicers = [
+        servicer(ps_id=i, num_ps=num_ps, use_async=use_async, factory=sgd, grads_to_wait=grads_to_wait)
+        for i in range(num_ps)
+    ]
+    slowed = servicers[slow_ps]
+    decide = slowed._decide_push
     delays = [1.5]
 
-    def late_apply(*args: Any, **kwargs: Any) -> None:
-        apply(*args, **kwargs)
+    def late_decision(*args: Any, **kwargs: Any) -> Any:
+        outcome = decide(*args, **kwargs)
         if delays:
-            time.sleep(delays.pop())  # applied, but the caller's deadline runs out before the answer
+            time.sleep(delays.pop())  # taken, but the caller's deadline runs out before the answer
+        return outcome
 
-    slowed.apply_gradients = late_apply  # type: ignore[method-assign]
+    slowed._decide_push = late_decision  # type: ignore[method-assign]
     servers = [start_server(s, "127.0.0.1", 0) for s in servicers]
     client = ParameterServerClient([f"127.0.0.1:{port}" for _, port in servers], rpc_timeout_seconds=0.5)
     try:
@@ -489,16 +508,52 @@ def test_a_push_retried_after_its_deadline_is_applied_once(
         client.synchronous = not use_async
         result = client.push_gradients({n: np.ones_like(v) for n, v in dense.items()}, {}, [0] * num_ps)
         assert result.accepted and not delays  # the slow answer happened, and was retried
+        if grads_to_wait == 2:
+            assert [s.version for s in servicers] == [0] * num_ps  # one push taken: no step yet
+            result = client.push_gradients(
+                {n: 3 * np.ones_like(v) for n, v in dense.items()}, {}, [0] * num_ps
+            )
+            assert result.accepted
         time.sleep(1.5)  # the first attempt's answer has been sent by now
         assert [s.version for s in servicers] == [1] * num_ps
         statuses = client.status()
-        assert [s.pushes_accepted for s in statuses] == [1] * num_ps
+        assert [s.pushes_accepted for s in statuses] == [grads_to_wait] * num_ps
         pulled = {n: v for s in servicers for n, v in s.parameters.pull_dense(since_version=-1) or []}
-        np.testing.assert_allclose(pulled["w"], W - LR, rtol=1e-6)
+        np.testing.assert_allclose(pulled["w"], W - LR * grads_to_wait, rtol=1e-6)
     finally:
         client.close()
         for server, _ in servers:
             server.stop(None)
+
+
+def test_a_restored_ps_refuses_a_push_its_checkpoint_already_holds(connect: Any) -> None:
+    """A PS restarted from its checkpoint has forgotten which pushes it answered; a push from before the
+    restart that its checkpoint holds (the retry of one whose answer was lost with the PS) is refused as
+    stale, not taken again, and one its checkpoint lost (taken, its step not yet applied) is taken again."""
+    storage = MemoryStorage()
+    first = servicer(grads_to_wait=2, checkpointer=ps_checkpointer(storage, 0, every=1))
+    stub = connect(first)
+    stub.PushModel(model())
+
+    def push_as(target: Any, sequence: int, version: int, gradient: float) -> ps_pb2.PushGradientsResponse:
+        gradients = ps_pb2.Model(dense_parameters=[to_tensor(np.full_like(W, gradient), "w")])
+        request = ps_pb2.PushGradientsRequest(
+            gradients=gradients, version=version, pusher_id="worker-0", sequence=sequence
+        )
+        return target.PushGradients(request)
+
+    assert push_as(stub, 1, 0, 1.0).accepted and push_as(stub, 2, 0, 3.0).accepted  # one step: mean 2
+    assert push_as(stub, 3, 1, 5.0).accepted  # taken, its step waits for a second push
+    assert first._checkpointer is not None and first._checkpointer.wait(10)
+    restored_state = restore_latest(storage, 0)
+    assert restored_state is not None and restored_state.version == 1
+    restored = connect(servicer(grads_to_wait=2, initial_state=restored_state))
+    late = push_as(restored, 2, 0, 3.0)  # held by the checkpoint: refused
+    assert (late.accepted, late.version) == (False, 1)
+    assert push_as(restored, 3, 1, 5.0).accepted and push_as(restored, 4, 1, 7.0).accepted
+    status = restored.GetStatus(ps_pb2.GetStatusRequest())
+    assert (status.version, status.pushes_accepted, status.pushes_refused) == (2, 2, 1)
+    np.testing.assert_allclose(pull_dense(restored)["w"], W - LR * 2.0 - LR * 6.0, rtol=1e-6)
 
 
 def test_a_late_attempt_is_neither_applied_nor_accepted_and_push_ids_are_bounded(connect: Any) -> None:
