@@ -107,6 +107,13 @@ def read_metrics(output: Path) -> dict[str, Any]:
 
 
 def assert_no_record_lost(metrics: dict[str, Any]) -> None:
-    per_epoch = metrics["records_done_per_epoch"]
-    assert per_epoch, "no epochs accounted"
-    assert all(done == metrics["records_per_epoch"] for done in per_epoch.values()), per_epoch
+    """Every epoch trained every record of the dataset, counted at both ends: the tasks the dispatcher
+    marked done, and the records the workers' own inputs yielded (``accounting.records_reported_per_epoch``,
+    summed from their task reports), each against the dataset's size from its manifest."""
+    dataset_records = metrics["records_per_epoch"]
+    dispatched = metrics["records_done_per_epoch"]
+    trained = metrics["accounting"]["records_reported_per_epoch"]
+    assert dispatched, "no epochs accounted"
+    assert sorted(trained) == sorted(dispatched), (trained, dispatched)
+    assert all(done == dataset_records for done in dispatched.values()), dispatched
+    assert all(count == dataset_records for count in trained.values()), trained
