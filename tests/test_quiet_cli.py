@@ -115,12 +115,12 @@ os.write(2, ("\\n".join(lines) + "\\n").encode())
 """
 
 
-def stderr_of_quiet_entry(code: str, log_level: str | None, path: Path = ROOT) -> list[str]:
-    """The stderr lines of a process that runs the CLI's start (:func:`cli.quiet_native_logs`), then
-    ``code``, with ``path`` and this checkout on ``sys.path``."""
+def run_quiet_entry(code: str, log_level: str | None, path: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """A process that runs the CLI's start (:func:`cli.quiet_native_logs`), then ``code``, with ``path``
+    and this checkout on ``sys.path``, and no log level in its environment."""
     program = f"import sys\nfrom edl_argo import cli\ncli.quiet_native_logs({log_level!r})\n{code}"
     environment = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "EDL_LOG_LEVEL")}
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", program],
         capture_output=True,
         text=True,
@@ -128,6 +128,11 @@ def stderr_of_quiet_entry(code: str, log_level: str | None, path: Path = ROOT) -
         timeout=300,
         cwd=ROOT,
     )
+
+
+def stderr_of_quiet_entry(code: str, log_level: str | None, path: Path = ROOT) -> list[str]:
+    """The stderr lines of :func:`run_quiet_entry`, which must succeed."""
+    result = run_quiet_entry(code, log_level, path)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stderr.splitlines()
 
@@ -166,16 +171,7 @@ def test_an_import_that_fails_still_shows_its_error(tmp_path: Path) -> None:
         "except ImportError as error:\n    print(f'caught: {error}', file=sys.stderr)\n"
         "import broken as again\n"
     )
-    environment = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "EDL_LOG_LEVEL")}
-    program = f"import sys\nfrom edl_argo import cli\ncli.quiet_native_logs('INFO')\n{code}"
-    result = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        env={**environment, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])},
-        timeout=60,
-        cwd=ROOT,
-    )
+    result = run_quiet_entry(code, "INFO", tmp_path)
     lines = result.stderr.splitlines()
     assert result.returncode == 1
     assert "caught: broken: needs libfoo.so" in lines and lines[-1] == "ImportError: broken: needs libfoo.so"
