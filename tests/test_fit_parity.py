@@ -71,6 +71,8 @@ CASES = {
     "weighted": Case("weighted.py", rows=92, fit_batch_size=16, job={"num_ps": 1, "grads_to_wait": 2}),
     # ElasticDL's MNIST model's shape: convolutions, BatchNormalization, Dropout (the same masks as fit).
     "conv_dropout": Case("conv_dropout.py", rows=100, data="conv_dropout", job={"num_ps": 2}),
+    # LossScaleOptimizer's dynamic scale skips, halves and grows (an overflow forced on some minibatches).
+    "loss_scale": Case("loss_scale.py", rows=100, job={"num_ps": 1}),
 }
 
 
@@ -205,6 +207,20 @@ def test_convolutions_batch_normalization_and_dropout_equal_fit(trained) -> None
     predicted = np.argmax(np.asarray(result.exported(features, training=False)), axis=1)
     accuracy = float(np.mean(predicted == np.reshape(labels, [-1])))
     assert result.metrics["final_metrics"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_the_dynamic_loss_scale_skips_halves_and_grows_as_in_fit(trained) -> None:
+    """Steps whose scaled gradients overflow are skipped by the worker, as ``fit``'s LossScaleOptimizer skips
+    them, and counted: the job's accounting knows that they pushed nothing."""
+    result = trained("loss_scale")
+    assert_trained(result, "dense/kernel")
+    assert_variables_equal_fit(result)
+    assert_saved_model_equals_fit(result)
+    skipped = result.metrics["steps_skipped_by_loss_scale"]
+    minibatches = result.metrics["accounting"]["minibatches_trained"]
+    # fit's own count: its LossScaleOptimizer's iterations count only the steps it applied.
+    applied = int(result.fitted.optimizer.iterations.numpy())
+    assert skipped > 3 and minibatches == applied and minibatches + skipped == EPOCHS * 13
 
 
 def test_sample_weights_and_pushes_weighted_by_examples_equal_fit(trained) -> None:

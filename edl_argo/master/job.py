@@ -528,6 +528,7 @@ class TrainingJob:
             "records_trained_twice": accounting.records_trained_twice,
             "training_loss_per_epoch": {str(k): v for k, v in self.training_loss.per_epoch().items()},
             "nan_batches_skipped": self.training_loss.nan_batches_skipped,
+            "steps_skipped_by_loss_scale": self.training_loss.loss_scale_skipped,
             "nan_gradients_skipped": self.training_loss.nan_gradients_skipped,
             "task_requeues": accounting.requeues,
             "relaunches": {

@@ -4,11 +4,12 @@ The dispatcher counts a task's records once the task is reported done, so its co
 with itself. The ledger counts at the other end. With each training task a worker reports the records its
 input actually yielded (``records``), the minibatches it trained (``steps``: pushed and applied, or
 stepped with the group) and those it skipped for a NaN loss or NaN gradients (``nan_batches_skipped``,
-``nan_gradients_skipped``); a failed attempt reports the minibatches it trained before it failed. The
-master checks:
+``nan_gradients_skipped``) or because their scaled gradients overflowed under ``LossScaleOptimizer``'s
+dynamic loss scale (``loss_scale_skipped``, a step ``fit`` skips too); a failed attempt reports the
+minibatches it trained before it failed. The master checks:
 
-* **per task**, when it is reported done: ``records`` equals the task's size and ``steps +
-  nan_batches_skipped + nan_gradients_skipped`` equals ``ceil(records / minibatch_size)``. A task that
+* **per task**, when it is reported done: ``records`` equals the task's size and ``steps`` plus the
+  skipped minibatches (:data:`SKIPPED_COUNTERS`) equals ``ceil(records / minibatch_size)``. A task that
   fails this fails the job at once, naming the task: running it elsewhere would not make a worker's input
   right.
 * **per epoch**, at the end: the records reported equal the dataset's.
@@ -38,6 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from edl_argo.master.task_dispatcher import Accounting, Task
+
+#: The counters of a task report that count minibatches trained but not pushed (nothing of them applied).
+SKIPPED_COUNTERS = ("nan_batches_skipped", "nan_gradients_skipped", "loss_scale_skipped")
 
 
 def _minibatches(records: int, minibatch_size: int) -> int:
@@ -96,12 +100,12 @@ class TrainingLedger:
         steps = counters.get("steps")
         if records is None or steps is None:
             return f"{task.describe()}: the worker reported no records or steps"
-        skipped = counters.get("nan_batches_skipped", 0) + counters.get("nan_gradients_skipped", 0)
+        skipped = sum(counters.get(name, 0) for name in SKIPPED_COUNTERS)
         expected = _minibatches(records, self._minibatch_size)
         if records != task.num_records or steps + skipped != expected:
             return (
                 f"accounting: {task.describe()} has {task.num_records} records; the worker trained "
-                f"{records} records in {steps} minibatches (+{skipped} skipped for NaN), expected "
+                f"{records} records in {steps} minibatches (+{skipped} skipped), expected "
                 f"{_minibatches(task.num_records, self._minibatch_size)} minibatches of "
                 f"{self._minibatch_size}"
             )

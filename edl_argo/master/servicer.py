@@ -162,7 +162,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if training and task is not None and "steps" in request.counters:
             self._training_loss.add(task.epoch, request.mean_loss, request.counters["steps"])
         if training:
-            self._training_loss.skip_nan_batches(request.counters.get("nan_batches_skipped", 0))
+            self._training_loss.add_skipped(request.counters)
             self._training_loss.skip_nan_gradients(
                 request.worker_id, request.counters.get("nan_gradients_skipped", 0)
             )

@@ -1,6 +1,7 @@
 """Training loss per epoch, from the mean losses workers report with their training tasks, and the number
-of minibatches skipped because their loss was NaN (``--nan-loss skip``) or, per worker, because their
-gradients were (``--nan-gradients skip``)."""
+of minibatches skipped because their loss was NaN (``--nan-loss skip``), because their scaled gradients
+overflowed under ``LossScaleOptimizer``'s dynamic scale (as ``fit`` skips them) or, per worker, because their
+gradients were not finite (``--nan-gradients skip``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import threading
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
+
+#: Task report counters of skipped minibatches counted as job totals.
+SKIPPED_TOTALS = ("nan_batches_skipped", "loss_scale_skipped")
 
 
 class TrainingLoss:
@@ -17,7 +21,8 @@ class TrainingLoss:
         self._lock = threading.Lock()
         self._sums: dict[int, float] = defaultdict(float)
         self._steps: dict[int, int] = defaultdict(int)
-        self._nan_batches_skipped = 0
+        #: Totals of the task report counters in :data:`SKIPPED_TOTALS`.
+        self._skipped = dict.fromkeys(SKIPPED_TOTALS, 0)
         self._nan_gradients_skipped: dict[int, int] = defaultdict(int)
 
     def add(self, epoch: int, mean_loss: float, steps: int) -> None:
@@ -27,11 +32,12 @@ class TrainingLoss:
             self._sums[epoch] += mean_loss * steps
             self._steps[epoch] += steps
 
-    def skip_nan_batches(self, count: int) -> None:
-        """Count ``count`` minibatches that a worker skipped (no push) because their loss was NaN."""
-        if count > 0:
-            with self._lock:
-                self._nan_batches_skipped += count
+    def add_skipped(self, counters: Mapping[str, int]) -> None:
+        """Count the minibatches a task report's ``counters`` say were skipped (nothing pushed): NaN losses
+        (``nan_batches_skipped``), loss-scale overflows (``loss_scale_skipped``)."""
+        with self._lock:
+            for name in SKIPPED_TOTALS:
+                self._skipped[name] += max(0, counters.get(name, 0))
 
     def skip_nan_gradients(self, worker_id: int, count: int) -> None:
         """Count ``count`` minibatches worker ``worker_id`` skipped: their gradients were not finite."""
@@ -48,7 +54,13 @@ class TrainingLoss:
     @property
     def nan_batches_skipped(self) -> int:
         with self._lock:
-            return self._nan_batches_skipped
+            return self._skipped["nan_batches_skipped"]
+
+    @property
+    def loss_scale_skipped(self) -> int:
+        """Minibatches whose step the dynamic loss scale skipped (their scaled gradients overflowed)."""
+        with self._lock:
+            return self._skipped["loss_scale_skipped"]
 
     def per_epoch(self) -> dict[int, float]:
         with self._lock:
@@ -60,7 +72,7 @@ class TrainingLoss:
             return {
                 "sums": {str(epoch): total for epoch, total in self._sums.items()},
                 "steps": {str(epoch): steps for epoch, steps in self._steps.items()},
-                "nan_batches_skipped": self._nan_batches_skipped,
+                **self._skipped,
                 "nan_gradients_skipped": {str(w): n for w, n in self._nan_gradients_skipped.items()},
             }
 
@@ -71,7 +83,7 @@ class TrainingLoss:
             self._steps.clear()
             self._sums.update({int(e): float(total) for e, total in snapshot["sums"].items()})
             self._steps.update({int(e): int(steps) for e, steps in snapshot["steps"].items()})
-            self._nan_batches_skipped = int(snapshot.get("nan_batches_skipped", 0))
+            self._skipped = {name: int(snapshot.get(name, 0)) for name in SKIPPED_TOTALS}
             self._nan_gradients_skipped.clear()
             self._nan_gradients_skipped.update(
                 {int(w): int(n) for w, n in snapshot.get("nan_gradients_skipped", {}).items()}

@@ -110,6 +110,8 @@ class _TaskProgress:
     steps: int = 0
     skipped: int = 0
     skipped_gradients: int = 0
+    #: Minibatches whose step LossScaleOptimizer's dynamic scale skipped (their gradients overflowed).
+    skipped_by_loss_scale: int = 0
     records: int = 0
     total_loss: float = 0.0
     #: Why the task failed (its remaining minibatches are skipped; the report says so).
@@ -209,7 +211,7 @@ class Worker:
 
     def _train_minibatch(self, seq: int, task: master_pb2.Task, batch: Any) -> None:
         """Train one minibatch of training task ``task`` (streamed as ``seq``), unless the task failed."""
-        from edl_argo.worker.replica import NonFiniteLossError
+        from edl_argo.worker.replica import NonFiniteLossError, StepSkipped
 
         progress = self._progress.setdefault(seq, _TaskProgress(time.monotonic()))
         if progress.error is not None:
@@ -226,6 +228,9 @@ class Worker:
                     loss = self._replica.train_minibatch(features, labels)
                 else:
                     loss = self._replica.train_minibatch(features, labels, weights)  # type: ignore[call-arg]
+        except StepSkipped:
+            progress.skipped_by_loss_scale += 1  # as fit skips it; logged by the replica
+            return
         except NonFiniteLossError as error:
             if self._nan_loss != "skip":
                 progress.error = error
@@ -362,6 +367,7 @@ class Worker:
             "steps": steps,
             "nan_batches_skipped": progress.skipped,
             "nan_gradients_skipped": progress.skipped_gradients,
+            "loss_scale_skipped": progress.skipped_by_loss_scale,
             "epoch": task.epoch,
             "model_version": self._replica.version,
             "mean_loss": mean_loss,

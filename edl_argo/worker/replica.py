@@ -55,6 +55,17 @@ class NonFiniteLossError(JobFailedError):
         return "NaN" if np.isnan(self.loss) else str(self.loss)
 
 
+class StepSkipped(Exception):
+    """The minibatch's scaled gradients overflowed under ``LossScaleOptimizer``'s dynamic loss scale: as
+    ``fit`` does, nothing of it was applied (nothing pushed) and the scale was halved. ``loss`` is the
+    minibatch's loss. The caller counts the minibatch as skipped, not trained."""
+
+    def __init__(self, loss: float, loss_scale: float) -> None:
+        self.loss = loss
+        self.loss_scale = loss_scale
+        super().__init__(f"gradients overflowed at loss scale {loss_scale:g}; step skipped, scale halved")
+
+
 def build_model(spec: ModelSpec, sample_features: Any | None = None) -> keras.Model:
     """A fresh model from the model file, built, with the same variable names in every process."""
     keras.utils.clear_session()
@@ -213,18 +224,21 @@ class ModelReplica:
         self._lookups.start("feed", rows)
         return self.model(features, training=False)
 
-    def _gradients(self, features: Any, labels: Any, sample_weight: Any = None) -> tuple[float, _Push | None]:
-        """The loss of one minibatch at the local parameters and what to push for it (None: the step's
-        gradients are not finite under dynamic loss scaling, and the step is skipped, as Keras skips it)."""
+    def _gradients(self, features: Any, labels: Any, sample_weight: Any = None) -> tuple[float, _Push]:
+        """The loss of one minibatch at the local parameters and what to push for it.
+
+        Raises :class:`StepSkipped` when the step's gradients are not finite under dynamic loss scaling:
+        the step is skipped and the scale halved, as Keras does."""
         tables, ids, rows = self._pull_rows(features)
         loss, dense_grads, row_grads, finite, state = self._compute(features, labels, sample_weight, rows)
         loss_value = float(loss)
         if not np.isfinite(loss_value):
             raise NonFiniteLossError(loss_value, self.version)
         if not bool(finite) and self._steps.dynamic:
+            scale = self._steps.dynamic_scale
             self._steps.step_done(finite=False)
-            log.info("step_skipped_non_finite_gradients", loss_scale=self._steps.dynamic_scale)
-            return loss_value, None
+            log.info("step_skipped_non_finite_gradients", loss_scale=scale)
+            raise StepSkipped(loss_value, scale)
         # np.asarray: read-only views of the tensors' buffers (numpy() copies); the push copies them once.
         dense = {
             v.path: np.asarray(g) for v, g in zip(self._dense, dense_grads, strict=True) if g is not None
@@ -240,7 +254,8 @@ class ModelReplica:
         )
 
     def train_minibatch(self, features: Any, labels: Any, sample_weight: Any = None) -> float:
-        """One SGD step on one minibatch (weighted by ``sample_weight`` when given); returns its loss.
+        """One SGD step on one minibatch (weighted by ``sample_weight`` when given); returns its loss, or
+        raises :class:`StepSkipped` (dynamic loss scaling overflowed: nothing pushed).
 
         Synchronous SGD: compute, push, install the parameters the push's reply carries (pull if it carries
         none), and recompute when the push is rejected as stale. Pipelined (asynchronous SGD only): the
@@ -255,18 +270,15 @@ class ModelReplica:
             computed_at = list(self.versions)  # flush() installs newer parameters: not these gradients'
             loss_value, push = self._gradients(features, labels, sample_weight)
             self.flush()
-            if push is not None:
-                self._in_flight = self._pipeline.submit(
-                    self._push_and_pull, push, computed_at, list(self.versions)
-                )
+            self._in_flight = self._pipeline.submit(
+                self._push_and_pull, push, computed_at, list(self.versions)
+            )
             return loss_value
         for _ in range(MAX_STALE_RETRIES):
             if not self._current:
                 self.sync()
             self._current = False
             loss_value, push = self._gradients(features, labels, sample_weight)
-            if push is None:
-                return loss_value
             result = self._push(push, self.versions)
             if result.parameters is not None:
                 self._install(*result.parameters)
