@@ -164,6 +164,7 @@ class PodEvent:
 #: (``"exited with status 1; last lines of stderr:\n..."``).
 _TAIL_HEADER = "; last lines of "
 
+
 def failure_line(lines: Sequence[str]) -> str:
     """The last non-blank line of a failed process's output that is not a native notice ("" if none):
     the error's own last line (``ValueError: ...``, a ``SystemExit`` message), even when TensorFlow's
