@@ -224,23 +224,25 @@ def test_put_tree_rejects_reserved_name_and_empty_key(storage: Storage, tmp_path
 
 
 @pytest.mark.parametrize("previous", [False, True])
-def test_failed_put_tree_leaves_no_partial_tree(storage: Storage, tmp_path: Path, previous: bool) -> None:
+def test_failed_put_tree_leaves_the_previous_tree_untouched(
+    storage: Storage, tmp_path: Path, previous: bool
+) -> None:
+    """On every backend: the previous tree (or none) stands, exactly, and the failed upload left nothing."""
     old = make_tree(tmp_path / "old", {"a": b"old-a", "old-only": b"x"})
     if previous:
         storage.put_tree(old, "model")
+    before = {info.key: storage.read(info.key) for info in storage.list()}
     new = make_tree(tmp_path / "new", {"a": b"new-a", "z": b"new-z"})
     (new / "m_broken").symlink_to(tmp_path / "does-not-exist")  # fails after "a" was copied/uploaded
     with pytest.raises(StorageError, match="m_broken"):
         storage.put_tree(new, "model")
-    if previous and isinstance(storage, LocalStorage):  # the swap never happened: the old tree stands
-        assert storage.tree_complete("model")
+    assert {info.key: storage.read(info.key) for info in storage.list()} == before
+    assert storage.tree_complete("model") == previous
+    if previous:
         storage.get_tree("model", tmp_path / "out")
         assert read_tree(tmp_path / "out") == read_tree(old)
-    else:  # S3 unpublished the old tree first; nothing is left
-        assert not storage.tree_complete("model")
-        assert storage.list("model/") == []
-    if isinstance(storage, LocalStorage):
-        assert [p.name for p in storage.root.iterdir() if p.name.startswith(TEMP_PREFIX)] == []
+    if isinstance(storage, LocalStorage) and storage.root.exists():
+        assert [p.name for p in storage.root.rglob(f"{TEMP_PREFIX}*")] == []
 
 
 # -- local-only -----------------------------------------------------------------------------------
