@@ -15,9 +15,9 @@ retries (the workflow's name by default), so a retried master adopts the pods of
 step's pod carries :func:`~edl_argo.pods.manifests.master_labels` of the job, which the master's
 ``<job>-master`` Service selects: the workers reach a retried master, in its new pod, at the same address.
 
-Outputs: the ``model`` artifact, the model tree the job publishes (``saved_model/``, ``model.keras``,
-``metrics.json``, ``flags.json``), and the ``metrics`` parameter, the job's final metrics as a JSON object
-(``{"accuracy": 0.97}``).
+Outputs: the ``model`` artifact, the model tree the job publishes (its pointer ``_edl-tree.json`` and the
+version folder it names, holding ``saved_model/``, ``model.keras``, ``metrics.json``, ``flags.json``),
+and the ``metrics`` parameter, the job's final metrics as a JSON object (``{"accuracy": 0.97}``).
 """
 
 from __future__ import annotations
