@@ -1,20 +1,21 @@
 """``edl-argo evaluate`` and ``edl-argo predict``: a published model + shards → metrics or predictions.
 
 Both run in one process and build the model as a job's workers do: ``custom_model()`` of the model file,
-built on the first batch, then loaded with the trained weights of the published tree's ``model.keras``.
+built on the first batch, then loaded with the trained weights of the published tree's ``model.keras`` (of
+the version its pointer names; a tree of older edl-argo, without a pointer, is read as it is).
 So subclassed models and ``Lambda`` layers work, since nothing is deserialized from the file but weights
 (the tree's SavedModel is for serving). Every shard is read through the workers' data path (``feed`` of
 the model file, in EVALUATION or PREDICTION mode); metrics are aggregated exactly as the master does
 (:class:`~edl_argo.master.evaluation.MetricsAccumulator`).
 
-``predict --output URL`` is one tree, replaced as a whole (:meth:`Storage.put_tree`) and only when every
-record was predicted::
+``predict --output URL`` is one tree (:mod:`edl_argo.storage.trees`), published as a new version only
+when every record was predicted; until its pointer is switched, the previous predictions stay readable::
 
-    URL/<shard>.jsonl      one JSON line per record of that input shard (its name in the dataset, e.g.
-                           data-00000, without the dataset's version folder), in record order:
-                           {"shard": ..., "record": <index in the shard>, "output": ...}
-    URL/predictions.json   {"records": N, "shards": {"<shard>": n, ...}, "model": ..., "data": ...}
-    URL/_COMPLETE          written last
+    URL/_edl-tree.json               the pointer: names the current version, written last
+    URL/<version>/<shard>.jsonl      one JSON line per record of that input shard (its name in the dataset,
+                                     e.g. data-00000, without the dataset's version folder), in record order:
+                                     {"shard": ..., "record": <index in the shard>, "output": ...}
+    URL/<version>/predictions.json   {"records": N, "shards": {"<shard>": n, ...}, "model": ..., "data": ...}
 
 ``output`` is the record's row of a single-tensor output, or ``{name: row}`` for a multi-output model
 (:mod:`edl_argo.model.outputs`); NaN and infinities are written as ``null``. ``URL`` may hold nothing but
@@ -47,7 +48,9 @@ from edl_argo.model.outputs import (
 )
 from edl_argo.progress import ProgressReporter
 from edl_argo.recordio import ShardReader, open_dataset
-from edl_argo.storage import TREE_COMPLETE_MARKER, Storage, open_storage
+from edl_argo.storage import TREE_COMPLETE_MARKER, ObjectNotFoundError, Storage, open_storage
+from edl_argo.storage.trees import POINTER_NAME, open_tree
+from edl_argo.storage.versions import VERSION_FOLDER
 
 log = get_logger(__name__)
 
@@ -107,13 +110,14 @@ class Inference:
         self.minibatch_size = minibatch_size
         self._model: Any = None
         self._names: list[str] | None = None
-        tree = open_storage(model_url)
-        if not tree.tree_complete(""):
+        self._storage = open_storage(model_url)
+        try:
+            self._tree = open_tree(self._storage, "")
+        except ObjectNotFoundError:
             raise ConfigError(
                 f"--model {model_url}: no complete model there "
                 "(expected the <output>/model of a finished job)"
-            )
-        self._tree = tree
+            ) from None
         # Only the shards the dataset's manifest names, each pinned to its version now.
         self.dataset = open_dataset(data, what="--data")
         self.shards = list(self.dataset.records)
@@ -165,10 +169,11 @@ class Inference:
         from edl_argo.worker.replica import build_model
 
         model = build_model(self.spec, sample_features)
-        url = self._tree.describe(KERAS_FILE)
+        key = self._tree.file_key(KERAS_FILE)
+        url = self._storage.describe(key)
         with tempfile.TemporaryDirectory(prefix="edl-model-") as tmp:
             path = Path(tmp) / KERAS_FILE
-            path.write_bytes(self._tree.read(KERAS_FILE))
+            self._storage.download(key, path)
             try:
                 model.load_weights(path)
             except (zipfile.BadZipFile, EOFError, OSError, KeyError) as error:
@@ -270,10 +275,7 @@ def prediction_target(url: str) -> tuple[Storage, str]:
     foreign = [
         info.key[len(name) + 1 :]
         for info in parent.list(name + "/")
-        if not (
-            info.key.endswith(PREDICTION_SUFFIX)
-            or info.key[len(name) + 1 :] in (PREDICTIONS_SUMMARY, TREE_COMPLETE_MARKER)
-        )
+        if not _a_prediction_file(info.key[len(name) + 1 :])
     ]
     if foreign:
         raise ConfigError(
@@ -281,6 +283,17 @@ def prediction_target(url: str) -> tuple[Storage, str]:
             "predict replaces its output as a whole: choose an empty or new folder"
         )
     return parent, name
+
+
+def _a_prediction_file(rel: str) -> bool:
+    """Whether ``rel`` (a path in a --output folder) can be part of a prediction output: the tree's
+    pointer, or a prediction file or summary in a version folder (or, for older edl-argo, in the folder)."""
+    if rel in (POINTER_NAME, TREE_COMPLETE_MARKER):
+        return True
+    folder, _, inside = rel.partition("/")
+    if inside and VERSION_FOLDER.match(folder):
+        rel = inside
+    return rel.endswith(PREDICTION_SUFFIX) or rel == PREDICTIONS_SUMMARY
 
 
 def run_predict(args: argparse.Namespace) -> int:

@@ -102,8 +102,16 @@ def expected_minibatches(config: TrainConfig) -> int:
     return per_epoch * config.num_epochs
 
 
+def model_dir(output: Path, name: str = "model") -> Path:
+    """The folder of the tree (a model) published at ``output/name``: the version its pointer names."""
+    from edl_argo.storage import LocalStorage
+    from edl_argo.storage.trees import open_tree
+
+    return output / name / open_tree(LocalStorage(output / name), "").folder
+
+
 def read_metrics(output: Path) -> dict[str, Any]:
-    return json.loads((output / "model" / "metrics.json").read_text())
+    return json.loads((model_dir(output) / "metrics.json").read_text())
 
 
 def assert_no_record_lost(metrics: dict[str, Any]) -> None:

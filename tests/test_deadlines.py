@@ -5,7 +5,6 @@ state save never take every master thread."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -42,7 +41,13 @@ from edl_argo.rpc.channel import (
 )
 from edl_argo.worker.master_client import MasterClient
 from edl_argo.worker.ps_client import ParameterServerClient
-from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, JobThread, assert_no_record_lost, digits_config
+from tests.engine_helpers import (
+    DIGITS_ACCURACY_FLOOR,
+    JobThread,
+    assert_no_record_lost,
+    digits_config,
+    read_metrics,
+)
 from tests.tcp_proxy import SilentProxy
 
 URLS = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
@@ -269,7 +274,7 @@ def test_workers_notice_a_paused_master_within_the_deadline_and_the_job_goes_on(
     ]
     assert noticed, "no worker noticed the paused master"
     assert any("DEADLINE_EXCEEDED" in line or "UNAVAILABLE" in line for line in noticed), noticed
-    metrics = json.loads((output / "model" / "metrics.json").read_text())
+    metrics = read_metrics(output)
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
     assert metrics["relaunches"]["ps"] == 0, "the master resuming does not take its PS for a silent one"

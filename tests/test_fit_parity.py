@@ -32,7 +32,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from engine_helpers import read_metrics
+from engine_helpers import model_dir, read_metrics
 
 from edl_argo.data.commands import write_dataset
 from edl_argo.master.config import TrainConfig
@@ -126,8 +126,8 @@ def _trained(name: str, root: Path) -> Trained:
     )
     TrainingJob.load(config).run()
     fitted, initial = _fit(spec, records, case.fit_batch_size)
-    exported = keras.saving.load_model(output / "model" / KERAS_FILE, compile=False)
-    saved_model = tf.saved_model.load(str(output / "model" / SAVED_MODEL_DIR))
+    exported = keras.saving.load_model(model_dir(output) / KERAS_FILE, compile=False)
+    saved_model = tf.saved_model.load(str(model_dir(output) / SAVED_MODEL_DIR))
     return Trained(spec, records, exported, saved_model, read_metrics(output), fitted, initial)
 
 

@@ -25,6 +25,7 @@ from edl_argo.master.job import TrainingJob
 from edl_argo.model import load_model_spec
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
+from tests.engine_helpers import model_dir
 
 ROWS = 100  # 12 minibatches of 8 and a partial one of 4 per epoch
 MINIBATCH = 8
@@ -149,7 +150,7 @@ def _job(model_def: Path, tmp_path: Path) -> Path:
         shuffle=False,
     )
     TrainingJob.load(config).run()
-    return tmp_path / "job" / "model"
+    return model_dir(tmp_path / "job")
 
 
 @pytest.mark.parametrize("case", list(CASES))

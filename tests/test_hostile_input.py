@@ -8,7 +8,6 @@ checks of names, shapes and dtypes in tests/test_ps_service.py; this module adds
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
@@ -35,7 +34,7 @@ from edl_argo.recordio import Compressor
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.tensors import to_indexed_slices, to_tensor
 from edl_argo.storage import LocalStorage, open_storage
-from tests.engine_helpers import DIGITS_MODEL
+from tests.engine_helpers import DIGITS_MODEL, read_metrics
 from tests.test_cli import error_lines, run_cli
 
 pytestmark = pytest.mark.timeout(240)
@@ -259,7 +258,7 @@ def test_nan_loss_skip_skips_and_counts_those_minibatches(
     argv = train(local_data / "train", output, *QUICK_JOB, "--nan-loss", "skip", model=model)
     code, _, err = run_cli(capsys, *argv)
     assert code == 0, err
-    metrics = json.loads((output / "model" / "metrics.json").read_text())
+    metrics = read_metrics(output)
     # 2 epochs x 2 shards of 96 records x 6 minibatches of 16; each is NaN with probability 1/2.
     assert 0 < metrics["nan_batches_skipped"] < 24
     assert all(np.isfinite(loss) for loss in metrics["training_loss_per_epoch"].values())

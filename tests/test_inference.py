@@ -24,7 +24,9 @@ from edl_argo.master.export import KERAS_FILE, publish_model
 from edl_argo.model import load_model_spec
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
+from edl_argo.storage.trees import POINTER_NAME
 from edl_argo.worker.replica import build_model
+from tests.engine_helpers import model_dir
 
 MODELS = Path(__file__).resolve().parent / "inference_models"
 SIMPLE = str(MODELS / "simple.py")
@@ -114,11 +116,12 @@ def strict_json(text: str) -> Any:
 
 
 def read_predictions(output: Path) -> dict[str, list[dict[str, Any]]]:
-    """The lines of every prediction file, by file name; asserts the tree is complete."""
-    assert (output / "_COMPLETE").is_file()
+    """The lines of every prediction file of the current version, by file name; asserts the tree is
+    complete."""
+    assert LocalStorage(output).tree_complete("")
     return {
         f.name: [strict_json(line) for line in f.read_text().splitlines()]
-        for f in sorted(output.glob("*.jsonl"))
+        for f in sorted(model_dir(output.parent, output.name).glob("*.jsonl"))
     }
 
 
@@ -176,7 +179,8 @@ def test_predict_writes_each_records_model_outputs_one_line_each(
                 for name, values in expected.items():
                     np.testing.assert_allclose(line["output"][name], values[index], rtol=1e-5, atol=1e-6)
     assert sum(len(lines) for lines in files.values()) == NUM_RECORDS
-    assert strict_json((output / "predictions.json").read_text())["records"] == NUM_RECORDS
+    summary = model_dir(output.parent, output.name) / "predictions.json"
+    assert strict_json(summary.read_text())["records"] == NUM_RECORDS
 
 
 def test_predict_layout_does_not_depend_on_minibatch_size_and_replaces_the_previous_output(
@@ -195,7 +199,10 @@ def test_predict_layout_does_not_depend_on_minibatch_size_and_replaces_the_previ
     assert run(capsys, "predict", *args, "--minibatch-size", "50")[0] == 0
     second = read_predictions(output)
 
-    assert sorted(p.name for p in output.iterdir()) == sorted([*first, "_COMPLETE", "predictions.json"])
+    current = model_dir(output.parent, output.name)
+    assert sorted(p.name for p in current.iterdir()) == sorted([*first, "predictions.json"])
+    assert len([p for p in output.iterdir() if p.is_dir()]) == 2  # the previous version is kept
+    assert [p.name for p in output.iterdir() if p.is_file()] == [POINTER_NAME]
     assert sum(len(lines) for lines in second.values()) == NUM_RECORDS
     for name, lines in first.items():  # the same records in the same places; values equal to float noise
         assert [(p["shard"], p["record"]) for p in lines] == [(p["shard"], p["record"]) for p in second[name]]
@@ -368,7 +375,7 @@ def test_a_truncated_model_keras_is_named(
     command: str, data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, model_url = publish("functional", tmp_path / "job", data)
-    keras_file = Path(model_url) / KERAS_FILE
+    keras_file = model_dir(Path(model_url).parent) / KERAS_FILE
     keras_file.write_bytes(keras_file.read_bytes()[:300])
     args = ["--model", model_url, "--model-def", KINDS["functional"], "--data", str(data.root)]
 
@@ -376,7 +383,7 @@ def test_a_truncated_model_keras_is_named(
 
     assert code == 2
     line = error_line(err, command)
-    assert f"{model_url}/{KERAS_FILE}" in line and "/tmp/edl-model-" not in line
+    assert str(keras_file) in line and "/tmp/edl-model-" not in line
 
 
 def test_weights_of_another_model_are_refused(
@@ -389,7 +396,7 @@ def test_weights_of_another_model_are_refused(
 
     assert code == 2
     line = error_line(err, "evaluate")
-    assert f"{model_url}/{KERAS_FILE}" in line and KINDS["list_output"] in line
+    assert str(model_dir(Path(model_url).parent) / KERAS_FILE) in line and KINDS["list_output"] in line
 
 
 def test_nan_metric_is_written_as_null(

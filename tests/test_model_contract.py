@@ -14,7 +14,7 @@ from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
 from edl_argo.model import load_model_spec
 from edl_argo.model.contract import ModelOptions, model_options_from_args, parse_model_params
-from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost
+from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost, model_dir, read_metrics
 from tests.test_cli import error_lines, run_cli
 from tests.test_ps_service import connect  # noqa: F401  (a fixture)
 
@@ -53,16 +53,16 @@ def test_elasticdl_command_line_trains_a_zoo_model(digits_data: Path, tmp_path: 
     ]  # fmt: skip
     code, _, err = run_cli(capsys, *argv)
     assert code == 0, err[-3000:]
-    metrics = json.loads((output / "model" / "metrics.json").read_text())
+    metrics = read_metrics(output)
     assert metrics["final_metrics"]["accuracy"] >= 0.9
     assert_no_record_lost(metrics)
-    flags = json.loads((output / "model" / "flags.json").read_text())
+    flags = json.loads((model_dir(output) / "flags.json").read_text())
     assert flags["num_ps"] == 2
     assert flags["model_options"]["model_params"] == "hidden_units=32; num_classes=10"
     # The published model has the layer --model-params asked for (32 hidden units, not the default 64).
     import keras
 
-    assert dense_units(keras.models.load_model(output / "model" / "model.keras", compile=False)) == [32, 10]
+    assert dense_units(keras.models.load_model(model_dir(output) / "model.keras", compile=False)) == [32, 10]
     # evaluate takes the same model flags (it builds the model from the model file).
     capsys.readouterr()
     evaluate = ["evaluate", "--model", str(output / "model"), "--data", str(digits_data / "test")]

@@ -38,6 +38,7 @@ from tests.engine_helpers import (
     JobThread,
     assert_no_record_lost,
     digits_config,
+    model_dir,
 )
 from tests.k8s_helpers import ROOT, job_selector, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
@@ -223,7 +224,7 @@ def test_a_model_only_in_s3_trains_on_kubernetes_pods_that_all_run_the_same_byte
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
     assert metrics["relaunches"]["worker"] == metrics["relaunches"]["ps"] == 0
-    flags = json.loads((tmp_path / "job" / "model" / "flags.json").read_text())
+    flags = json.loads((model_dir(tmp_path / "job") / "flags.json").read_text())
     assert flags["model_def"] == model_url and flags["model_def_digest"] == digest
     bundle = f"{s3_env}/jobs/{name}/model-defs/sha256-{digest.removeprefix('sha256:')}.tar"
     assert flags["model_def_bundle"] == f"{bundle}:my_digits.py"

@@ -4,13 +4,13 @@ server's own refusal of such pushes is in tests/test_ps_bounds.py."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.engine_helpers import read_metrics
 from tests.test_cli import run_cli
 from tests.test_hostile_input import QUICK_JOB, local_data, model_file, one_error_line, train
 
@@ -54,7 +54,7 @@ def test_nan_gradients_skip_skips_and_counts_them_per_worker(
     argv = train(local_data / "train", output, *QUICK_JOB, "--nan-gradients", "skip", model=model)
     code, _, err = run_cli(capsys, *argv)
     assert code == 0, err
-    metrics = json.loads((output / "model" / "metrics.json").read_text())
+    metrics = read_metrics(output)
     skipped = metrics["nan_gradients_skipped"]
     # 2 epochs x 2 shards of 96 records x 6 minibatches of 16; each is NaN with probability 1/2; 1 worker.
     assert set(skipped) == {"0"} and 0 < skipped["0"] < 24, skipped

@@ -19,6 +19,7 @@ from edl_argo.pipeline.runner import LocalRunner, Phase, RunResult
 from edl_argo.pipeline.summary import summary
 from edl_argo.storage import open_storage
 from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, assert_no_record_lost
+from tests.engine_helpers import model_dir as published_folder
 from tests.manifests import ROOT
 
 PIPELINES = ROOT / "examples" / "pipelines"
@@ -71,7 +72,8 @@ def test_ctr_pipeline_trains_embeddings_sharded_over_two_parameter_servers(tmp_p
     assert [s.phase for s in result.steps] == [Phase.SUCCEEDED] * 4  # with the training's exit hook
     evaluation = json.loads(result.step("evaluate").parameters["metrics"])
     assert set(evaluation) == {"auc", "log_loss", "accuracy", "records"} and evaluation["records"] == 500
-    model_dir = Path(result.step("elastic-train").artifacts["model"])
+    artifact = Path(result.step("elastic-train").artifacts["model"])
+    model_dir = published_folder(artifact.parent, artifact.name)  # the version its pointer names
     flags = json.loads((model_dir / "flags.json").read_text())
     assert flags["num_ps"] == 2 and flags["backend"] == "local"  # the runner's pods are local processes
     assert flags["training_data"] == f"{data}/train"

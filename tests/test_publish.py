@@ -16,7 +16,7 @@ from edl_argo.master.job import TrainingJob
 from edl_argo.master.pod_manager import PodManager
 from edl_argo.master.state_store import STATE_KEY
 from edl_argo.storage import LocalStorage
-from tests.engine_helpers import digits_config
+from tests.engine_helpers import digits_config, model_dir, read_metrics
 
 
 @pytest.fixture(autouse=True)
@@ -57,17 +57,20 @@ def test_a_model_that_cannot_be_published_is_kept_and_published_by_the_next_run(
     assert failure.value.exit_code == 1
     assert not (output / MODEL_KEY).exists()
     kept = state / KEPT_MODEL_KEY
-    assert (kept / "_COMPLETE").is_file() and (kept / "model.keras").is_file()
+    assert (
+        LocalStorage(state).tree_complete(KEPT_MODEL_KEY)
+        and (model_dir(kept.parent, kept.name) / "model.keras").is_file()
+    )
     assert (state / STATE_KEY).is_file()
-    kept_metrics = json.loads((kept / "metrics.json").read_text())
+    kept_metrics = json.loads((model_dir(kept.parent, kept.name) / "metrics.json").read_text())
 
     monkeypatch.setattr(LocalStorage, "put_tree", put_tree)
     monkeypatch.setattr(PodManager, "start", lambda self: pytest.fail("the job trained again"))
     metrics = TrainingJob.load(config).run()
 
     assert metrics == kept_metrics and metrics["final_metrics"]["accuracy"] > 0.5
-    assert json.loads((output / MODEL_KEY / "metrics.json").read_text()) == kept_metrics
-    assert (output / MODEL_KEY / "_COMPLETE").is_file() and (output / MODEL_KEY / "saved_model").is_dir()
+    assert read_metrics(output) == kept_metrics
+    assert LocalStorage(output).tree_complete(MODEL_KEY) and (model_dir(output) / "saved_model").is_dir()
     assert not any(path.is_file() for path in kept.rglob("*"))
     assert not (state / STATE_KEY).exists()
 

@@ -323,7 +323,7 @@ def test_storage_credentials_appear_in_no_log_argument_manifest_template_or_outp
         item.object_name: client.get_object(bucket, item.object_name).read()
         for item in client.list_objects(bucket, prefix=f"{prefix}/out/", recursive=True)
     }
-    assert f"{prefix}/out/model/_COMPLETE" in outputs and any("/checkpoints/" in key for key in outputs)
+    assert f"{prefix}/out/model/_edl-tree.json" in outputs and any("/checkpoints/" in key for key in outputs)
     assert len(commands) >= 2 and "ps_started" in pod_output.getvalue()
     assert "job_succeeded" in master_output.err
 

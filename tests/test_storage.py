@@ -4,6 +4,7 @@ backend-specific checks (atomic local writes; S3 errors, credentials and retries
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import threading
@@ -39,6 +40,7 @@ from edl_argo.storage.retry import (
     socket_timeouts,
 )
 from edl_argo.storage.s3 import READ_CHUNK
+from edl_argo.storage.trees import POINTER_NAME
 
 # -- fixtures -------------------------------------------------------------------------------------
 
@@ -182,6 +184,12 @@ def test_keys_cannot_escape_the_root(storage: Storage) -> None:
         storage.read("")
 
 
+def versions_of(storage: Storage, key: str) -> list[str]:
+    """The version folders below ``key``, sorted."""
+    prefix = key + "/"
+    return sorted({o.key[len(prefix) :].split("/")[0] for o in storage.list(prefix) if "/v-" in "/" + o.key})
+
+
 def test_put_tree_replaces_and_get_tree_round_trips(storage: Storage, tmp_path: Path) -> None:
     first = make_tree(
         tmp_path / "v1", {"saved_model.pb": b"pb1", "variables/v.data": b"d1", "variables/v.index": b"i1"}
@@ -191,15 +199,18 @@ def test_put_tree_replaces_and_get_tree_round_trips(storage: Storage, tmp_path: 
     assert storage.tree_complete("model")
     storage.get_tree("model", tmp_path / "out1")
     assert read_tree(tmp_path / "out1") == read_tree(first)
+    (v1,) = versions_of(storage, "model")
 
     second = make_tree(tmp_path / "v2", {"saved_model.pb": b"pb2", "assets/vocab.txt": b"a b c"})
     storage.put_tree(second, "model")
     assert storage.tree_complete("model")
-    assert [o.key for o in storage.list("model/")] == [
-        "model/_COMPLETE",
-        "model/assets/vocab.txt",
-        "model/saved_model.pb",
-    ]
+    (v2,) = set(versions_of(storage, "model")) - {v1}
+    pointer = json.loads(storage.read(f"model/{POINTER_NAME}"))
+    assert pointer["current"] == v2 and pointer["files"] == {"assets/vocab.txt": 5, "saved_model.pb": 3}
+    assert [o.key for o in storage.list("model/")] == sorted(
+        [f"model/{POINTER_NAME}", f"model/{v2}/assets/vocab.txt", f"model/{v2}/saved_model.pb"]
+        + [f"model/{v1}/{rel}" for rel in read_tree(first)]  # the previous version is kept
+    )
     storage.get_tree("model/", tmp_path / "out2")
     assert read_tree(tmp_path / "out2") == read_tree(second)
     at_model = open_storage(storage.describe("model"))  # the tree's own URL: the root is the tree
@@ -207,40 +218,85 @@ def test_put_tree_replaces_and_get_tree_round_trips(storage: Storage, tmp_path: 
     at_model.get_tree("", tmp_path / "out3")
     assert read_tree(tmp_path / "out3") == read_tree(second)
 
+    storage.put_tree(first, "model")  # a third version: the first is pruned, the second kept
+    (v3,) = set(versions_of(storage, "model")) - {v1, v2}
+    assert versions_of(storage, "model") == sorted([v2, v3])
+    storage.get_tree("model", tmp_path / "out4")
+    assert read_tree(tmp_path / "out4") == read_tree(first)
+    if isinstance(storage, LocalStorage):  # pruning leaves no empty folder behind
+        assert sorted(p.name for p in (storage.root / "model").iterdir()) == sorted([POINTER_NAME, v2, v3])
 
-def test_get_tree_requires_the_marker(storage: Storage, tmp_path: Path) -> None:
+
+def test_get_tree_requires_the_pointer_or_an_older_marker(storage: Storage, tmp_path: Path) -> None:
     storage.write("half/saved_model.pb", b"pb")
-    with pytest.raises(ObjectNotFoundError, match=f"no complete tree at .*half.*{TREE_COMPLETE_MARKER}"):
+    with pytest.raises(ObjectNotFoundError, match=f"no complete tree at .*half .*{POINTER_NAME}"):
         storage.get_tree("half", tmp_path / "out")
 
 
-def test_put_tree_rejects_reserved_name_and_empty_key(storage: Storage, tmp_path: Path) -> None:
-    tree = make_tree(tmp_path / "t", {TREE_COMPLETE_MARKER: b"", "f": b"1"})
-    with pytest.raises(StorageError, match="reserved"):
-        storage.put_tree(tree, "t")
+def test_a_tree_of_older_edl_argo_is_read_as_it_is_then_replaced(storage: Storage, tmp_path: Path) -> None:
+    """Files and a _COMPLETE marker, no pointer: read as it is; the first publish over it keeps it as the
+    previous version (beside the new one), the second deletes it."""
+    legacy = {"model.keras": b"k1", "saved_model/saved_model.pb": b"pb1"}
+    for rel, data in legacy.items():
+        storage.write(f"model/{rel}", data)
+    storage.write(f"model/{TREE_COMPLETE_MARKER}", b"")
+    assert storage.tree_complete("model")
+    storage.get_tree("model", tmp_path / "legacy")
+    assert read_tree(tmp_path / "legacy") == legacy
+
+    new = make_tree(tmp_path / "new", {"model.keras": b"k2"})
+    storage.put_tree(new, "model")
+    storage.get_tree("model", tmp_path / "out")
+    assert read_tree(tmp_path / "out") == {"model.keras": b"k2"}
+    assert {f"model/{rel}" for rel in [*legacy, TREE_COMPLETE_MARKER]} <= {o.key for o in storage.list()}
+    storage.put_tree(new, "model")
+    assert not any(
+        o.key.startswith(("model/model.keras", "model/saved_model", "model/_C")) for o in storage.list()
+    )
+    assert len(versions_of(storage, "model")) == 2
+
+
+def test_an_invalid_pointer_is_one_line_naming_it_and_a_publish_replaces_it(
+    storage: Storage, tmp_path: Path
+) -> None:
+    storage.write(f"model/{POINTER_NAME}", b'{"current": "../../etc"}')
+    with pytest.raises(StorageError, match=rf"^{storage.describe('model/' + POINTER_NAME)} is not a valid"):
+        storage.get_tree("model", tmp_path / "out")
+    storage.put_tree(make_tree(tmp_path / "t", {"f": b"1"}), "model")
+    storage.get_tree("model", tmp_path / "out")
+    assert read_tree(tmp_path / "out") == {"f": b"1"}
+
+
+def test_put_tree_keeps_reserved_names_and_rejects_the_empty_key(storage: Storage, tmp_path: Path) -> None:
+    """Nested trees (a pipeline artifact holding a model) keep their pointer and markers as files."""
+    tree = make_tree(tmp_path / "t", {TREE_COMPLETE_MARKER: b"", POINTER_NAME: b"{}", "f": b"1"})
+    storage.put_tree(tree, "t")
+    storage.get_tree("t", tmp_path / "out")
+    assert read_tree(tmp_path / "out") == read_tree(tree)
     with pytest.raises(StorageError, match="invalid storage key"):
         storage.put_tree(make_tree(tmp_path / "u", {"f": b"1"}), "")
-    assert storage.list() == []
 
 
 @pytest.mark.parametrize("previous", [False, True])
-def test_failed_put_tree_leaves_no_partial_tree(storage: Storage, tmp_path: Path, previous: bool) -> None:
+def test_failed_put_tree_leaves_the_previous_tree_untouched(
+    storage: Storage, tmp_path: Path, previous: bool
+) -> None:
+    """On every backend: the previous tree (or none) stands, exactly, and the failed upload left nothing."""
     old = make_tree(tmp_path / "old", {"a": b"old-a", "old-only": b"x"})
     if previous:
         storage.put_tree(old, "model")
+    before = {info.key: storage.read(info.key) for info in storage.list()}
     new = make_tree(tmp_path / "new", {"a": b"new-a", "z": b"new-z"})
     (new / "m_broken").symlink_to(tmp_path / "does-not-exist")  # fails after "a" was copied/uploaded
     with pytest.raises(StorageError, match="m_broken"):
         storage.put_tree(new, "model")
-    if previous and isinstance(storage, LocalStorage):  # the swap never happened: the old tree stands
-        assert storage.tree_complete("model")
+    assert {info.key: storage.read(info.key) for info in storage.list()} == before
+    assert storage.tree_complete("model") == previous
+    if previous:
         storage.get_tree("model", tmp_path / "out")
         assert read_tree(tmp_path / "out") == read_tree(old)
-    else:  # S3 unpublished the old tree first; nothing is left
-        assert not storage.tree_complete("model")
-        assert storage.list("model/") == []
-    if isinstance(storage, LocalStorage):
-        assert [p.name for p in storage.root.iterdir() if p.name.startswith(TEMP_PREFIX)] == []
+    if isinstance(storage, LocalStorage) and storage.root.exists():
+        assert [p.name for p in storage.root.rglob(f"{TEMP_PREFIX}*")] == []
 
 
 # -- local-only -----------------------------------------------------------------------------------

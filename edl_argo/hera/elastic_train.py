@@ -19,9 +19,9 @@ step's pod carries :data:`~edl_argo.pods.manifests.MASTER_POD_LABELS`; the maste
 so the ``<job>-master`` Service and the job's NetworkPolicy select it: the workers reach a retried master,
 in its new pod, at the same address.
 
-Outputs: the ``model`` artifact, the model tree the job publishes (``saved_model/``, ``model.keras``,
-``metrics.json``, ``flags.json``), and the ``metrics`` parameter, the job's final metrics as a JSON object
-(``{"accuracy": 0.97}``).
+Outputs: the ``model`` artifact, the model tree the job publishes (its pointer ``_edl-tree.json`` and the
+version folder it names, holding ``saved_model/``, ``model.keras``, ``metrics.json``, ``flags.json``),
+and the ``metrics`` parameter, the job's final metrics as a JSON object (``{"accuracy": 0.97}``).
 """
 
 from __future__ import annotations

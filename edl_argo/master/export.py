@@ -1,15 +1,19 @@
 """The trained model, from the parameter servers to a SavedModel and a Keras file.
 
-Layout of the published model tree (one atomic :meth:`Storage.put_tree`)::
+Layout of the published model tree (:meth:`Storage.put_tree`, see :mod:`edl_argo.storage.trees`)::
 
-    <output>/model/saved_model/   TensorFlow SavedModel (servable by TF Serving)
-    <output>/model/model.keras    the Keras model (weights + architecture)
-    <output>/model/metrics.json   final and per-evaluation metrics, accounting, relaunches, wall time
-    <output>/model/flags.json     the job's configuration
-    <output>/model/_COMPLETE      written last
+    <output>/model/_edl-tree.json             the pointer: names the current version, written last
+    <output>/model/<version>/saved_model/     TensorFlow SavedModel (servable by TF Serving)
+    <output>/model/<version>/model.keras      the Keras model (weights + architecture)
+    <output>/model/<version>/metrics.json     final and per-evaluation metrics, accounting, relaunches, time
+    <output>/model/<version>/flags.json       the job's configuration
 
-``edl-argo evaluate`` and ``predict`` build the model from the model file and load ``model.keras``'s
-weights into it (:mod:`edl_argo.inference`); the SavedModel is for serving.
+``<version>`` is ``v-<UTC time>-<hex>``. **A published model is never lost:** a new one is uploaded beside
+the previous one and the pointer's single atomic write switches to it, so a publish that fails or is killed
+at any step leaves the previous model readable; the previous version is kept after the switch, older ones
+are deleted. ``edl-argo evaluate`` and ``predict`` follow the pointer (a model of older edl-argo, without
+one, is read as it is), build the model from the model file and load ``model.keras``'s weights into it
+(:mod:`edl_argo.inference`); the SavedModel is for serving.
 
 **Publishing that fails keeps the trained model.** If the tree cannot be published (the store stays
 unreachable beyond the retry budget), the master puts the same tree under ``master/trained-model/`` of its
@@ -34,7 +38,7 @@ from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
 from edl_argo.model.embedding_tables import embedding_layers
 from edl_argo.model.inventory import ModelInventory
-from edl_argo.storage import TREE_COMPLETE_MARKER, Storage
+from edl_argo.storage import Storage
 from edl_argo.worker.ps_client import ParameterServerClient
 from edl_argo.worker.replica import build_model
 
@@ -158,7 +162,8 @@ def _publish_tree(storage: Storage, root: Path, keep_in: Storage | None) -> str:
 
 def publish_kept_model(storage: Storage, keep_in: Storage) -> dict[str, Any] | None:
     """Publish the model an earlier run of the job kept in ``keep_in`` and remove it there; its metrics,
-    or None if no model is kept. A failure to publish raises StorageError and keeps it."""
+    or None if no model is kept. A failure to publish raises StorageError and keeps it; a run killed part-way
+    leaves the kept model or the published one (or both: the next run publishes it again)."""
     if not keep_in.tree_complete(KEPT_MODEL_KEY):
         return None
     with tempfile.TemporaryDirectory(prefix="edl-kept-model-") as tmp:
@@ -166,8 +171,6 @@ def publish_kept_model(storage: Storage, keep_in: Storage) -> dict[str, Any] | N
         keep_in.get_tree(KEPT_MODEL_KEY, root)
         metrics = json.loads((root / METRICS_FILE).read_text())
         _publish_tree(storage, root, keep_in=None)
-    keep_in.delete(f"{KEPT_MODEL_KEY}/{TREE_COMPLETE_MARKER}")
-    for info in keep_in.list(KEPT_MODEL_KEY + "/"):
-        keep_in.delete(info.key)
+    keep_in.remove_tree(KEPT_MODEL_KEY)
     log.info("kept_model_published", url=storage.describe(MODEL_KEY), kept=keep_in.describe(KEPT_MODEL_KEY))
     return metrics

@@ -2,10 +2,10 @@
 
 Any :mod:`edl_argo.storage` location serves (a folder by default, ``s3://bucket/prefix`` for MinIO). An
 artifact is published as one tree at ``<workflow>/<task>/<artifact>`` (complete or absent, see
-:meth:`~edl_argo.storage.Storage.put_tree`) whose only entry is the artifact itself, a file or a folder,
-under its own name: the ``model`` of task ``train`` is ``<workflow>/train/model/model/``, a model tree
-that ``edl-argo evaluate --model`` reads as it is. Files are kept exactly, ``_COMPLETE`` markers of
-nested trees included.
+:mod:`edl_argo.storage.trees`) whose only entry is the artifact itself, a file or a folder, under its own
+name: the ``model`` of task ``train`` is ``<workflow>/train/model/<version>/model/``, a model tree (its
+pointer and version folder) that ``edl-argo evaluate --model`` reads as it is. Files are kept exactly,
+the pointers and markers of nested trees included.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from edl_argo.errors import StorageError
-from edl_argo.storage import Storage, join_url, open_storage
+from edl_argo.storage import Storage, open_storage
+from edl_argo.storage.trees import publish_tree
 
 
 class ArtifactStore:
@@ -31,10 +32,10 @@ class ArtifactStore:
             moved = Path(staging) / path.name
             os.rename(path, moved)  # the tree's only entry, without copying
             try:
-                self.storage.put_tree(Path(staging), key)
+                tree = publish_tree(self.storage, Path(staging), key)
             finally:
                 os.rename(moved, path)
-        return self.storage.describe(join_url(key, path.name))
+        return self.storage.describe(tree.file_key(path.name))
 
     def load(self, key: str, path: Path) -> None:
         """Put the artifact saved at ``key`` at ``path`` (a file or a folder, as it was saved)."""

@@ -35,8 +35,6 @@ import json
 import posixpath
 import re
 import tempfile
-import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +47,7 @@ from edl_argo.recordio.chunk import Compressor
 from edl_argo.recordio.index import INDEX_SUFFIX
 from edl_argo.recordio.writer import DEFAULT_MAX_CHUNK_BYTES, RecordIOWriter
 from edl_argo.storage.base import ObjectInfo, ObjectNotFoundError, Storage, join_url, normalize_key
+from edl_argo.storage.versions import VERSION_FOLDER, new_version_folder, objects_by_version, utc_now
 
 log = get_logger(__name__)
 
@@ -56,8 +55,6 @@ log = get_logger(__name__)
 MANIFEST_NAME = "_edl-dataset.json"
 MANIFEST_FORMAT = "edl-argo-dataset"
 MANIFEST_VERSION = 1
-#: A version folder's name: ``v-<UTC time>-<8 hex digits>``.
-VERSION_FOLDER = re.compile(r"^v-\d{8}T\d{6}Z-[0-9a-f]{8}$")
 _SHARD_NAME = re.compile(r"^data-\d{5}(" + re.escape(INDEX_SUFFIX) + r")?$")
 
 #: What readers are told to do about a folder of shards without a manifest.
@@ -228,10 +225,6 @@ def open_dataset(storage: Storage, prefix: str = "", what: str = "") -> Dataset:
     return Dataset(storage, prefix, manifest, versions)
 
 
-def _new_version_folder() -> str:
-    return f"v-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-
-
 class DatasetWriter:
     """Writes a new dataset at ``prefix`` of ``storage``, shard by shard, published by :meth:`commit`.
 
@@ -256,7 +249,7 @@ class DatasetWriter:
         self.max_chunk_bytes = max_chunk_bytes
         self.previous = self._previous(overwrite)
         self._remove_abandoned_versions()
-        self.version_folder = _new_version_folder()
+        self.version_folder = new_version_folder()
         self._entries: list[ShardEntry] = []
         self._written: list[str] = []
         self._committed = False
@@ -286,17 +279,12 @@ class DatasetWriter:
     def _remove_abandoned_versions(self) -> None:
         """Delete the shards of version folders that the current manifest does not name."""
         current = {s.key.split("/", 1)[0] for s in self.previous.shards} if self.previous else set()
-        base = self.prefix + "/" if self.prefix else ""
-        for info in self.storage.list(base):
-            parts = info.key[len(base) :].split("/")
-            if (
-                len(parts) == 2
-                and VERSION_FOLDER.match(parts[0])
-                and parts[0] not in current
-                and _SHARD_NAME.match(parts[1])
-            ):
-                self.storage.delete(info.key)
-                log.info("abandoned_shard_removed", url=self.storage.describe(info.key))
+        for folder, infos in objects_by_version(self.storage, self.prefix).items():
+            for info in infos:
+                parent, _, name = info.key.rpartition("/")
+                if folder not in current and parent.endswith(folder) and _SHARD_NAME.match(name):
+                    self.storage.delete(info.key)
+                    log.info("abandoned_shard_removed", url=self.storage.describe(info.key))
 
     def write_shard(self, records: Iterable[bytes]) -> ShardEntry:
         """Write ``records`` as the next shard (and its index sidecar) of the new version."""
@@ -324,7 +312,7 @@ class DatasetWriter:
         """Write the manifest (the switch to the new dataset), then delete the shards of the previous one."""
         if not self._entries:
             raise ValueError("a dataset needs at least one shard")
-        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        created = utc_now()
         manifest = DatasetManifest(tuple(self._entries), created)
         self.storage.write(manifest_key(self.prefix), manifest.to_bytes())
         self._committed = True
@@ -397,6 +385,6 @@ def seal_dataset(storage: Storage, prefix: str = "") -> DatasetManifest:
     for key in keys:
         summary = ShardReader(storage, key).verify()
         entries.append(ShardEntry(key[len(base) :], summary.records, summary.bytes, summary.sha256))
-    manifest = DatasetManifest(tuple(entries), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    manifest = DatasetManifest(tuple(entries), utc_now())
     storage.write(manifest_key(prefix), manifest.to_bytes())
     return manifest

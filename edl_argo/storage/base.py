@@ -4,8 +4,10 @@ A :class:`Storage` is rooted at a URL (a local folder, or ``s3://bucket/prefix``
 ``/``-separated paths below that root. Implementations guarantee:
 
 * **Atomic writes.** A reader sees either the previous content of a key or the whole new content, never a
-  partial object. :meth:`Storage.put_tree` publishes a whole directory (a SavedModel, say) so that a reader
-  either finds it complete or not at all; a failed upload never leaves a partial tree behind.
+  partial object. :meth:`Storage.put_tree` publishes a whole directory (a model, say) as a new version
+  beside the previous one, then switches to it with one atomic write (:mod:`edl_argo.storage.trees`): a
+  reader finds the previous tree or the new one, complete, and a publish that fails or is killed at any
+  point leaves the previous tree readable.
 * **Bounded retries.** Transient failures (connection reset, 5xx, throttling) are retried with backoff
   within a fixed budget, then raised as :class:`~edl_argo.errors.StorageError` naming the URL.
 * **No secrets in messages.** Errors and logs name URLs and keys, never credentials.
@@ -103,30 +105,47 @@ class Storage(abc.ABC):
     def delete(self, key: str) -> None:
         """Remove one object; removing a missing object is not an error."""
 
-    @abc.abstractmethod
-    def put_tree(self, local_dir: Path, key: str) -> None:
-        """Publish the local directory ``local_dir`` under ``key``, all or nothing.
+    def download(self, key: str, path: Path) -> None:
+        """Write the content of object ``key`` to the local file ``path`` (replaced if it exists).
 
-        The tree's files are uploaded first and :data:`TREE_COMPLETE_MARKER` last, so a reader that sees
-        :meth:`tree_complete` finds every file. Any previous tree at ``key`` is replaced: afterwards
-        ``key/`` holds exactly the files of ``local_dir`` plus the marker. If it fails, StorageError is
-        raised and ``key`` never holds a partial new tree: it holds either the previous tree, untouched
-        (local folders swap whole directories), or nothing (object stores unpublish the previous tree
-        before uploading). ``key`` must not be empty, and ``local_dir`` must not contain a top-level file
-        named like the marker.
-
-        On an object store, a reader that is *already* reading the previous tree while it is replaced can
-        see a mixture; publish to a fresh key (``model/v2``) if readers may overlap with writers.
+        Backends stream it (memory does not grow with its size); this default reads it whole.
         """
+        data = self.read(key)
+        try:
+            Path(path).write_bytes(data)
+        except OSError as exc:
+            raise StorageError(f"cannot write local file {path}: {exc.strerror or exc}") from exc
 
-    @abc.abstractmethod
+    def put_tree(self, local_dir: Path, key: str) -> None:
+        """Publish the local directory ``local_dir`` as the new version of the tree at ``key``.
+
+        Its files go into a fresh version folder beside the previous tree, then one pointer object naming
+        that folder is written atomically: the switch. If it fails (StorageError) or is killed at any point,
+        the previous tree at ``key`` (or none) is what readers get, untouched. After the switch the previous
+        version is kept and older ones are deleted. ``key`` must not be empty. See
+        :mod:`edl_argo.storage.trees`.
+        """
+        from edl_argo.storage.trees import publish_tree
+
+        publish_tree(self, local_dir, key)
+
     def get_tree(self, key: str, local_dir: Path) -> None:
-        """Download the complete tree at ``key`` into ``local_dir`` (created if needed).
+        """Download the current version of the tree at ``key`` into ``local_dir`` (created if needed).
 
-        ``key`` may be empty: the storage root itself is the tree (a model URL opened directly). The
+        ``key`` may be empty: the storage root itself is the tree (a model URL opened directly). A tree
+        published by older edl-argo (files and a ``_COMPLETE`` marker, no pointer) is read as it is; the
         marker itself is not copied. Raises :class:`ObjectNotFoundError` if there is no complete tree at
         ``key``. A failed download may leave some files in ``local_dir``.
         """
+        from edl_argo.storage.trees import download_tree
+
+        download_tree(self, key, local_dir)
+
+    def remove_tree(self, key: str) -> None:
+        """Delete the tree at ``key``, unpublishing it first (its pointer or marker), then its files."""
+        from edl_argo.storage.trees import remove_tree
+
+        remove_tree(self, key)
 
     def remove_abandoned_writes(self, folder: str) -> int:
         """Remove what writers killed mid-write left directly in ``folder`` (never a published object);
@@ -143,34 +162,18 @@ class Storage(abc.ABC):
         return True
 
     def tree_complete(self, key: str) -> bool:
-        """Whether a tree published by :meth:`put_tree` is complete at ``key``."""
-        return self.exists(join_url(key, TREE_COMPLETE_MARKER))
+        """Whether a tree published by :meth:`put_tree` (or by older edl-argo) is complete at ``key``."""
+        from edl_argo.storage.trees import tree_complete
+
+        return tree_complete(self, key)
 
     def describe(self, key: str = "") -> str:
         """The full URL of ``key``, for messages."""
         return join_url(self.url, key) if key else self.url
 
-    def _published_files(self, key: str) -> list[tuple[str, str]]:
-        """``(key, path relative to the tree)`` of every file of the complete tree at ``key``, for get_tree.
 
-        The marker is left out. ObjectNotFoundError if the tree is not complete; StorageError if a stored
-        name would land outside the destination folder (``..`` segments).
-        """
-        tree = normalize_key(key)
-        if not self.tree_complete(tree):
-            raise ObjectNotFoundError(
-                f"no complete tree at {self.describe(tree)} (no {TREE_COMPLETE_MARKER} marker)"
-            )
-        prefix = tree + "/" if tree else ""
-        files = []
-        for info in self.list(prefix):
-            rel = info.key[len(prefix) :]
-            if rel != TREE_COMPLETE_MARKER:
-                files.append((info.key, normalize_key(rel, allow_empty=False)))
-        return files
-
-
-#: Written last by :meth:`Storage.put_tree`; its presence means the tree is complete.
+#: Written last by edl-argo's :meth:`Storage.put_tree` before version pointers; its presence means such an
+#: older tree is complete (it is still read as it is).
 TREE_COMPLETE_MARKER = "_COMPLETE"
 
 
@@ -214,13 +217,9 @@ def tree_files(local_dir: Path) -> list[tuple[str, Path]]:
     """The files below ``local_dir`` as sorted ``(relative key, path)`` pairs, for :meth:`Storage.put_tree`.
 
     Everything that is not a directory counts as a file (a dangling symlink too, so that it fails loudly
-    when read rather than vanishing from the tree). StorageError if ``local_dir`` is not a directory or
-    holds a top-level file named :data:`TREE_COMPLETE_MARKER`.
+    when read rather than vanishing from the tree). StorageError if ``local_dir`` is not a directory.
     """
     root = Path(local_dir)
     if not root.is_dir():
         raise StorageError(f"cannot publish {root}: not a directory")
-    files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if not p.is_dir())
-    if any(rel == TREE_COMPLETE_MARKER for rel, _ in files):
-        raise StorageError(f"cannot publish {root}: it contains {TREE_COMPLETE_MARKER}, a reserved file name")
-    return files
+    return sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if not p.is_dir())

@@ -2,9 +2,11 @@
 
 Keys map to files below the root folder; "directories" exist only as parents of files. Atomicity comes from
 ``rename``: every write goes to a temporary sibling (a name starting with :data:`TEMP_PREFIX`) that is
-fsynced and then renamed over the target, and :meth:`LocalStorage.put_tree` swaps whole directories the same
-way. Temporary names never appear in :meth:`LocalStorage.list`. A writer killed mid-write leaves its temporary
-behind; :meth:`LocalStorage.remove_abandoned_writes` removes them once no writer is left.
+fsynced and then renamed over the target; so :meth:`~edl_argo.storage.Storage.put_tree` switches to a new tree
+version by renaming its pointer file into place (:mod:`edl_argo.storage.trees`). Temporary names never appear
+in :meth:`LocalStorage.list`. A writer killed mid-write leaves its temporary behind;
+:meth:`LocalStorage.remove_abandoned_writes` removes them once no writer is left. Deleting a file also
+removes the folders it leaves empty (up to the root), so pruned versions leave no empty folders.
 """
 
 from __future__ import annotations
@@ -20,14 +22,12 @@ from typing import BinaryIO
 
 from edl_argo.errors import StorageError
 from edl_argo.storage.base import (
-    TREE_COMPLETE_MARKER,
     ObjectInfo,
     ObjectNotFoundError,
     Storage,
     check_range,
     normalize_key,
     normalize_prefix,
-    tree_files,
 )
 
 __all__ = ["TEMP_PREFIX", "LocalStorage"]
@@ -169,7 +169,7 @@ class LocalStorage(Storage):
         tmp = _temp_sibling(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with tmp.open("wb") as f:
+            with self._create(tmp) as f:
                 fill(f)
                 f.flush()
                 os.fsync(f.fileno())
@@ -181,16 +181,36 @@ class LocalStorage(Storage):
             raise
         _fsync_dir(path.parent)
 
+    @staticmethod
+    def _create(tmp: Path) -> BinaryIO:
+        """Open the new file ``tmp``; its folder is made again if a delete removed it as empty meanwhile."""
+        try:
+            return tmp.open("wb")
+        except FileNotFoundError:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            return tmp.open("wb")
+
     def delete(self, key: str) -> None:
         path = self._path(key)
         try:
             path.unlink()
         except (FileNotFoundError, IsADirectoryError):
-            pass
+            return
         except OSError as exc:
             # Linux reports unlink() on a directory as EISDIR, macOS as EPERM.
             if not (exc.errno == errno.EPERM and path.is_dir()):
                 raise _os_error(path, exc) from exc
+            return
+        self._remove_empty_parents(path.parent)
+
+    def _remove_empty_parents(self, folder: Path) -> None:
+        """Remove ``folder`` and its parents below the root while they are empty."""
+        while folder != self.root and self.root in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or gone, or not ours to remove): stop there
+                return
+            folder = folder.parent
 
     def remove_abandoned_writes(self, folder: str) -> int:
         directory = self._path(folder, allow_empty=True)
@@ -204,55 +224,11 @@ class LocalStorage(Storage):
             _remove(Path(path))
         return len(abandoned)
 
-    def put_tree(self, local_dir: Path, key: str) -> None:
-        target = self._path(key)
-        files = tree_files(local_dir)
-        staging = _temp_sibling(target)
+    def download(self, key: str, path: Path) -> None:
+        src = self._path(key)
         try:
-            for rel, src in files:
-                dst = staging / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    shutil.copy2(src, dst)
-                except FileNotFoundError as exc:
-                    raise StorageError(
-                        f"cannot publish {local_dir}: {src} vanished or is a broken link"
-                    ) from exc
-                except OSError as exc:
-                    raise _os_error(src, exc) from exc
-            staging.mkdir(parents=True, exist_ok=True)  # an empty tree is still a tree
-            (staging / TREE_COMPLETE_MARKER).write_bytes(b"")
-            self._swap_in(staging, target)
-        except BaseException:
-            _remove(staging)
-            raise
-
-    @staticmethod
-    def _swap_in(staging: Path, target: Path) -> None:
-        """Rename ``staging`` to ``target``, replacing whatever is there; readers never see a mixture."""
-        old = _temp_sibling(target, tag="old-")
-        moved_old = False
-        try:
-            try:
-                os.rename(target, old)
-                moved_old = True
-            except FileNotFoundError:
-                pass
-            os.rename(staging, target)
+            shutil.copyfile(src, path)
+        except IsADirectoryError:
+            raise ObjectNotFoundError(f"no file at {src} (it is a directory)") from None
         except OSError as exc:
-            if moved_old:
-                with contextlib.suppress(OSError):
-                    os.rename(old, target)
-            raise _os_error(target, exc) from exc
-        _fsync_dir(target.parent)
-        if moved_old:
-            _remove(old)
-
-    def get_tree(self, key: str, local_dir: Path) -> None:
-        for file_key, rel in self._published_files(key):
-            src, dst = self._path(file_key), Path(local_dir) / rel
-            try:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dst)
-            except OSError as exc:
-                raise _os_error(src, exc) from exc
+            raise _os_error(src, exc) from exc

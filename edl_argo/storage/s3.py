@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import io
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -40,16 +40,13 @@ from minio.helpers import check_bucket_name
 from edl_argo.errors import ConfigError, StorageError
 from edl_argo.log import get_logger
 from edl_argo.storage.base import (
-    TREE_COMPLETE_MARKER,
     ObjectChangedError,
     ObjectInfo,
     ObjectNotFoundError,
     Storage,
     check_range,
-    join_url,
     normalize_key,
     normalize_prefix,
-    tree_files,
 )
 from edl_argo.storage.retry import (
     Progress,
@@ -86,9 +83,6 @@ POOL_SIZE = 32
 _DENIED_CODES = frozenset(
     {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
 )
-
-#: A failed put_tree is cleaned up with this small budget, since the store is probably in trouble.
-_CLEANUP_POLICY = RetryPolicy(max_seconds=5.0, max_attempts=3)
 
 
 def _endpoint_from_env() -> tuple[str, str, bool]:
@@ -340,46 +334,9 @@ class S3Storage(Storage):
         name = self._name(key)
         self._call(key, lambda: self._client.remove_object(self.bucket, name))
 
-    def put_tree(self, local_dir: Path, key: str) -> None:
-        tree = normalize_key(key, allow_empty=False)
-        files = tree_files(local_dir)
-        old_keys = {info.key for info in self.list(tree + "/")}
-        marker = join_url(tree, TREE_COMPLETE_MARKER)
-        self.delete(marker)  # unpublish the old tree before touching it
-        try:
-            new_keys = set()
-            for rel, path in files:
-                file_key = join_url(tree, rel)
-                progress = Progress()
-                upload = functools.partial(
-                    self._client.fput_object, self.bucket, self._name(file_key), str(path), progress=progress
-                )
-                self._call(file_key, upload, progress=progress)
-                new_keys.add(file_key)
-            self._delete_all(old_keys - new_keys - {marker})
-            self.write(marker, b"")
-        except BaseException:
-            self._remove_tree(tree)
-            raise
-
-    def _delete_all(self, keys: Iterable[str], policy: RetryPolicy | None = None) -> None:
-        for key in sorted(keys):
-            self._call(
-                key, functools.partial(self._client.remove_object, self.bucket, self._name(key)), policy
-            )
-
-    def _remove_tree(self, tree: str) -> None:
-        """Best effort: delete everything below ``tree/`` after a failed put_tree, with a small budget."""
-        try:
-            self._delete_all((info.key for info in self._list(tree + "/", _CLEANUP_POLICY)), _CLEANUP_POLICY)
-        except StorageError as exc:
-            log.warning("put_tree_cleanup_failed", url=self.describe(tree), error=str(exc))
-
-    def get_tree(self, key: str, local_dir: Path) -> None:
-        for file_key, rel in self._published_files(key):
-            target = str(Path(local_dir) / rel)
-            progress = Progress()
-            download = functools.partial(
-                self._client.fget_object, self.bucket, self._name(file_key), target, progress=progress
-            )
-            self._call(file_key, download, progress=progress)
+    def download(self, key: str, path: Path) -> None:
+        progress = Progress()
+        download = functools.partial(
+            self._client.fget_object, self.bucket, self._name(key), str(path), progress=progress
+        )
+        self._call(key, download, progress=progress)

@@ -48,6 +48,7 @@ from edl_argo.recordio import Compressor
 from edl_argo.storage import open_storage
 from edl_argo.storage.base import Storage, join_url
 from edl_argo.storage.retry import RETRY_SECONDS_ENV
+from edl_argo.storage.trees import open_tree
 from edl_argo.worker.ps_client import ParameterServerClient
 from tests.chaos.kubernetes import (
     api_environment,
@@ -437,7 +438,8 @@ def _stop(thread: JobThread | None) -> None:
 def read_outcome(result: TrialResult, config: TrainConfig) -> None:
     """Fill ``result`` from the job's published ``metrics.json`` and check the accounting there
     (:func:`check_outcome`)."""
-    metrics = json.loads(open_storage(config.output).read("model/metrics.json"))
+    output = open_storage(config.output)
+    metrics = json.loads(output.read(open_tree(output, "model").file_key("metrics.json")))
     per_epoch = metrics["records_per_epoch"]
     accounting = metrics["accounting"]
     reported = accounting["records_reported_per_epoch"]
