@@ -23,6 +23,7 @@ from tests.engine_helpers import (
     JobThread,
     assert_no_record_lost,
     digits_config,
+    model_dir,
 )
 
 ALLREDUCE = {"distribution_strategy": "AllreduceStrategy", "num_ps": 0, "collective_timeout_seconds": 30}
@@ -82,7 +83,7 @@ def test_three_workers_train_digits_and_end_with_identical_replicas(
     assert replicas["members_compared"] == 3
     assert replicas["max_abs_difference"] == 0.0  # bit-identical: each segment's sum is computed once
     assert len(replicas["versions"]) == 1
-    assert (tmp_path / "job" / "model" / "saved_model").is_dir()
+    assert (model_dir(tmp_path / "job") / "saved_model").is_dir()
     err = capfd.readouterr().err
     assert "ps-0" not in err  # no parameter server was started
     assert re.search(r"group_formed round=\d+ rank=2 world_size=3", err)
@@ -180,7 +181,7 @@ def test_a_model_whose_state_exceeds_the_frame_cap_trains_and_exports(
     assert_no_record_lost(metrics)
     assert metrics["allreduce_replicas"]["members_compared"] == 2
     assert metrics["allreduce_replicas"]["max_abs_difference"] == 0.0
-    assert (tmp_path / "job" / "model" / "model.keras").is_file()
+    assert (model_dir(tmp_path / "job") / "model.keras").is_file()
     err = capfd.readouterr().err
     assert "exceeds the cap" not in err
     pulled = re.findall(r"group_formed round=\d+ rank=1 world_size=2 state_from=(\d+)", err)

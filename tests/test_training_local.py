@@ -13,6 +13,7 @@ import pytest
 from edl_argo import cli, log
 from edl_argo.errors import JobFailedError
 from edl_argo.master.job import TrainingJob, dataset_shards
+from edl_argo.storage.trees import POINTER_NAME
 from edl_argo.worker.main import SKIP_MINIBATCH_ENV
 from tests.engine_helpers import (
     DIGITS_ACCURACY_FLOOR,
@@ -20,6 +21,7 @@ from tests.engine_helpers import (
     assert_no_record_lost,
     digits_config,
     expected_minibatches,
+    model_dir,
     read_metrics,
 )
 
@@ -36,11 +38,12 @@ def test_sync_job_trains_digits_and_publishes_model(digits_data: Path, tmp_path:
 
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert_no_record_lost(metrics)
-    model_dir = output / "model"
-    for name in ("saved_model/saved_model.pb", "model.keras", "metrics.json", "flags.json", "_COMPLETE"):
-        assert (model_dir / name).exists(), name
+    published = model_dir(output)
+    assert (output / "model" / POINTER_NAME).is_file()  # the pointer names the version: the switch
+    for name in ("saved_model/saved_model.pb", "model.keras", "metrics.json", "flags.json"):
+        assert (published / name).exists(), name
     assert read_metrics(output)["final_metrics"] == metrics["final_metrics"]
-    assert json.loads((model_dir / "flags.json").read_text())["num_workers"] == 2
+    assert json.loads((published / "flags.json").read_text())["num_workers"] == 2
 
     capsys.readouterr()
     args = ["--model", str(model_dir), "--model-def", DIGITS_MODEL, "--data", str(digits_data / "test")]
