@@ -260,8 +260,12 @@ def test_a_lost_or_doubled_minibatch_or_a_differing_replica_fails_the_trial() ->
     assert "PS 0 at version 98" in check_outcome(_metrics(parameter_servers=[behind]), 100)[0]
     rolled_back = {**behind, "restored_from_version": 90}  # restarted from its checkpoint: counted apart
     assert check_outcome(_metrics(parameter_servers=[rolled_back]), 100) == []
-    replicas = {"members_compared": 2, "max_abs_difference": 1e-7}
+    replicas = {"members": 2, "members_compared": 2, "max_abs_difference": 1e-7, "members_left_out": []}
     assert "replicas differ" in check_outcome({**_metrics(), "allreduce_replicas": replicas}, 100)[0]
+    one_of_two = {**replicas, "members_compared": 1, "max_abs_difference": 0.0}
+    one_of_two["members_left_out"] = ["a: gone"]
+    problems = check_outcome({**_metrics(), "allreduce_replicas": one_of_two}, 100)
+    assert problems == ["replicas: 1 of the final round's 2 members compared; left out: ['a: gone']"]
 
 
 def test_a_process_or_kubernetes_object_of_the_job_left_behind_fails_the_trial(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
@@ -340,6 +340,8 @@ class GroupStateSurvey:
     members_compared: int
     max_abs_difference: float
     versions: list[int]
+    #: The members left out, each as ``"address: why"`` (unreachable, or no state).
+    left_out: list[str] = field(default_factory=list)
 
 
 def survey_member_states(
@@ -372,4 +374,6 @@ def survey_member_states(
             newest = state
     if newest is None:
         raise JobFailedError(f"no worker of the group returned the trained model ({'; '.join(errors)})")
-    return GroupStateSurvey(newest, len(differences) + 1, max(differences, default=0.0), sorted(versions))
+    return GroupStateSurvey(
+        newest, len(differences) + 1, max(differences, default=0.0), sorted(versions), errors
+    )

@@ -441,7 +441,9 @@ class TrainingJob:
         )
         newest = survey.newest
         self._replicas = {
+            "members": len(current.members),
             "members_compared": survey.members_compared,
+            "members_left_out": survey.left_out,
             "max_abs_difference": survey.max_abs_difference,
             "versions": survey.versions,
             "final_round": current.round_id,

@@ -458,7 +458,8 @@ def check_outcome(metrics: dict[str, Any], minibatches: int) -> list[str]:
     """What is wrong in a successful job's ``metrics.json``, counted from the workers' reports: the
     minibatches of the tasks done against the ``minibatches`` the dataset makes (a lost or doubled
     minibatch shows here), each PS that never restarted at exactly the updates expected, and, with
-    AllreduceStrategy, replicas that are not bit-identical at the end."""
+    AllreduceStrategy, replicas that are not bit-identical at the end or a member of the final round whose
+    state the master could not compare."""
     problems = []
     accounting = metrics["accounting"]
     if accounting["minibatches_trained"] != minibatches:
@@ -474,7 +475,12 @@ def check_outcome(metrics: dict[str, Any], minibatches: int) -> list[str]:
                 f"accounting: PS {ps['ps']} at version {ps['model_version']}, expected {expected}"
             )
     replicas = metrics.get("allreduce_replicas")
-    if replicas is not None and (replicas["members_compared"] < 1 or replicas["max_abs_difference"] != 0.0):
+    if replicas is not None and replicas["members_compared"] != replicas["members"]:
+        problems.append(
+            f"replicas: {replicas['members_compared']} of the final round's {replicas['members']} members "
+            f"compared; left out: {replicas['members_left_out']}"
+        )
+    if replicas is not None and replicas["max_abs_difference"] != 0.0:
         problems.append(
             f"replicas differ: {replicas['members_compared']} compared, max |difference| "
             f"{replicas['max_abs_difference']}"
