@@ -297,8 +297,8 @@ def test_seal_writes_only_a_manifest_and_readers_refuse_shards_without_one(
     for shard in (root / "made" / "train").glob("v-*/*"):
         (elsewhere / shard.name).parent.mkdir(parents=True, exist_ok=True)
         (elsewhere / shard.name).write_bytes(shard.read_bytes())
-    code, err = run(capsys, ["data", "inspect", str(elsewhere)])
-    assert code == 2 and MANIFEST_NAME in err and "edl-argo data seal" in err
+    with pytest.raises(DataFormatError, match=rf"no manifest {MANIFEST_NAME}.*edl-argo data seal"):
+        dataset_shards(str(elsewhere), "--training-data")
     before = snapshot(root)
     assert run(capsys, ["data", "seal", str(elsewhere)])[0] == 0
     after = snapshot(root)
@@ -307,6 +307,35 @@ def test_seal_writes_only_a_manifest_and_readers_refuse_shards_without_one(
     assert sum(dataset_shards(str(elsewhere), "--training-data").values()) == 1437
     code, err = run(capsys, ["data", "seal", str(elsewhere)])
     assert code == 2 and "manifest already" in err
+
+
+def test_inspect_lists_and_verifies_shards_without_a_manifest_and_says_they_are_not_sealed(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Inspection is how a user looks at RecordIO made elsewhere before sealing it: the shards are listed
+    and verified, and the output says the folder is not sealed and how to seal it; nothing is written."""
+    assert run(capsys, ["data", "digits", "--output", str(root / "made"), "--shards", "2"])[0] == 0
+    elsewhere = root / "elsewhere"
+    for shard in (root / "made" / "train").glob("v-*/*"):
+        (elsewhere / shard.name).parent.mkdir(parents=True, exist_ok=True)
+        (elsewhere / shard.name).write_bytes(shard.read_bytes())
+    before = snapshot(root)
+    assert main(["data", "inspect", str(elsewhere)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[1:3]] == ["data-00000", "data-00001"]
+    assert out[3].split()[:5] == ["total", "(2", "shards)", "1437", "2"]
+    assert out[-1].startswith(f"not sealed: {elsewhere} has no manifest {MANIFEST_NAME}")
+    assert f"edl-argo data seal {elsewhere}" in out[-1]
+    assert snapshot(root) == before
+
+    data = bytearray((elsewhere / "data-00001").read_bytes())
+    data[40] ^= 0xFF
+    (elsewhere / "data-00001").write_bytes(bytes(data))
+    code, err = run(capsys, ["data", "inspect", str(elsewhere)])
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "data-00001" in line and "chunk 0" in line
+    code, err = run(capsys, ["data", "inspect", str(root / "nowhere")])
+    assert code == 2 and MANIFEST_NAME in err and "edl-argo data seal" in err
 
 
 def test_a_reader_refuses_a_dataset_whose_shard_is_missing_or_changed(

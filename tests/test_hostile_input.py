@@ -218,6 +218,38 @@ def test_a_feed_that_raises_fails_the_job_naming_the_task_shard_and_error(
     line = one_error_line(err)
     assert "training task" in line and re.search(r"shard v-\S+/data-0000", line), line
     assert "ValueError: feature 'pixels' is not in the records" in line
+    assert f"model file {model}, function feed: ValueError: " in line, line
+    assert "job succeeded" not in out
+    assert not (output / "model").exists()
+
+
+#: A feed whose parse spec does not match the records (they have no feature "pixels"): it traces, and then
+#: fails on every record, the same way on every worker.
+WRONG_PARSE_SPEC = """
+_WRONG = {"pixels": tf.io.FixedLenFeature([64], tf.float32), "label": tf.io.FixedLenFeature([1], tf.int64)}
+
+
+def feed(dataset, mode, metadata):
+    return dataset.map(lambda record: tuple(tf.io.parse_single_example(record, _WRONG).values()))
+"""
+
+
+def test_a_feed_that_fails_on_every_record_fails_the_job_at_once_naming_the_model_file_and_feed(
+    capsys: pytest.CaptureFixture[str], local_data: Path, tmp_path: Path
+) -> None:
+    """A deterministic model error is not retried on worker after worker (--max-worker-relaunches is 16):
+    the first worker whose first step fails in the model's code fails the job with that error."""
+    model = model_file(tmp_path, "wrong_spec.py", WRONG_PARSE_SPEC)
+    output = tmp_path / "out"
+    argv = train(local_data / "train", output, *QUICK_JOB, "--num-workers", "2", model=model)
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1
+    line = one_error_line(err)
+    assert f"model file {model}, function feed: InvalidArgumentError: " in line, line
+    assert "pixels" in line and "training task" in line, line
+    workers_started = re.findall(r"pod_started .*pod=\S*worker-(\d+)", err)
+    assert 1 <= len(workers_started) <= 2, workers_started
+    assert "worker_relaunched" not in err and "no workers left" not in err
     assert "job succeeded" not in out
     assert not (output / "model").exists()
 

@@ -277,3 +277,63 @@ def test_zoo_model_callbacks_give_its_schedule() -> None:
     assert spec.learning_rate_at is not None
     assert [spec.learning_rate_at(v) for v in (0, 199, 200)] == [0.1, 0.1, 0.05]
     assert load_model_spec(DIGITS_MODEL).learning_rate_at is None
+
+
+# ---------------------------------------------------------------- model errors (issue 31 §5)
+
+FAILING_LOSS = """
+def loss(labels, predictions):
+    return predictions["no_such_output"]
+"""
+
+
+def failing_model(tmp_path: Path) -> str:
+    path = tmp_path / "failing.py"
+    path.write_text(Path(DIGITS_MODEL).read_text() + "\n" + FAILING_LOSS)
+    return str(path)
+
+
+def test_an_error_raised_in_a_model_function_names_the_model_file_and_function(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from edl_argo.model.user_code import model_error_of
+
+    model = failing_model(tmp_path)
+    spec = load_model_spec(model)
+    with pytest.raises(TypeError) as called:
+        spec.loss(tf.zeros([2]), tf.zeros([2, 10]))
+    found = model_error_of(called.value)
+    assert found is not None and (found.source, found.function) == (model, "loss")
+    assert str(found).startswith(f"model file {model}, function loss: TypeError: ")
+    assert "\n" not in str(found)
+
+    # Traced by TensorFlow, which raises a copy of the error with the original as its context.
+    traced = tf.function(lambda labels, outputs: spec.loss(labels, outputs))
+    with pytest.raises(Exception) as in_graph:
+        traced(tf.zeros([2]), tf.zeros([2, 10]))
+    assert in_graph.value is not called.value
+    found = model_error_of(in_graph.value)
+    assert found is not None and found.function == "loss", repr(in_graph.value)
+
+
+def test_errors_outside_the_model_files_code_are_not_model_errors(tmp_path: Path) -> None:
+    from edl_argo.errors import StorageError
+    from edl_argo.model.user_code import model_error_of
+
+    spec = load_model_spec(failing_model(tmp_path))
+    assert model_error_of(StorageError("cannot read s3://b/k: connection refused")) is None
+    assert model_error_of(ConnectionError("PS 0 at 10.0.0.3:2222 is unavailable")) is None
+    try:
+        try:
+            spec.loss(None, {})
+        except KeyError:  # as Keras re-raises an error of a layer's call, with more words
+            raise RuntimeError("Exception encountered when calling layer 'dense'") from None
+    except RuntimeError as reworded:
+        assert model_error_of(reworded) is not None  # replaced on purpose: the model's error stands
+    try:
+        try:
+            spec.loss(None, {})
+        except KeyError:
+            raise ConnectionError("PS 0 lost while the worker handled it")  # noqa: B904
+    except ConnectionError as infrastructure:
+        assert model_error_of(infrastructure) is None  # a new failure while handling it: not the model's

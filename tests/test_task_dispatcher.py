@@ -319,6 +319,59 @@ def test_failed_task_goes_back_to_the_front_and_the_job_fails_after_max_retries(
     assert accounting.records_trained_twice == 8
 
 
+MODEL_ERROR = "model file /m/model.py, function feed: InvalidArgumentError: Feature: pixels is required"
+
+
+def test_the_same_model_error_of_a_task_on_two_workers_fails_the_job_at_once() -> None:
+    dispatcher = make({"a": 8}, max_task_retries=10)
+    task = take(dispatcher, 1)
+    assert dispatcher.report(task.task_id, 1, success=False, error=MODEL_ERROR, model_error=True)
+    assert dispatcher.failure is None
+    assert take(dispatcher, 1) == task  # the same worker again: an ordinary retry
+    assert dispatcher.report(task.task_id, 1, success=False, error=MODEL_ERROR, model_error=True)
+    assert dispatcher.failure is None
+    assert take(dispatcher, 2) == task
+    assert dispatcher.report(task.task_id, 2, success=False, error=MODEL_ERROR, model_error=True)
+    failure = dispatcher.failure
+    assert isinstance(failure, JobFailedError)
+    message = str(failure)
+    assert message.startswith(MODEL_ERROR) and "\n" not in message
+    assert f"training task {task.task_id}" in message and "workers 1 and 2" in message, message
+    assert dispatcher.finished and dispatcher.get_task(3) == DONE
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ((MODEL_ERROR, True), (MODEL_ERROR + " (another record)", True)),  # another error
+        ((MODEL_ERROR, True), ("StatusCode.UNAVAILABLE: PS 0 is gone", False)),  # infrastructure
+        (("StatusCode.UNAVAILABLE: PS 0 is gone", False), ("StatusCode.UNAVAILABLE: PS 0 is gone", False)),
+    ],
+)
+def test_other_failures_on_two_workers_are_retried_up_to_max_task_retries(
+    first: tuple[str, bool], second: tuple[str, bool]
+) -> None:
+    dispatcher = make({"a": 8}, max_task_retries=3)
+    task = take(dispatcher, 1)
+    assert dispatcher.report(task.task_id, 1, success=False, error=first[0], model_error=first[1])
+    assert take(dispatcher, 2) == task
+    assert dispatcher.report(task.task_id, 2, success=False, error=second[0], model_error=second[1])
+    assert dispatcher.failure is None
+    assert take(dispatcher, 3) == task
+    assert dispatcher.report(task.task_id, 3, success=True)
+    assert dispatcher.failure is None
+
+
+def test_a_model_error_seen_before_a_master_restart_still_counts() -> None:
+    dispatcher = make({"a": 8}, max_task_retries=10)
+    task = take(dispatcher, 1)
+    assert dispatcher.report(task.task_id, 1, success=False, error=MODEL_ERROR, model_error=True)
+    restored = TaskDispatcher.restore(json.loads(json.dumps(dispatcher.snapshot())), clock=FakeClock())
+    assert take(restored, 2) == task
+    assert restored.report(task.task_id, 2, success=False, error=MODEL_ERROR, model_error=True)
+    assert restored.failure is not None and str(restored.failure).startswith(MODEL_ERROR)
+
+
 def test_deaths_and_timeouts_are_not_retries() -> None:
     clock = FakeClock()
     dispatcher = make({"a": 4}, clock=clock, max_task_retries=2, initial_task_timeout=10)

@@ -89,6 +89,7 @@ class InProcessMaster:
         mean_loss: float = 0.0,
         fatal: bool = False,
         next_task: bool = True,
+        model_error: bool = False,
     ) -> master_pb2.ReportTaskResultResponse:
         request = master_pb2.ReportTaskResultRequest(
             worker_id=self.worker_id,
@@ -99,6 +100,7 @@ class InProcessMaster:
             mean_loss=mean_loss,
             fatal=fatal,
             get_next_task=next_task and not fatal,
+            model_error=model_error,
         )
         self.on_report(request)
         self.reports.append(request)
@@ -124,14 +126,22 @@ class InProcessMaster:
 class Job:
     """A dataset, a master and one worker with a one-member allreduce group."""
 
-    def __init__(self, tmp_path: Path, shards: int, epochs: int) -> None:
+    def __init__(
+        self, tmp_path: Path, shards: int, epochs: int, bad_record: int = -1, max_task_retries: int = 3
+    ) -> None:
         data = tmp_path / "data"
         records = [
             f"{i % 7},{i % 5},{i % 3},{i % 2},{i % 11}".encode() for i in range(SHARD_RECORDS * shards)
         ]
+        if bad_record >= 0:
+            records[bad_record] = b"1,2,not a number,4,5"
         write_dataset(LocalStorage(data), "", records, shards, Compressor.SNAPPY, overwrite=False)
         shard_sizes = open_dataset(LocalStorage(data)).records
-        config = DispatcherConfig(records_per_task=MINIBATCH * MINIBATCHES_PER_TASK, num_epochs=epochs)
+        config = DispatcherConfig(
+            records_per_task=MINIBATCH * MINIBATCHES_PER_TASK,
+            num_epochs=epochs,
+            max_task_retries=max_task_retries,
+        )
         self.dispatcher = TaskDispatcher(shard_sizes, config)
         self.records_per_epoch = sum(shard_sizes.values())
         evaluation = EvaluationService(lambda: {}, {}, 1)
@@ -141,14 +151,14 @@ class Job:
         rendezvous = RendezvousManager()
         servicer = MasterServicer(self.dispatcher, evaluation, urls, lambda: 0, ledger=self.ledger)
         self.master = InProcessMaster(servicer, rendezvous, worker_id=0)
-        model_file = tmp_path / "model.py"
+        self.model_file = model_file = tmp_path / "model.py"
         model_file.write_text(MODEL_FILE)
         self.spec = load_model_spec(str(model_file))
         self.replica = AllreduceReplica(self.spec, self.master, "127.0.0.1", collective_timeout=20.0)
         self.worker = Worker(0, self.spec, self.master, self.replica, MINIBATCH)  # type: ignore[arg-type]
 
     def parse_traces(self) -> list[str]:
-        return self.spec.feed.__globals__["PARSE_TRACES"]
+        return vars(self.spec.module)["PARSE_TRACES"]
 
     def close(self) -> None:
         self.replica.close()
@@ -208,6 +218,28 @@ def test_every_task_is_reported_after_its_minibatches_and_the_ledger_adds_up(job
     assert job.ledger.epoch_problems(job.dispatcher.accounting()) == []
     times = job.master.reports[-1].counters
     assert {"time_input_us", "time_compute_us", "time_master_us"} <= set(times)
+
+
+def test_a_model_error_after_the_first_step_is_reported_as_one_naming_the_model_file_and_feed(
+    tmp_path: Path,
+) -> None:
+    """A record of the second shard that feed cannot parse: the worker trained steps before, so the task is
+    reported failed as a model error (the master fails the job when a second worker reports the same), not
+    as fatal; the worker goes on, and the same worker failing it again is an ordinary retry."""
+    job = Job(tmp_path, shards=2, epochs=1, bad_record=SHARD_RECORDS + 30, max_task_retries=2)
+    try:
+        job.worker.run()
+    finally:
+        job.close()
+    failed = [report for report in job.master.reports if not report.success]
+    assert len(failed) == 2 and {report.task_id for report in failed} == {failed[0].task_id}
+    assert all(report.model_error and not report.fatal for report in failed)
+    expected = f"model file {job.model_file}, function feed: InvalidArgumentError: "
+    assert failed[0].error_message.startswith(expected), failed[0].error_message
+    assert "\n" not in failed[0].error_message
+    assert job.master.reports[0].success and job.master.reports[0].counters["steps"] == MINIBATCHES_PER_TASK
+    assert job.dispatcher.failure is not None and "failed 2 times" in str(job.dispatcher.failure)
+    assert expected in str(job.dispatcher.failure)
 
 
 class _Tasks:

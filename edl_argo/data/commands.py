@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,16 @@ from edl_argo.data.examples import encode_example
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.flags import positive_int
 from edl_argo.log import get_logger
-from edl_argo.recordio import Compressor, DatasetWriter, ShardReader, open_dataset, seal_dataset
+from edl_argo.recordio import (
+    MANIFEST_NAME,
+    Compressor,
+    DatasetWriter,
+    ShardReader,
+    ShardSummary,
+    list_shards,
+    open_dataset,
+    seal_dataset,
+)
 from edl_argo.storage import Storage, join_url, open_storage
 
 log = get_logger(__name__)
@@ -56,7 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     convert.set_defaults(run=run_convert)
 
     inspect = commands.add_parser(
-        "inspect", help="list a dataset's shards, verify every chunk and the manifest's checksums"
+        "inspect",
+        help="list a dataset's shards, verify every chunk and the manifest's checksums (or, without a "
+        "manifest, list and verify the shards there and say the folder is not sealed)",
     )
     inspect.add_argument("url", help="dataset folder or s3://bucket/prefix")
     inspect.set_defaults(run=run_inspect)
@@ -172,9 +183,35 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    dataset = open_dataset(open_storage(args.url))
+    """List and verify every shard of the dataset at ``args.url``: the shards its manifest names, each
+    checked against the manifest's records, size and SHA-256; or, in a folder of RecordIO shards without a
+    manifest (made elsewhere), every shard there, then a last line saying that the folder is not sealed and
+    how to seal it (exit 0: inspecting is how a user looks at shards before sealing them). A corrupt shard,
+    a shard that does not match the manifest, or a folder with neither manifest nor shards is a
+    DataFormatError naming it."""
+    storage = open_storage(args.url)
+    sealed = storage.exists(MANIFEST_NAME) or not list_shards(storage)
     print(f"{'shard':<48} {'records':>9} {'chunks':>7} {'bytes':>12}  compressor")
-    totals = [0, 0, 0]
+    count, totals = 0, [0, 0, 0]
+    for name, summary in _manifest_shards(storage) if sealed else _unsealed_shards(storage):
+        compressors = ",".join(sorted(summary.compressors))
+        print(f"{name:<48} {summary.records:>9} {summary.chunks:>7} {summary.bytes:>12}  {compressors}")
+        count += 1
+        totals = [totals[0] + summary.records, totals[1] + summary.chunks, totals[2] + summary.bytes]
+    label = f"total ({count} shards)"
+    print(f"{label:<48} {totals[0]:>9} {totals[1]:>7} {totals[2]:>12}  ok")
+    if not sealed:
+        url = storage.describe()
+        print(
+            f"not sealed: {url} has no manifest {MANIFEST_NAME}, so jobs, evaluate and predict refuse it;"
+            f" `edl-argo data seal {url}` checksums the shards and writes it"
+        )
+    return 0
+
+
+def _manifest_shards(storage: Storage) -> Iterator[tuple[str, ShardSummary]]:
+    """``(manifest key, summary)`` of each shard the dataset's manifest names, verified against it."""
+    dataset = open_dataset(storage)
     for shard in dataset.manifest.shards:
         key = dataset.key(shard)
         summary = ShardReader(dataset.storage, key, version=dataset.versions[key]).verify()
@@ -185,12 +222,13 @@ def run_inspect(args: argparse.Namespace) -> int:
                 f"{summary.records} records, {summary.bytes} bytes, sha256 {summary.sha256}; the manifest "
                 f"says {shard.records}, {shard.bytes}, {shard.sha256}"
             )
-        compressors = ",".join(sorted(summary.compressors))
-        print(f"{shard.key:<48} {summary.records:>9} {summary.chunks:>7} {summary.bytes:>12}  {compressors}")
-        totals = [totals[0] + summary.records, totals[1] + summary.chunks, totals[2] + summary.bytes]
-    label = f"total ({len(dataset.manifest.shards)} shards)"
-    print(f"{label:<48} {totals[0]:>9} {totals[1]:>7} {totals[2]:>12}  ok")
-    return 0
+        yield shard.key, summary
+
+
+def _unsealed_shards(storage: Storage) -> Iterator[tuple[str, ShardSummary]]:
+    """``(key, summary)`` of each shard of a folder without a manifest (those `data seal` would seal)."""
+    for key in list_shards(storage):
+        yield key, ShardReader(storage, key).verify()
 
 
 def run_seal(args: argparse.Namespace) -> int:

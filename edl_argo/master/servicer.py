@@ -150,7 +150,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 accepted = self._dispatcher.fail_task(request.task_id, request.worker_id, problem)
                 return master_pb2.ReportTaskResultResponse(accepted=accepted)  # the job failed
             ledger.add(task, request.counters, request.worker_id)  # first: a state saved in between counts it
-        accepted = self._dispatcher.report(request.task_id, request.worker_id, request.success, error_message)
+        accepted = self._dispatcher.report(
+            request.task_id,
+            request.worker_id,
+            request.success,
+            error_message,
+            model_error=request.model_error,
+        )
         if ledger is not None and task is not None:
             if request.success and not accepted:
                 ledger.remove(task)

@@ -280,6 +280,8 @@ class TaskDispatcher:
         self._doing_by_type: dict[TaskType, dict[int, _Running]] = {t: {} for t in TaskType}
         self._held: dict[int, dict[int, None]] = {}
         self._failures: dict[int, int] = {}
+        # Task id -> (worker, error) of the last model error reported for it (see report()).
+        self._model_errors: dict[int, tuple[int, str]] = {}
         self._durations: dict[TaskType, deque[float]] = {t: deque(maxlen=DURATION_WINDOW) for t in TaskType}
         self._tasks_created: dict[TaskType, int] = {t: 0 for t in TaskType}
         self._tasks_done: dict[TaskType, int] = {t: 0 for t in TaskType}
@@ -314,13 +316,18 @@ class TaskDispatcher:
                         return TaskAssignment("task", task)
             return DONE if self._finished_locked() else WAIT
 
-    def report(self, task_id: int, worker_id: int, success: bool, error: str = "") -> bool:
+    def report(
+        self, task_id: int, worker_id: int, success: bool, error: str = "", *, model_error: bool = False
+    ) -> bool:
         """Record the outcome of a task; return whether the report was accepted.
 
         Success marks the task done (its records count once). Failure requeues it at the front of its
-        queue; its ``max_task_retries``-th failure fails the job instead (see :attr:`failure`). A report
-        for a task that ``worker_id`` does not currently hold (unknown id, already done, or reclaimed
-        from this worker and possibly handed to another) changes nothing and returns False.
+        queue; its ``max_task_retries``-th failure fails the job instead (see :attr:`failure`). A failure
+        with ``model_error`` (``error`` was raised in the model file's code, see
+        :mod:`edl_argo.model.user_code`) that another worker already reported for this task, with the same
+        ``error``, fails the job at once with that error: the model fails the same way wherever it runs.
+        A report for a task that ``worker_id`` does not currently hold (unknown id, already done, or
+        reclaimed from this worker and possibly handed to another) changes nothing and returns False.
         """
         completed_version: int | None = None
         with self._lock:
@@ -334,6 +341,7 @@ class TaskDispatcher:
                 self._durations[task.type].append(self._clock() - running.started)
                 self._tasks_done[task.type] += 1
                 self._failures.pop(task_id, None)
+                self._model_errors.pop(task_id, None)
                 if task.type is TaskType.TRAINING:
                     self._records_done[task.epoch] = self._records_done.get(task.epoch, 0) + task.num_records
                 elif task.type is TaskType.EVALUATION:
@@ -342,7 +350,9 @@ class TaskDispatcher:
             else:
                 failures = self._failures.get(task_id, 0) + 1
                 self._failures[task_id] = failures
-                if failures < self._config.max_task_retries:
+                if model_error and self._same_model_error(task, worker_id, error):
+                    self._stop(task_id)
+                elif failures < self._config.max_task_retries:
                     log.warning("task_failed", task=task_id, worker=worker_id, failures=failures, error=error)
                     self._requeue([running], "failed")
                 else:
@@ -506,6 +516,7 @@ class TaskDispatcher:
                     for r in self._doing.values()
                 ],
                 "failures": {str(task_id): n for task_id, n in self._failures.items()},
+                "model_errors": {str(task_id): list(seen) for task_id, seen in self._model_errors.items()},
                 "durations": {t.value: list(d) for t, d in self._durations.items()},
                 "tasks_created": {t.value: n for t, n in self._tasks_created.items()},
                 "tasks_done": {t.value: n for t, n in self._tasks_done.items()},
@@ -570,6 +581,10 @@ class TaskDispatcher:
                 self._tasks_created[t] = int(snapshot["tasks_created"][t.value])
                 self._tasks_done[t] = int(snapshot["tasks_done"][t.value])
             self._failures = {int(k): int(n) for k, n in snapshot["failures"].items()}
+            self._model_errors = {
+                int(k): (int(worker), str(error))
+                for k, (worker, error) in snapshot.get("model_errors", {}).items()
+            }
             self._records_done = {int(k): int(n) for k, n in snapshot["records_done_per_epoch"].items()}
             self._records_trained_twice = int(snapshot["records_trained_twice"])
             self._requeues.update({str(k): int(n) for k, n in snapshot["requeues"].items()})
@@ -663,6 +678,21 @@ class TaskDispatcher:
             return None
         del self._evaluations_pending[model_version]
         return model_version
+
+    def _same_model_error(self, task: Task, worker_id: int, error: str) -> bool:
+        """Whether another worker reported ``error`` as a model error of ``task`` last; if so the job
+        fails with it, else it is remembered as this worker's."""
+        first_worker, first_error = self._model_errors.get(task.task_id, (worker_id, ""))
+        if first_worker == worker_id or first_error != error:
+            self._model_errors[task.task_id] = (worker_id, error)
+            return False
+        if self._failure is None:
+            self._failure = JobFailedError(
+                f"{error} ({task.describe()} failed so on workers {first_worker} and {worker_id}; the model"
+                " fails the same way wherever it runs)"
+            )
+            log.error("job_failed", task=task.task_id, shard=task.shard, model_error=True, error=error)
+        return True
 
     def _fail(self, task: Task, failures: int, error: str) -> None:
         if self._failure is not None:

@@ -19,8 +19,8 @@ import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,11 +28,13 @@ from typing import Any
 from edl_argo.errors import ConfigError
 from edl_argo.model.callbacks import Schedule, checked_rate, learning_rate_schedule
 from edl_argo.model.contract import INPUT_FUNCTION_NAMES, ModelOptions, parse_model_params
+from edl_argo.model.user_code import model_function
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The functions of one model definition, checked to exist and be callable."""
+    """The functions of one model definition, checked to exist and be callable; each marks what it raises
+    as a model error naming ``source`` and its name (:mod:`edl_argo.model.user_code`)."""
 
     source: str
     module: ModuleType
@@ -45,6 +47,8 @@ class ModelSpec:
     callbacks: Callable[[], list[Any]] | None
     prediction_outputs_processor: type | None
     learning_rate_schedule: Schedule | None = None
+    #: The contract's roles (``custom_model``, ``feed``, ``loss``, ...) -> their names in the model file.
+    names: Mapping[str, str] = field(default_factory=dict)
     """From a :class:`~edl_argo.model.callbacks.LearningRateScheduler` that ``callbacks()`` returned:
     ``schedule(model_version)`` is the learning rate of the update from that version."""
 
@@ -96,17 +100,16 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
     schedule = learning_rate_schedule(callbacks() if callable(callbacks) else None, model_def)
     if schedule is not None:
         _check_schedulable(found["optimizer"], model_def)
+    found["custom_model"] = _bind_model_params(found["custom_model"], factory_name, options.model_params)
+    functions = {role: model_function(found[role], model_def, names[role]) for role in names}
     return ModelSpec(
         source=model_def,
         module=module,
-        custom_model=_bind_model_params(found["custom_model"], factory_name, options.model_params),
-        feed=found["feed"],
-        loss=found["loss"],
-        optimizer=found["optimizer"],
-        eval_metrics_fn=found["eval_metrics_fn"],
+        **functions,
         callbacks=callbacks if callable(callbacks) else None,
         prediction_outputs_processor=processor,
         learning_rate_schedule=schedule,
+        names=names,
     )
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from edl_argo.proto import tensor_pb2 as edl__argo_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64l_argo/proto/master.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"\xb3\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12 \n\x04type\x18\x02 \x01(\x0e\x32\x12.edl_argo.TaskType\x12\x10\n\x08\x64\x61ta_url\x18\x03 \x01(\t\x12\r\n\x05shard\x18\x04 \x01(\t\x12\r\n\x05start\x18\x05 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x06 \x01(\x03\x12\r\n\x05\x65poch\x18\x07 \x01(\x05\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\x12\x15\n\rshard_version\x18\t \x01(\t\":\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x15\n\rheld_task_ids\x18\x02 \x03(\x03\"\x99\x01\n\x0fGetTaskResponse\x12,\n\x04kind\x18\x01 \x01(\x0e\x32\x1e.edl_argo.GetTaskResponse.Kind\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0e.edl_argo.Task\":\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04TASK\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\"\x92\x02\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x41\n\x08\x63ounters\x18\x05 \x03(\x0b\x32/.edl_argo.ReportTaskResultRequest.CountersEntry\x12\x11\n\tmean_loss\x18\x06 \x01(\x01\x12\r\n\x05\x66\x61tal\x18\x07 \x01(\x08\x12\x15\n\rget_next_task\x18\x08 \x01(\x08\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"Z\n\x18ReportTaskResultResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12,\n\tnext_task\x18\x02 \x01(\x0b\x32\x19.edl_argo.GetTaskResponse\"\xc8\x01\n\x1eReportEvaluationOutputsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12!\n\x07outputs\x18\x04 \x03(\x0b\x32\x10.edl_argo.Tensor\x12 \n\x06labels\x18\x05 \x01(\x0b\x32\x10.edl_argo.Tensor\x12&\n\x0cnamed_labels\x18\x06 \x03(\x0b\x32\x10.edl_argo.Tensor\"@\n\x14ReportVersionRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"*\n\x13ScaleWorkersRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"+\n\x14ScaleWorkersResponse\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"\x83\x02\n\x11RendezvousRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0b\x32\x14.edl_argo.StatePoint\x12\x14\n\x0c\x66ormed_round\x18\x04 \x01(\x03\x12*\n\x0b\x66ormed_from\x18\x05 \x01(\x0e\x32\x15.edl_argo.StateOrigin\x12*\n\x0c\x66ormed_state\x18\x06 \x01(\x0b\x32\x14.edl_argo.StatePoint\x12(\n\ncheckpoint\x18\x07 \x01(\x0b\x32\x14.edl_argo.StatePoint\x12\r\n\x05watch\x18\x08 \x01(\x08\"/\n\nStatePoint\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08round_id\x18\x02 \x01(\x03\"6\n\x10RendezvousMember\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xb4\x01\n\x12RendezvousResponse\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.edl_argo.RendezvousMember\x12\'\n\tcommitted\x18\x04 \x01(\x0b\x32\x14.edl_argo.StatePoint\x12(\n\ncheckpoint\x18\x05 \x01(\x0b\x32\x14.edl_argo.StatePoint\"q\n\x1eReportCollectiveFailureRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x10\n\x08round_id\x18\x02 \x01(\x03\x12\x19\n\x11suspect_worker_id\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t*S\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03*D\n\x0bStateOrigin\x12\x0e\n\nDESCENDANT\x10\x00\x12\x0e\n\nCHECKPOINT\x10\x01\x12\n\n\x06MEMBER\x10\x02\x12\t\n\x05\x46RESH\x10\x03\x32\xa9\x04\n\x06Master\x12>\n\x07GetTask\x12\x18.edl_argo.GetTaskRequest\x1a\x19.edl_argo.GetTaskResponse\x12Y\n\x10ReportTaskResult\x12!.edl_argo.ReportTaskResultRequest\x1a\".edl_argo.ReportTaskResultResponse\x12T\n\x17ReportEvaluationOutputs\x12(.edl_argo.ReportEvaluationOutputsRequest\x1a\x0f.edl_argo.Empty\x12@\n\rReportVersion\x12\x1e.edl_argo.ReportVersionRequest\x1a\x0f.edl_argo.Empty\x12M\n\x0cScaleWorkers\x12\x1d.edl_argo.ScaleWorkersRequest\x1a\x1e.edl_argo.ScaleWorkersResponse\x12G\n\nRendezvous\x12\x1b.edl_argo.RendezvousRequest\x1a\x1c.edl_argo.RendezvousResponse\x12T\n\x17ReportCollectiveFailure\x12(.edl_argo.ReportCollectiveFailureRequest\x1a\x0f.edl_argo.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64l_argo/proto/master.proto\x12\x08\x65\x64l_argo\x1a\x1b\x65\x64l_argo/proto/tensor.proto\"\xb3\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12 \n\x04type\x18\x02 \x01(\x0e\x32\x12.edl_argo.TaskType\x12\x10\n\x08\x64\x61ta_url\x18\x03 \x01(\t\x12\r\n\x05shard\x18\x04 \x01(\t\x12\r\n\x05start\x18\x05 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x06 \x01(\x03\x12\r\n\x05\x65poch\x18\x07 \x01(\x05\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\x12\x15\n\rshard_version\x18\t \x01(\t\":\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x15\n\rheld_task_ids\x18\x02 \x03(\x03\"\x99\x01\n\x0fGetTaskResponse\x12,\n\x04kind\x18\x01 \x01(\x0e\x32\x1e.edl_argo.GetTaskResponse.Kind\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0e.edl_argo.Task\":\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04TASK\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\"\xa7\x02\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x41\n\x08\x63ounters\x18\x05 \x03(\x0b\x32/.edl_argo.ReportTaskResultRequest.CountersEntry\x12\x11\n\tmean_loss\x18\x06 \x01(\x01\x12\r\n\x05\x66\x61tal\x18\x07 \x01(\x08\x12\x15\n\rget_next_task\x18\x08 \x01(\x08\x12\x13\n\x0bmodel_error\x18\t \x01(\x08\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"Z\n\x18ReportTaskResultResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12,\n\tnext_task\x18\x02 \x01(\x0b\x32\x19.edl_argo.GetTaskResponse\"\xc8\x01\n\x1eReportEvaluationOutputsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12!\n\x07outputs\x18\x04 \x03(\x0b\x32\x10.edl_argo.Tensor\x12 \n\x06labels\x18\x05 \x01(\x0b\x32\x10.edl_argo.Tensor\x12&\n\x0cnamed_labels\x18\x06 \x03(\x0b\x32\x10.edl_argo.Tensor\"@\n\x14ReportVersionRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"*\n\x13ScaleWorkersRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"+\n\x14ScaleWorkersResponse\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"\x83\x02\n\x11RendezvousRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0b\x32\x14.edl_argo.StatePoint\x12\x14\n\x0c\x66ormed_round\x18\x04 \x01(\x03\x12*\n\x0b\x66ormed_from\x18\x05 \x01(\x0e\x32\x15.edl_argo.StateOrigin\x12*\n\x0c\x66ormed_state\x18\x06 \x01(\x0b\x32\x14.edl_argo.StatePoint\x12(\n\ncheckpoint\x18\x07 \x01(\x0b\x32\x14.edl_argo.StatePoint\x12\r\n\x05watch\x18\x08 \x01(\x08\"/\n\nStatePoint\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08round_id\x18\x02 \x01(\x03\"6\n\x10RendezvousMember\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xb4\x01\n\x12RendezvousResponse\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.edl_argo.RendezvousMember\x12\'\n\tcommitted\x18\x04 \x01(\x0b\x32\x14.edl_argo.StatePoint\x12(\n\ncheckpoint\x18\x05 \x01(\x0b\x32\x14.edl_argo.StatePoint\"q\n\x1eReportCollectiveFailureRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x10\n\x08round_id\x18\x02 \x01(\x03\x12\x19\n\x11suspect_worker_id\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t*S\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03*D\n\x0bStateOrigin\x12\x0e\n\nDESCENDANT\x10\x00\x12\x0e\n\nCHECKPOINT\x10\x01\x12\n\n\x06MEMBER\x10\x02\x12\t\n\x05\x46RESH\x10\x03\x32\xa9\x04\n\x06Master\x12>\n\x07GetTask\x12\x18.edl_argo.GetTaskRequest\x1a\x19.edl_argo.GetTaskResponse\x12Y\n\x10ReportTaskResult\x12!.edl_argo.ReportTaskResultRequest\x1a\".edl_argo.ReportTaskResultResponse\x12T\n\x17ReportEvaluationOutputs\x12(.edl_argo.ReportEvaluationOutputsRequest\x1a\x0f.edl_argo.Empty\x12@\n\rReportVersion\x12\x1e.edl_argo.ReportVersionRequest\x1a\x0f.edl_argo.Empty\x12M\n\x0cScaleWorkers\x12\x1d.edl_argo.ScaleWorkersRequest\x1a\x1e.edl_argo.ScaleWorkersResponse\x12G\n\nRendezvous\x12\x1b.edl_argo.RendezvousRequest\x1a\x1c.edl_argo.RendezvousResponse\x12T\n\x17ReportCollectiveFailure\x12(.edl_argo.ReportCollectiveFailureRequest\x1a\x0f.edl_argo.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REPORTTASKRESULTREQUEST_COUNTERSENTRY']._loaded_options = None
   _globals['_REPORTTASKRESULTREQUEST_COUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKTYPE']._serialized_start=1860
-  _globals['_TASKTYPE']._serialized_end=1943
-  _globals['_STATEORIGIN']._serialized_start=1945
-  _globals['_STATEORIGIN']._serialized_end=2013
+  _globals['_TASKTYPE']._serialized_start=1881
+  _globals['_TASKTYPE']._serialized_end=1964
+  _globals['_STATEORIGIN']._serialized_start=1966
+  _globals['_STATEORIGIN']._serialized_end=2034
   _globals['_TASK']._serialized_start=71
   _globals['_TASK']._serialized_end=250
   _globals['_GETTASKREQUEST']._serialized_start=252
@@ -47,29 +47,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTASKRESPONSE_KIND']._serialized_start=408
   _globals['_GETTASKRESPONSE_KIND']._serialized_end=466
   _globals['_REPORTTASKRESULTREQUEST']._serialized_start=469
-  _globals['_REPORTTASKRESULTREQUEST']._serialized_end=743
-  _globals['_REPORTTASKRESULTREQUEST_COUNTERSENTRY']._serialized_start=696
-  _globals['_REPORTTASKRESULTREQUEST_COUNTERSENTRY']._serialized_end=743
-  _globals['_REPORTTASKRESULTRESPONSE']._serialized_start=745
-  _globals['_REPORTTASKRESULTRESPONSE']._serialized_end=835
-  _globals['_REPORTEVALUATIONOUTPUTSREQUEST']._serialized_start=838
-  _globals['_REPORTEVALUATIONOUTPUTSREQUEST']._serialized_end=1038
-  _globals['_REPORTVERSIONREQUEST']._serialized_start=1040
-  _globals['_REPORTVERSIONREQUEST']._serialized_end=1104
-  _globals['_SCALEWORKERSREQUEST']._serialized_start=1106
-  _globals['_SCALEWORKERSREQUEST']._serialized_end=1148
-  _globals['_SCALEWORKERSRESPONSE']._serialized_start=1150
-  _globals['_SCALEWORKERSRESPONSE']._serialized_end=1193
-  _globals['_RENDEZVOUSREQUEST']._serialized_start=1196
-  _globals['_RENDEZVOUSREQUEST']._serialized_end=1455
-  _globals['_STATEPOINT']._serialized_start=1457
-  _globals['_STATEPOINT']._serialized_end=1504
-  _globals['_RENDEZVOUSMEMBER']._serialized_start=1506
-  _globals['_RENDEZVOUSMEMBER']._serialized_end=1560
-  _globals['_RENDEZVOUSRESPONSE']._serialized_start=1563
-  _globals['_RENDEZVOUSRESPONSE']._serialized_end=1743
-  _globals['_REPORTCOLLECTIVEFAILUREREQUEST']._serialized_start=1745
-  _globals['_REPORTCOLLECTIVEFAILUREREQUEST']._serialized_end=1858
-  _globals['_MASTER']._serialized_start=2016
-  _globals['_MASTER']._serialized_end=2569
+  _globals['_REPORTTASKRESULTREQUEST']._serialized_end=764
+  _globals['_REPORTTASKRESULTREQUEST_COUNTERSENTRY']._serialized_start=717
+  _globals['_REPORTTASKRESULTREQUEST_COUNTERSENTRY']._serialized_end=764
+  _globals['_REPORTTASKRESULTRESPONSE']._serialized_start=766
+  _globals['_REPORTTASKRESULTRESPONSE']._serialized_end=856
+  _globals['_REPORTEVALUATIONOUTPUTSREQUEST']._serialized_start=859
+  _globals['_REPORTEVALUATIONOUTPUTSREQUEST']._serialized_end=1059
+  _globals['_REPORTVERSIONREQUEST']._serialized_start=1061
+  _globals['_REPORTVERSIONREQUEST']._serialized_end=1125
+  _globals['_SCALEWORKERSREQUEST']._serialized_start=1127
+  _globals['_SCALEWORKERSREQUEST']._serialized_end=1169
+  _globals['_SCALEWORKERSRESPONSE']._serialized_start=1171
+  _globals['_SCALEWORKERSRESPONSE']._serialized_end=1214
+  _globals['_RENDEZVOUSREQUEST']._serialized_start=1217
+  _globals['_RENDEZVOUSREQUEST']._serialized_end=1476
+  _globals['_STATEPOINT']._serialized_start=1478
+  _globals['_STATEPOINT']._serialized_end=1525
+  _globals['_RENDEZVOUSMEMBER']._serialized_start=1527
+  _globals['_RENDEZVOUSMEMBER']._serialized_end=1581
+  _globals['_RENDEZVOUSRESPONSE']._serialized_start=1584
+  _globals['_RENDEZVOUSRESPONSE']._serialized_end=1764
+  _globals['_REPORTCOLLECTIVEFAILUREREQUEST']._serialized_start=1766
+  _globals['_REPORTCOLLECTIVEFAILUREREQUEST']._serialized_end=1879
+  _globals['_MASTER']._serialized_start=2037
+  _globals['_MASTER']._serialized_end=2590
 # @@protoc_insertion_point(module_scope)

@@ -79,7 +79,7 @@ class GetTaskResponse(_message.Message):
     def __init__(self, kind: _Optional[_Union[GetTaskResponse.Kind, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class ReportTaskResultRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters", "mean_loss", "fatal", "get_next_task")
+    __slots__ = ("worker_id", "task_id", "success", "error_message", "counters", "mean_loss", "fatal", "get_next_task", "model_error")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class ReportTaskResultRequest(_message.Message):
     MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
     FATAL_FIELD_NUMBER: _ClassVar[int]
     GET_NEXT_TASK_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ERROR_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     success: bool
@@ -103,7 +104,8 @@ class ReportTaskResultRequest(_message.Message):
     mean_loss: float
     fatal: bool
     get_next_task: bool
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., mean_loss: _Optional[float] = ..., fatal: _Optional[bool] = ..., get_next_task: _Optional[bool] = ...) -> None: ...
+    model_error: bool
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., success: _Optional[bool] = ..., error_message: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., mean_loss: _Optional[float] = ..., fatal: _Optional[bool] = ..., get_next_task: _Optional[bool] = ..., model_error: _Optional[bool] = ...) -> None: ...
 
 class ReportTaskResultResponse(_message.Message):
     __slots__ = ("accepted", "next_task")

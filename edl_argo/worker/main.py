@@ -8,6 +8,12 @@ per section (input wait, compute, PS, peers, master) is measured (:mod:`edl_argo
 sent with every training task's report and logged at exit (``worker_step_times``). A task that raises is
 reported failed with the error (the master retries it elsewhere, up to a bound) and the worker goes on.
 
+A task that fails with a model error (raised in the model file's code, :mod:`edl_argo.model.user_code`;
+what the input pipeline raises is ``feed``'s) is reported as one, naming the model file and the function:
+the master fails the job when a second worker reports the same error for the same task. Before the
+worker's first training step, a model error fails the job at once: a model that cannot train its first
+minibatch fails the same way on every worker, and relaunching workers would only pay their start-up.
+
 A minibatch whose loss is NaN or infinite is never pushed. With ``--nan-loss skip`` the worker goes on
 with the next one and reports how many it skipped (``nan_batches_skipped``); with ``--nan-loss fail`` (the
 default) it reports the task as fatally failed, naming the model version, task and shard, and the master
@@ -21,7 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +48,7 @@ from edl_argo.model.outputs import (
     output_names,
     prediction_lines,
 )
+from edl_argo.model.user_code import ModelError, error_line, mark, model_error_of
 from edl_argo.proto import master_pb2
 from edl_argo.recordio import ShardChangedError
 from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch
@@ -158,6 +165,8 @@ class Worker:
         self._processor = spec.prediction_outputs_processor() if spec.prediction_outputs_processor else None
         self._reported_version = -1
         self._progress: dict[int, _TaskProgress] = {}  # training tasks being run, by stream seq
+        self._input_seq = 0  # the stream seq of the task whose minibatches the input pipeline gives next
+        self._stepped = False  # a training step succeeded (see the module docstring: model errors)
         self._timers_at: dict[str, float] = {}  # STEP_TIMERS.totals() at the last report
         self._skip_minibatch_of_task = int(os.environ.get(SKIP_MINIBATCH_ENV) or -1)
 
@@ -181,7 +190,7 @@ class Worker:
         try:
             while True:
                 with STEP_TIMERS.section("input"):
-                    element = next(elements, None)
+                    element = self._next_element(elements)
                 if element is None:
                     break
                 seq, item = int(element[0]), element[1]
@@ -208,6 +217,25 @@ class Worker:
             reporter.close(raise_failure=False)
             totals = STEP_TIMERS.totals()
             log.info("worker_step_times", **{name: round(seconds, 3) for name, seconds in totals.items()})
+
+    def _next_element(self, elements: Iterator[Any]) -> Any:
+        """The input pipeline's next element, or None at its end. What the pipeline raises is ``feed``'s (the
+        task stream never raises): it fails the task whose minibatches come next (the rest of them are
+        skipped), and the pipeline goes on with its next element (each error consumed one)."""
+        from edl_argo.worker.task_stream import WAIT_SEQ
+
+        while True:
+            try:
+                element = next(elements, None)
+            except Exception as error:
+                progress = self._progress.setdefault(self._input_seq, _TaskProgress(time.monotonic()))
+                if progress.error is None:
+                    progress.error = mark(error, self._spec.source, self._spec.names["feed"])
+                continue
+            if element is not None and int(element[0]) != WAIT_SEQ:
+                seq, item = int(element[0]), element[1]
+                self._input_seq = seq if bool(item.has_value()) else seq + 1
+            return element
 
     def _train_minibatch(self, seq: int, task: master_pb2.Task, batch: Any) -> None:
         """Train one minibatch of training task ``task`` (streamed as ``seq``), unless the task failed."""
@@ -251,6 +279,7 @@ class Worker:
             progress.error = error
             return
         progress.steps += 1
+        self._stepped = True
         progress.total_loss += loss
         self._maybe_report_version()
 
@@ -307,11 +336,16 @@ class Worker:
         except JobFailedError:
             raise
         except Exception as error:  # a task-level failure: the master requeues the task
-            message = error_line(error)
+            found = model_error_of(error)
+            if found is not None and not self._stepped:
+                return self._fail_job(task, self._before_first_step(task, found))
+            message = error_line(error) if found is None else str(found)
             log.error("task_failed", task=task.task_id, shard=task.shard, error=message)
             # Minibatches trained before the failure reached the model: the accounting counts them.
             counters = {"steps": progress.steps} if task.type == master_pb2.TRAINING else {}
-            self._report(task, sent, success=False, error=message, counters=counters)
+            self._report(
+                task, sent, success=False, error=message, counters=counters, model_error=found is not None
+            )
             return True
         counters["millis"] = int((time.monotonic() - progress.started) * 1000)
         mean_loss = counters.pop("mean_loss", 0.0)
@@ -335,11 +369,16 @@ class Worker:
         response = self._master.get_task()
         if response.kind != master_pb2.GetTaskResponse.TASK:
             raise error  # no task to name (the job is ending): the worker's exit says what went wrong
-        task = response.task
-        self._fail_job(
-            task,
-            f"training task {task.task_id} (shard {task.shard}): the model's input function failed:"
-            f" {error_line(error)}",
+        feed = self._spec.names["feed"]
+        found = model_error_of(error) or ModelError(self._spec.source, feed, error_line(error))
+        self._fail_job(response.task, self._before_first_step(response.task, found))
+
+    def _before_first_step(self, task: master_pb2.Task, found: ModelError) -> str:
+        """The job's one-line error for a model error before this worker's first training step."""
+        kind = _MODES.get(task.type, "training")
+        return (
+            f"{found} ({kind} task {task.task_id}, shard {task.shard}; worker {self.worker_id} failed so"
+            " before its first training step: the model fails the same way on every worker)"
         )
 
     def _fail_job(self, task: master_pb2.Task, message: str) -> bool:
@@ -497,12 +536,3 @@ def _master_lost() -> None:
     parameter server, a peer, the master itself); a worker holds nothing that must be saved."""
     log.error("worker_stopping", reason="master_lost", exit_code=MASTER_LOST_EXIT_CODE)
     exit_now(MASTER_LOST_EXIT_CODE)
-
-
-def error_line(error: BaseException) -> str:
-    """``error`` as one line for a report: ``Type: message``; for an error TensorFlow raised while
-    tracing the model's code ("in user code: ... ValueError: ..."), the user's error at its end."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if lines and lines[0] == "in user code:" and len(lines) > 1:
-        return lines[-1][:500]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]

@@ -57,9 +57,11 @@ class MasterClient:
         mean_loss: float = 0.0,
         fatal: bool = False,
         next_task: bool = True,
+        model_error: bool = False,
     ) -> master_pb2.ReportTaskResultResponse:
         """Report a task's outcome and, with ``next_task``, ask for the next task (the response's
-        ``next_task``, absent when ``fatal``: a failure no retry can cure, which fails the job)."""
+        ``next_task``, absent when ``fatal``: a failure no retry can cure, which fails the job).
+        ``model_error``: ``error`` was raised in the model file's code (:mod:`edl_argo.model.user_code`)."""
         request = master_pb2.ReportTaskResultRequest(
             worker_id=self.worker_id,
             task_id=task_id,
@@ -69,6 +71,7 @@ class MasterClient:
             mean_loss=mean_loss,
             fatal=fatal,
             get_next_task=next_task and not fatal,
+            model_error=model_error,
         )
         return self._call("ReportTaskResult", request)
 
