@@ -15,7 +15,8 @@ MASTER_RULES = (
     | {("", "services", verb) for verb in ("create", "get", "list", "watch", "delete")}
     | {("", "pods/log", "get")}
     | {("networking.k8s.io", "networkpolicies", verb) for verb in ("create", "delete")}
-    | {("", "secrets", verb) for verb in ("create", "get", "patch", "delete")}
+    # The job's own auth Secret: created, a worker's token added, deleted; never read (no get, list, watch).
+    | {("", "secrets", verb) for verb in ("create", "patch", "delete")}
 )
 #: What Argo's executor, in the same pod, needs to report the step's outputs.
 ARGO_EXECUTOR_RULES = {("argoproj.io", "workflowtaskresults", verb) for verb in ("create", "patch")}
