@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from edl_argo.master.state_store import STATE_KEY, GroupCommit, MasterStateStore
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.model.outputs import named_arrays
 from edl_argo.pods import find_free_port
-from edl_argo.pods.manifests import MASTER_AUTH_VOLUME, MASTER_SECRETS_ENV, auth_secret_name
+from edl_argo.pods.manifests import MASTER_AUTH_VOLUME
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import (
     DIGITS_ACCURACY_FLOOR,
@@ -37,7 +36,7 @@ from tests.engine_helpers import (
     digits_config,
     read_metrics,
 )
-from tests.k8s_helpers import job_selector, role_rules
+from tests.k8s_helpers import job_selector, role_rules, start_master_pod
 from tests.k8s_stand_in import KubernetesStandIn
 
 SHARDS = {"a": 100, "b": 60}
@@ -513,11 +512,9 @@ def test_a_killed_master_on_kubernetes_started_again_adopts_its_pods(
         # first master, which creates it; the restarted master reads the job's secret there (its Role
         # cannot read Secrets through the API).
         secrets = tmp_path / "master-secrets"
-        env[MASTER_SECRETS_ENV] = str(secrets)
 
         def pod_starts(attempt: str) -> None:
-            shutil.rmtree(secrets, ignore_errors=True)
-            cluster.mount_secret(auth_secret_name("failover"), secrets / MASTER_AUTH_VOLUME)
+            env.update(start_master_pod(cluster, "failover", secrets))
             assert any((secrets / MASTER_AUTH_VOLUME).iterdir()) == (attempt == "second")
 
         log, in_flight_records = kill_the_master_and_start_it_again(
