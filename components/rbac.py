@@ -1,7 +1,8 @@
 """The service account the elastic-train step runs under (`edl-argo-master`), and what it may do in its
 namespace: start, watch and remove the job's worker and parameter-server pods and their Services, read
-their logs, create and remove the job's NetworkPolicy (only the job's own pods reach its gRPC ports), and
-report the step's outputs to Argo (workflowtaskresults, as every Argo step does)."""
+their logs, create and remove the job's NetworkPolicy (only the job's own pods reach its gRPC ports) and its
+credentials Secret (which it never reads through the API), and report the step's outputs to Argo
+(workflowtaskresults, as every Argo step does)."""
 
 from kubernetes.client import (
     ApiClient,
@@ -26,8 +27,10 @@ RULES = [
     V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["patch"]),
     V1PolicyRule(api_groups=[""], resources=["pods/log"], verbs=["get"]),
     V1PolicyRule(api_groups=["networking.k8s.io"], resources=["networkpolicies"], verbs=["create", "delete"]),
-    # The job's credentials Secret <job>-auth: read by a restarted master, a worker's token added per pod.
-    V1PolicyRule(api_groups=[""], resources=["secrets"], verbs=["create", "get", "patch", "delete"]),
+    # The job's own credentials Secret <job>-auth: created, a worker's token added per pod, deleted. Never
+    # get, list or watch: the master reads no Secret through the API (other jobs' and teams' credentials
+    # live in the namespace); a restarted master reads its job's Secret from its pod's volume of it.
+    V1PolicyRule(api_groups=[""], resources=["secrets"], verbs=["create", "patch", "delete"]),
     V1PolicyRule(api_groups=["argoproj.io"], resources=["workflowtaskresults"], verbs=["create", "patch"]),
 ]
 

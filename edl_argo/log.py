@@ -7,7 +7,10 @@ Usage::
     log.info("task_done", task=12, worker=3, records=512)
 
 prints ``2026-11-21T23:50:01.123Z INFO master task_done task=12 worker=3 records=512``.
-Values with spaces are quoted. Secrets never reach a logger: callers pass names, not credentials.
+Values with spaces are quoted. Secrets never reach a logger: callers pass names, not credentials. An ERROR
+event logged with ``exc_info=True`` (an unexpected exception: a bug) gets ``error="Type: message"`` and
+``traceback="servicer.py:211 ReportEvaluationOutputs < evaluation.py:58 update"``, outermost frame first, on
+the same line.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import logging
 import os
 import sys
 import time
+import traceback
+from pathlib import Path
 from typing import Any
 
 _ROOT = "edl_argo"
@@ -27,6 +32,13 @@ def _format_value(value: Any) -> str:
     if text == "" or any(c.isspace() for c in text) or '"' in text or "=" in text:
         text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     return text
+
+
+def one_line_traceback(error: BaseException | None) -> str:
+    """Where ``error`` was raised, on one line: ``file:line function`` of each frame, outermost first,
+    joined by `` < ``; ``""`` without a traceback."""
+    frames = traceback.extract_tb(error.__traceback__) if error is not None else []
+    return " < ".join(f"{Path(frame.filename).name}:{frame.lineno} {frame.name}" for frame in frames)
 
 
 class _EventFormatter(logging.Formatter):
@@ -41,6 +53,7 @@ class _EventFormatter(logging.Formatter):
         if record.exc_info and record.levelno >= logging.ERROR:
             exc = record.exc_info[1]
             line += f" error={_format_value(f'{type(exc).__name__}: {exc}')}"
+            line += f" traceback={_format_value(one_line_traceback(exc))}"
         return line
 
 

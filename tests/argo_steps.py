@@ -57,10 +57,26 @@ def argo_pod(
     task: Mapping[str, Any], template: Mapping[str, Any], workflow: Mapping[str, str]
 ) -> dict[str, Any]:
     """The pod Argo creates for ``task`` (what edl-argo relies on): its labels (the template's, filled in,
-    and Argo's workflow label) and its main container's command line."""
+    and Argo's workflow label), its main container's command line and plain environment variables, and its
+    Secret volumes by name (``secretName`` filled in; an expression tag ``{{=...}}`` is left as it is: this
+    module does not evaluate Argo's expressions) with their ``mountPath``."""
     scope = task_scope(task, template, workflow)
-    labels = substitute(template.get("metadata", {}).get("labels", {}), scope, template["name"])
+    where = template["name"]
+    labels = substitute(template.get("metadata", {}).get("labels", {}), scope, where)
     labels[WORKFLOW_LABEL] = workflow["workflow.name"]
     container = template["container"]
-    argv = substitute(container["command"] + container.get("args", []), scope, template["name"])
-    return {"metadata": {"labels": labels}, "argv": argv}
+    argv = substitute(container["command"] + container.get("args", []), scope, where)
+    # Argo's node of the task: <workflow>.<task>, the workflow itself for a single-step submit.
+    node = ".".join(filter(None, (workflow["workflow.name"], task.get("name"))))
+    env_scope = scope | {"node.name": node}
+    env = {
+        e["name"]: substitute(e["value"], env_scope, where) for e in container.get("env", []) if "value" in e
+    }
+    mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    volumes = {}
+    for volume in template.get("volumes", []):
+        secret = dict(volume["secret"])
+        if not secret["secretName"].startswith("{{="):
+            secret["secretName"] = substitute(secret["secretName"], scope, where)
+        volumes[volume["name"]] = {"secret": secret, "mountPath": mounts.get(volume["name"])}
+    return {"metadata": {"labels": labels}, "argv": argv, "env": env, "volumes": volumes}

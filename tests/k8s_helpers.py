@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from edl_argo.pods.manifests import MASTER_AUTH_VOLUME, MASTER_SECRETS_ENV, auth_secret_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,7 +18,8 @@ MASTER_RULES = (
     | {("", "services", verb) for verb in ("create", "get", "list", "watch", "delete")}
     | {("", "pods/log", "get")}
     | {("networking.k8s.io", "networkpolicies", verb) for verb in ("create", "delete")}
-    | {("", "secrets", verb) for verb in ("create", "get", "patch", "delete")}
+    # The job's own auth Secret: created, a worker's token added, deleted; never read (no get, list, watch).
+    | {("", "secrets", verb) for verb in ("create", "patch", "delete")}
 )
 #: What Argo's executor, in the same pod, needs to report the step's outputs.
 ARGO_EXECUTOR_RULES = {("argoproj.io", "workflowtaskresults", verb) for verb in ("create", "patch")}
@@ -34,3 +38,12 @@ def job_selector(job_name: str, role: str = "") -> str:
     """The label selector of a job's objects (of one role)."""
     selector = f"app.kubernetes.io/instance={job_name}"
     return f"{selector},edl-argo/role={role}" if role else selector
+
+
+def start_master_pod(cluster: Any, job_name: str, folder: Path) -> dict[str, str]:
+    """What a new pod of the elastic-train step's master gets from the kubelet on the stand-in ``cluster``:
+    ``folder`` holding its volume of the job's auth Secret, as it is now (empty before the first master
+    creates the Secret); returns the environment that names it (``EDL_MASTER_SECRETS_DIR``)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    cluster.mount_secret(auth_secret_name(job_name), folder / MASTER_AUTH_VOLUME)
+    return {MASTER_SECRETS_ENV: str(folder)}

@@ -215,6 +215,29 @@ def test_the_train_step_has_what_the_master_relies_on() -> None:
     assert (
         outputs["parameters"][0]["valueFrom"]["path"] in template["container"]["command"]
     )  # --metrics-output
+    # The master reads no Secret through the API: its pod mounts the job's auth Secret (which a restarted
+    # master reads back) and the --tls-secret Secret, both optional (the first master creates the former;
+    # without TLS the latter names no Secret of edl-argo's), read-only, under $EDL_MASTER_SECRETS_DIR.
+    volumes = {v["name"]: v["secret"] for v in template["volumes"]}
+    mode = 0o440  # the owner and the pod's group (fsGroup): the master runs as neither root nor other
+    assert volumes == {
+        "job-auth": {
+            "secretName": "{{inputs.parameters.job-name}}-auth",
+            "optional": True,
+            "defaultMode": mode,
+        },
+        "tls": {
+            "secretName": "{{=sprig.default('edl-argo-no-tls', inputs.parameters['tls-secret'])}}",
+            "optional": True,
+            "defaultMode": mode,
+        },
+    }
+    env = {e["name"]: e.get("value") for e in template["container"]["env"]}
+    assert {
+        m["name"]: (m["mountPath"], m.get("readOnly")) for m in template["container"]["volumeMounts"]
+    } == {name: (f"{env['EDL_MASTER_SECRETS_DIR']}/{name}", True) for name in volumes}
+    command = template["container"]["command"]
+    assert command[command.index("--tls-secret") + 1] == "{{inputs.parameters.tls-secret}}"
 
 
 def test_steps_by_template_ref_name_the_installed_templates() -> None:

@@ -3,6 +3,7 @@ cannot act as another, and no credential shows in a log, an argument list, a man
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -24,6 +25,7 @@ from edl_argo import cli
 from edl_argo.collective import CollectiveServer
 from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.collective.transport import PeerConnection, request_state
+from edl_argo.errors import ConfigError
 from edl_argo.log import configure as configure_logging
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.registry import register_master
@@ -34,7 +36,7 @@ from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, Ta
 from edl_argo.pods import LocalProcessBackend, PodPhase, PodRole, PodSpec, find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend
 from edl_argo.pods.kubernetes_config import KubernetesConfig
-from edl_argo.pods.manifests import auth_secret_name, pod_manifest
+from edl_argo.pods.manifests import MASTER_AUTH_VOLUME, auth_secret_name, pod_manifest
 from edl_argo.proto import master_pb2, master_pb2_grpc, ps_pb2, ps_pb2_grpc
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
@@ -319,14 +321,22 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kubern
         yield server
 
 
-def test_on_kubernetes_the_secret_lives_in_a_secret_the_master_owns_and_a_restart_reuses(
+def test_on_kubernetes_the_secret_lives_in_a_secret_the_master_owns_and_a_restart_reads_from_its_volume(
     stand_in: KubernetesStandIn, tmp_path: Path
 ) -> None:
+    """The master reads no Secret through the API (its Role has no ``get`` on Secrets): a restarted master
+    finds the job's secret in the optional volume of ``<job>-auth`` that its pod mounts."""
     job = f"a-{uuid.uuid4().hex[:6]}"
     dump = "import json, os, sys; print('ENV=' + json.dumps(dict(os.environ)), flush=True)"
-    config = KubernetesConfig(image="img", ps_port=find_free_port())
-    first = KubernetesBackend(job, config)
-    assert first.stored_job_secret() is None
+
+    def master_pod(folder: str) -> KubernetesConfig:
+        """The config of a master whose pod starts now: the kubelet fills its volume of ``<job>-auth``."""
+        stand_in.mount_secret(auth_secret_name(job), tmp_path / folder / MASTER_AUTH_VOLUME)
+        return KubernetesConfig(image="img", ps_port=ps_port, secrets_dir=str(tmp_path / folder))
+
+    ps_port = find_free_port()
+    first = KubernetesBackend(job, master_pod("first"))
+    assert first.stored_job_secret() is None  # no Secret yet: an empty volume
     first.use_job_secret(SECRET)
     first.start(PodSpec(PodRole.WORKER, 4, (sys.executable, "-c", dump)))
     deadline = time.monotonic() + 60
@@ -341,15 +351,39 @@ def test_on_kubernetes_the_secret_lives_in_a_secret_the_master_owns_and_a_restar
     assert auth.collective_token_from_env(env) == SECRET.collective_token()
     manifest = stand_in.pod(f"{job}-worker-4")
     assert not any(s in json.dumps(manifest) for s in LEAKABLE)
-    # A restarted master (a new backend of the job) finds the same secret.
-    second = KubernetesBackend(job, config)
+    # A restarted master (a new backend of the job, in a new pod) finds the same secret in its volume.
+    second = KubernetesBackend(job, master_pod("second"))
     kept = second.stored_job_secret()
     assert kept is not None and kept.hex() == SECRET.hex()
+    second.use_job_secret(kept)  # the Secret is there already: kept as it is
     second.close(grace_seconds=1)
     first.close(grace_seconds=1)
     assert stand_in.objects("secrets", f"app.kubernetes.io/instance={job}") == []
     calls = [c for c in stand_in.calls if c.user_agent.startswith(MASTER_USER_AGENT)]
-    assert {c.verb for c in calls if c.resource == "secrets"} == {"create", "get", "patch", "delete"}
+    assert {c.verb for c in calls if c.resource == "secrets"} == {"create", "patch", "delete"}
+
+
+def test_a_master_that_cannot_read_the_existing_secret_of_its_job_is_a_one_line_error(
+    stand_in: KubernetesStandIn, tmp_path: Path
+) -> None:
+    """A master started again outside a pod that mounts ``<job>-auth`` (its volume empty) cannot learn the
+    job's secret: making a new one would lock out the pods it adopts, so it stops, naming the Secret."""
+    job = f"a-{uuid.uuid4().hex[:6]}"
+    config = KubernetesConfig(image="img", ps_port=find_free_port(), secrets_dir=str(tmp_path / "empty"))
+    first = KubernetesBackend(job, config)
+    first.use_job_secret(SECRET)
+    second = KubernetesBackend(job, config)
+    try:
+        assert second.stored_job_secret() is None
+        with pytest.raises(ConfigError, match=f"^Secret {auth_secret_name(job)} of job {job} exists") as err:
+            second.use_job_secret(OTHER)
+        assert "\n" not in str(err.value) and str(tmp_path / "empty") in str(err.value)
+        assert not any(s in str(err.value) for s in LEAKABLE)
+        (kept,) = stand_in.objects("secrets", f"app.kubernetes.io/instance={job}")
+        assert kept["data"]["job-secret"] == base64.b64encode(SECRET.hex().encode()).decode()
+    finally:
+        second.close(grace_seconds=1)
+        first.close(grace_seconds=1)
 
 
 def test_scale_authenticates_with_the_secret_its_local_master_registered(

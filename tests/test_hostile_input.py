@@ -23,7 +23,8 @@ import pytest
 from s3_stand_in import S3StandIn
 
 from edl_argo.data.commands import digits_records, write_dataset
-from edl_argo.master.evaluation import EvaluationService
+from edl_argo.log import configure as configure_logging
+from edl_argo.master.evaluation import EvaluationService, MetricsAccumulator
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.model import load_model_spec
@@ -412,6 +413,43 @@ def test_malformed_master_requests_are_refused_or_ignored_and_the_master_goes_on
     )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and f"task {task.task_id}" in error.details()
     assert stub.GetTask(master_pb2.GetTaskRequest(worker_id=2)).kind == master_pb2.GetTaskResponse.TASK
+
+
+def test_a_bug_in_the_masters_metrics_code_is_internal_and_logged_once_with_its_traceback(
+    master: tuple[master_pb2_grpc.MasterStub, TaskDispatcher, EvaluationService],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Well-formed outputs that edl-argo's own aggregation fails on are the master's fault (INTERNAL, its
+    traceback on one ERROR line), not the caller's (INVALID_ARGUMENT is for outputs the model's metrics
+    refuse: the test above)."""
+    stub, dispatcher, _ = master
+    task = stub.GetTask(master_pb2.GetTaskRequest(worker_id=1)).task
+    assert task.type == master_pb2.EVALUATION
+
+    def counting_bug(self: MetricsAccumulator, outputs: Any, labels: Any) -> None:
+        return {}["records"]  # a bug of the master's own bookkeeping
+
+    monkeypatch.setattr(MetricsAccumulator, "update", counting_bug)
+    configure_logging("INFO")
+    capsys.readouterr()
+    request = master_pb2.ReportEvaluationOutputsRequest(
+        worker_id=1,
+        task_id=task.task_id,
+        model_version=5,
+        outputs=[to_tensor(np.eye(4, 10, dtype=np.float32), "output")],
+        labels=to_tensor(np.arange(4, dtype=np.int64), "labels"),
+    )
+    error = refused(lambda: stub.ReportEvaluationOutputs(request))
+    assert error.code() == grpc.StatusCode.INTERNAL, error.details()
+    assert error.details() == "ReportEvaluationOutputs: the master failed (KeyError); see its log"
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
+    assert " request_failed " in line and "rpc=ReportEvaluationOutputs" in line
+    assert f"task={task.task_id}" in line and "error=\"KeyError: 'records'\"" in line
+    trace = re.search(r'traceback="([^"]*)"', line)
+    assert trace is not None and "servicer.py:" in trace[1] and "counting_bug" in trace[1].split(" < ")[-1]
+    assert stub.GetTask(master_pb2.GetTaskRequest(worker_id=2)).kind == master_pb2.GetTaskResponse.TASK
+    assert dispatcher.failure is None
 
 
 def test_a_fatal_task_failure_fails_the_job_at_once_with_the_workers_message(

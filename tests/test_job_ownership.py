@@ -110,7 +110,7 @@ def test_the_exit_hook_of_one_step_spares_another_steps_job_of_the_same_name(
     client = stand_in.api_client()
     try:
         mine = JobApi(client, "default", job_selector(job, "stepb"))
-        left = clean_up(mine, JobApi(client, "default", job_selector(job)), job, "stepb", 30)
+        left = clean_up(mine, JobApi(client, "default", job_selector(job)), job, "stepb", 30, f"{job}-auth")
         assert left == []
         assert stand_in.pod(f"{job}-worker-1") is None or stand_in.pod(f"{job}-worker-1")["metadata"].get(
             "deletionTimestamp"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from edl_argo.master.state_store import STATE_KEY, GroupCommit, MasterStateStore
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.model.outputs import named_arrays
 from edl_argo.pods import find_free_port
+from edl_argo.pods.manifests import MASTER_AUTH_VOLUME
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import (
     DIGITS_ACCURACY_FLOOR,
@@ -35,7 +36,7 @@ from tests.engine_helpers import (
     digits_config,
     read_metrics,
 )
-from tests.k8s_helpers import job_selector, role_rules
+from tests.k8s_helpers import job_selector, role_rules, start_master_pod
 from tests.k8s_stand_in import KubernetesStandIn
 
 SHARDS = {"a": 100, "b": 60}
@@ -407,12 +408,18 @@ def training_progress(state: dict[str, Any] | None) -> float:
 
 
 def kill_the_master_and_start_it_again(
-    command: list[str], env: dict[str, str], output: Path, first_log: Path
+    command: list[str],
+    env: dict[str, str],
+    output: Path,
+    first_log: Path,
+    pod_starts: Callable[[str], None] = lambda attempt: None,
 ) -> tuple[str, int]:
-    """Run ``command``, SIGKILL it once 30% of the training tasks are done, run it again to the end.
+    """Run ``command``, SIGKILL it once 30% of the training tasks are done, run it again to the end;
+    ``pod_starts("first")`` and ``pod_starts("second")`` before each (what a new pod of the master gets).
 
     Returns the second run's output and the records of the training tasks in flight at the kill (held
     by workers in the state the first run saved last)."""
+    pod_starts("first")
     with open(first_log, "w") as log:
         first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -427,6 +434,7 @@ def kill_the_master_and_start_it_again(
     at_kill = saved_state(output)
     assert at_kill is not None
     in_flight = [entry["task"] for entry in at_kill["dispatcher"]["doing"]]
+    pod_starts("second")
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     return second.stderr, sum(t["end"] - t["start"] for t in in_flight if t["type"] == "training")
@@ -500,8 +508,17 @@ def test_a_killed_master_on_kubernetes_started_again_adopts_its_pods(
             "--ps-port",
             str(find_free_port()),
         ]
+        # The master's pod mounts the job's auth Secret (the elastic-train step's volume): empty for the
+        # first master, which creates it; the restarted master reads the job's secret there (its Role
+        # cannot read Secrets through the API).
+        secrets = tmp_path / "master-secrets"
+
+        def pod_starts(attempt: str) -> None:
+            env.update(start_master_pod(cluster, "failover", secrets))
+            assert any((secrets / MASTER_AUTH_VOLUME).iterdir()) == (attempt == "second")
+
         log, in_flight_records = kill_the_master_and_start_it_again(
-            train_command(digits_data, output, *kubernetes), env, output, tmp_path / "first.log"
+            train_command(digits_data, output, *kubernetes), env, output, tmp_path / "first.log", pod_starts
         )
         assert cluster.objects("pods", job_selector("failover")) == []  # cleaned up at the end
     assert_the_job_continued(output, log, in_flight_records)

@@ -6,7 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hera.workflows import DAG, Container, Parameter, RawArtifact, RetryStrategy, Script, Task, Workflow
+from hera.workflows import (
+    DAG,
+    Container,
+    ExistingVolume,
+    Parameter,
+    RawArtifact,
+    RetryStrategy,
+    Script,
+    SecretVolume,
+    Task,
+    Workflow,
+)
 from hera.workflows.models import Arguments, Backoff, IntOrString, LifecycleHook, TemplateRef
 from hera.workflows.models import Parameter as ModelParameter
 
@@ -173,8 +184,26 @@ def _workflow_with(make_task) -> Workflow:
             lambda: Task(name="other", template_ref=TemplateRef(name="someone-elses", template="step")),
             "templateRef someone-elses/step is not an edl-argo WorkflowTemplate",
         ),
+        (
+            lambda: Container(
+                name="pvc",
+                image="edl-argo:test",
+                command=["edl-argo", "data", "inspect", "/data"],
+                volumes=[ExistingVolume(name="data", claim_name="data", mount_path="/data")],
+            )(name="pvc"),
+            "task pvc (template pvc) uses volume data, which the local runner cannot provide",
+        ),
+        (
+            lambda: Container(
+                name="secret",
+                image="edl-argo:test",
+                command=["edl-argo", "data", "inspect", "/s"],
+                volumes=[SecretVolume(name="s", secret_name="s", mount_path="/s")],  # not optional
+            )(name="secret"),
+            "task secret (template secret) uses volume s, which the local runner cannot provide",
+        ),
     ],
-    ids=["other-image", "script", "when", "unknown-template-ref"],
+    ids=["other-image", "script", "when", "unknown-template-ref", "pvc", "required-secret"],
 )
 def test_what_cannot_run_here_is_refused_before_anything_runs(
     make_task, message: str, tmp_path: Path
@@ -182,6 +211,15 @@ def test_what_cannot_run_here_is_refused_before_anything_runs(
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         LocalRunner(_workflow_with(make_task).build(), tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_training_steps_optional_secret_volumes_are_planned_and_mount_nothing(tmp_path: Path) -> None:
+    """The elastic-train master's pod mounts its Secrets as optional volumes, which are empty without the
+    Secrets: locally, where there are none, the runner plans the step and mounts nothing."""
+    workflow = load_workflow(Path(__file__).parents[1] / "examples" / "pipelines" / "digits_pipeline.py")
+    runner = LocalRunner(workflow, tmp_path / "runs")
+    (train,) = [t for t in runner.plan.tasks if t.template.name == "elastic-train"]
+    assert train.template.volumes and all(v.secret and v.secret.optional for v in train.template.volumes)
 
 
 def test_container_paths_map_to_the_sandbox_and_the_image_home_to_this_project(tmp_path: Path) -> None:

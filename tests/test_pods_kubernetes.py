@@ -39,7 +39,14 @@ from edl_argo.pods import (
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend, render_job_manifests
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
 from edl_argo.pods.kubernetes_status import observe_pod
-from edl_argo.pods.manifests import master_labels, pod_manifest, service_manifest
+from edl_argo.pods.manifests import (
+    MASTER_AUTH_VOLUME,
+    MASTER_SECRETS_ENV,
+    master_labels,
+    pod_manifest,
+    service_manifest,
+)
+from edl_argo.rpc.auth import JobSecret
 from tests.k8s_helpers import ARGO_EXECUTOR_RULES, MASTER_RULES, MASTER_USER_AGENT, ROOT, role_rules
 from tests.k8s_stand_in import KubernetesStandIn, rules_allow
 from tests.manifests import load_documents
@@ -697,8 +704,19 @@ def test_a_job_named_after_argos_longest_workflow_name_reaches_its_master(
     pod = argo_pod(task, template, variables)
     labels = pod["metadata"]["labels"]
     assert [v for v in labels.values() if not LABEL_VALUE.match(v)] == []  # else Argo cannot create it
+    monkeypatch.setenv(MASTER_SECRETS_ENV, pod["env"][MASTER_SECRETS_ENV])  # the pod's, as Argo sets it
     config = config_from_args(cli.build_parser().parse_args(pod["argv"][1:]))
     job = config.job_name
+    # The pod mounts the job's auth Secret under the name the master gives it (a restarted master reads it
+    # there; its Role cannot read Secrets), optional: the first master's pod starts before it exists.
+    auth_volume = pod["volumes"][MASTER_AUTH_VOLUME]
+    assert (
+        auth_volume["secret"]["secretName"]
+        == config.kubernetes.auth_secret
+        == f"{workflow_name}-elastic-train-auth"
+    )
+    assert auth_volume["secret"]["optional"] is True
+    assert auth_volume["mountPath"] == f"{config.kubernetes.secrets_dir}/{MASTER_AUTH_VOLUME}"
     master_pod = f"{job[:40]}-master-pod"
     monkeypatch.setenv("EDL_POD_NAME", master_pod)
     container = {"name": "main", "image": "Not Runnable", "command": ["edl-argo", "train"]}  # never runs
@@ -706,7 +724,10 @@ def test_a_job_named_after_argos_longest_workflow_name_reaches_its_master(
         "pods", {"metadata": {"name": master_pod, "labels": labels}, "spec": {"containers": [container]}}
     )
     try:
-        backend = new_backend(job)
+        backend = new_backend(job, auth_secret=config.kubernetes.auth_secret)
+        backend.use_job_secret(JobSecret.generate())
+        (secret,) = stand_in.objects("secrets", f"app.kubernetes.io/instance={job}")
+        assert secret["metadata"]["name"] == auth_volume["secret"]["secretName"]
         backend.start(sleeper(0))
         address = backend.expose_master("10.1.2.3:5000")
         master = (stand_in.pod(master_pod) or {})["metadata"]["labels"]
@@ -730,6 +751,7 @@ def test_a_job_named_after_argos_longest_workflow_name_reaches_its_master(
         )
         assert f"job {job}: nothing left" in capsys.readouterr().out
         assert stand_in.objects("pods", f"app.kubernetes.io/instance={job},edl-argo/role=worker") == []
+        assert stand_in.objects("secrets", f"app.kubernetes.io/instance={job}") == []
     finally:
         stand_in.delete("pods", master_pod)
 

@@ -1,12 +1,14 @@
 """TLS on the job's gRPC services (``edl_argo.rpc.tls``): a job trains over it end to end, a plaintext client
 and a client that trusts another CA are refused, bad files are one-line errors, and on Kubernetes the
-``--tls-secret`` Secret reaches the master through the API and the pods as a read-only volume."""
+``--tls-secret`` Secret reaches the master as a volume of its pod (never through the API) and the pods as a
+read-only volume."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -30,7 +32,7 @@ from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, Ta
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend
 from edl_argo.pods.kubernetes_config import KubernetesConfig
-from edl_argo.pods.manifests import render_job_manifests
+from edl_argo.pods.manifests import MASTER_SECRETS_ENV, MASTER_TLS_VOLUME, render_job_manifests
 from edl_argo.proto import master_pb2, master_pb2_grpc
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
@@ -357,32 +359,53 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubernetesSta
         yield server
 
 
-def test_the_master_reads_the_tls_secret_through_the_api_with_the_role_it_has(
-    stand_in: KubernetesStandIn, certificates: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+def test_the_master_reads_the_tls_secret_from_its_pods_volume_never_through_the_api(
+    stand_in: KubernetesStandIn,
+    certificates: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The elastic-train step mounts the ``--tls-secret`` Secret (optional) into the master's pod; its Role
+    has no ``get`` on Secrets. A missing Secret or key is a one-line error naming the Secret."""
     monkeypatch.setenv(API_URL_ENV, stand_in.url)
     name = f"tls-{uuid.uuid4().hex[:6]}"
     stand_in.create(
         "secrets", tls_secret_body(name, certificates["signed"], (tls.CERT_FILE, tls.KEY_FILE, tls.CA_FILE))
     )
     stand_in.create("secrets", tls_secret_body(f"{name}-nokey", certificates["signed"], (tls.CERT_FILE,)))
-    backend = KubernetesBackend(
-        f"t-{uuid.uuid4().hex[:8]}", KubernetesConfig(image="img", ps_port=find_free_port())
-    )
+    secrets_dir = tmp_path / "master"
+    config = KubernetesConfig(image="img", ps_port=find_free_port(), secrets_dir=str(secrets_dir))
+    backend = KubernetesBackend(f"t-{uuid.uuid4().hex[:8]}", config)
+
+    def mounted(secret: str) -> str:
+        """The master's pod started with the step's volume of Secret ``secret``."""
+        shutil.rmtree(secrets_dir / MASTER_TLS_VOLUME, ignore_errors=True)
+        stand_in.mount_secret(secret, secrets_dir / MASTER_TLS_VOLUME)
+        return secret
+
     try:
-        files = backend.tls_secret(name)
+        files = backend.tls_secret(mounted(name))
         assert files.certificate == (certificates["signed"] / tls.CERT_FILE).read_bytes()
         assert files.ca == (certificates["ca"] / tls.CERT_FILE).read_bytes()
         assert str(files.key) not in repr(files) and "BEGIN" not in repr(files)
         with pytest.raises(
             ConfigError, match=f"^--tls-secret {name}-nokey: Secret {name}-nokey has no tls.key"
         ):
-            backend.tls_secret(f"{name}-nokey")
-        with pytest.raises(ConfigError, match=f"^--tls-secret {name}-gone: there is no such Secret"):
-            backend.tls_secret(f"{name}-gone")
+            backend.tls_secret(mounted(f"{name}-nokey"))
+        with pytest.raises(ConfigError, match=f"^--tls-secret {name}-gone: there is no such Secret") as gone:
+            backend.tls_secret(mounted(f"{name}-gone"))
+        assert "\n" not in str(gone.value)
     finally:
         backend.close(grace_seconds=1)
+    outside = KubernetesBackend(
+        f"t-{uuid.uuid4().hex[:8]}", KubernetesConfig(image="img", ps_port=find_free_port())
+    )
+    try:
+        with pytest.raises(ConfigError, match=f"^--tls-secret {name}: .*{MASTER_SECRETS_ENV} is not set"):
+            outside.tls_secret(name)
+    finally:
+        outside.close(grace_seconds=1)
     calls = [
         c for c in stand_in.calls if c.user_agent.startswith(MASTER_USER_AGENT) and c.name.startswith(name)
     ]
-    assert {(c.verb, c.resource) for c in calls} == {("get", "secrets")}
+    assert calls == []

@@ -19,6 +19,11 @@ step's pod carries :data:`~edl_argo.pods.manifests.MASTER_POD_LABELS`; the maste
 so the ``<job>-master`` Service and the job's NetworkPolicy select it: the workers reach a retried master,
 in its new pod, at the same address.
 
+The master reads no Secret through the API (``templates/rbac.yaml`` grants no ``get`` on Secrets): the
+step mounts the job's auth Secret (``<job-name>-auth``, which the master creates and a retried master reads
+back) and the ``tls-secret`` Secret into its pod, as optional read-only volumes under
+:data:`MASTER_SECRETS_DIR`.
+
 Outputs: the ``model`` artifact, the model tree the job publishes (its pointer ``_edl-tree.json`` and the
 version folder it names, holding ``saved_model/``, ``model.keras``, ``metrics.json``, ``flags.json``),
 and the ``metrics`` parameter, the job's final metrics as a JSON object (``{"accuracy": 0.97}``).
@@ -28,14 +33,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from hera.workflows import Artifact, Container, Env, FieldEnv, Parameter, RetryPolicy, RetryStrategy
+from hera.workflows import (
+    Artifact,
+    Container,
+    Env,
+    FieldEnv,
+    Parameter,
+    RetryPolicy,
+    RetryStrategy,
+    SecretVolume,
+)
 from hera.workflows.models import Backoff, ContainerPort, IntOrString, ResourceRequirements, ValueFrom
 
 from edl_argo.hera.container import IMAGE, Image, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.setting_inputs import with_setting_inputs
 from edl_argo.hera.step import Step, StepTask
-from edl_argo.pods.manifests import MASTER_POD_LABELS, PORT_NAME
+from edl_argo.pods.manifests import (
+    MASTER_AUTH_VOLUME,
+    MASTER_POD_LABELS,
+    MASTER_SECRETS_ENV,
+    MASTER_TLS_VOLUME,
+    PORT_NAME,
+    TLS_FILE_MODE,
+)
 from edl_argo.settings import table
 
 WORKFLOW_TEMPLATE = "edl-argo-elastic-train"
@@ -80,6 +101,15 @@ WORKFLOW_ENV = {
     "EDL_WORKFLOW_UID": "{{workflow.uid}}",
     "EDL_NODE_NAME": "{{node.name}}",
 }
+#: Where the master's pod mounts the Secrets the master reads (``$EDL_MASTER_SECRETS_DIR``): it reads none
+#: through the API (its Role has no ``get`` on Secrets).
+MASTER_SECRETS_DIR = "/etc/edl-argo/master"
+#: The job's auth Secret, as the master names it (``manifests.auth_secret_name`` of the requested job name).
+AUTH_SECRET = "{{inputs.parameters.job-name}}-auth"
+#: A Secret volume needs a name; without ``--tls-secret`` the TLS volume names this one, which edl-argo
+#: never creates: the volume is optional, so it stays empty, and the master does not look at it.
+NO_TLS_SECRET = "edl-argo-no-tls"
+TLS_SECRET = f"{{{{=sprig.default('{NO_TLS_SECRET}', inputs.parameters['tls-secret'])}}}}"
 #: The exit hook's: what identifies the step whose job it removes (``manifests.step_identity``).
 STEP_ENV = {name: WORKFLOW_ENV[name] for name in ("EDL_WORKFLOW_UID", "EDL_NODE_NAME")}
 
@@ -164,6 +194,20 @@ def _template(inputs: StepInputs) -> Container:
         env=[
             *(FieldEnv(name=name, field_path=path) for name, path in POD_FIELDS.items()),
             *(Env(name=name, value=value) for name, value in WORKFLOW_ENV.items()),
+            Env(name=MASTER_SECRETS_ENV, value=MASTER_SECRETS_DIR),
+        ],
+        # Optional: the first master's pod starts before its job's auth Secret exists (it creates it), and a
+        # --tls-secret that does not exist is the master's one-line error, not a pod stuck mounting it.
+        volumes=[
+            SecretVolume(
+                name=name,
+                secret_name=secret,
+                mount_path=f"{MASTER_SECRETS_DIR}/{name}",
+                optional=True,
+                default_mode=TLS_FILE_MODE,
+                read_only=True,
+            )
+            for name, secret in ((MASTER_AUTH_VOLUME, AUTH_SECRET), (MASTER_TLS_VOLUME, TLS_SECRET))
         ],
         resources=ResourceRequirements(
             requests={"cpu": inputs.ref("master-cpu"), "memory": inputs.ref("master-memory")}

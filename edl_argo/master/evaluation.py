@@ -31,6 +31,11 @@ from edl_argo.model.outputs import as_given
 log = get_logger(__name__)
 
 
+class MetricsRefusedError(ValueError):
+    """The model's metrics refuse a batch of outputs and labels (their caller's fault, not the master's):
+    rows that do not match, an output the model does not have, or a metric that fails on them."""
+
+
 class MetricsAccumulator:
     """Aggregates one evaluation round's metrics over batches of (outputs, labels)."""
 
@@ -51,30 +56,38 @@ class MetricsAccumulator:
     def update(self, outputs: Mapping[str, np.ndarray], labels: Mapping[str, np.ndarray]) -> None:
         """Add one batch: named outputs and labels (:func:`~edl_argo.model.outputs.named_arrays`).
 
-        ValueError if they do not have the same number of rows, a metric names an output the model does not
-        have, or a plain function returns neither one value per record nor one for the batch.
+        :class:`MetricsRefusedError` (one line naming the metric) if they do not have the same number of rows,
+        a metric names an output the model does not have, a metric (the model's code) raises on them, or a
+        plain function returns neither one value per record nor one for the batch. Any other exception is a
+        bug of the master's.
         """
         count = len(next(iter(labels.values())))
         if any(len(array) != count for array in (*outputs.values(), *labels.values())):
-            raise ValueError("outputs and labels must have one row per record, as many of each")
+            raise MetricsRefusedError("outputs and labels must have one row per record, as many of each")
         for name, (output, metric) in self._targets.items():
             if output is None:
                 batch_outputs, batch_labels = as_given(outputs), as_given(labels)
             elif output not in outputs:
-                raise ValueError(f"metric {name} is for output {output!r}; the model's are {sorted(outputs)}")
+                raise MetricsRefusedError(
+                    f"metric {name} is for output {output!r}; the model's are {sorted(outputs)}"
+                )
             else:
                 batch_outputs = outputs[output]
                 batch_labels = labels[output] if output in labels else as_given(labels)
-            if hasattr(metric, "update_state"):
-                metric.update_state(batch_labels, batch_outputs)
-                continue
-            values = np.asarray(metric(batch_labels, batch_outputs), dtype=np.float64).ravel()
+            try:  # the model's code, on the caller's outputs
+                if hasattr(metric, "update_state"):
+                    metric.update_state(batch_labels, batch_outputs)
+                    continue
+                values = np.asarray(metric(batch_labels, batch_outputs), dtype=np.float64).ravel()
+            except Exception as error:
+                first_line = (str(error).splitlines() or [""])[0]
+                raise MetricsRefusedError(f"metric {name}: {type(error).__name__}: {first_line}") from error
             if values.size == count:
                 self._sums[name] += float(values.sum())
             elif values.size == 1:  # a mean over the batch: weighted by its records
                 self._sums[name] += float(values[0]) * count
             else:
-                raise ValueError(
+                raise MetricsRefusedError(
                     f"metric {name} returned {values.size} values for {count} records: "
                     "return one per record, or one for the batch"
                 )

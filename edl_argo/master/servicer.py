@@ -2,9 +2,11 @@
 
 Every request is checked before anything changes (:mod:`edl_argo.master.request_checks`): a malformed one
 (a negative worker id, version or counter, a version beyond the job's reach, a worker id the master never
-started, an address that is not ``host:port``, an undecodable tensor, outputs without one row per label)
-ends with ``INVALID_ARGUMENT`` or ``FAILED_PRECONDITION`` and a one-line reason naming the field, and the
-server goes on serving. Reports about a task the worker does not hold (unknown, done, reclaimed) are
+started, an address that is not ``host:port``, an undecodable tensor, outputs without one row per label, or
+that the model's metrics refuse) ends with ``INVALID_ARGUMENT`` or ``FAILED_PRECONDITION`` and a one-line
+reason naming the field, and the server goes on serving. A failure of the master's own code while serving
+evaluation outputs is ``INTERNAL`` (logged as ``request_failed`` with its traceback, on one line), never
+blamed on the caller. Reports about a task the worker does not hold (unknown, done, reclaimed) are
 ignored, as :meth:`TaskDispatcher.report` ignores them, and an ignored report changes nothing: no model
 version, evaluation round or counter (but the ledger's count of what reached the PS:
 :meth:`~edl_argo.master.ledger.TrainingLedger.add_ignored`). A failed task reported as ``fatal`` (the loss
@@ -24,7 +26,7 @@ from collections.abc import Callable
 import grpc
 
 from edl_argo.log import get_logger
-from edl_argo.master.evaluation import EvaluationService
+from edl_argo.master.evaluation import EvaluationService, MetricsRefusedError
 from edl_argo.master.failover import lost_reply, skip_unsaved_task_ids
 from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.rendezvous import RendezvousManager
@@ -214,9 +216,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return tensor_pb2.Empty()
         try:
             self._evaluation.report_outputs(request.task_id, request.model_version, outputs, labels)
-        except Exception as error:  # the model's metrics refuse them (wrong width, dtype, ...)
-            reason = f"{task.describe()}: the metrics refuse its outputs: {type(error).__name__}: {error}"
+        except MetricsRefusedError as error:  # the model's metrics refuse them (wrong width, dtype, ...)
+            reason = f"{task.describe()}: the metrics refuse its outputs: {error}"
             reject_request(context, rpc, _INVALID, reason.splitlines()[0][:500])
+        except Exception as error:  # a bug of the master's: not the caller's fault
+            log.error(
+                "request_failed", exc_info=True, rpc=rpc, task=request.task_id, worker=request.worker_id
+            )
+            context.abort(
+                grpc.StatusCode.INTERNAL, f"{rpc}: the master failed ({type(error).__name__}); see its log"
+            )
         return tensor_pb2.Empty()
 
     def ReportVersion(

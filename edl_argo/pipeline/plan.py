@@ -3,7 +3,8 @@
 :func:`plan` checks the whole workflow before anything runs and refuses, naming the task and the feature,
 what it cannot run the way Argo would: templates other than containers whose command is ``edl-argo``
 (scripts, resources, arbitrary images, ...), nested DAGs and steps, conditional or looping tasks,
-workflow-level exit handlers, hooks other than a task's exit hook, volumes and sidecars. The entrypoint is
+workflow-level exit handlers, hooks other than a task's exit hook, volumes other than optional Secret
+volumes (left empty, as a missing Secret's are) and sidecars. The entrypoint is
 a DAG of container tasks, or a single container. Templates referenced with ``templateRef`` resolve to the
 edl-argo WorkflowTemplates of :data:`edl_argo.hera.STEPS`, which the runner knows without a cluster.
 """
@@ -31,7 +32,7 @@ _UNSUPPORTED_TASK_FIELDS = (
     "continue_on",
     "on_exit",
 )
-_UNSUPPORTED_TEMPLATE_FIELDS = ("sidecars", "init_containers", "daemon", "volumes")
+_UNSUPPORTED_TEMPLATE_FIELDS = ("sidecars", "init_containers", "daemon")
 _OTHER_KINDS = ("steps", "script", "resource", "suspend", "http", "data", "container_set", "plugin", "dag")
 _DEPENDENCY = re.compile(r"^\(?\s*([A-Za-z0-9_-]+)(\.Succeeded)?\s*\)?$")
 
@@ -152,8 +153,7 @@ def _check_container(template: Template, where: str) -> None:
     for field in _UNSUPPORTED_TEMPLATE_FIELDS:
         if getattr(template, field):
             raise ConfigError(f"{where} uses {field}, which the local runner cannot run")
-    if container.volume_mounts:
-        raise ConfigError(f"{where} mounts volumes, which the local runner cannot provide")
+    _check_volumes(template, where)
     artifacts = [*(template.inputs.artifacts or [] if template.inputs else [])]
     artifacts += template.outputs.artifacts or [] if template.outputs else []
     for artifact in artifacts:
@@ -172,6 +172,24 @@ def _check_container(template: Template, where: str) -> None:
             raise ConfigError(
                 f"{where}: env {variable.name} comes from {field_ref.field_path}, unknown locally"
             )
+
+
+def _check_volumes(template: Template, where: str) -> None:
+    """Only optional Secret volumes (the elastic-train master's): there are no Secrets locally, and an
+    optional Secret volume whose Secret does not exist is empty on Kubernetes too, so the runner mounts
+    nothing. Any other volume is refused."""
+    optional_secrets = set()
+    for volume in template.volumes or []:
+        if volume.secret is None or not volume.secret.optional:
+            raise ConfigError(
+                f"{where} uses volume {volume.name}, which the local runner cannot provide (only optional"
+                " Secret volumes, left empty)"
+            )
+        optional_secrets.add(volume.name)
+    assert template.container is not None
+    for mount in template.container.volume_mounts or []:
+        if mount.name not in optional_secrets:
+            raise ConfigError(f"{where} mounts {mount.name}, which the local runner cannot provide")
 
 
 def _dependencies(task: DAGTask, where: str) -> tuple[str, ...]:

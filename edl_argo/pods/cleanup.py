@@ -1,14 +1,14 @@
 """``edl-argo cleanup --job-name JOB``: remove a Kubernetes job's worker and PS pods, Services and
-NetworkPolicy once its step has ended for good.
+NetworkPolicy and auth Secret once its step has ended for good.
 
 The elastic-train step's exit hook runs it (:mod:`edl_argo.hera.elastic_train`): whether the step
 succeeded, failed, was stopped (``argo stop``) or ran out of time, nothing of its job keeps running. It
 deletes exactly the objects labelled with the job (:func:`~edl_argo.pods.manifests.job_selector`): the
 worker and PS pods (each with its role's grace period, so a PS saves its checkpoint), every Service of the
-job (the PSes' and the master's) and the NetworkPolicy ``<job>-grpc``; never the master's own pod (the
-step's, which Argo owns) nor anything else. It then waits, up to ``--timeout`` seconds, until the pods and
-Services are gone. With ``--backend local`` (the local pipeline runner) it stops the job's local pods.
-Exit status: 0 when nothing of the job is left, 1 when something is, 2 for a
+job (the PSes' and the master's), the NetworkPolicy ``<job>-grpc`` and the auth Secret; never the master's
+own pod (the step's, which Argo owns) nor anything else. It then waits, up to ``--timeout`` seconds, until
+the pods and Services are gone. With ``--backend local`` (the local pipeline runner) it stops the job's
+local pods. Exit status: 0 when nothing of the job is left, 1 when something is, 2 for a
 misconfiguration (no API server, a refusal such as a missing RBAC grant). In Argo (``EDL_WORKFLOW_UID`` and
 ``EDL_NODE_NAME`` set, as the hook's template does) only the objects of the hook's own step go
 (label ``edl-argo/step``): a task that shares its job name with another never removes the other's pods.
@@ -59,11 +59,15 @@ def objects_of_other_steps(api: Any, step: str) -> list[str]:
 
 
 def delete_job_objects(
-    api: Any, job_name: str, grace_seconds: float | None = None, network_policy: bool = True
+    api: Any,
+    job_name: str,
+    auth_secret: str,
+    grace_seconds: float | None = None,
+    network_policy: bool = True,
 ) -> None:
     """Ask the API to delete the job's pods (each with ``grace_seconds``, default its role's grace period),
-    its Services and (``network_policy``) its NetworkPolicy and credentials Secret. API errors are the
-    client's (see :class:`JobApi`)."""
+    its Services and (``network_policy``) its NetworkPolicy and its credentials Secret ``auth_secret``. API
+    errors are the client's (see :class:`JobApi`)."""
     for pod in job_pods(api):
         key = manifests.pod_key(pod["metadata"].get("labels"))
         assert key is not None
@@ -73,13 +77,16 @@ def delete_job_objects(
         api.delete_service(service["metadata"]["name"])
     if network_policy:
         api.delete_network_policy(manifests.network_policy_name(job_name))
-        api.delete_secret(manifests.auth_secret_name(job_name))
+        api.delete_secret(auth_secret)
 
 
-def clean_up(api: Any, any_step: Any, job_name: str, step: str, timeout_seconds: float) -> list[str]:
+def clean_up(
+    api: Any, any_step: Any, job_name: str, step: str, timeout_seconds: float, auth_secret: str
+) -> list[str]:
     """Delete the objects of the job's ``step`` (``api`` selects them; ``any_step`` selects the job name
     whatever the step) and wait until they are gone; returns what is left after the timeout. The
-    NetworkPolicy, which carries the job name only, stays while another step's objects use that name."""
+    NetworkPolicy and the auth Secret ``auth_secret``, which carry the job name only, stay while another
+    step's objects use that name."""
     from edl_argo.pods.kubernetes_api import retry_transient
 
     deadline = time.monotonic() + timeout_seconds
@@ -90,7 +97,7 @@ def clean_up(api: Any, any_step: Any, job_name: str, step: str, timeout_seconds:
             "network_policy_kept", job=job_name, reason="used by another step", objects=",".join(others)
         )
     retry_transient(
-        lambda: delete_job_objects(api, job_name, network_policy=not others),
+        lambda: delete_job_objects(api, job_name, auth_secret, network_policy=not others),
         "delete the job's objects",
         deadline,
     )
@@ -124,6 +131,7 @@ def run_cleanup(args: argparse.Namespace) -> int:
     if args.backend == "local":
         return clean_up_local(args.job_name)
     job_name = manifests.kubernetes_job_name(args.job_name)
+    auth_secret = manifests.auth_secret_name(args.job_name)  # named as the master named it
     from kubernetes.client.rest import ApiException
 
     from edl_argo.pods.kubernetes_api import CONNECTION_ERRORS, JobApi, api_message, load_api_client
@@ -135,7 +143,7 @@ def run_cleanup(args: argparse.Namespace) -> int:
     try:
         api = JobApi(client, namespace, manifests.job_selector(job_name, step))
         any_step = JobApi(client, namespace, manifests.job_selector(job_name))
-        remaining = clean_up(api, any_step, job_name, step, args.timeout)
+        remaining = clean_up(api, any_step, job_name, step, args.timeout, auth_secret)
     except ApiException as error:
         raise ConfigError(
             f"cleanup of job {job_name} in namespace {namespace}: {api_message(error)} (the step's service"

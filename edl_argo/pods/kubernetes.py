@@ -11,7 +11,8 @@
 The master talks to the API server with the official ``kubernetes`` client (in-cluster service account,
 else ``KUBECONFIG``; ``EDL_KUBERNETES_API=http://host:port`` points it at any API server, for tests): it
 needs exactly what ``templates/rbac.yaml`` grants, pods and services (create, get, list, watch, delete),
-pods/log (get), networkpolicies (create, delete) and secrets (create, get, patch, delete) in its namespace.
+pods (patch), pods/log (get), networkpolicies (create, delete) and secrets (create, patch, delete: never
+get, list or watch, so it reads no Secret of another job or team) in its namespace.
 
 **Network.** On construction the backend creates the job's NetworkPolicy
 (:func:`~edl_argo.pods.manifests.network_policy_manifest`, owned like the pods): only the job's own pods
@@ -36,14 +37,19 @@ remove them -- and PS addresses come from the existing Services. :meth:`~Kuberne
 them and deletes the finished pods of earlier incarnations (until then they stay, for ``kubectl logs``);
 :meth:`~KubernetesBackend.close` deletes every pod and Service of the job and waits until they are gone.
 
-**Credentials.** The job's secret is kept in the Secret ``<job>-auth``
-(:func:`~edl_argo.pods.manifests.auth_secret_manifest`, owned like the pods): :meth:`stored_job_secret`
-reads it (a restarted master reuses it: the pods it adopts hold credentials derived from it),
-:meth:`use_job_secret` creates it, and before a worker's pod is created its own token is added to it under
-``worker-<id>`` (a JSON merge patch), which the pod reads through ``secretKeyRef``. :meth:`close` deletes it
-with the NetworkPolicy. The master's Role needs ``get``, ``create``, ``patch`` and ``delete`` on Secrets.
-With ``--tls-secret``, :meth:`~KubernetesBackend.tls_secret` reads that Secret (``get``, nothing more) for
-the master's own server and clients, and its pods mount it read-only (:mod:`edl_argo.rpc.tls`).
+**Credentials.** The job's secret is kept in the Secret ``<requested job name>-auth``
+(:func:`~edl_argo.pods.manifests.job_auth_secret`, :func:`~edl_argo.pods.manifests.auth_secret_manifest`,
+owned like the pods, so garbage-collected with its Workflow): :meth:`use_job_secret` creates it, and before a
+worker's pod is created its own token is added to it under ``worker-<id>`` (a JSON merge patch), which the
+pod reads through ``secretKeyRef``. :meth:`close` deletes it with the NetworkPolicy. The master never reads
+a Secret through the API: the elastic-train step mounts that Secret into the master's pod as an optional
+volume (``$EDL_MASTER_SECRETS_DIR/job-auth``, :attr:`KubernetesConfig.secrets_dir`), empty for the first
+master, which creates the Secret, and filled by the kubelet for a restarted master's new pod, from which
+:meth:`stored_job_secret` reads it (the pods it adopts hold credentials derived from it). A master that finds
+the Secret existing but could not read it stops (:meth:`use_job_secret`): a new secret would lock out the
+pods it adopts. With ``--tls-secret``, :meth:`~KubernetesBackend.tls_secret` reads that Secret from its
+volume (``$EDL_MASTER_SECRETS_DIR/tls``) for the master's own server and clients, and its pods mount it
+read-only (:mod:`edl_argo.rpc.tls`). The master's Role needs ``create``, ``patch`` and ``delete`` on Secrets.
 
 **The master's address.** :meth:`~KubernetesBackend.expose_master` puts a ClusterIP Service ``<job>-master``
 (:func:`~edl_argo.pods.manifests.master_service_manifest`) in front of the master when its own pod
@@ -61,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
@@ -127,6 +134,9 @@ class KubernetesBackend(PodBackend):
     def __init__(self, job_name: str, config: KubernetesConfig, api: k8s.ApiClient | None = None) -> None:
         self.job_name = manifests.validate_job_name(job_name)
         self.config = config
+        #: The job's auth Secret, and the secret read back from the master pod's volume of it (if any).
+        self.auth_secret = manifests.job_auth_secret(self.job_name, config)
+        self._stored_secret: JobSecret | None = None
         self._client = api if api is not None else load_api_client()
         self._own_client = api is None
         self._api = JobApi(self._client, config.namespace, manifests.job_selector(job_name, config.step))
@@ -157,22 +167,44 @@ class KubernetesBackend(PodBackend):
         self._objects.launch(pod, self.config, self.job_secret)
 
     def stored_job_secret(self) -> JobSecret | None:
-        name = manifests.auth_secret_name(self.job_name)
-        found = StartupCalls(self.config.namespace)(
-            lambda: self._api.read_secret(name), f"read Secret {name}"
-        )
-        return manifests.read_auth_secret(self.job_name, found) if found is not None else None
+        """The secret in the master pod's volume of the job's auth Secret; None without such a volume or
+        when it is empty (no earlier master made the Secret before this pod started)."""
+        if not self.config.secrets_dir:
+            return None
+        folder = Path(self.config.secrets_dir) / manifests.MASTER_AUTH_VOLUME
+        self._stored_secret = manifests.read_mounted_job_secret(folder, self.auth_secret)
+        return self._stored_secret
 
     def tls_secret(self, name: str) -> TlsFiles:
-        found = StartupCalls(self.config.namespace)(
-            lambda: self._api.read_secret(name), f"read Secret {name}"
-        )
-        return manifests.read_tls_secret(name, found)
+        """The ``--tls-secret`` Secret ``name`` from the master pod's volume of it; ConfigError naming
+        ``--tls-secret`` when there is none (outside the elastic-train step: no
+        ``EDL_MASTER_SECRETS_DIR``)."""
+        env = manifests.MASTER_SECRETS_ENV
+        if not self.config.secrets_dir:
+            raise ConfigError(
+                f"--tls-secret {name}: the master reads it from its pod's volume of it, at"
+                f" ${env}/{manifests.MASTER_TLS_VOLUME} (the elastic-train step mounts it), and {env} is not"
+                " set"
+            )
+        return manifests.read_mounted_tls(Path(self.config.secrets_dir) / manifests.MASTER_TLS_VOLUME, name)
 
     def use_job_secret(self, secret: JobSecret) -> None:
+        """Create the job's auth Secret holding ``secret``; one that exists already must hold it (it was read
+        back by :meth:`stored_job_secret`), else ConfigError: the master cannot learn the job's secret."""
         body = manifests.auth_secret_manifest(self.job_name, self.config, secret)
         name = body["metadata"]["name"]
-        StartupCalls(self.config.namespace)(lambda: self._api.create_secret(body), f"create Secret {name}")
+        created = StartupCalls(self.config.namespace)(
+            lambda: self._api.create_secret(body), f"create Secret {name}"
+        )
+        stored = self._stored_secret
+        if not created and (stored is None or stored.hex() != secret.hex()):
+            folder = Path(self.config.secrets_dir or f"${manifests.MASTER_SECRETS_ENV}")
+            raise ConfigError(
+                f"Secret {name} of job {self.job_name} exists (an earlier master of the job made it), but"
+                f" this master found no job secret in its volume at {folder / manifests.MASTER_AUTH_VOLUME}:"
+                " run it in the elastic-train step, which mounts that Secret, or delete the Secret and the"
+                " job's pods to start the job afresh"
+            )
         super().use_job_secret(secret)
 
     def adopt(self) -> list[PodStatus]:
@@ -264,7 +296,7 @@ class KubernetesBackend(PodBackend):
                     pod.delete_reason = PodReason.DELETED
         self._objects.stop()
         deadline = time.monotonic() + max(grace_seconds, 1.0) + CLOSE_EXTRA_SECONDS
-        remaining = self._objects.delete_job(grace_seconds, deadline)
+        remaining = self._objects.delete_job(grace_seconds, deadline, self.auth_secret)
         while not pods.all_terminal() and time.monotonic() < deadline:
             time.sleep(0.05)  # the watch reports the last terminal events
         self._watch.stop()

@@ -186,23 +186,16 @@ class JobApi:
             if error.status != 409:
                 raise
 
-    def read_secret(self, name: str) -> Json | None:
-        """Secret ``name``, or None if there is none."""
-        try:
-            return self._call(self._core.read_namespaced_secret, name, self.namespace)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-        return None
-
-    def create_secret(self, body: Json) -> None:
-        """Create a Secret; one of that name that exists already (an earlier master of the job made it) is
-        fine."""
+    def create_secret(self, body: Json) -> bool:
+        """Create a Secret; True if created, False if one of that name exists already (an earlier master of
+        the job made it; it is left as it is, and never read: the master has no ``get`` on Secrets)."""
         try:
             self._call(self._core.create_namespaced_secret, self.namespace, body)
         except ApiException as error:
             if error.status != 409:
                 raise
+            return False
+        return True
 
     def add_secret_data(self, name: str, data: dict[str, str]) -> None:
         """Add ``data`` (base64 values) to Secret ``name`` (a JSON merge patch: other keys stay)."""

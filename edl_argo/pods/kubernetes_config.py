@@ -14,6 +14,8 @@ at fault, on one line). Some settings come from the master's environment, which 
 * ``EDL_NODE_NAME`` (``{{node.name}}``) with ``EDL_WORKFLOW_UID``: the step that owns the job; its objects
   are labelled ``edl-argo/step`` with a hash of both, and the master touches no object of its job name
   labelled for another step.
+* ``EDL_MASTER_SECRETS_DIR``: where the master's pod mounts the Secrets the master reads (its job's auth
+  Secret, the ``--tls-secret`` Secret): it reads none through the API.
 * ``EDL_S3_ENDPOINT`` and ``AWS_REGION`` are passed on to the pods as plain values; the credentials never
   are (see ``--storage-secret``).
 
@@ -33,6 +35,8 @@ from pathlib import Path
 
 from edl_argo.errors import ConfigError
 
+#: The folder where the master's pod mounts the Secrets it reads (:attr:`KubernetesConfig.secrets_dir`).
+MASTER_SECRETS_ENV = "EDL_MASTER_SECRETS_DIR"
 #: The namespace of the pod's service account, when running in a cluster.
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 #: ``--worker-resource-request gpu=1`` means this resource.
@@ -40,7 +44,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 ROLES = ("worker", "ps", "master")
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: A Kubernetes object name (Secrets, namespaces, ...): a DNS subdomain, at most 253 characters.
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 #: A label key, taint key or resource name: ``[prefix/]name``.
 _QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
@@ -105,7 +110,17 @@ class KubernetesConfig:
     ``AWS_SESSION_TOKEN``) under those key names; pods read them with ``secretKeyRef``."""
     tls_secret: str = ""
     """Secret of type ``kubernetes.io/tls`` the gRPC services serve TLS with (``--tls-secret``); mounted
-    read-only into worker and PS pods at :data:`edl_argo.rpc.tls.POD_TLS_DIR`."""
+    read-only into worker and PS pods at :data:`edl_argo.rpc.tls.POD_TLS_DIR`; the master reads it from the
+    volume its own pod mounts (see :attr:`secrets_dir`)."""
+    auth_secret: str = ""
+    """The name of the job's auth Secret, ``<requested job name>-auth``
+    (:func:`~edl_argo.pods.manifests.auth_secret_name` of ``--job-name`` as given, which the elastic-train
+    step can compute and mount, unlike the fitted job name); ``""``: that of the job's name."""
+    secrets_dir: str = ""
+    """The folder where the master's own pod mounts the Secrets the master reads
+    (``$EDL_MASTER_SECRETS_DIR``, which the elastic-train step sets): the job's auth Secret in
+    ``job-auth/``, the ``--tls-secret`` Secret in ``tls/`` (each an optional volume); ``""``: none is
+    mounted. The master never reads a Secret through the API (its Role has no ``get`` on Secrets)."""
     storage_endpoint: str = ""
     storage_region: str = ""
     workflow_name: str = ""
@@ -160,6 +175,8 @@ def kubernetes_config_from_args(
         volumes=_unique_mounts(tuple(parse_volume(text) for text in args.volume)),
         storage_secret=_dns_name(args.storage_secret, "--storage-secret"),
         tls_secret=_dns_name(args.tls_secret, "--tls-secret"),
+        auth_secret=_auth_secret(args),
+        secrets_dir=env.get(MASTER_SECRETS_ENV, ""),
         storage_endpoint=env.get("EDL_S3_ENDPOINT", ""),
         storage_region=env.get("AWS_REGION", ""),
         workflow_name=env.get("EDL_WORKFLOW_NAME", ""),
@@ -168,6 +185,15 @@ def kubernetes_config_from_args(
         ps_port=args.ps_port,
         pod_creation_timeout=float(args.pod_creation_timeout),
     )
+
+
+def _auth_secret(args: argparse.Namespace) -> str:
+    """The job's auth Secret, named after ``--job-name`` as given (``""`` without one: the job then gets a
+    short generated name, whose Secret is named after it)."""
+    from edl_argo.pods.manifests import auth_secret_name
+
+    job_name: str = getattr(args, "job_name", "")
+    return auth_secret_name(job_name) if job_name else ""
 
 
 def step_from_env(env: Mapping[str, str]) -> str:
@@ -330,7 +356,7 @@ def namespace_from_flag(flag_value: str) -> str:
 
 
 def _dns_name(name: str, flag: str) -> str:
-    if name and (len(name) > 253 or not _DNS_SUBDOMAIN.match(name)):
+    if name and (len(name) > 253 or not DNS_SUBDOMAIN.match(name)):
         raise ConfigError(
             f"{flag} {name!r}: not a valid Kubernetes name (lower-case letters, digits, '-', '.')"
         )

@@ -129,7 +129,7 @@ class JobObjects:
                         pods.finish(pod, PodPhase.DELETED, reason, None, "deleted before it was created")
                         return
                 try:
-                    self._add_credential(pod, job_secret)
+                    self._add_credential(pod, config, job_secret)
                     self._created(pod, self._api.create_pod(manifest)["metadata"]["uid"])
                     return
                 except ApiException as error:
@@ -153,13 +153,15 @@ class JobObjects:
             with pods.lock:
                 self._creators.discard(threading.current_thread())
 
-    def _add_credential(self, pod: Incarnation, job_secret: JobSecret | None) -> None:
+    def _add_credential(
+        self, pod: Incarnation, config: KubernetesConfig, job_secret: JobSecret | None
+    ) -> None:
         """Put a worker's own token in the job's Secret (under its identity) before its pod is created."""
         if pod.role is not PodRole.WORKER or job_secret is None:
             return
         identity = pod_identity(pod.role.value, pod.pod_id)
         data = manifests.auth_secret_data({identity: job_secret.token(identity)})
-        self._api.add_secret_data(manifests.auth_secret_name(self.job_name), data)
+        self._api.add_secret_data(manifests.job_auth_secret(self.job_name, config), data)
 
     def _creation_refused(self, pod: Incarnation, error: ApiException) -> tuple[bool, str]:
         """``(retry, problem)`` after a refused creation; ``(True, "")``: retry, nothing to report;
@@ -276,11 +278,12 @@ class JobObjects:
         for creator in creators:
             creator.join(REQUEST_SECONDS + 1)
 
-    def delete_job(self, grace_seconds: float, deadline: float) -> list[str]:
-        """Delete every pod and Service of the job, and its NetworkPolicy, and wait until ``deadline`` for
-        them to be gone; returns ``kind/name`` of the pods and Services that still exist."""
+    def delete_job(self, grace_seconds: float, deadline: float, auth_secret: str) -> list[str]:
+        """Delete every pod and Service of the job, its NetworkPolicy and its auth Secret ``auth_secret``, and
+        wait until ``deadline`` for them to be gone; returns ``kind/name`` of the pods and Services that still
+        exist."""
         try:
-            delete_job_objects(self._api, self.job_name, grace_seconds)
+            delete_job_objects(self._api, self.job_name, auth_secret, grace_seconds)
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("job_delete_failed", job=self.job_name, error=str(error))
         remaining = self._list_job()

@@ -20,13 +20,16 @@ Pure functions of the job name, the :class:`~edl_argo.pods.kubernetes_config.Kub
   escalation or capabilities (:data:`POD_SECURITY_CONTEXT`, :data:`CONTAINER_SECURITY_CONTEXT`). Storage
   credentials come from the ``--storage-secret`` Secret via ``secretKeyRef``, never as values. The image is
   pulled with the config's ``imagePullSecrets`` (by default the master's own pod's).
-* Credentials: the job's secret lives in the Secret ``<job>-auth`` (:func:`auth_secret_manifest`, owned like
-  the pods): key :data:`SECRET_KEY_JOB` the secret (a PS's ``EDL_JOB_SECRET``), :data:`SECRET_KEY_COLLECTIVE`
-  the workers' collective token, and ``worker-<id>`` each worker's own token, added before its pod is created
-  (:func:`auth_secret_data`). Pods get them through ``secretKeyRef`` (:mod:`edl_argo.rpc.auth`).
+* Credentials: the job's secret lives in the Secret ``<requested job name>-auth`` (:func:`job_auth_secret`,
+  :func:`auth_secret_manifest`, owned like the pods): key :data:`SECRET_KEY_JOB` the secret (a PS's
+  ``EDL_JOB_SECRET``), :data:`SECRET_KEY_COLLECTIVE` the workers' collective token, and ``worker-<id>`` each
+  worker's own token, added before its pod is created (:func:`auth_secret_data`). Pods get them through
+  ``secretKeyRef`` (:mod:`edl_argo.rpc.auth`).
 * TLS: with ``--tls-secret``, every worker and PS pod mounts that Secret read-only at
-  :data:`edl_argo.rpc.tls.POD_TLS_DIR` (:data:`TLS_VOLUME`); the master reads it through the API
-  (:func:`read_tls_secret`).
+  :data:`edl_argo.rpc.tls.POD_TLS_DIR` (:data:`TLS_VOLUME`).
+* The master reads no Secret through the API: its own pod (the elastic-train step's) mounts the job's auth
+  Secret and the ``--tls-secret`` Secret as optional volumes under ``$``:data:`MASTER_SECRETS_ENV`
+  (:func:`read_mounted_job_secret`, :func:`read_mounted_tls`).
 * ``--yaml``: :func:`render_job_manifests` renders all of a job's objects as multi-document YAML.
 """
 
@@ -37,13 +40,15 @@ import copy
 import hashlib
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from edl_argo.errors import ConfigError
+from edl_argo.pods import kubernetes_config
 from edl_argo.pods.base import PodRole, PodSpec
-from edl_argo.pods.kubernetes_config import KubernetesConfig
+from edl_argo.pods.kubernetes_config import DNS_SUBDOMAIN, KubernetesConfig
 from edl_argo.rpc import auth, tls
 
 NAME_LABEL = "app.kubernetes.io/name"
@@ -90,6 +95,14 @@ SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"
 #: is under its identity, ``worker-<id>``).
 SECRET_KEY_JOB = "job-secret"
 SECRET_KEY_COLLECTIVE = "collective"
+
+#: The master's pod mounts the Secrets the master reads in ``$EDL_MASTER_SECRETS_DIR`` (the elastic-train
+#: step sets it), each in the subfolder named after its volume, below.
+MASTER_SECRETS_ENV = kubernetes_config.MASTER_SECRETS_ENV
+#: The master's volume of the job's auth Secret (optional: the first master creates the Secret).
+MASTER_AUTH_VOLUME = "job-auth"
+#: The master's volume of the ``--tls-secret`` Secret.
+MASTER_TLS_VOLUME = "tls"
 
 #: The volume of the ``--tls-secret`` Secret in worker and PS pods, mounted read-only at
 #: :data:`edl_argo.rpc.tls.POD_TLS_DIR`; its files readable by the owner (root) and the pod's group
@@ -395,9 +408,28 @@ def network_policy_manifest(job_name: str, config: KubernetesConfig) -> dict[str
     }
 
 
-def auth_secret_name(job_name: str) -> str:
-    """The name of the Secret holding the job's credentials: ``<job>-auth``."""
-    return f"{job_name}-auth"
+def auth_secret_name(requested_job_name: str) -> str:
+    """The name of the Secret holding the credentials of the job ``--job-name requested_job_name`` (as given,
+    before :func:`fit_job_name`, so that the elastic-train step can mount it by the same name):
+    ``<requested>-auth``.
+
+    Raises:
+        ConfigError: naming ``--job-name``, when that is no Secret name (a DNS subdomain of at most 253
+            characters: :func:`kubernetes_job_name` checks only the beginning of a long name).
+    """
+    name = f"{requested_job_name}-auth"
+    if len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+        raise ConfigError(
+            f"--job-name {requested_job_name!r}: the job's Secret {name[:80]!r} would not be a valid"
+            " Kubernetes name (at most 248 lower-case letters, digits, '-' and '.')"
+        )
+    return name
+
+
+def job_auth_secret(job_name: str, config: KubernetesConfig) -> str:
+    """The name of job ``job_name``'s auth Secret: the config's (named after the requested job name), else
+    :func:`auth_secret_name` of ``job_name``."""
+    return config.auth_secret or auth_secret_name(job_name)
 
 
 def auth_secret_data(values: dict[str, str]) -> dict[str, str]:
@@ -406,14 +438,14 @@ def auth_secret_data(values: dict[str, str]) -> dict[str, str]:
 
 
 def auth_secret_manifest(job_name: str, config: KubernetesConfig, secret: auth.JobSecret) -> dict[str, Any]:
-    """The Secret ``<job>-auth``: the job's secret and the workers' collective token (never rendered by
-    ``--yaml``: it holds the credential)."""
+    """The job's auth Secret (:func:`job_auth_secret`): the job's secret and the workers' collective token
+    (never rendered by ``--yaml``: it holds the credential)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {
-            "name": auth_secret_name(job_name),
+            "name": job_auth_secret(job_name, config),
             "namespace": config.namespace,
             "labels": {NAME_LABEL: APP, INSTANCE_LABEL: job_name} | _owner_labels(config),
             **owner_references(config),
@@ -424,36 +456,40 @@ def auth_secret_manifest(job_name: str, config: KubernetesConfig, secret: auth.J
     }
 
 
-def read_auth_secret(job_name: str, secret: dict[str, Any]) -> auth.JobSecret:
-    """The job secret held by the Secret ``secret`` (as the API returns it); ConfigError if it holds none."""
-    encoded = (secret.get("data") or {}).get(SECRET_KEY_JOB, "")
+def read_mounted_job_secret(folder: Path, secret_name: str) -> auth.JobSecret | None:
+    """The job secret in ``folder``, the master pod's optional volume of the job's auth Secret
+    ``secret_name`` (key :data:`SECRET_KEY_JOB` as a file); None when the volume holds none (the Secret did
+    not exist when the pod started). ConfigError, naming the file, when the file holds no job secret."""
+    path = folder / SECRET_KEY_JOB
     try:
-        text = base64.b64decode(encoded, validate=True).decode()
-    except ValueError:
-        text = ""
-    return auth.JobSecret.from_hex(text, f"key {SECRET_KEY_JOB} of Secret {auth_secret_name(job_name)}")
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path} (Secret {secret_name}): unreadable ({error})") from None
+    return auth.JobSecret.from_hex(text, f"{path} (key {SECRET_KEY_JOB} of Secret {secret_name})")
 
 
-def read_tls_secret(name: str, secret: dict[str, Any] | None) -> tls.TlsFiles:
-    """The certificate, key and CA of the ``kubernetes.io/tls`` Secret ``secret`` (as the API returns it,
-    None if there is none); ConfigError naming ``--tls-secret``, the Secret and the key at fault."""
+def read_mounted_tls(folder: Path, name: str) -> tls.TlsFiles:
+    """The certificate, key and CA of the ``kubernetes.io/tls`` Secret ``name`` (``--tls-secret``) in
+    ``folder``, the master pod's optional volume of it; ConfigError naming ``--tls-secret``, the Secret and
+    the key at fault (an empty volume: there is no such Secret)."""
     where = f"Secret {name}"
-    if secret is None:
-        raise ConfigError(f"--tls-secret {name}: there is no such Secret in the job's namespace")
-    data = secret.get("data") or {}
-    files: dict[str, bytes] = {}
-    for key in (tls.CERT_FILE, tls.KEY_FILE, tls.CA_FILE):
-        if key not in data:
-            continue
-        try:
-            files[key] = base64.b64decode(data[key], validate=True)
-        except ValueError:
-            raise ConfigError(f"--tls-secret {name}: key {key} of {where} is not base64") from None
+    if not (folder / tls.CERT_FILE).exists() and not (folder / tls.KEY_FILE).exists():
+        raise ConfigError(
+            f"--tls-secret {name}: there is no such Secret in the job's namespace (the master's volume of it,"
+            f" {folder}, is empty)"
+        )
     for key in (tls.CERT_FILE, tls.KEY_FILE):
-        if not files.get(key):
+        if not (folder / key).exists():
             raise ConfigError(
                 f"--tls-secret {name}: {where} has no {key} (make it with kubectl create secret tls)"
             )
+    files = {
+        key: (folder / key).read_bytes()
+        for key in (tls.CERT_FILE, tls.KEY_FILE, tls.CA_FILE)
+        if (folder / key).exists()
+    }
     return tls.TlsFiles.from_pem(
         files[tls.CERT_FILE], files[tls.KEY_FILE], files.get(tls.CA_FILE) or None, where, "--tls-secret"
     )
@@ -495,7 +531,7 @@ def _env(job_name: str, config: KubernetesConfig, spec: PodSpec, credentials: bo
         else {auth.TOKEN_ENV: identity, auth.COLLECTIVE_ENV: SECRET_KEY_COLLECTIVE}
     )
     for name, key in keys.items():
-        ref = {"name": auth_secret_name(job_name), "key": key}
+        ref = {"name": job_auth_secret(job_name, config), "key": key}
         env[name] = {"name": name, "valueFrom": {"secretKeyRef": ref}}
     return list(env.values())
 

@@ -2,8 +2,9 @@
 
 **The files.** A certificate ``tls.crt`` and its key ``tls.key`` (PEM), optionally the CA ``ca.crt`` that
 signed the certificate: the keys of a Kubernetes Secret of type ``kubernetes.io/tls``. Locally they are a
-folder (``--tls-dir``); on Kubernetes the Secret named by ``--tls-secret``, which the master reads through the
-API and mounts read-only into its worker and PS pods at :data:`POD_TLS_DIR` (their ``--tls-dir``).
+folder (``--tls-dir``); on Kubernetes the Secret named by ``--tls-secret``, which the elastic-train step
+mounts into the master's pod (the master reads no Secret through the API) and the master mounts read-only
+into its worker and PS pods at :data:`POD_TLS_DIR` (their ``--tls-dir``).
 :func:`load_tls_dir` / :func:`TlsFiles.from_pem` check them: a missing, unreadable or mismatched file is a
 one-line :class:`~edl_argo.errors.ConfigError` naming the file and the setting, never its content.
 

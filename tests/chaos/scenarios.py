@@ -64,6 +64,7 @@ from tests.engine_helpers import (
     JobThread,
     expected_minibatches,
 )
+from tests.k8s_helpers import start_master_pod
 
 if TYPE_CHECKING:
     from tests.k8s_stand_in import KubernetesStandIn
@@ -703,6 +704,8 @@ def master_restart(
     masters: list[subprocess.Popen[bytes]] = []
 
     def start_master() -> subprocess.Popen[bytes]:
+        if backend == KUBERNETES:  # a new pod of the step: it mounts the job's auth Secret as it is now
+            environ.update(start_master_pod(env.cluster(), job_name, folder / "master-secrets"))
         with log_path.open("ab") as sink:
             masters.append(
                 subprocess.Popen(command, env=environ, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)

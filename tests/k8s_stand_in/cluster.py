@@ -160,6 +160,16 @@ class Cluster:
         lines = path.read_text(errors="replace").splitlines(keepends=True)
         return "".join(lines[-tail_lines:] if tail_lines else lines)
 
+    def secret_volume(self, namespace: str, name: str, folder: Path, mode: int = 0o440) -> None:
+        """Fill ``folder`` as the kubelet fills an optional Secret volume when a pod starts: one file per key
+        of Secret ``name`` (decoded, ``mode``), or nothing when there is no such Secret."""
+        folder.mkdir(parents=True, exist_ok=True)
+        secret = self.store.get(("secrets", namespace, name))
+        for key, encoded in ((secret or {}).get("data") or {}).items():
+            path = folder / key
+            path.write_bytes(base64.b64decode(encoded))
+            path.chmod(mode)
+
     # -- test controls ---------------------------------------------------------------------------
 
     def hold_pending(self, selector: str = "", count: int | None = None) -> None:

@@ -215,6 +215,12 @@ class KubernetesStandIn:
         """Create an object directly (a Secret, a Workflow), as an administrator would."""
         return self.cluster.create(resource, namespace, body)
 
+    def mount_secret(self, name: str, folder: Path, namespace: str = "default") -> Path:
+        """``folder`` as a pod starting now would see an optional volume of Secret ``name`` (the kubelet's
+        part: see :meth:`Cluster.secret_volume`); returns ``folder``."""
+        self.cluster.secret_volume(namespace, name, folder)
+        return folder
+
     def delete(self, resource: str, name: str, namespace: str = "default") -> None:
         self.cluster.delete(resource, namespace, name)
 
