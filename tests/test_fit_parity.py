@@ -17,6 +17,9 @@ One job serves several features at once (a job costs seconds of process start-up
   ``LossScaleOptimizer``, and a per-row constraint on the embedding table;
 * ``weighted``: a ``feed`` yielding sample weights, with ``--grads-to-wait 2`` and minibatches of unequal
   sizes (``fit`` with twice the batch size is the same model).
+
+With 2 and 3 workers (``--grads-to-wait`` = workers), the job is compared with a plain-Keras replay of the
+steps the PS applied, as the step trace recorded them (:mod:`parity_replay`).
 """
 
 from __future__ import annotations

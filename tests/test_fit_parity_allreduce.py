@@ -5,6 +5,9 @@ every variable of the exported ``model.keras``, and the SavedModel's outputs, co
 The tolerance is float32's (1e-5 relative): the job's step averages ``gradient × examples`` over the
 group's examples, which is exact for the power-of-two batch sizes used here, so what remains is the order
 of float32 operations in two differently traced steps.
+
+With 2 and 3 workers, the job is compared with a plain-Keras replay of the group steps, as the step trace
+recorded them (:mod:`parity_replay`).
 """
 
 from __future__ import annotations
