@@ -225,7 +225,8 @@ def test_several_workers_equal_a_replay_of_the_steps_the_ps_applied(
     pushes = [len(step) for step in job.updates()]
     assert all(count == workers for count in pushes[:-1]), pushes
     assert 0 < pushes[-1] < workers, f"no partial last step: {pushes}"
-    assert len({m.worker for m in job.trace}) == workers, "a worker trained nothing"
+    # (A worker that starts late may train few minibatches, or none: the step may hold one worker's pushes.)
+    assert any(len({m.worker for m in step}) > 1 for step in job.updates()), "no step mixed workers' pushes"
     assert_equals_replay(job)
 
 

@@ -2,8 +2,8 @@
 
 With several workers the master hands tasks to whichever worker asks, so which records a synchronous update
 averaged is known only after the fact. With ``EDL_STEP_TRACE=<folder>`` in a worker's environment (local
-pods inherit the master's; on Kubernetes, set it in the pod template with a mounted volume), each worker
-appends one JSON line per minibatch whose update was applied to ``<folder>/worker-<id>.jsonl``
+pods inherit the master's; the Kubernetes backend does not pass it on: a tool for local jobs), each worker
+appends one JSON line per minibatch it trained to ``<folder>/worker-<id>.jsonl``
 (:class:`TracedMinibatch`): the task's shard and record range, the minibatch's index within the task (with a
 ``feed`` that neither shuffles nor drops records, :meth:`TracedMinibatch.records` is its record range), its
 examples, and the update it belongs to:
@@ -18,10 +18,9 @@ examples, and the update it belongs to:
   (its gradients were not finite under the dynamic loss scale: nothing was pushed).
 
 Minibatches whose training raised (a non-finite loss or gradients, skipped or fatal; a failed task's) are
-not traced. Off by
-default: without the variable, a worker holds no trace and pays nothing. A line is written with one
-``write`` to a file opened for appending, so it is never interleaved with another and is in the file as soon
-as the minibatch's update is (no buffering); a relaunched worker appends to the same file.
+not traced. Off by default: without the variable, a worker holds no trace and pays nothing. A line is
+written with one ``write`` to a file opened for appending, so it is never interleaved with another and is in
+the file as soon as the minibatch's update is (no buffering); a relaunched worker appends to the same file.
 """
 
 from __future__ import annotations
