@@ -38,7 +38,6 @@ EPOCHS = 3
 MODEL_FILE = """
 import keras
 import tensorflow as tf
-from parity_replay import ATOL, RTOL, assert_equals_replay, run_traced_job
 
 from edl_argo.model import Mode
 
