@@ -224,21 +224,66 @@ def _max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     )
 
 
-def test_batch_normalization_statistics_are_identical_on_every_replica(model_file: Path) -> None:
-    """Two members train on different rows (and different batch sizes, one member idle for a step):
-    BatchNormalization's moving statistics, which no gradient reaches, end bit-identical everywhere, at
-    the example-weighted mean of what each member's batch made of them."""
+def _example_weighted_statistics(
+    plan: dict[int, Sequence[Batch | None]],
+    hidden: list[tuple[np.ndarray, np.ndarray]],
+    weighted: bool = True,
+) -> list[np.ndarray]:
+    """``MODEL_FILE``'s BatchNormalization moving mean and variance after the group steps of ``plan``, when
+    each step adds the mean of the members' own updates (``0.99 × old + 0.01 × their batch's mean or
+    biased variance``), weighted by the members' examples (``weighted=False``: each member counts once).
+    ``hidden[s]``: the first Dense layer's kernel and bias before step ``s``; a member with no batch (None)
+    contributes nothing."""
+    mean, variance = np.zeros(8), np.ones(8)
+    for step, (kernel, bias) in enumerate(hidden):
+        inputs = [
+            np.maximum(b[0].astype(np.float64) @ kernel + bias, 0.0)
+            for b in (p[step] for p in plan.values())
+            if b
+        ]
+        weights = np.array([len(h) if weighted else 1 for h in inputs], np.float64)
+        weights /= weights.sum()
+        mean, variance = (
+            sum(w * (0.99 * mean + 0.01 * h.mean(axis=0)) for w, h in zip(weights, inputs, strict=True)),
+            sum(w * (0.99 * variance + 0.01 * h.var(axis=0)) for w, h in zip(weights, inputs, strict=True)),
+        )
+    return [mean, variance]
+
+
+def test_batch_normalization_statistics_are_the_example_weighted_mean_on_every_replica(
+    model_file: Path,
+) -> None:
+    """Two members train on different rows with different batch sizes (8 and 3 rows, then one member idle
+    for a step): BatchNormalization's moving statistics, which no gradient reaches, end bit-identical
+    everywhere, at the example-weighted mean of what each member's batch made of them, step after step."""
+    plan: dict[int, Sequence[Batch | None]] = {
+        0: _batches(5, size=8, seed=5),
+        1: [*_batches(4, size=3, seed=6), None],
+    }
     group = _Group(model_file)
+    hidden: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def record_hidden(worker: int, replica: AllreduceReplica) -> None:
+        if worker == 0:  # the same values on every member; read between worker 0's steps
+            hidden.append(tuple(np.array(v.numpy(), np.float64) for v in replica.model.layers[1].weights))
+
     try:
         first, second = group.add(0), group.add(1)
-        initial = [np.array(v.numpy()) for v in first.model.non_trainable_variables]
-        group.run({0: _batches(5, size=8, seed=5), 1: [*_batches(4, size=3, seed=6), None]})
+        record_hidden(0, first)
+        group.run(plan, record_hidden)
         states = [first.export_state().values, second.export_state().values]
         statistics = [np.array(v.numpy()) for v in first.model.non_trainable_variables]
     finally:
         group.close()
     assert _max_difference(*states) == 0.0
-    assert all(not np.array_equal(now, then) for now, then in zip(statistics, initial, strict=True))
+    expected = _example_weighted_statistics(plan, hidden[:-1])
+    for value, want in zip(statistics, expected, strict=True):
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+    # The check tells an unweighted mean apart (steps of 8 and 3 rows weigh 8/11 and 3/11, not 1/2 each).
+    unweighted = _example_weighted_statistics(plan, hidden[:-1], weighted=False)
+    apart = max(float(np.max(np.abs(u - w))) for u, w in zip(unweighted, expected, strict=True))
+    print(f"bn_unweighted_vs_weighted max_abs={apart:.3g}")
+    assert apart > 1e-4
 
 
 def test_replacing_every_member_of_a_group_loses_no_step(model_file: Path) -> None:

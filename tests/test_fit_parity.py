@@ -17,6 +17,9 @@ One job serves several features at once (a job costs seconds of process start-up
   ``LossScaleOptimizer``, and a per-row constraint on the embedding table;
 * ``weighted``: a ``feed`` yielding sample weights, with ``--grads-to-wait 2`` and minibatches of unequal
   sizes (``fit`` with twice the batch size is the same model).
+
+With 2 and 3 workers (``--grads-to-wait`` = workers), the job is compared with a plain-Keras replay of the
+steps the PS applied, as the step trace recorded them (:mod:`parity_replay`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from engine_helpers import model_dir, read_metrics
+from parity_replay import ATOL, MODELS, RTOL, assert_equals_replay, run_traced_job
 
 from edl_argo.data.commands import write_dataset
 from edl_argo.master.config import TrainConfig
@@ -43,9 +47,6 @@ from edl_argo.model.train_step import ps_optimizer_factory
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
 
-MODELS = Path(__file__).parent / "parity_models"
-RTOL = 1e-5
-ATOL = 1e-6
 #: Outputs computed in float16 (its machine epsilon is 9.8e-4): a few ulps.
 FLOAT16_RTOL = 1e-2
 FLOAT16_ATOL = 5e-3
@@ -245,6 +246,22 @@ def test_sample_weights_and_pushes_weighted_by_examples_equal_fit(trained) -> No
     result = trained("weighted")
     assert_variables_equal_fit(result)
     assert_saved_model_equals_fit(result)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_several_workers_equal_a_replay_of_the_steps_the_ps_applied(
+    workers: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Synchronous SGD with ``--grads-to-wait`` = workers: each PS step is the example-weighted mean of the
+    pushes PS 0 took for it, all computed at the step's parameters, so it equals one step over their
+    concatenation; the pushes left when training ends form one last, partial step (:mod:`parity_replay`)."""
+    job = run_traced_job(tmp_path, monkeypatch, workers, num_ps=1, grads_to_wait=workers)
+    pushes = [len(step) for step in job.updates()]
+    assert all(count == workers for count in pushes[:-1]), pushes
+    assert 0 < pushes[-1] < workers, f"no partial last step: {pushes}"
+    # (A worker that starts late may train few minibatches, or none: the step may hold one worker's pushes.)
+    assert any(len({m.worker for m in step}) > 1 for step in job.updates()), "no step mixed workers' pushes"
+    assert_equals_replay(job)
 
 
 # -- the parameter server's share of the state, without a job ------------------------------------------

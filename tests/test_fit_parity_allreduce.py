@@ -5,6 +5,9 @@ every variable of the exported ``model.keras``, and the SavedModel's outputs, co
 The tolerance is float32's (1e-5 relative): the job's step averages ``gradient × examples`` over the
 group's examples, which is exact for the power-of-two batch sizes used here, so what remains is the order
 of float32 operations in two differently traced steps.
+
+With 2 and 3 workers, the job is compared with a plain-Keras replay of the group steps, as the step trace
+recorded them (:mod:`parity_replay`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from parity_replay import ATOL, RTOL, assert_equals_replay, run_traced_job
 
 from edl_argo.data.commands import write_dataset
 from edl_argo.data.examples import encode_example
@@ -163,10 +167,25 @@ def test_allreduce_gives_the_model_fit_gives(case: str, tmp_path: Path) -> None:
     trained = keras.saving.load_model(exported / "model.keras", compile=False)
     assert [v.path for v in trained.variables] == [v.path for v in fitted.variables]
     for mine, theirs in zip(trained.variables, fitted.variables, strict=True):
-        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6, err_msg=mine.path)
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=RTOL, atol=ATOL, err_msg=mine.path)
     x, _ = _rows()
     saved_model = tf.saved_model.load(str(exported / "saved_model"))
     served = saved_model.serve(tf.constant(x))
-    np.testing.assert_allclose(np.asarray(served), fitted.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(served), fitted.predict(x, verbose=0), rtol=RTOL, atol=ATOL)
     metrics: dict[str, Any] = json.loads((exported / "metrics.json").read_text())
     assert metrics["model_version"] == EPOCHS * -(-ROWS // MINIBATCH)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_several_workers_equal_a_replay_of_the_group_steps(
+    workers: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each group step applies the example-weighted mean of its members' gradients, so it equals one step
+    over the concatenation of the minibatches its members trained in it (a member without one contributes
+    nothing); see :mod:`parity_replay`."""
+    job = run_traced_job(tmp_path, monkeypatch, workers, distribution_strategy="AllreduceStrategy", num_ps=0)
+    for step in job.updates():
+        members = [m.worker for m in step]
+        assert len(members) == len(set(members)) <= workers, members
+    assert max(len(step) for step in job.updates()) > 1, "no step had two members"
+    assert_equals_replay(job)

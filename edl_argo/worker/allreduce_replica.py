@@ -105,6 +105,9 @@ class AllreduceReplica:
         self._lineage = Lineage()
         self._checkpoint_points: dict[int, StatePoint] = {}  # version -> point of each snapshot submitted
         self._version = -1
+        #: The version the last minibatch's group step made (-1: none yet); for
+        #: :mod:`edl_argo.worker.step_trace`.
+        self.last_update = -1
         self._member = ElasticMember(master, self, host, port, collective_timeout)
 
     # -- ReplicaState (what the group keeps identical) ----------------------------------------------
@@ -231,6 +234,7 @@ class AllreduceReplica:
     def train_minibatch(self, features: Any, labels: Any) -> float:
         """One group step with this minibatch; returns its loss."""
         self.ensure_built(features)
+        self.last_update = -1
         loss, _ = self._group_step((features, labels))
         return loss
 
@@ -341,6 +345,8 @@ class AllreduceReplica:
             group = self._current_group()
             if interrupted is not None and self._contains_step(*interrupted):
                 log.info("interrupted_step_already_applied", version=self._version)
+                if batch is not None:
+                    self.last_update = interrupted[0] + 1
                 return loss_value, 1.0
             before = self._version
             if group.size == 1:
@@ -365,6 +371,8 @@ class AllreduceReplica:
                 flags = total[len(total) - 2 - self._trainable_count : len(total) - 2]
                 has_gradient = tuple(bool(flag) for flag in flags > 0)
                 self._applied(group, partial(self._apply, tf.convert_to_tensor(total), has_gradient))
+                if batch is not None:
+                    self.last_update = self._version
             return loss_value, examples
         raise JobFailedError(f"a synchronous step was abandoned {MAX_STEP_ATTEMPTS} times in a row")
 
@@ -379,6 +387,7 @@ class AllreduceReplica:
                 variable.assign(value)
             raise NonFiniteLossError(loss_value, self._version)
         self._applied(group, partial(self._solo_apply, grads))
+        self.last_update = self._version
         return loss_value, float(examples)
 
     def _applied(self, group: CollectiveGroup, apply: Callable[[], None]) -> None:

@@ -59,6 +59,7 @@ from edl_argo.storage import open_storage
 from edl_argo.worker.gradient_check import NonFiniteGradientError
 from edl_argo.worker.master_client import MasterClient
 from edl_argo.worker.step_timers import STEP_TIMERS, as_counters
+from edl_argo.worker.step_trace import StepTrace, TracedMinibatch
 from edl_argo.worker.task_reporter import TaskReporter
 
 if TYPE_CHECKING:
@@ -95,6 +96,12 @@ class Replica(Protocol):
     def sync(self) -> None: ...
 
     def train_minibatch(self, features: Any, labels: Any) -> float: ...
+
+    @property
+    def last_update(self) -> int:
+        """The update the last trained minibatch was applied in (the synchronous step PS 0 assigned, or the
+        group's version after the step; -1: none), for :mod:`edl_argo.worker.step_trace`."""
+        ...
 
     def flush(self) -> None: ...
 
@@ -169,6 +176,7 @@ class Worker:
         self._stepped = False  # a training step succeeded (see the module docstring: model errors)
         self._timers_at: dict[str, float] = {}  # STEP_TIMERS.totals() at the last report
         self._skip_minibatch_of_task = int(os.environ.get(SKIP_MINIBATCH_ENV) or -1)
+        self._trace = StepTrace.from_env(worker_id)  # None unless EDL_STEP_TRACE asks for one
 
     def run(self) -> None:
         from edl_argo.worker.data import stream_batches
@@ -215,6 +223,8 @@ class Worker:
         finally:
             stream.close()
             reporter.close(raise_failure=False)
+            if self._trace is not None:
+                self._trace.close()
             totals = STEP_TIMERS.totals()
             log.info("worker_step_times", **{name: round(seconds, 3) for name, seconds in totals.items()})
 
@@ -281,7 +291,26 @@ class Worker:
         progress.steps += 1
         self._stepped = True
         progress.total_loss += loss
+        if self._trace is not None:
+            self._trace_minibatch(task, progress.minibatches - 1, num_records(features))
         self._maybe_report_version()
+
+    def _trace_minibatch(self, task: master_pb2.Task, index: int, examples: int) -> None:
+        """Trace minibatch ``index`` of ``task``, just applied (:mod:`edl_argo.worker.step_trace`)."""
+        assert self._trace is not None
+        self._trace.record(
+            TracedMinibatch(
+                worker=self.worker_id,
+                task=task.task_id,
+                epoch=task.epoch,
+                shard=task.shard,
+                start=task.start,
+                end=task.end,
+                minibatch=index,
+                examples=examples,
+                update=self._replica.last_update,
+            )
+        )
 
     def _finish_task(self, streamed: StreamedTask, sent: Callable[[], None]) -> bool:
         """Finish ``streamed`` (a training task's minibatches were all trained; evaluation and prediction

@@ -113,6 +113,9 @@ class ModelReplica:
         self._finalized_versions: list[int] | None = None
         # The parameters of the last pull or push reply are installed: the next step needs no pull.
         self._current = False
+        #: The synchronous step PS 0 assigned to the last minibatch's accepted push (-1: none: asynchronous,
+        #: or a step skipped under dynamic loss scaling); for :mod:`edl_argo.worker.step_trace`.
+        self.last_update = -1
 
     @property
     def model(self) -> keras.Model:
@@ -264,6 +267,7 @@ class ModelReplica:
         staleness. :meth:`flush` waits for them.
         """
         self.ensure_built(features)
+        self.last_update = -1
         if self._pipeline is not None:
             if self._in_flight is None:
                 self.sync()
@@ -285,6 +289,7 @@ class ModelReplica:
                 self._current = True
             if result.accepted:
                 self.version = max(self.version, result.version)
+                self.last_update = result.step if result.step > 0 else -1
                 self._steps.step_done(finite=True)
                 return loss_value
         raise JobFailedError(f"gradients rejected as stale {MAX_STALE_RETRIES} times in a row")
