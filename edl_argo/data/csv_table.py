@@ -3,7 +3,7 @@
 :func:`scan_csv` reads the file once and decides each column's type; :func:`csv_examples` reads it again
 and yields one record per row. Neither holds more than one row.
 
-Rules (``edl-argo data convert``; documented in README.md):
+Rules (``edl-argo data convert``; documented in docs/user-guide.md, "Data and storage"):
 
 * The first line is the header. A UTF-8 byte-order mark is dropped; blank lines at the end are ignored, a
   blank line between rows is an error. Quoted fields may hold commas, newlines and any amount of text.
