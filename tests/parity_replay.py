@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from engine_helpers import read_metrics
+from engine_helpers import model_dir, read_metrics
 from parity_models.parity_data import records as parity_records
 
 from edl_argo.data.commands import write_dataset
@@ -93,7 +93,7 @@ def run_traced_job(root: Path, monkeypatch: pytest.MonkeyPatch, workers: int, **
         **job,
     )
     TrainingJob.load(config).run()
-    exported = keras.saving.load_model(root / "out" / "model" / KERAS_FILE, compile=False)
+    exported = keras.saving.load_model(model_dir(root / "out") / KERAS_FILE, compile=False)
     spec = load_model_spec(str(TOWERS_MODEL))
     return TracedJob(spec, records, exported, read_metrics(root / "out"), read_trace(root / "trace"))
 

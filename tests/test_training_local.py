@@ -46,7 +46,8 @@ def test_sync_job_trains_digits_and_publishes_model(digits_data: Path, tmp_path:
     assert json.loads((published / "flags.json").read_text())["num_workers"] == 2
 
     capsys.readouterr()
-    args = ["--model", str(model_dir), "--model-def", DIGITS_MODEL, "--data", str(digits_data / "test")]
+    model = str(output / "model")  # the published tree: evaluate and predict follow its pointer
+    args = ["--model", model, "--model-def", DIGITS_MODEL, "--data", str(digits_data / "test")]
     assert cli.main(["evaluate", *args]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert evaluated["accuracy"] == pytest.approx(metrics["final_metrics"]["accuracy"], abs=1e-6)
