@@ -264,6 +264,19 @@ def test_several_workers_equal_a_replay_of_the_steps_the_ps_applied(
     assert_equals_replay(job)
 
 
+def test_several_workers_one_push_per_step_equal_a_replay_of_every_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Synchronous SGD with ``--grads-to-wait 1`` and several workers (issue 37's configuration): a push is
+    accepted only if it was computed at the current version, so every step is one minibatch at the
+    parameters and BatchNormalization statistics of the step before. The job is sequential SGD in the order
+    PS 0 accepted the pushes: every variable, the BatchNormalization tower's included, equals the replay."""
+    job = run_traced_job(tmp_path, monkeypatch, 3, num_ps=2, grads_to_wait=1)
+    assert [len(step) for step in job.updates()] == [1] * len(job.trace)
+    assert len({m.worker for m in job.trace}) > 1, "one worker trained every minibatch"
+    assert_equals_replay(job, state_mixed=False)
+
+
 # -- the parameter server's share of the state, without a job ------------------------------------------
 
 
