@@ -75,13 +75,16 @@ class TracedJob:
         return next(iter(self.spec.feed(dataset, Mode.TRAINING, None).batch(len(rows))))
 
 
-def run_traced_job(root: Path, monkeypatch: pytest.MonkeyPatch, workers: int, **job: Any) -> TracedJob:
-    """Train ``two_towers`` as a job of ``workers`` workers (no shuffling) with the step trace on."""
+def run_traced_job(
+    root: Path, monkeypatch: pytest.MonkeyPatch, workers: int, model: Path = TOWERS_MODEL, **job: Any
+) -> TracedJob:
+    """Train ``model`` (``two_towers``) as a job of ``workers`` workers (no shuffling) with the step trace
+    on."""
     records = parity_records(ROWS)
     write_dataset(LocalStorage(root / "data"), "train", records, 1, Compressor.NONE, overwrite=False)
     monkeypatch.setenv(STEP_TRACE_ENV, str(root / "trace"))  # the local pods inherit it
     config = TrainConfig(
-        model_def=str(TOWERS_MODEL),
+        model_def=str(model),
         training_data=str(root / "data" / "train"),
         output=str(root / "out"),
         job_name=f"parity-{root.name}"[:40],
@@ -93,8 +96,8 @@ def run_traced_job(root: Path, monkeypatch: pytest.MonkeyPatch, workers: int, **
         **job,
     )
     TrainingJob.load(config).run()
+    spec = load_model_spec(str(model))  # first: it registers the model file's own layers
     exported = keras.saving.load_model(model_dir(root / "out") / KERAS_FILE, compile=False)
-    spec = load_model_spec(str(TOWERS_MODEL))
     return TracedJob(spec, records, exported, read_metrics(root / "out"), read_trace(root / "trace"))
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from engine_helpers import model_dir, read_metrics
-from parity_replay import ATOL, MODELS, RTOL, assert_equals_replay, run_traced_job
+from parity_replay import ATOL, EPOCHS as TRACED_EPOCHS, MODELS, ROWS, RTOL, assert_equals_replay, run_traced_job
 
 from edl_argo.data.commands import write_dataset
 from edl_argo.master.config import TrainConfig
@@ -275,6 +275,25 @@ def test_several_workers_one_push_per_step_equal_a_replay_of_every_variable(
     assert [len(step) for step in job.updates()] == [1] * len(job.trace)
     assert len({m.worker for m in job.trace}) > 1, "one worker trained every minibatch"
     assert_equals_replay(job, state_mixed=False)
+
+
+@pytest.mark.parametrize(
+    "workers, job",
+    [(1, {"use_async": True, "pipelined": True}), (3, {"use_async": True})],
+    ids=["pipelined", "async-3-workers"],
+)
+def test_every_push_changes_the_non_trainable_state_however_stale_it_is(
+    workers: int, job: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asynchronous pushes are computed at parameters other pushes have moved since (pipelined: every push
+    after the first; several workers: whenever they overlap). A non-trainable variable that counts the
+    examples of each forward pass must end at the examples trained: each push's change is added, none is
+    lost to a push computed from an older value."""
+    result = run_traced_job(tmp_path, monkeypatch, workers, model=MODELS / "seen_examples.py", num_ps=1, **job)
+    trained = sum(m.examples for m in result.trace)
+    assert trained == ROWS * TRACED_EPOCHS
+    seen = {v.path: np.asarray(v.numpy()) for v in result.exported.weights}["counter/seen"]
+    assert seen == trained, f"the PS counted {seen:g} of {trained} examples"
 
 
 # -- the parameter server's share of the state, without a job ------------------------------------------
