@@ -36,7 +36,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from engine_helpers import model_dir, read_metrics
-from parity_replay import ATOL, EPOCHS as TRACED_EPOCHS, MODELS, ROWS, RTOL, assert_equals_replay, run_traced_job
+from parity_replay import ATOL, MODELS, ROWS, RTOL, assert_equals_replay, run_traced_job
+from parity_replay import EPOCHS as TRACED_EPOCHS
 
 from edl_argo.data.commands import write_dataset
 from edl_argo.master.config import TrainConfig
@@ -50,6 +51,11 @@ from edl_argo.storage import LocalStorage
 #: Outputs computed in float16 (its machine epsilon is 9.8e-4): a few ulps.
 FLOAT16_RTOL = 1e-2
 FLOAT16_ATOL = 5e-3
+#: float32 variables trained on float16 gradients: the worker's graph and fit's may round a float16
+#: intermediate differently, by CPU (measured: 7.5e-7 on an Intel Xeon with AVX-512, 3.2e-4 on an AMD EPYC).
+#: A step skipped at another time than fit's, or a gradient left scaled, is 10 times more.
+FLOAT16_GRADIENT_RTOL = 2e-3
+FLOAT16_GRADIENT_ATOL = 1e-3
 EPOCHS = 3
 
 
@@ -143,13 +149,13 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
     return lambda name: _trained(name, root)
 
 
-def assert_variables_equal_fit(result: Trained) -> None:
+def assert_variables_equal_fit(result: Trained, rtol: float = RTOL, atol: float = ATOL) -> None:
     """Every variable of the exported model equals fit's (same paths, same values)."""
     exported = {v.path: np.asarray(v.numpy()) for v in result.exported.weights}
     fitted = {v.path: np.asarray(v.numpy()) for v in result.fitted.weights}
     assert sorted(exported) == sorted(fitted)
     differences = {
-        path: float(np.max(np.abs(exported[path] - fitted[path]) / (ATOL + RTOL * np.abs(fitted[path]))))
+        path: float(np.max(np.abs(exported[path] - fitted[path]) / (atol + rtol * np.abs(fitted[path]))))
         for path in fitted
     }
     largest = {path: float(np.max(np.abs(exported[path] - fitted[path]))) for path in fitted}
@@ -236,7 +242,7 @@ def test_mixed_precision_equals_fit(trained) -> None:
     assert_trained(result, "dense/kernel")
     assert {v.dtype for v in result.exported.trainable_variables} == {"float32"}
     assert result.exported.layers[1].compute_dtype == "float16"
-    assert_variables_equal_fit(result)
+    assert_variables_equal_fit(result, rtol=FLOAT16_GRADIENT_RTOL, atol=FLOAT16_GRADIENT_ATOL)
     # The SavedModel's traced float16 graph rounds differently from fit's model called eagerly: a few
     # float16 ulps (measured 7e-3 relative, 3e-3 absolute), though every variable equals fit's.
     assert_saved_model_equals_fit(result, rtol=FLOAT16_RTOL, atol=FLOAT16_ATOL)
@@ -289,7 +295,8 @@ def test_every_push_changes_the_non_trainable_state_however_stale_it_is(
     after the first; several workers: whenever they overlap). A non-trainable variable that counts the
     examples of each forward pass must end at the examples trained: each push's change is added, none is
     lost to a push computed from an older value."""
-    result = run_traced_job(tmp_path, monkeypatch, workers, model=MODELS / "seen_examples.py", num_ps=1, **job)
+    model = MODELS / "seen_examples.py"
+    result = run_traced_job(tmp_path, monkeypatch, workers, model=model, num_ps=1, **job)
     trained = sum(m.examples for m in result.trace)
     assert trained == ROWS * TRACED_EPOCHS
     seen = {v.path: np.asarray(v.numpy()) for v in result.exported.weights}["counter/seen"]
@@ -324,7 +331,7 @@ def _push(parameters: Any, step: int) -> None:
     gradient = np.array([1.0, -1.0, 0.5], np.float32) * (step + 1)
     state = {"moving_mean": np.array([step, -step], np.float32)}
     rows = (np.array([0, 3]), np.array([[1.0, -1.0], [2.0, 0.5]], np.float32) * (step + 1))
-    parameters.apply_gradients(Gradients(dense={"w": gradient}, embeddings={"t": rows}, state=state))
+    parameters.apply_gradients(Gradients(dense={"w": gradient}, embeddings={"t": rows}, state_changes=state))
 
 
 def test_ps_checkpoint_restores_non_trainable_state_constraints_and_ema_exactly() -> None:
@@ -347,7 +354,8 @@ def test_ps_checkpoint_restores_non_trainable_state_constraints_and_ema_exactly(
     assert dict(restored.pull_dense(-1, finalized=True) or []).keys() == finalized.keys()
     for name, value in restored.pull_dense(-1, finalized=True) or []:
         np.testing.assert_array_equal(value, finalized[name])
-    np.testing.assert_array_equal(finalized["moving_mean"], [3.0, -3.0])
+    # Each push added its change of the non-trainable value: 0 + 1 + 2 + 3, in both.
+    np.testing.assert_array_equal(finalized["moving_mean"], [6.0, -6.0])
     np.testing.assert_array_equal(restored.export_table("t")[1], original.export_table("t")[1])
     live = dict(original.pull_dense(-1) or [])
     assert not np.array_equal(live["w"], finalized["w"]), "finalized values are not the EMA averages"
@@ -358,11 +366,12 @@ def test_a_synchronous_step_weights_pushes_by_examples() -> None:
     from edl_argo.ps.servicer import _Accumulator
 
     accumulator = _Accumulator()
-    accumulator.add(Gradients(dense={"w": np.array([1.0], np.float32)}, state={"m": np.array([2.0])}), 1.0, 8)
-    accumulator.add(Gradients(dense={"w": np.array([4.0], np.float32)}, state={"m": np.array([5.0])}), 1.0, 4)
+    for w, m, examples in ((1.0, 2.0, 8), (4.0, 5.0, 4)):
+        gradients = Gradients(dense={"w": np.array([w], np.float32)}, state_changes={"m": np.array([m])})
+        accumulator.add(gradients, 1.0, examples)
     mean, _ = accumulator.mean()
     np.testing.assert_allclose(mean.dense["w"], [(8 * 1.0 + 4 * 4.0) / 12])
-    np.testing.assert_allclose(mean.state["m"], [(8 * 2.0 + 4 * 5.0) / 12])
+    np.testing.assert_allclose(mean.state_changes["m"], [(8 * 2.0 + 4 * 5.0) / 12])
 
 
 def test_the_ps_refuses_malformed_state_and_constraints_naming_the_variable() -> None:

@@ -4,8 +4,9 @@
   (:func:`~edl_argo.ps.partition.dense_owner`). Gradients are pushed; the PS's Keras optimizer applies
   them, then the variable's constraint; workers pull the values.
 * ``non_trainable`` (BatchNormalization statistics, any float variable a layer updates): on the PS that
-  owns the name. Every push carries the values the worker's forward pass computed; the PS takes them (the
-  mean over the pushes of a synchronous step, weighted by examples). The worker undoes its forward pass's
+  owns the name. Every push carries how the worker's forward pass changed them; the PS adds the change
+  (the mean over the pushes of a synchronous step, weighted by examples), so no push's change is lost to
+  another computed from the same values. The worker undoes its forward pass's
   assignments and pulls the PS's values, so evaluation during training sees what gets exported.
 * ``tables`` (Embedding layers): rows on the PS that owns their id; row gradients pushed, rows pulled per
   batch.

@@ -74,11 +74,12 @@ def check_push_fields(request: ps_pb2.PushGradientsRequest, ps_id: int) -> float
 
 
 def check_finite(gradients: Gradients) -> None:
-    """Refuse gradients (dense, embedding rows) or non-trainable values that hold a NaN or an infinity."""
+    """Refuse gradients (dense, embedding rows) or changes of non-trainable variables that hold a NaN or an
+    infinity."""
     named = [
         *(("gradient for dense variable", name, value) for name, value in gradients.dense.items()),
         *(("gradient for embedding table", name, rows) for name, (_, rows) in gradients.embeddings.items()),
-        *(("value of non-trainable variable", name, value) for name, value in gradients.state.items()),
+        *(("change of non-trainable variable", name, c) for name, c in gradients.state_changes.items()),
     ]
     for what, name, value in named:
         if value.size and not np.isfinite(value).all():

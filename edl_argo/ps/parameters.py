@@ -34,11 +34,12 @@ from edl_argo.rpc.tensors import from_indexed_slices, from_tensor
 @dataclass
 class Gradients:
     """Validated gradients of one push: dense by variable name, sparse as ``(ids, values)`` by table, and
-    the values of non-trainable variables the push carries (``state``)."""
+    how the push's forward pass changed non-trainable variables (``state_changes``, added to their values:
+    a change computed from an older value than the current one is not lost)."""
 
     dense: dict[str, np.ndarray] = field(default_factory=dict)
     embeddings: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    state: dict[str, np.ndarray] = field(default_factory=dict)
+    state_changes: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -268,8 +269,8 @@ class Parameters:
         dense = {name: (v.dtype.name, tuple(v.shape)) for name, v in self.dense.items()}
         gradients.dense = _decode_named(model.dense_parameters, dense, "gradient", "dense variable")
         state = {name: (v.dtype.name, v.shape) for name, v in self.non_trainable.items()}
-        gradients.state = _decode_named(
-            model.non_trainable_parameters, state, "value", "non-trainable variable"
+        gradients.state_changes = _decode_named(
+            model.non_trainable_parameters, state, "change", "non-trainable variable"
         )
         for name, slices in model.embedding_tables.items():
             table = self._table(name)
@@ -285,8 +286,8 @@ class Parameters:
         return gradients
 
     def apply_gradients(self, gradients: Gradients, lr_scale: float = 1.0) -> None:
-        """Apply checked gradients as one optimizer step, take the non-trainable values they carry, and
-        advance the version by one.
+        """Apply checked gradients as one optimizer step, add the changes of non-trainable variables they
+        carry, and advance the version by one.
 
         ``lr_scale`` multiplies the learning rate for this step only; other than 1 it needs a float
         learning rate (:class:`LearningRateScaleError`, raised before anything changes).
@@ -311,8 +312,9 @@ class Parameters:
             by_group.setdefault(id(self._table_optimizers[name]), []).append((self.tables[name], ids, values))
         for updates in by_group.values():
             self._table_optimizers[updates[0][0].name].apply_many(updates, lr_scale)
-        for name, value in gradients.state.items():
-            self.non_trainable[name] = np.array(value, dtype=self.non_trainable[name].dtype)
+        for name, change in gradients.state_changes.items():
+            value = self.non_trainable[name]
+            self.non_trainable[name] = np.asarray(value + change, dtype=value.dtype)
         self.version += 1
         self._latest_dense = None if updated is None else (self.version, updated)
 

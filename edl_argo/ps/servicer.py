@@ -23,8 +23,11 @@ check of their own, so every PS applies the same minibatches, each at most once,
 in step with PS 0. A follower reports in every pull the authority step it applied last (``synced_step``),
 from which a worker tells whether the parameters it pulled from all PS are of one step.
 
-A push also carries the values of the non-trainable variables its forward pass computed: applied with the
-push (asynchronous), or averaged like the gradients over the step (synchronous).
+A push also carries how its forward pass changed the non-trainable variables (BatchNormalization's moving
+statistics): the PS adds the change, with the push (asynchronous) or averaged like the gradients over the
+step (synchronous). A change, not a value: a push computed from values other pushes have moved since (any
+asynchronous push but the first, or pipelined) still adds its own, as a gradient does, where a value would
+undo theirs.
 
 The optimizer is the model's, without the steps the worker takes of it
 (:func:`~edl_argo.model.train_step.ps_optimizer_factory`). A pull with ``finalized`` (for export) returns
@@ -148,7 +151,7 @@ class _Accumulator:
             self.authority_step = max(self.authority_step, authority_step)
         weight = max(1, examples)
         self._first = gradients if self.count == 0 else None
-        for total, values in ((self._dense, gradients.dense), (self._state, gradients.state)):
+        for total, values in ((self._dense, gradients.dense), (self._state, gradients.state_changes)):
             for name, value in values.items():
                 if name in total:
                     total[name] += value * weight

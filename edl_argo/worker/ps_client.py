@@ -115,16 +115,17 @@ class PushReply:
 def push_request(
     fields: ps_pb2.PushGradientsRequest,
     dense: Mapping[str, np.ndarray],
-    state: Mapping[str, np.ndarray],
+    state_changes: Mapping[str, np.ndarray],
     sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
 ) -> bytes:
     """The serialized ``PushGradientsRequest`` of ``fields`` (everything but the gradients) whose
-    ``gradients`` (of version ``fields.version``) hold the ``dense`` gradients, the non-trainable ``state``
-    and, per table, ``(row_gradients, ids)``: each tensor's bytes copied once (:mod:`edl_argo.rpc.wire`)."""
+    ``gradients`` (of version ``fields.version``) hold the ``dense`` gradients, the changes of non-trainable
+    variables (``state_changes``) and, per table, ``(row_gradients, ids)``: each tensor's bytes copied once
+    (:mod:`edl_argo.rpc.wire`)."""
     model = Encoding(ps_pb2.Model(version=fields.version))
     for name, gradient in dense.items():
         model.tensor(ps_layout.MODEL_FIELDS["dense_parameters"], gradient, name)
-    for name, value in state.items():
+    for name, value in state_changes.items():
         model.tensor(ps_layout.MODEL_FIELDS["non_trainable_parameters"], value, name)
     for table, (values, ids) in sparse.items():
         slices = Encoding().tensor(1, values, table).tensor(2, np.asarray(ids, dtype=np.int64), table)
@@ -345,19 +346,20 @@ class ParameterServerClient:
         sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
         versions: Sequence[int],
         learning_rate_scale: float = 1.0,
-        state: Mapping[str, np.ndarray] | None = None,
+        state_changes: Mapping[str, np.ndarray] | None = None,
         examples: int = 0,
         return_parameters: bool = False,
     ) -> PushResult:
-        """Push one minibatch's gradients; ``sparse`` maps a table to ``(row_gradients, ids)``, ``state``
-        holds the non-trainable values the minibatch's forward pass computed, ``examples`` its size.
+        """Push one minibatch's gradients; ``sparse`` maps a table to ``(row_gradients, ids)``,
+        ``state_changes`` how the minibatch's forward pass changed each non-trainable variable (the PS adds
+        them), ``examples`` its size.
 
         ``return_parameters``: the replies carry the dense parameters newer than ``versions`` as a pull
         right after the push would get them (:attr:`PushResult.parameters`), so the caller skips that pull.
         With several synchronous PS, a refused push carries none (PS 0 alone answered)."""
         sequence = next(self._push_numbers)
         dense_by_owner = self._split_dense(dense)
-        state_by_owner = self._split_dense(state or {})
+        state_by_owner = self._split_dense(state_changes or {})
         sparse_by_owner: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(self.num_ps)]
         for table, (values, ids) in sparse.items():
             owners = embedding_owner(ids, self.num_ps)

@@ -2,7 +2,7 @@
 
 One training step (:meth:`ModelReplica.train_minibatch`): compute the loss and gradients (a
 ``tf.function``; embedding rows are pulled before it), push dense gradients, per-row embedding gradients
-and the non-trainable values the forward pass computed. The push's reply carries the dense parameters
+and how the forward pass changed the non-trainable variables. The push's reply carries the dense parameters
 that changed on the PS (the step it completed, if it did), so the next step starts without a pull; a pull
 happens only when a reply could not carry them (several synchronous PS not yet of one step), before the
 first step and for evaluation. With synchronous SGD a push may be rejected as stale; its reply carries the
@@ -81,7 +81,8 @@ class _Push:
 
     dense: dict[str, np.ndarray]
     sparse: dict[str, tuple[np.ndarray, np.ndarray]]
-    state: dict[str, np.ndarray]
+    #: How the forward pass changed each non-trainable variable (the PS adds it).
+    state_changes: dict[str, np.ndarray]
     examples: int
 
 
@@ -198,7 +199,7 @@ class ModelReplica:
         self, features: Any, labels: Any, sample_weight: Any, rows: list[tf.Tensor]
     ) -> tuple[Any, ...]:
         """Loss, gradients (dense, None for a variable the loss does not reach; per pulled embedding row),
-        whether they are finite, and the non-trainable values the forward pass computed. The local
+        whether they are finite, and how the forward pass changed each non-trainable variable. The local
         non-trainable variables are left as they were: their values come from the PS."""
         model, steps = self.model, self._steps
         state = self._inventory.non_trainable
@@ -218,10 +219,10 @@ class ModelReplica:
             [tf.convert_to_tensor(g) for g in grads[n:m]],
             [tf.convert_to_tensor(g) for g in grads[m:]],
         )
-        after = [tf.identity(v.value) for v in state]
+        changes = [v.value - value for v, value in zip(state, before, strict=True)]
         for variable, value in zip(state, before, strict=True):
             variable.assign(value)
-        return loss, dense_grads, row_grads, finite, after
+        return loss, dense_grads, row_grads, finite, changes
 
     def _forward_pass(self, features: Any, rows: list[tf.Tensor]) -> Any:
         self._lookups.start("feed", rows)
@@ -233,7 +234,7 @@ class ModelReplica:
         Raises :class:`StepSkipped` when the step's gradients are not finite under dynamic loss scaling:
         the step is skipped and the scale halved, as Keras does."""
         tables, ids, rows = self._pull_rows(features)
-        loss, dense_grads, row_grads, finite, state = self._compute(features, labels, sample_weight, rows)
+        loss, dense_grads, row_grads, finite, changes = self._compute(features, labels, sample_weight, rows)
         loss_value = float(loss)
         if not np.isfinite(loss_value):
             raise NonFiniteLossError(loss_value, self.version)
@@ -252,7 +253,9 @@ class ModelReplica:
         return loss_value, _Push(
             dense=dense,
             sparse=sparse,
-            state={v.path: np.asarray(s) for v, s in zip(self._inventory.non_trainable, state, strict=True)},
+            state_changes={
+                v.path: np.asarray(c) for v, c in zip(self._inventory.non_trainable, changes, strict=True)
+            },
             examples=num_records(features),
         )
 
@@ -300,7 +303,7 @@ class ModelReplica:
             push.sparse,
             versions,
             self._lr_scale,
-            state=push.state,
+            state_changes=push.state_changes,
             examples=push.examples,
             return_parameters=True,
         )

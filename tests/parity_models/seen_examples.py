@@ -13,9 +13,11 @@ import keras
 import tensorflow as tf
 
 sys.path.insert(0, str(Path(__file__).parent))
-from parity_data import eval_metrics_fn  # noqa: F401
+from parity_data import (
+    eval_metrics_fn,  # noqa: F401
+    loss,  # noqa: F401
+)
 from parity_data import feed as _feed
-from parity_data import loss  # noqa: F401
 
 
 @keras.saving.register_keras_serializable(package="parity")
@@ -35,7 +37,8 @@ def custom_model() -> keras.Model:
     x = keras.Input(shape=(4,), name="x")
     c = keras.Input(shape=(1,), name="c", dtype="int64")
     counted = SeenExamples(name="counter")(x)
-    out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=3), name="out")(counted)
+    init = keras.initializers.GlorotUniform(seed=3)
+    out = keras.layers.Dense(1, kernel_initializer=init, name="out")(counted)
     return keras.Model({"x": x, "c": c}, out)
 
 
