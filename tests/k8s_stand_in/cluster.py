@@ -1,8 +1,9 @@
 """TEST-ONLY: what the stand-in's API server, scheduler, kubelet and garbage collector do to objects.
 
 Resources: ``pods``, ``services``, ``secrets`` (core/v1), ``networkpolicies`` (networking.k8s.io/v1,
-stored and checked for shape, not enforced: pods share the loopback address) and ``workflows``
-(argoproj.io/v1alpha1, stored only so that owner references to a Workflow cascade). One node,
+stored and checked for shape, not enforced: pods share the loopback address), ``workflows``
+(argoproj.io/v1alpha1, stored only so that owner references to a Workflow cascade), and ``configmaps`` and
+``workflowtemplates`` (argoproj.io/v1alpha1), stored only. One node,
 ``stand-in-node``, runs every pod's container as a local process group (its ``command`` + ``args``,
 ``edl-argo`` resolved to this interpreter's console script) with ``status.podIP`` 127.0.0.1, so pods
 share the loopback address.
@@ -443,7 +444,7 @@ class Cluster:
         if removed is None:
             return None
         uid = removed["metadata"]["uid"]
-        for resource in ("pods", "services", "secrets", "networkpolicies", "workflows"):
+        for resource in ("pods", "services", "secrets", "configmaps", "networkpolicies", "workflows"):
             for dependent_key, obj in self.store.items(resource, key[1]):
                 if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
                     if resource == "pods":
