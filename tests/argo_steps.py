@@ -80,3 +80,53 @@ def argo_pod(
             secret["secretName"] = substitute(secret["secretName"], scope, where)
         volumes[volume["name"]] = {"secret": secret, "mountPath": mounts.get(volume["name"])}
     return {"metadata": {"labels": labels}, "argv": argv, "env": env, "volumes": volumes}
+
+
+def argo_pod_manifest(
+    task: Mapping[str, Any], template: Mapping[str, Any], workflow: Mapping[str, str], pod_name: str
+) -> dict[str, Any]:
+    """The Pod Argo creates for ``task`` as a Kubernetes object (what the stand-in can run): ``pod_name``,
+    the labels of :func:`argo_pod`, the Workflow (``workflow.name``, ``workflow.uid``) as its controlling
+    owner, the template's service account, and its main container ``main``: the image, the command line of
+    :func:`argo_pod` (Argo runs it under its executor, which this leaves out), the environment as the
+    template declares it (plain values filled in, downward-API ``valueFrom`` entries as they are) and the
+    ports. Volumes are left out: a test mounts them itself (``KubernetesStandIn.mount_secret``)."""
+    rendered = argo_pod(task, template, workflow)
+    container = template["container"]
+    scope = task_scope(task, template, workflow)
+    env = []
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env.append({"name": entry["name"], "value": rendered["env"][entry["name"]]})
+        else:
+            env.append(dict(entry))
+    owner = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "name": workflow["workflow.name"],
+        "uid": workflow["workflow.uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "labels": rendered["metadata"]["labels"],
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "serviceAccountName": template.get("serviceAccountName", "default"),
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": substitute(container["image"], scope, template["name"]),
+                    "command": rendered["argv"],
+                    "env": env,
+                    "ports": [dict(p) for p in container.get("ports", [])],
+                }
+            ],
+        },
+    }

@@ -49,6 +49,7 @@ from edl_argo.pods.manifests import (
 from edl_argo.rpc.auth import JobSecret
 from tests.k8s_helpers import ARGO_EXECUTOR_RULES, MASTER_RULES, MASTER_USER_AGENT, ROOT, role_rules
 from tests.k8s_stand_in import KubernetesStandIn, rules_allow
+from tests.k8s_stand_in.selectors import label_problems, selects
 from tests.manifests import load_documents
 
 pytestmark = pytest.mark.timeout(120)
@@ -668,19 +669,6 @@ def test_the_master_is_behind_a_service_when_its_pod_carries_the_master_labels(
         stand_in.delete("pods", master_pod)
 
 
-#: A label value as Kubernetes accepts it (at most 63 characters).
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
-
-
-def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    """Whether a LabelSelector (``matchLabels`` and ``Exists`` expressions) selects ``labels``."""
-    expressions = selector.get("matchExpressions", [])
-    assert {e["operator"] for e in expressions} <= {"Exists"}, expressions
-    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and all(
-        e["key"] in labels for e in expressions
-    )
-
-
 def test_a_job_named_after_argos_longest_workflow_name_reaches_its_master(
     new_backend: Callable[..., KubernetesBackend],
     stand_in: KubernetesStandIn,
@@ -703,7 +691,7 @@ def test_a_job_named_after_argos_longest_workflow_name_reaches_its_master(
     variables = {"workflow.name": workflow_name, "workflow.uid": "uid-1", "workflow.namespace": "default"}
     pod = argo_pod(task, template, variables)
     labels = pod["metadata"]["labels"]
-    assert [v for v in labels.values() if not LABEL_VALUE.match(v)] == []  # else Argo cannot create it
+    assert label_problems(labels) == []  # else Argo cannot create it
     monkeypatch.setenv(MASTER_SECRETS_ENV, pod["env"][MASTER_SECRETS_ENV])  # the pod's, as Argo sets it
     config = config_from_args(cli.build_parser().parse_args(pod["argv"][1:]))
     job = config.job_name
@@ -735,14 +723,14 @@ def test_a_job_named_after_argos_longest_workflow_name_reaches_its_master(
         (policy,) = stand_in.objects("networkpolicies", f"app.kubernetes.io/instance={job}")
         (service,) = stand_in.objects("services", f"app.kubernetes.io/instance={job},edl-argo/role=master")
         assert address == f"{service['spec']['clusterIP']}:5000"
-        assert _selects({"matchLabels": service["spec"]["selector"]}, master)
-        assert _selects(policy["spec"]["podSelector"], master) and _selects(
+        assert selects({"matchLabels": service["spec"]["selector"]}, master)
+        assert selects(policy["spec"]["podSelector"], master) and selects(
             policy["spec"]["podSelector"], worker
         )
         (rule,) = policy["spec"]["ingress"]
-        assert all(_selects(peer["podSelector"], worker) for peer in rule["from"])  # workers reach the master
+        assert all(selects(peer["podSelector"], worker) for peer in rule["from"])  # workers reach the master
         (default_deny,) = load_documents(ROOT / "templates" / "network-policy.yaml")
-        assert _selects(default_deny["spec"]["podSelector"], master)
+        assert selects(default_deny["spec"]["podSelector"], master)
 
         hook = {p["name"]: p["value"] for p in task["hooks"]["exit"]["arguments"]["parameters"]}
         hook_job = substitute(hook["job-name"], variables, "the exit hook")

@@ -1,11 +1,15 @@
 """TEST-ONLY: what the stand-in's API server, scheduler, kubelet and garbage collector do to objects.
 
 Resources: ``pods``, ``services``, ``secrets`` (core/v1), ``networkpolicies`` (networking.k8s.io/v1,
-stored and checked for shape, not enforced: pods share the loopback address) and ``workflows``
-(argoproj.io/v1alpha1, stored only so that owner references to a Workflow cascade). One node,
+stored and checked for shape, not enforced: pods share the loopback address), ``workflows``
+(argoproj.io/v1alpha1, stored only so that owner references to a Workflow cascade), and ``configmaps`` and
+``workflowtemplates`` (argoproj.io/v1alpha1), stored only. One node,
 ``stand-in-node``, runs every pod's container as a local process group (its ``command`` + ``args``,
 ``edl-argo`` resolved to this interpreter's console script) with ``status.podIP`` 127.0.0.1, so pods
 share the loopback address.
+
+Admission: an object whose labels the API server would refuse (a value over 63 characters, ...) is
+refused with 422 Invalid, on create and on patch.
 
 Pod lifecycle: created Pending -> scheduled (unless held: then PodScheduled=False/Unschedulable until
 :meth:`Cluster.release`) -> Running once its process started (or Pending with a waiting container:
@@ -36,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tests.k8s_stand_in.selectors import Requirement, matches, parse_selector
+from tests.k8s_stand_in.selectors import Requirement, label_problems, matches, parse_selector
 from tests.k8s_stand_in.store import ObjectKey, ObjectStore
 
 NODE = "stand-in-node"
@@ -102,6 +106,7 @@ class Cluster:
         if not name:
             raise ApiError(422, "Invalid", f"{resource}: metadata.name: Required value")
         key = (resource, namespace, name)
+        _check_labels(resource, name, meta)
         with self.store.lock:
             if self.store.get(key) is not None:
                 raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists')
@@ -150,7 +155,9 @@ class Cluster:
             obj = self.store.get(key)
             if obj is None:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
-            return self.store.put(key, _merged(_copy(obj), patch), "MODIFIED")
+            patched = _merged(_copy(obj), patch)
+            _check_labels(resource, name, patched["metadata"])
+            return self.store.put(key, patched, "MODIFIED")
 
     def pod_log(self, namespace: str, name: str, tail_lines: int | None) -> str:
         pod = self.read("pods", namespace, name)
@@ -437,7 +444,7 @@ class Cluster:
         if removed is None:
             return None
         uid = removed["metadata"]["uid"]
-        for resource in ("pods", "services", "secrets", "networkpolicies", "workflows"):
+        for resource in ("pods", "services", "secrets", "configmaps", "networkpolicies", "workflows"):
             for dependent_key, obj in self.store.items(resource, key[1]):
                 if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
                     if resource == "pods":
@@ -448,6 +455,14 @@ class Cluster:
 
     def _log_path(self, namespace: str, name: str, uid: str) -> Path:
         return self.workdir / "logs" / f"{namespace}_{name}_{uid}.log"
+
+
+def _check_labels(resource: str, name: str, meta: Mapping[str, Any]) -> None:
+    """Refuse (422 Invalid) an object whose labels the API server would refuse (:func:`label_problems`):
+    e.g. a label value over 63 characters."""
+    problems = label_problems(meta.get("labels"))
+    if problems:
+        raise ApiError(422, "Invalid", f'{resource} "{name}" is invalid: ' + "; ".join(problems))
 
 
 def _merged(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ Routes (JSON; errors are ``Status`` objects with the real reasons and codes):
   ``.../pods/{name}/status``: GET; ``.../pods/{name}/log``: GET (``tailLines``), text.
 * ``/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies[/{name}]``: the same verbs; stored, not
   enforced.
-* ``/apis/argoproj.io/v1alpha1/namespaces/{ns}/workflows[/{name}]``: the same verbs, no behaviour.
+* ``/apis/argoproj.io/v1alpha1/namespaces/{ns}/{workflows|workflowtemplates}[/{name}]`` and
+  ``/api/v1/namespaces/{ns}/configmaps[/{name}]``: the same verbs, stored only, no behaviour.
 
 Every request is logged as an :class:`ApiCall` (the authorization verb and resource, as RBAC sees them).
 """
@@ -48,8 +49,10 @@ KINDS = {
     ("", "pods"): "Pod",
     ("", "services"): "Service",
     ("", "secrets"): "Secret",
+    ("", "configmaps"): "ConfigMap",
     ("networking.k8s.io", "networkpolicies"): "NetworkPolicy",
     ("argoproj.io", "workflows"): "Workflow",
+    ("argoproj.io", "workflowtemplates"): "WorkflowTemplate",
 }
 
 
