@@ -2,6 +2,7 @@
 
 The benchmarks drive the engine through its internals (a tap on the job's ledger, the worker's step timers),
 so an interface change can break them while every other test passes. Slow (a minute): `make test-slow`.
+The stability benchmark's statistics are checked in `make test` (no training).
 """
 
 from __future__ import annotations
@@ -36,3 +37,18 @@ def test_the_quick_training_benchmark_measures_our_job_against_fit(tmp_path: Pat
     pipelined = re.search(r"\| ours: local job, 1 worker \+ 1 PS, async, `--pipelined` \| (\d+) \|", text)
     assert pipelined and int(pipelined.group(1)) > 0, text[:3000]
     assert re.search(r"worker main thread per step .*compute [\d.]+ ms", text), text[:3000]
+
+
+def test_the_stability_benchmarks_fisher_test_matches_the_hypergeometric_tail() -> None:
+    """The one-sided Fisher exact test of the stability benchmark (scipy's ``fisher_exact(...,
+    alternative="greater")`` gives the same figures): 6 collapses in 67 runs against 4 in 110 is 0.126;
+    1 in 52 against 4 in 110 is 0.860; no collapse anywhere is 1; 3 in 10 against none in 30 is small."""
+    from tests.bench.stability import more_collapses_p_value
+
+    def runs(low: int, count: int) -> list[float]:
+        return [0.5] * low + [0.95] * (count - low)
+
+    assert round(more_collapses_p_value(runs(6, 67), runs(4, 110)), 4) == 0.1258
+    assert round(more_collapses_p_value(runs(1, 52), runs(4, 110)), 4) == 0.8599
+    assert more_collapses_p_value(runs(0, 10), runs(0, 30)) == 1.0
+    assert more_collapses_p_value(runs(3, 10), runs(0, 30)) < 0.02
