@@ -59,7 +59,14 @@ JOBS = (
         "ParameterServerStrategy, 4 workers + 2 PS, sync, --grads-to-wait 1",
         ("--num-workers", "4", "--num-ps", "2", "--grads-to-wait", "1"),
     ),
-    JobConfig("ParameterServerStrategy, 1 worker + 2 PS, --use-async", ("--num-ps", "2", "--use-async")),
+    JobConfig(
+        "ParameterServerStrategy, 1 worker + 2 PS, --use-async",
+        ("--num-workers", "1", "--num-ps", "2", "--use-async"),
+    ),
+    JobConfig(
+        "ParameterServerStrategy, 2 workers + 2 PS, --use-async",
+        ("--num-workers", "2", "--num-ps", "2", "--use-async"),
+    ),
     JobConfig(
         "AllreduceStrategy, 1 worker", ("--num-workers", "1", "--distribution-strategy", "AllreduceStrategy")
     ),
