@@ -10,12 +10,15 @@ lowest accuracy may fall below ``fit``'s lowest by at most 0.03 (issue 37's goal
 process with new random draws (``fit``: ``keras.utils.set_random_seed(run)``, the model's own ``feed``, which
 shuffles with a buffer of 1,024); a run below 0.85 is counted as collapsed.
 
-``fit`` collapses too, rarely (4 runs below 0.85 in 110 measured, the lowest 0.503), so a minimum over 10 runs
+``fit`` collapses too, rarely (4 runs below 0.85 in 120 measured, the lowest 0.503), so a minimum over 10 runs
 says little about its tail: ``fit`` runs 30 times (a run takes seconds), each job configuration 10 times
 (1 in ``--quick``, with 1 epoch). Each configuration's row also gives the one-sided p-value of Fisher's exact
 test that it collapses more often than ``fit`` (small: a tail ``fit`` lacks; the hypergeometric tail, computed
-exactly). Usage of the child
-that runs ``fit``: ``python -m tests.bench.stability DATA RUNS EPOCHS`` (one JSON line per run).
+exactly); a second goal asks that p be at least 0.05. The first goal, the issue's, compares two minima of a
+few runs each: it fails for any configuration that draws one of the rare collapses ``fit`` also has.
+
+Usage of the child that runs ``fit``: ``python -m tests.bench.stability DATA RUNS EPOCHS`` (one JSON line
+per run).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ FULL_FIT_RUNS = 30
 COLLAPSED_BELOW = 0.85
 #: How far a job configuration's lowest accuracy may fall below ``fit``'s lowest.
 MAX_TAIL_GAP = 0.03
+#: Below this p-value, a configuration collapses more often than ``fit`` (a tail ``fit`` lacks).
+MIN_P_VALUE = 0.05
 #: The longest one run may take (a job of 4 workers on a loaded 2-core machine takes about a minute).
 RUN_TIMEOUT = 900.0
 
@@ -178,6 +183,13 @@ def training_stability(ctx: BenchContext) -> BenchResult:
                 f"{config.label}: lowest accuracy − fit's lowest ≥ −{MAX_TAIL_GAP}",
                 Stat.of([min(accuracies) - min(fit)]),
                 -MAX_TAIL_GAP,
+            )
+        )
+        result.goals.append(
+            Goal(
+                f"{config.label}: collapses no more often than fit (one-sided Fisher p ≥ {MIN_P_VALUE})",
+                Stat.of([more_collapses_p_value(accuracies, fit)]),
+                MIN_P_VALUE,
             )
         )
     return result
