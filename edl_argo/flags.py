@@ -43,6 +43,20 @@ positive_int = _bounded_int(1)
 non_negative_int = _bounded_int(0)
 
 
+def fraction(text: str) -> float:
+    """argparse ``type=`` for a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 1")
+    return value
+
+
+fraction.__name__ = "number from 0 to 1"
+
+
 def pod_host() -> str:
     """The address this pod's servers bind to: ``POD_IP`` in Kubernetes, loopback on one machine."""
     return os.environ.get("POD_IP") or "127.0.0.1"

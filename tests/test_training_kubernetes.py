@@ -10,7 +10,9 @@ through the API, a preempted worker whose replacement waits for capacity, and a 
 from __future__ import annotations
 
 import json
+import re
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -251,6 +253,41 @@ def test_preempted_worker_replacement_waits_for_capacity_while_the_job_goes_on(
     assert_no_record_lost(metrics)
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
     assert "pod_phase pod=worker-2 phase=Pending reason=Unschedulable" in capfd.readouterr().err
+    assert_job_cleaned_up(cluster, name)
+
+
+def test_below_min_workers_training_pauses_without_failing_and_resumes_when_capacity_returns(
+    make_job: Callable[..., TrainingJob], cluster: KubernetesStandIn, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``--min-workers 2``: a preempted worker whose replacement finds no room pauses training (no training
+    task goes out; the tasks held finish) until the replacement runs; then the job ends with nothing lost."""
+    job = make_job(min_workers=2)
+    name = job.config.job_name
+    thread = JobThread(job).start()
+    thread.wait_until(lambda: thread.progress_fraction() >= 0.1, 240, "10% of the tasks")
+    cluster.hold_pending(job_selector(name, "worker"))  # no capacity left for workers
+    try:
+        cluster.evict(f"{name}-worker-1")
+        thread.wait_until(lambda: job.scaler is not None and job.scaler.paused, 60, "training to pause")
+        done_at_pause = job.dispatcher.progress()[0]
+        held_at_pause = sum(
+            1 for entry in job.dispatcher.snapshot()["doing"] if entry["task"]["type"] == "training"
+        )
+        thread.wait_until(lambda: cluster.pod(f"{name}-worker-2") is not None, 60, "the replacement pod")
+        time.sleep(5)  # the survivor asks for tasks in vain meanwhile
+        assert job.scaler is not None and job.scaler.paused
+        assert job.dispatcher.progress()[0] <= done_at_pause + held_at_pause
+        assert pod_phase(cluster, f"{name}-worker-2") == "Pending"
+    finally:
+        cluster.release()
+    metrics = thread.join(300)
+
+    assert metrics["worker_scaling"]["paused_seconds"] >= 5
+    assert_no_record_lost(metrics)
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
+    err = capfd.readouterr().err
+    assert re.search(r"training_paused running=1 pending=[01] min_workers=2", err)
+    assert "training_resumed running=2" in err
     assert_job_cleaned_up(cluster, name)
 
 

@@ -145,3 +145,22 @@ def test_a_minibatch_a_worker_skips_fails_the_job_naming_its_task(
     assert "accounting: training task 3 (shard" in message, message
     assert "in 3 minibatches" in message and "expected 4 minibatches of 32" in message, message
     assert not (tmp_path / "job" / "model").exists()
+
+
+def test_a_job_grows_one_worker_at_a_time_to_max_workers_and_trains_every_record_once(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    """``--num-workers 1 --max-workers 2``: once worker 0 has trained for a measured window, a second worker
+    starts and joins; the worker counts over time show it, and the accounting still holds."""
+    config = digits_config(
+        digits_data, tmp_path / "job", num_workers=1, max_workers=2, scale_up_window_seconds=2
+    )
+    metrics = TrainingJob.load(config).run()
+
+    scaling = metrics["worker_scaling"]
+    assert scaling["workers_added"] == 1
+    running = [count[1] for count in scaling["worker_counts"]]
+    assert running[0] <= 1 and max(running) == 2
+    assert "1" in scaling["records_per_second_measured"]
+    assert_no_record_lost(metrics)
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR

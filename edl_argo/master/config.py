@@ -56,6 +56,11 @@ class _TrainConfigMethods:
         return self.max_workers or max(DEFAULT_MAX_WORKERS, self.num_workers)
 
     @property
+    def growth_limit(self) -> int:
+        """The most workers the job grows to by itself: ``--max-workers``, or ``--num-workers`` when 0."""
+        return self.max_workers or self.num_workers
+
+    @property
     def records_per_task(self) -> int:
         return self.minibatch_size * self.num_minibatches_per_task
 
@@ -118,6 +123,19 @@ def _check_tls(args: argparse.Namespace) -> None:
         )
 
 
+def _check_worker_range(args: argparse.Namespace) -> None:
+    """``--min-workers`` <= ``--num-workers`` <= ``--max-workers`` (when given)."""
+    if args.max_workers and args.min_workers > args.max_workers:
+        raise ConfigError(f"--min-workers {args.min_workers} is more than --max-workers {args.max_workers}")
+    if args.max_workers and args.num_workers > args.max_workers:
+        raise ConfigError(f"--num-workers {args.num_workers} is more than --max-workers {args.max_workers}")
+    if args.num_workers < args.min_workers:
+        raise ConfigError(
+            f"--num-workers {args.num_workers} is less than --min-workers {args.min_workers}: the job starts"
+            " that many workers"
+        )
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The validated configuration; :class:`ConfigError` names the flag at fault."""
     _check_allreduce(args)
@@ -137,8 +155,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             f"--checkpoint-steps with --backend kubernetes: {checkpoints} would be each pod's own disk;"
             " set --checkpoint-dir s3://bucket/prefix"
         )
-    if args.max_workers and args.num_workers > args.max_workers:
-        raise ConfigError(f"--num-workers {args.num_workers} is more than --max-workers {args.max_workers}")
+    _check_worker_range(args)
     if args.master_port > MAX_PORT:
         raise ConfigError(f"--master-port {args.master_port}: a port is at most {MAX_PORT}")
     if args.backend == "local" and args.job_name and not _JOB_NAME.match(args.job_name):

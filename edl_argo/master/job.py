@@ -49,7 +49,9 @@ from edl_argo.master.state_store import (
     commit_wait_seconds,
 )
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.master.throughput import ThroughputMeter
 from edl_argo.master.training_stats import TrainingLoss
+from edl_argo.master.worker_scaler import WorkerRange, WorkerScaler
 from edl_argo.model import Mode, ModelSpec
 from edl_argo.pods import PodBackend, PodRole, PodSpec
 from edl_argo.progress import ProgressReporter
@@ -136,6 +138,7 @@ class TrainingJob:
         self.ps_ports = list(parts.ps_ports)
         self.versions = VersionTracker()
         self.training_loss = TrainingLoss()
+        self.throughput = ThroughputMeter()
         self.ledger = TrainingLedger(config.minibatch_size, 1 if config.use_async else config.grads_to_wait)
         self.evaluation = EvaluationService(
             self.spec.eval_metrics_fn, self.validation_shards, config.evaluation_steps
@@ -161,6 +164,7 @@ class TrainingJob:
         self.tls = tls
         self.host = pod_host()
         self.pods: PodManager | None = None
+        self.scaler: WorkerScaler | None = None
         self._ps_watch: ParameterServerWatch | None = None
         # AllreduceStrategy: the workers' group, and the trained state fetched from it before they exit.
         self.rendezvous = RendezvousManager(clock_round_base()) if config.allreduce else None
@@ -257,6 +261,7 @@ class TrainingJob:
             finish_training=self._apply_pending_updates,
             ledger=self.ledger,
             bounds=self._request_bounds(),
+            throughput=self.throughput,
             commit=self._state_writer,
         )
         master_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
@@ -317,6 +322,18 @@ class TrainingJob:
             self.dispatcher,
             self.worker_spec,
             self.ps_spec,
+        )
+        self.scaler = WorkerScaler(
+            WorkerRange(
+                minimum=c.min_workers,
+                maximum=c.growth_limit,
+                min_workers_timeout=c.min_workers_timeout,
+                window_seconds=c.scale_up_window_seconds,
+                min_gain=c.scale_up_min_gain,
+            ),
+            self.pods,
+            self.dispatcher,
+            self.throughput,
         )
         progress = ProgressReporter(f"train {c.job_name}")
         try:
@@ -401,6 +418,8 @@ class TrainingJob:
         while True:
             events = self.backend.events(timeout=0.5)
             self.pods.handle(events)
+            assert self.scaler is not None
+            self.scaler.tick()
             if events:
                 self._state_writer.changed()
             if self.rendezvous is not None:
@@ -503,7 +522,8 @@ class TrainingJob:
             raise JobFailedError("; ".join(problems))
 
     def _wait_for_workers(self) -> None:
-        assert self.pods is not None
+        assert self.pods is not None and self.scaler is not None
+        self.scaler.tick()  # training is over: workers still waiting for room are deleted
         deadline = time.monotonic() + WORKER_EXIT_GRACE_SECONDS
         while self.pods.live_workers and time.monotonic() < deadline:
             self.pods.handle(self.backend.events(timeout=0.5))
@@ -538,6 +558,7 @@ class TrainingJob:
                 "ps": self.pods.ps_relaunches,
                 "events": [vars(r) for r in self.pods.relaunches],
             },
+            "worker_scaling": self.scaler.summary() if self.scaler is not None else {},
             "wall_time_seconds": round(time.time() - started, 3),
             **({"allreduce_replicas": self._replicas} if self._replicas else {}),
         }

@@ -11,8 +11,11 @@ Kept apart from task bookkeeping (:mod:`edl_argo.master.task_dispatcher`) and fr
   the same way.
 * A PS that stops is relaunched with the same id and address (it restores its latest checkpoint),
   within ``max_ps_relaunches``.
-* Scaling changes the target number of workers: new ids start, or the newest workers are deleted (their
-  tasks requeued, as preemption would).
+* Scaling changes the target number of workers: new ids start, or workers are deleted (their tasks
+  requeued, as preemption would): Pending ones first (they hold nothing), then the newest.
+* A worker counts as *running* from its RUNNING event, as *pending* while the cluster has no room for it
+  (a PENDING event), until its pod stops (:meth:`~PodManager.worker_counts`, what
+  :mod:`edl_argo.master.worker_scaler` decides from).
 * A restarted master (see :mod:`edl_argo.master.failover`) :meth:`~PodManager.resume` s from the
   :meth:`~PodManager.snapshot` of the one before instead of starting pods: the pods the backend adopted
   keep running under their ids, and those that died with the old master are started again (a PS with its
@@ -49,6 +52,16 @@ class PodPolicy:
     relaunch_oom: bool = False
 
 
+@dataclass(frozen=True)
+class WorkerCounts:
+    """The job's workers now: ``running`` (their pod runs), ``pending`` (waiting for room in the cluster)
+    and ``wanted`` (the target: running, pending or being started)."""
+
+    running: int
+    pending: int
+    wanted: int
+
+
 @dataclass
 class RelaunchRecord:
     """One relaunch, for logs and metrics.json."""
@@ -76,6 +89,8 @@ class PodManager:
     relaunches: list[RelaunchRecord] = field(default_factory=list)
     failure: JobFailedError | None = None
     _live_workers: set[int] = field(default_factory=set)
+    _running_workers: set[int] = field(default_factory=set)
+    _pending_workers: set[int] = field(default_factory=set)
     _finished_workers: set[int] = field(default_factory=set)
     _removing: dict[int, str] = field(default_factory=dict)
     _next_worker_id: int = 0
@@ -117,6 +132,9 @@ class PodManager:
             self._target_workers = int(snapshot["target_workers"])
             self._next_worker_id = max([int(snapshot["next_worker_id"]), *(i + 1 for i in adopted_workers)])
             self._live_workers = set(adopted_workers)
+            self._running_workers = {
+                pod.pod_id for pod in adopted if pod.role is PodRole.WORKER and pod.phase is PodPhase.RUNNING
+            }
             self._started = True
         for ps_id in sorted(set(range(self.policy.num_ps)) - adopted_ps):
             self.backend.start(self.ps_spec(ps_id))
@@ -153,12 +171,25 @@ class PodManager:
     def ps_relaunches(self) -> int:
         return sum(1 for r in self.relaunches if r.role == PodRole.PS.value)
 
+    def worker_counts(self) -> WorkerCounts:
+        """How many workers run, wait for room, and are wanted (workers being removed do not count)."""
+        with self._lock:
+            staying = self._live_workers - set(self._removing)
+            return WorkerCounts(
+                running=len(staying & self._running_workers),
+                pending=len(staying & self._pending_workers),
+                wanted=self._target_workers,
+            )
+
     def scale_workers(self, count: int) -> int:
-        """Set the target number of workers; returns it. Scale-down removes the newest workers."""
+        """Set the target number of workers; returns it. Scale-down removes Pending workers first, newest
+        first, then the newest running ones."""
         with self._lock:
             self._target_workers = count
-            surplus = sorted(self._live_workers - set(self._removing))[count:]
-            missing = count - len(self._live_workers - set(self._removing))
+            staying = self._live_workers - set(self._removing)
+            by_preference = sorted(staying, key=lambda i: (i not in self._pending_workers, -i))
+            surplus = by_preference[: max(0, len(staying) - count)]
+            missing = count - len(staying)
         for worker_id in surplus:
             self._remove_worker(worker_id, SCALED_DOWN)
         for _ in range(max(0, missing)):
@@ -203,12 +234,26 @@ class PodManager:
                 else:
                     self._ps_stopped(event)
             else:
+                if event.role is PodRole.WORKER:
+                    self._worker_phase(event)
                 log.info("pod_phase", pod=event.name, phase=event.phase.value, reason=event.reason)
+
+    def _worker_phase(self, event: PodEvent) -> None:
+        with self._lock:
+            if event.pod_id not in self._live_workers:
+                return
+            if event.phase is PodPhase.RUNNING:
+                self._running_workers.add(event.pod_id)
+                self._pending_workers.discard(event.pod_id)
+            elif event.phase is PodPhase.PENDING and event.reason == PodReason.UNSCHEDULABLE:
+                self._pending_workers.add(event.pod_id)
 
     def _worker_stopped(self, event: PodEvent) -> None:
         worker_id = event.pod_id
         with self._lock:
             self._live_workers.discard(worker_id)
+            self._running_workers.discard(worker_id)
+            self._pending_workers.discard(worker_id)
             removed_reason = self._removing.pop(worker_id, None)
         if event.phase is PodPhase.SUCCEEDED:
             self._finished_workers.add(worker_id)

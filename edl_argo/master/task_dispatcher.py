@@ -293,8 +293,16 @@ class TaskDispatcher:
         self._requeues: dict[str, int] = {reason: 0 for reason in REQUEUE_REASONS}
         self._evaluations_pending: dict[int, int] = {}
         self._failure: JobFailedError | None = None
+        self._training_held = False
 
     # ------------------------------------------------------------------ dispatching
+
+    def hold_training(self, held: bool) -> None:
+        """While ``held``, :meth:`get_task` hands out no training task (WAIT instead; evaluation and
+        prediction tasks still go out). Tasks already handed out are unaffected. Not saved: the master
+        decides it afresh from its pods (:mod:`edl_argo.master.worker_scaler`)."""
+        with self._lock:
+            self._training_held = held
 
     def get_task(self, worker_id: int) -> TaskAssignment:
         """The next task for ``worker_id`` (evaluation, then prediction, then training), WAIT or DONE.
@@ -309,6 +317,8 @@ class TaskDispatcher:
                 ):
                     self._create_epoch()
                 for task_type in _PRIORITY:
+                    if task_type is TaskType.TRAINING and self._training_held:
+                        continue
                     task = self._pop_todo(task_type)
                     if task is not None:
                         self._start(task, worker_id, self._clock())

@@ -9,7 +9,7 @@ line, the master passing it to its pods, the configuration field that holds it (
 from __future__ import annotations
 
 from edl_argo import __version__
-from edl_argo.flags import non_negative_int, positive_int
+from edl_argo.flags import fraction, non_negative_int, positive_int
 from edl_argo.settings.schema import Argo, Setting
 
 PARAMETER_SERVER = "ParameterServerStrategy"
@@ -433,9 +433,53 @@ SETTINGS: tuple[Setting, ...] = (
         "--max-workers",
         int,
         0,
-        "the most workers `edl-argo scale` may ask for (0: 64, or --num-workers if more)",
+        "the most workers: the job grows to it, one worker at a time, while capacity frees up and each worker"
+        " added raises the throughput (see --scale-up-min-gain); `edl-argo scale` may ask for at most it (0:"
+        " no growth, and scale asks for at most 64, or --num-workers if more)",
         group=CLUSTER,
         parse=non_negative_int,
+        argo=Argo(),
+    ),
+    Setting(
+        "--min-workers",
+        int,
+        1,
+        "training runs only while at least this many workers run: below it (at start, or after preemption)"
+        " it pauses, and the job fails after --min-workers-timeout",
+        group=CLUSTER,
+        parse=positive_int,
+        argo=Argo(),
+    ),
+    Setting(
+        "--min-workers-timeout",
+        int,
+        1800,
+        "how long training may stay paused with fewer than --min-workers running before the job fails",
+        group=CLUSTER,
+        parse=positive_int,
+        metavar="SECONDS",
+        argo=Argo(),
+    ),
+    Setting(
+        "--scale-up-window-seconds",
+        int,
+        60,
+        "growth to --max-workers: each worker count is measured this long (every worker running and"
+        " training) before the next worker is added",
+        group=CLUSTER,
+        parse=positive_int,
+        metavar="SECONDS",
+        argo=Argo(),
+    ),
+    Setting(
+        "--scale-up-min-gain",
+        float,
+        0.25,
+        "growth to --max-workers stops when the last worker added raised the job's records/s by less than"
+        " this fraction of one worker's average share (the PS or the collective is the bottleneck); it is"
+        " tried again 10 windows later",
+        group=CLUSTER,
+        parse=fraction,
         argo=Argo(),
     ),
     Setting(
