@@ -12,10 +12,12 @@ class RecordingPods:
 
     def __init__(self) -> None:
         self.started: list[str] = []
+        self.specs: list[PodSpec] = []
         self.deleted: list[tuple[str, str]] = []
 
     def start(self, spec: PodSpec) -> None:
         self.started.append(spec.name)
+        self.specs.append(spec)
 
     def delete(self, role: PodRole, pod_id: int, *, reason: str = PodReason.DELETED, **_: object) -> None:
         self.deleted.append((f"{role.value}-{pod_id}", reason))

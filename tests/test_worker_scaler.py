@@ -176,3 +176,33 @@ def test_the_meter_counts_records_per_worker_over_a_sliding_window() -> None:
     clock.now += 6
     assert meter.records_per_second(10) == {0: 2.0, 1: 3.0}
     assert meter.total_records_per_second(10) == 5.0 and meter.records_total == 100
+
+
+def test_workers_beyond_those_asked_for_are_opportunistic_and_the_first_to_go() -> None:
+    job = Job(start=2, maximum=4)
+    job.pods.scale_workers(4)  # growth: workers 2 and 3 are beyond the 2 asked for
+    assert [spec.opportunistic for spec in job.backend.specs] == [False, False, True, True]
+
+    job.event(0, PodPhase.DELETED, PodReason.PREEMPTED)  # a worker asked for is replaced by one asked for
+    assert job.backend.specs[-1].name == "worker-4" and not job.backend.specs[-1].opportunistic
+
+    job.pods.scale_workers(3)  # the newest opportunistic one goes, not the newer worker 4
+    assert job.backend.deleted == [("worker-3", "ScaledDown")]
+
+    job.pods.request_workers(4)  # `edl-argo scale --workers 4`: the job now asks for 4
+    assert job.backend.specs[-1].name == "worker-5" and not job.backend.specs[-1].opportunistic
+
+
+def test_an_opportunistic_worker_gets_its_own_priority_class_on_kubernetes() -> None:
+    from edl_argo.pods.kubernetes_config import KubernetesConfig, RoleSettings
+    from edl_argo.pods.manifests import pod_manifest
+
+    config = KubernetesConfig(
+        image="img", worker=RoleSettings(priority_class="low"), opportunistic_worker_priority="lowest"
+    )
+    spec = PodSpec(PodRole.WORKER, 3, ("edl-argo", "worker"))
+    assert pod_manifest("job", config, spec)["spec"]["priorityClassName"] == "low"
+    opportunistic = PodSpec(PodRole.WORKER, 3, ("edl-argo", "worker"), opportunistic=True)
+    assert pod_manifest("job", config, opportunistic)["spec"]["priorityClassName"] == "lowest"
+    unset = KubernetesConfig(image="img", worker=RoleSettings(priority_class="low"))
+    assert pod_manifest("job", unset, opportunistic)["spec"]["priorityClassName"] == "low"

@@ -254,7 +254,7 @@ class TrainingJob:
             },
             current_version=lambda: self.versions.version,
             on_version=self._on_version,
-            scale_workers=lambda n: self.pods.scale_workers(n) if self.pods else n,
+            scale_workers=lambda n: self.pods.request_workers(n) if self.pods else n,
             training_loss=self.training_loss,
             rendezvous=self.rendezvous,
             ready_to_finish=lambda: self.rendezvous is None or self._group_state is not None,

@@ -12,7 +12,12 @@ Kept apart from task bookkeeping (:mod:`edl_argo.master.task_dispatcher`) and fr
 * A PS that stops is relaunched with the same id and address (it restores its latest checkpoint),
   within ``max_ps_relaunches``.
 * Scaling changes the target number of workers: new ids start, or workers are deleted (their tasks
-  requeued, as preemption would): Pending ones first (they hold nothing), then the newest.
+  requeued, as preemption would): Pending ones first (they hold nothing), then opportunistic ones, then
+  the newest.
+* The job *asks for* ``num_workers`` workers (``edl-argo scale`` changes that:
+  :meth:`~PodManager.request_workers`). Workers started beyond that many (growth,
+  :mod:`edl_argo.master.worker_scaler`) are *opportunistic* (:attr:`PodSpec.opportunistic
+  <edl_argo.pods.base.PodSpec.opportunistic>`): a cluster may give them a lower priority.
 * A worker counts as *running* from its RUNNING event, as *pending* while the cluster has no room for it
   (a PENDING event), until its pod stops (:meth:`~PodManager.worker_counts`, what
   :mod:`edl_argo.master.worker_scaler` decides from).
@@ -24,6 +29,7 @@ Kept apart from task bookkeeping (:mod:`edl_argo.master.task_dispatcher`) and fr
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -91,6 +97,8 @@ class PodManager:
     _live_workers: set[int] = field(default_factory=set)
     _running_workers: set[int] = field(default_factory=set)
     _pending_workers: set[int] = field(default_factory=set)
+    _opportunistic_workers: set[int] = field(default_factory=set)
+    _requested_workers: int | None = None
     _finished_workers: set[int] = field(default_factory=set)
     _removing: dict[int, str] = field(default_factory=dict)
     _next_worker_id: int = 0
@@ -111,6 +119,8 @@ class PodManager:
             return {
                 "next_worker_id": self._next_worker_id,
                 "target_workers": self._target_workers,
+                "requested_workers": self._requested,
+                "opportunistic_workers": sorted(self._opportunistic_workers),
                 "live_workers": sorted(self._live_workers),
                 "removing": {str(worker_id): reason for worker_id, reason in self._removing.items()},
                 "relaunches": [vars(record) for record in self.relaunches],
@@ -130,6 +140,8 @@ class PodManager:
         with self._lock:
             self.relaunches = [RelaunchRecord(**record) for record in snapshot["relaunches"]]
             self._target_workers = int(snapshot["target_workers"])
+            self._requested_workers = int(snapshot.get("requested_workers", self._target_workers))
+            self._opportunistic_workers = {int(i) for i in snapshot.get("opportunistic_workers", ())}
             self._next_worker_id = max([int(snapshot["next_worker_id"]), *(i + 1 for i in adopted_workers)])
             self._live_workers = set(adopted_workers)
             self._running_workers = {
@@ -181,13 +193,28 @@ class PodManager:
                 wanted=self._target_workers,
             )
 
+    @property
+    def _requested(self) -> int:
+        """The workers the job asks for: ``num_workers``, or what :meth:`request_workers` set."""
+        return self.policy.num_workers if self._requested_workers is None else self._requested_workers
+
+    def request_workers(self, count: int) -> int:
+        """The job now asks for ``count`` workers (``edl-argo scale``): :meth:`scale_workers` to it, and
+        workers started from now on up to that many are not opportunistic."""
+        with self._lock:
+            self._requested_workers = count
+        return self.scale_workers(count)
+
     def scale_workers(self, count: int) -> int:
-        """Set the target number of workers; returns it. Scale-down removes Pending workers first, newest
-        first, then the newest running ones."""
+        """Set the target number of workers; returns it. Scale-down removes Pending workers first, then
+        opportunistic ones, then the others; newest first within each."""
         with self._lock:
             self._target_workers = count
             staying = self._live_workers - set(self._removing)
-            by_preference = sorted(staying, key=lambda i: (i not in self._pending_workers, -i))
+            by_preference = sorted(
+                staying,
+                key=lambda i: (i not in self._pending_workers, i not in self._opportunistic_workers, -i),
+            )
             surplus = by_preference[: max(0, len(staying) - count)]
             missing = count - len(staying)
         for worker_id in surplus:
@@ -213,8 +240,13 @@ class PodManager:
         with self._lock:
             worker_id = self._next_worker_id
             self._next_worker_id += 1
+            staying = self._live_workers - set(self._removing)
+            opportunistic = len(staying - self._opportunistic_workers) >= self._requested
             self._live_workers.add(worker_id)
-        self.backend.start(self.worker_spec(worker_id))
+            if opportunistic:
+                self._opportunistic_workers.add(worker_id)
+        spec = self.worker_spec(worker_id)
+        self.backend.start(dataclasses.replace(spec, opportunistic=True) if opportunistic else spec)
         return worker_id
 
     def _remove_worker(self, worker_id: int, reason: str) -> None:
@@ -254,6 +286,7 @@ class PodManager:
             self._live_workers.discard(worker_id)
             self._running_workers.discard(worker_id)
             self._pending_workers.discard(worker_id)
+            self._opportunistic_workers.discard(worker_id)
             removed_reason = self._removing.pop(worker_id, None)
         if event.phase is PodPhase.SUCCEEDED:
             self._finished_workers.add(worker_id)

@@ -92,7 +92,9 @@ class PodSpec:
     ``("edl-argo", "worker", "--worker-id", "3", ...)``. ``env`` holds non-secret environment variables
     only: secrets are the backend's business (the local backend passes its own environment through;
     the Kubernetes backend mounts them with ``secretKeyRef``). ``port`` is the port a PS listens on and
-    is required for a PS. The spec is immutable: ``env`` is copied into a read-only mapping.
+    is required for a PS. ``opportunistic`` marks a worker the job added beyond the workers it asked for
+    (growth toward ``--max-workers``): a cluster backend may give it a lower priority, so that other jobs
+    take its room back first. The spec is immutable: ``env`` is copied into a read-only mapping.
     """
 
     role: PodRole
@@ -100,6 +102,7 @@ class PodSpec:
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     port: int | None = None
+    opportunistic: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", PodRole(self.role))

@@ -102,6 +102,9 @@ class KubernetesConfig:
     worker: RoleSettings = field(default_factory=RoleSettings)
     ps: RoleSettings = field(default_factory=RoleSettings)
     master: RoleSettings = field(default_factory=RoleSettings)
+    opportunistic_worker_priority: str = ""
+    """PriorityClass of opportunistic workers (:attr:`PodSpec.opportunistic
+    <edl_argo.pods.base.PodSpec.opportunistic>`); ``""``: ``worker``'s."""
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
     volumes: tuple[Volume, ...] = ()
@@ -170,6 +173,9 @@ def kubernetes_config_from_args(
         worker=_role_settings(args, "worker"),
         ps=_role_settings(args, "ps"),
         master=_role_settings(args, "master"),
+        opportunistic_worker_priority=_dns_name(
+            args.opportunistic_worker_pod_priority, "--opportunistic-worker-pod-priority"
+        ),
         node_selector=_labels(parse_key_values(args.node_selector, "--node-selector"), "--node-selector"),
         tolerations=tuple(parse_toleration(text) for text in args.toleration),
         volumes=_unique_mounts(tuple(parse_volume(text) for text in args.volume)),

@@ -264,8 +264,11 @@ def pod_manifest(
         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
         "containers": [container],
     }
-    if settings.priority_class:
-        pod_spec["priorityClassName"] = settings.priority_class
+    priority_class = settings.priority_class
+    if spec.opportunistic and config.opportunistic_worker_priority:
+        priority_class = config.opportunistic_worker_priority
+    if priority_class:
+        pod_spec["priorityClassName"] = priority_class
     if config.service_account:
         pod_spec["serviceAccountName"] = config.service_account
     if config.image_pull_secrets:

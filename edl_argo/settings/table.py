@@ -592,6 +592,16 @@ SETTINGS: tuple[Setting, ...] = (
         argo=Argo(),
     ),
     *_role_settings("worker", ROLE_RESOURCES, "edl-argo-low"),
+    Setting(
+        "--opportunistic-worker-pod-priority",
+        str,
+        "",
+        "PriorityClass of the workers growth adds beyond --num-workers (default: --worker-pod-priority's);"
+        " a lower one lets other jobs' workers preempt them first, taking back the room this job grew into",
+        section="kubernetes",
+        group=K8S,
+        argo=Argo(default="edl-argo-opportunistic"),
+    ),
     *_role_settings("ps", ROLE_RESOURCES, "edl-argo-high"),
     *_role_settings("master", "", "edl-argo-high"),
     Setting(
