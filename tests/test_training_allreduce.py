@@ -93,6 +93,34 @@ def test_three_workers_train_digits_and_end_with_identical_replicas(
         assert 0.0 < float(unscaled) <= 0.05 and float(rate) == pytest.approx(3 * float(unscaled), rel=1e-5)
 
 
+def test_a_group_grows_by_itself_to_max_workers_at_a_round_boundary_scaling_its_learning_rate(
+    digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``--num-workers 1 --max-workers 2``: after a measured window the master adds a worker, which joins
+    the group in a new round; the learning rate follows the world size; replicas end identical."""
+    config = digits_config(
+        digits_data,
+        tmp_path / "job",
+        num_workers=1,
+        max_workers=2,
+        num_epochs=40,
+        scale_up_window_seconds=1,
+        scale_lr_by_world_size=True,
+        **ALLREDUCE,
+    )
+    metrics = JobThread(TrainingJob.load(config)).start().join(400)
+
+    assert metrics["worker_scaling"]["workers_added"] == 1
+    assert_no_record_lost(metrics)
+    assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
+    assert metrics["allreduce_replicas"]["members_compared"] == 2
+    assert metrics["allreduce_replicas"]["max_abs_difference"] == 0.0
+    err = capfd.readouterr().err
+    assert re.search(r"group_formed round=\d+ rank=1 world_size=2", err)
+    scaled = re.findall(r"learning_rate_scaled world_size=2 learning_rate=(\S+) unscaled=(\S+)", err)
+    assert scaled and all(float(rate) == pytest.approx(2 * float(base), rel=1e-5) for rate, base in scaled)
+
+
 @pytest.mark.slow  # 90 s; membership changes stay in make test through the paused-member and all-lost tests
 def test_group_survives_a_sigkill_and_scaling_one_to_three_to_two(
     digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]

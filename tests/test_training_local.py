@@ -153,7 +153,7 @@ def test_a_job_grows_one_worker_at_a_time_to_max_workers_and_trains_every_record
     """``--num-workers 1 --max-workers 2``: once worker 0 has trained for a measured window, a second worker
     starts and joins; the worker counts over time show it, and the accounting still holds."""
     config = digits_config(
-        digits_data, tmp_path / "job", num_workers=1, max_workers=2, scale_up_window_seconds=2
+        digits_data, tmp_path / "job", num_workers=1, max_workers=2, num_epochs=20, scale_up_window_seconds=1
     )
     metrics = TrainingJob.load(config).run()
 
