@@ -1,0 +1,1 @@
+"""TEST-ONLY: elastic scheduling scenarios on the Kubernetes stand-in's scheduler (issue 32)."""
