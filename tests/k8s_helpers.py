@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from edl_argo.master.config import TrainConfig
+from edl_argo.pods import find_free_port
+from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner, RoleSettings
 from edl_argo.pods.manifests import MASTER_AUTH_VOLUME, MASTER_SECRETS_ENV, auth_secret_name
+from tests.engine_helpers import digits_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,3 +52,35 @@ def start_master_pod(cluster: Any, job_name: str, folder: Path) -> dict[str, str
     shutil.rmtree(folder, ignore_errors=True)
     cluster.mount_secret(auth_secret_name(job_name), folder / MASTER_AUTH_VOLUME)
     return {MASTER_SECRETS_ENV: str(folder)}
+
+
+def stand_in_digits_config(
+    cluster: Any,
+    data: Path,
+    output: Path,
+    *,
+    worker: RoleSettings | None = None,
+    ps: RoleSettings | None = None,
+    opportunistic_worker_priority: str = "",
+    **overrides: Any,
+) -> TrainConfig:
+    """A digits job (:func:`~tests.engine_helpers.digits_config`) of a new Workflow on the stand-in
+    ``cluster``, configured as the elastic-train step's master configures it; the master must reach the
+    stand-in through ``EDL_KUBERNETES_API`` (``edl_argo.pods.kubernetes.API_URL_ENV``)."""
+    name = f"wf-{uuid.uuid4().hex[:6]}"
+    body = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name}}
+    workflow = cluster.create("workflows", body)
+    settings = KubernetesConfig(
+        image="edl-argo:test",
+        worker=worker or RoleSettings({"cpu": "1", "memory": "1Gi"}, {"memory": "2Gi"}, "low"),
+        ps=ps or RoleSettings({"cpu": "1", "memory": "1Gi"}, {}, "high"),
+        opportunistic_worker_priority=opportunistic_worker_priority,
+        storage_secret="storage",
+        workflow_name=name,
+        owner=Owner("argoproj.io/v1alpha1", "Workflow", name, workflow["metadata"]["uid"]),
+        ps_port=find_free_port(),
+        collective_port=find_free_port(),
+    )
+    return digits_config(
+        data, output, job_name=f"digits-{name[3:]}", backend="kubernetes", kubernetes=settings, **overrides
+    )

@@ -13,7 +13,6 @@ import json
 import re
 import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ from edl_argo.master.job import TrainingJob
 from edl_argo.master.task_dispatcher import TaskAssignment
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
-from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner, RoleSettings
 from edl_argo.pods.manifests import (
     INSTANCE_LABEL,
     MASTER_AUTH_VOLUME,
@@ -49,11 +47,16 @@ from tests.engine_helpers import (
     DIGITS_MODEL,
     JobThread,
     assert_no_record_lost,
-    digits_config,
     model_dir,
     read_metrics,
 )
-from tests.k8s_helpers import MASTER_RULES, MASTER_USER_AGENT, job_selector, role_rules
+from tests.k8s_helpers import (
+    MASTER_RULES,
+    MASTER_USER_AGENT,
+    job_selector,
+    role_rules,
+    stand_in_digits_config,
+)
 from tests.k8s_stand_in import KubernetesStandIn, rules_allow
 from tests.k8s_stand_in.network_policies import ingress_allowed, isolates
 from tests.k8s_stand_in.selectors import service_selects
@@ -85,28 +88,7 @@ def make_job(
     monkeypatch.setenv(API_URL_ENV, cluster.url)
 
     def make(**overrides: Any) -> TrainingJob:
-        name = f"wf-{uuid.uuid4().hex[:6]}"
-        body = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name}}
-        workflow = cluster.create("workflows", body)
-        settings = KubernetesConfig(
-            image="edl-argo:test",
-            worker=RoleSettings({"cpu": "1", "memory": "1Gi"}, {"memory": "2Gi"}, "low"),
-            ps=RoleSettings({"cpu": "1", "memory": "1Gi"}, {}, "high"),
-            storage_secret="storage",
-            workflow_name=name,
-            owner=Owner("argoproj.io/v1alpha1", "Workflow", name, workflow["metadata"]["uid"]),
-            ps_port=find_free_port(),
-            collective_port=find_free_port(),
-        )
-        config = digits_config(
-            digits_data,
-            tmp_path / "job",
-            job_name=f"digits-{name[3:]}",
-            backend="kubernetes",
-            kubernetes=settings,
-            **overrides,
-        )
-        return TrainingJob.load(config)
+        return TrainingJob.load(stand_in_digits_config(cluster, digits_data, tmp_path / "job", **overrides))
 
     return make
 
