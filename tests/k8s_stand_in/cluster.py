@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tests.k8s_stand_in.deployments import deployment_problems, reconcile_deployments
+from tests.k8s_stand_in.deployments import DeploymentController, deployment_problems
 from tests.k8s_stand_in.errors import ApiError
 from tests.k8s_stand_in.scheduler import (
     Bind,
@@ -134,6 +134,7 @@ class Cluster:
         self._wake_requested = False
         for node in nodes if nodes is not None else [StandInNode(NODE)]:
             self.add_node(node)
+        self._deployments = DeploymentController(self)
         self._controllers = threading.Thread(target=self._run_controllers, name="k8s-stand-in-controllers")
         self._controllers.daemon = True
         self._controllers.start()
@@ -375,12 +376,12 @@ class Cluster:
         with self.store.changed:
             while not self._closed:
                 self._wake_requested = False
+                seen = self.store.revision  # before the pass: what it writes is a change to react to
                 try:
-                    reconcile_deployments(self)
+                    self._deployments.reconcile()
                     self._schedule_pending()
                 except Exception:  # a bug here must show, and not stop every later pass
                     traceback.print_exc()
-                seen = self.store.revision
                 self.store.changed.wait_for(
                     lambda: self._closed or self._wake_requested or self.store.revision != seen,  # noqa: B023
                     _SAFETY_RETRY_SECONDS,

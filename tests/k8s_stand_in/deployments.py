@@ -1,7 +1,7 @@
 """TEST-ONLY: a minimal Deployment controller for the stand-in (``deployments``, apps/v1).
 
 It keeps ``spec.replicas`` active pods (not being deleted, not terminated) made from ``spec.template``: the
-pods are named ``<deployment>-<n>`` (``n`` counting up from 0, never reusing the name of a pod still there),
+pods are named ``<deployment>-<n>`` (``n`` counting up from 0, never reused in the Deployment's life),
 carry the template's labels and an owner reference to the Deployment (so deleting it cascades to them). It
 adds pods when there are fewer (a pod terminated or deleted by someone else, e.g. preempted, is replaced)
 and deletes the surplus when there are more, gracefully, unscheduled pods first, then the newest, as the
@@ -77,61 +77,65 @@ def is_active(pod: Mapping[str, Any]) -> bool:
     )
 
 
-def reconcile_deployments(cluster: Cluster) -> None:
-    """Bring every Deployment's pods to its ``spec.replicas`` and its status up to date (see the module).
-    Idempotent: writes nothing when all is as it should be. Called with the store's lock held."""
-    for key, deployment in list(cluster.store.items("deployments")):
-        _reconcile(cluster, key, deployment)
+class DeploymentController:
+    """Reconciles the Deployments of ``cluster`` (see the module); remembers each one's next pod index."""
 
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._next_index: dict[str, int] = {}
 
-def _reconcile(cluster: Cluster, key: ObjectKey, deployment: Json) -> None:
-    namespace, name, uid = key[1], key[2], deployment["metadata"]["uid"]
-    pods = dict(cluster.store.items("pods", namespace))
-    owned = {
-        k: p
-        for k, p in pods.items()
-        if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
-    }
-    active = {k: p for k, p in owned.items() if is_active(p)}
-    wanted = deployment["spec"].get("replicas", 1)
-    failure = ""
-    names = _new_names(name, {k[2] for k in owned}, {k[2] for k in pods}, wanted - len(active))
-    for pod_name in names:
-        try:
-            created = cluster.create("pods", namespace, replica_pod(deployment, pod_name))
-        except ApiError as error:
-            failure = error.message
-            break
-        active[("pods", namespace, pod_name)] = created
-    surplus = sorted(
-        active.items(),
-        key=lambda item: (not item[1]["spec"].get("nodeName"), cluster.creation_order(item[1])),
-        reverse=True,
-    )[: max(len(active) - wanted, 0)]
-    for pod_key, _ in surplus:
-        cluster.delete("pods", namespace, pod_key[2])
-        del active[pod_key]
-    ready = sum(
-        1 for pod_key in active if (pods.get(pod_key) or {}).get("status", {}).get("phase") == "Running"
-    )
-    status: Json = {"replicas": len(active), "readyReplicas": ready, "availableReplicas": ready}
-    if failure:
-        status["conditions"] = [
-            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": failure}
-        ]
-    if deployment.get("status") != status:
-        deployment["status"] = status
-        cluster.store.put(key, deployment, "MODIFIED")
+    def reconcile(self) -> None:
+        """Bring every Deployment's pods to its ``spec.replicas`` and its status up to date. Idempotent:
+        writes nothing when all is as it should be. Called with the store's lock held."""
+        deployments = list(self.cluster.store.items("deployments"))
+        live = {deployment["metadata"]["uid"] for _, deployment in deployments}
+        self._next_index = {uid: index for uid, index in self._next_index.items() if uid in live}
+        for key, deployment in deployments:
+            self._reconcile(key, deployment)
 
+    def _reconcile(self, key: ObjectKey, deployment: Json) -> None:
+        cluster, namespace, uid = self.cluster, key[1], deployment["metadata"]["uid"]
+        pods = dict(cluster.store.items("pods", namespace))
+        owned = {
+            k: p
+            for k, p in pods.items()
+            if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
+        }
+        active = {k: p for k, p in owned.items() if is_active(p)}
+        wanted = deployment["spec"].get("replicas", 1)
+        failure = ""
+        while len(active) < wanted:
+            name = self._new_name(key[2], uid, {k[2] for k in pods})
+            try:
+                created = cluster.create("pods", namespace, replica_pod(deployment, name))
+            except ApiError as error:
+                failure = error.message
+                break
+            active[("pods", namespace, name)] = created
+        surplus = sorted(
+            active.items(),
+            key=lambda item: (not item[1]["spec"].get("nodeName"), cluster.creation_order(item[1])),
+            reverse=True,
+        )[: max(len(active) - wanted, 0)]
+        for pod_key, _ in surplus:
+            cluster.delete("pods", namespace, pod_key[2])
+            del active[pod_key]
+        ready = sum(
+            1 for pod_key in active if pods.get(pod_key, {}).get("status", {}).get("phase") == "Running"
+        )
+        status: Json = {"replicas": len(active), "readyReplicas": ready, "availableReplicas": ready}
+        if failure:
+            status["conditions"] = [
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": failure}
+            ]
+        if deployment.get("status") != status:
+            deployment["status"] = status
+            cluster.store.put(key, deployment, "MODIFIED")
 
-def _new_names(deployment: str, owned: set[str], taken: set[str], count: int) -> list[str]:
-    """``count`` pod names ``<deployment>-<n>``: ``n`` after the highest of the ``owned`` pods' and not one of
-    the ``taken`` names."""
-    prefix = f"{deployment}-"
-    indices = [int(n[len(prefix) :]) for n in owned if n.startswith(prefix) and n[len(prefix) :].isdigit()]
-    index, names = max(indices, default=-1) + 1, []
-    while len(names) < count:
-        if f"{prefix}{index}" not in taken:
-            names.append(f"{prefix}{index}")
-        index += 1
-    return names
+    def _new_name(self, deployment: str, uid: str, taken: set[str]) -> str:
+        """The next pod name ``<deployment>-<n>`` of Deployment ``uid`` that is not ``taken``."""
+        index = self._next_index.get(uid, 0)
+        while f"{deployment}-{index}" in taken:
+            index += 1
+        self._next_index[uid] = index + 1
+        return f"{deployment}-{index}"
