@@ -371,9 +371,7 @@ def test_a_deployment_scales_and_replaces_its_preempted_pods(one_node: Kubernete
     cluster.wait_for(lambda: replicas("Running") == ["web-0", "web-1"], 10, "2 replicas")
     with cluster.api_client() as api:
         apps = k8s.AppsV1Api(api)
-        apps.patch_namespaced_deployment(
-            "web", "default", {"spec": {"replicas": 3}}, _content_type="application/merge-patch+json"
-        )
+        apps.patch_namespaced_deployment("web", "default", {"spec": {"replicas": 3}})  # strategic merge
         cluster.wait_for(lambda: replicas("Running") == ["web-0", "web-1", "web-2"], 10, "3 replicas")
         cluster.wait_for(
             lambda: apps.read_namespaced_deployment("web", "default").status.ready_replicas == 3, 5

@@ -1,25 +1,40 @@
-"""TEST-ONLY: what the stand-in's API server, scheduler, kubelet and garbage collector do to objects.
+"""TEST-ONLY: what the stand-in's API server, scheduler, kubelet and controllers do to objects.
 
 Resources: ``pods``, ``services``, ``secrets`` (core/v1), ``networkpolicies`` (networking.k8s.io/v1,
 stored and checked for shape, not enforced: pods share the loopback address), ``workflows``
 (argoproj.io/v1alpha1, stored only so that owner references to a Workflow cascade), and ``configmaps`` and
-``workflowtemplates`` (argoproj.io/v1alpha1), stored only. One node,
-``stand-in-node``, runs every pod's container as a local process group (its ``command`` + ``args``,
-``edl-argo`` resolved to this interpreter's console script) with ``status.podIP`` 127.0.0.1, so pods
-share the loopback address.
+``workflowtemplates`` (argoproj.io/v1alpha1), stored only; ``deployments`` (apps/v1, see
+:mod:`~tests.k8s_stand_in.deployments`); cluster-scoped (stored under namespace ''): ``nodes`` (core/v1,
+made by :meth:`Cluster.add_node`) and ``priorityclasses`` (scheduling.k8s.io/v1). Each node runs its pods'
+containers as local process groups (``command`` + ``args``, ``edl-argo`` resolved to this interpreter's
+console script) with ``status.podIP`` 127.0.0.1, so pods share the loopback address. By default there is
+one node, ``stand-in-node``, of unlimited capacity.
 
 Admission: an object whose labels the API server would refuse (a value over 63 characters, ...) is
-refused with 422 Invalid, on create and on patch.
+refused with 422 Invalid, on create and on patch; a pod with a malformed cpu or memory quantity too. A pod
+gets ``spec.priority`` and ``spec.preemptionPolicy`` from the PriorityClass it names (none: the
+globalDefault class, else 0), as the Priority admission plugin sets them; an unknown class is refused
+(403) when :attr:`Cluster.require_priority_classes` (by default, when the cluster was given nodes).
+
+Scheduling (:mod:`~tests.k8s_stand_in.scheduler` has the rules): one controller thread runs a pass
+whenever the store changes (so within milliseconds of capacity freeing: a pod terminated or removed, a node
+added, a hold released) and every 2 s anyway: the Deployment controller, then the scheduler, which binds
+the pending pods that fit (``spec.nodeName``) in queue order, preempts for those that fit nowhere (victims
+get ``DisruptionTarget=True``/``PreemptionByScheduler`` and a graceful delete, the preemptor
+``status.nominatedNodeName``), and marks the others ``PodScheduled=False``/``Unschedulable`` with
+kube-scheduler's message. A pass writes only what changes, so a pending pod's watchers see one event per
+change.
 
 Pod lifecycle: created Pending -> scheduled (unless held: then PodScheduled=False/Unschedulable until
-:meth:`Cluster.release`) -> Running once its process started (or Pending with a waiting container:
-``InvalidImageName`` for an image name with upper-case letters or spaces, ``CreateContainerConfigError``
-for a missing, non-optional Secret) -> Succeeded (exit 0) or Failed, the container's ``terminated`` state
-holding the exit status (128+N for signal N) and reason ``Completed``, ``Error`` or ``OOMKilled`` (see
-:meth:`Cluster.signal`). Deleting a running pod is graceful: MODIFIED
-with ``deletionTimestamp``, SIGTERM, SIGKILL after the grace period, the terminal status (MODIFIED), then
-DELETED; a pod without a running process goes at once (MODIFIED, then DELETED). When an object goes, the
-objects whose ownerReferences name its uid are deleted too (background cascade).
+:meth:`Cluster.release`; or left Pending while nothing fits) -> Running once its process started (or
+Pending with a waiting container: ``InvalidImageName`` for an image name with upper-case letters or spaces,
+``CreateContainerConfigError`` for a missing, non-optional Secret) -> Succeeded (exit 0) or Failed, the
+container's ``terminated`` state holding the exit status (128+N for signal N) and reason ``Completed``,
+``Error`` or ``OOMKilled`` (see :meth:`Cluster.signal`). A pod holds its node's resources until it has
+terminated. Deleting a running pod is graceful: MODIFIED with ``deletionTimestamp``, SIGTERM, SIGKILL after
+the grace period, the terminal status (MODIFIED), then DELETED; a pod without a running process goes at
+once (MODIFIED, then DELETED). When an object goes, the objects whose ownerReferences name its uid are
+deleted too (background cascade).
 """
 
 from __future__ import annotations

@@ -13,6 +13,13 @@ Routes (JSON; errors are ``Status`` objects with the real reasons and codes):
   enforced.
 * ``/apis/argoproj.io/v1alpha1/namespaces/{ns}/{workflows|workflowtemplates}[/{name}]`` and
   ``/api/v1/namespaces/{ns}/configmaps[/{name}]``: the same verbs, stored only, no behaviour.
+* ``/apis/apps/v1/namespaces/{ns}/deployments[/{name}]``: the same verbs (PATCH of ``spec.replicas``
+  scales); ``/apis/scheduling.k8s.io/v1/priorityclasses[/{name}]`` (cluster-scoped): the same verbs;
+  ``/api/v1/nodes[/{name}]``: GET only.
+
+PATCH takes ``application/merge-patch+json``, and ``application/strategic-merge-patch+json`` without lists
+(where the two agree: e.g. ``{"spec": {"replicas": 3}}``, which the official client sends as a strategic
+merge patch unless told ``_content_type``).
 
 Every request is logged as an :class:`ApiCall` (the authorization verb and resource, as RBAC sees them).
 """
