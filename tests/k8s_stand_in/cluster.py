@@ -1,25 +1,40 @@
-"""TEST-ONLY: what the stand-in's API server, scheduler, kubelet and garbage collector do to objects.
+"""TEST-ONLY: what the stand-in's API server, scheduler, kubelet and controllers do to objects.
 
 Resources: ``pods``, ``services``, ``secrets`` (core/v1), ``networkpolicies`` (networking.k8s.io/v1,
 stored and checked for shape, not enforced: pods share the loopback address), ``workflows``
 (argoproj.io/v1alpha1, stored only so that owner references to a Workflow cascade), and ``configmaps`` and
-``workflowtemplates`` (argoproj.io/v1alpha1), stored only. One node,
-``stand-in-node``, runs every pod's container as a local process group (its ``command`` + ``args``,
-``edl-argo`` resolved to this interpreter's console script) with ``status.podIP`` 127.0.0.1, so pods
-share the loopback address.
+``workflowtemplates`` (argoproj.io/v1alpha1), stored only; ``deployments`` (apps/v1, see
+:mod:`~tests.k8s_stand_in.deployments`); cluster-scoped (stored under namespace ''): ``nodes`` (core/v1,
+made by :meth:`Cluster.add_node`) and ``priorityclasses`` (scheduling.k8s.io/v1). Each node runs its pods'
+containers as local process groups (``command`` + ``args``, ``edl-argo`` resolved to this interpreter's
+console script) with ``status.podIP`` 127.0.0.1, so pods share the loopback address. By default there is
+one node, ``stand-in-node``, of unlimited capacity.
 
 Admission: an object whose labels the API server would refuse (a value over 63 characters, ...) is
-refused with 422 Invalid, on create and on patch.
+refused with 422 Invalid, on create and on patch; a pod with a malformed cpu or memory quantity too. A pod
+gets ``spec.priority`` and ``spec.preemptionPolicy`` from the PriorityClass it names (none: the
+globalDefault class, else 0), as the Priority admission plugin sets them; an unknown class is refused
+(403) when :attr:`Cluster.require_priority_classes` (by default, when the cluster was given nodes).
+
+Scheduling (:mod:`~tests.k8s_stand_in.scheduler` has the rules): one controller thread runs a pass
+whenever the store changes (so within milliseconds of capacity freeing: a pod terminated or removed, a node
+added, a hold released) and every 2 s anyway: the Deployment controller, then the scheduler, which binds
+the pending pods that fit (``spec.nodeName``) in queue order, preempts for those that fit nowhere (victims
+get ``DisruptionTarget=True``/``PreemptionByScheduler`` and a graceful delete, the preemptor
+``status.nominatedNodeName``), and marks the others ``PodScheduled=False``/``Unschedulable`` with
+kube-scheduler's message. A pass writes only what changes, so a pending pod's watchers see one event per
+change.
 
 Pod lifecycle: created Pending -> scheduled (unless held: then PodScheduled=False/Unschedulable until
-:meth:`Cluster.release`) -> Running once its process started (or Pending with a waiting container:
-``InvalidImageName`` for an image name with upper-case letters or spaces, ``CreateContainerConfigError``
-for a missing, non-optional Secret) -> Succeeded (exit 0) or Failed, the container's ``terminated`` state
-holding the exit status (128+N for signal N) and reason ``Completed``, ``Error`` or ``OOMKilled`` (see
-:meth:`Cluster.signal`). Deleting a running pod is graceful: MODIFIED
-with ``deletionTimestamp``, SIGTERM, SIGKILL after the grace period, the terminal status (MODIFIED), then
-DELETED; a pod without a running process goes at once (MODIFIED, then DELETED). When an object goes, the
-objects whose ownerReferences name its uid are deleted too (background cascade).
+:meth:`Cluster.release`; or left Pending while nothing fits) -> Running once its process started (or
+Pending with a waiting container: ``InvalidImageName`` for an image name with upper-case letters or spaces,
+``CreateContainerConfigError`` for a missing, non-optional Secret) -> Succeeded (exit 0) or Failed, the
+container's ``terminated`` state holding the exit status (128+N for signal N) and reason ``Completed``,
+``Error`` or ``OOMKilled`` (see :meth:`Cluster.signal`). A pod holds its node's resources until it has
+terminated. Deleting a running pod is graceful: MODIFIED with ``deletionTimestamp``, SIGTERM, SIGKILL after
+the grace period, the terminal status (MODIFIED), then DELETED; a pod without a running process goes at
+once (MODIFIED, then DELETED). When an object goes, the objects whose ownerReferences name its uid are
+deleted too (background cascade).
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import itertools
 import os
 import re
 import signal
@@ -34,29 +50,42 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from tests.k8s_stand_in.deployments import DeploymentController, deployment_problems
+from tests.k8s_stand_in.errors import ApiError
+from tests.k8s_stand_in.scheduler import (
+    Bind,
+    PodView,
+    Preempt,
+    StandInNode,
+    Unschedulable,
+    admitted_priority,
+    holds_resources,
+    plan,
+    pod_requests,
+    priority_class_problems,
+)
 from tests.k8s_stand_in.selectors import Requirement, label_problems, matches, parse_selector
 from tests.k8s_stand_in.store import ObjectKey, ObjectStore
 
+#: The node of a stand-in built without ``nodes``: unlimited capacity.
 NODE = "stand-in-node"
+#: Resources without a namespace (their objects are stored with namespace '').
+CLUSTER_SCOPED = frozenset({"nodes", "priorityclasses"})
+#: The controllers also run this often when nothing changes (a safety net: they are event-driven).
+_SAFETY_RETRY_SECONDS = 2.0
+_PREEMPTION_MESSAGE = "default-scheduler: preempting to accommodate a higher priority pod"
 POD_IP = "127.0.0.1"
 #: Environment variables of the test process that a pod does not inherit (a container would not have them).
 _PRIVATE_ENV = re.compile(r"^(AWS_|EDL_|POD_IP$|KUBE|KUBERNETES_|PYTEST_)")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*$")
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-
-
-class ApiError(Exception):
-    """An API request refused with HTTP ``code`` (answered as a Status object)."""
-
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
 
 
 @dataclass(eq=False)
@@ -84,9 +113,22 @@ def now_rfc3339(at: float | None = None) -> str:
 
 
 class Cluster:
-    """The objects of a stand-in cluster and what happens to them. Thread-safe (one lock: the store's)."""
+    """The objects of a stand-in cluster and what happens to them. Thread-safe (one lock: the store's).
 
-    def __init__(self, store: ObjectStore, workdir: Path, echo_logs: bool = True) -> None:
+    ``nodes``: the cluster's nodes (default: one, :data:`NODE`, with unlimited capacity).
+    ``require_priority_classes``: refuse (403) a pod naming an unknown PriorityClass, as the API server
+    does; by default only when ``nodes`` are given (without, such a pod gets priority 0, so that tests
+    need not create the classes their pods name).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        workdir: Path,
+        echo_logs: bool = True,
+        nodes: Sequence[StandInNode] | None = None,
+        require_priority_classes: bool | None = None,
+    ) -> None:
         self.store = store
         self.workdir = workdir
         self.echo_logs = echo_logs
@@ -95,12 +137,27 @@ class Cluster:
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         self._containers: dict[str, _Container] = {}
         self._holds: list[_Hold] = []
-        self._held: list[tuple[ObjectKey, str]] = []
+        #: The uids of the pods held Pending by :meth:`hold_pending`.
+        self._held: set[str] = set()
+        #: Pod uid -> creation order (the scheduling queue's tie break).
+        self._arrivals: dict[str, int] = {}
+        self._arrival_counter = itertools.count()
+        self.require_priority_classes = (
+            nodes is not None if require_priority_classes is None else require_priority_classes
+        )
         self._closed = False
+        self._wake_requested = False
+        for node in nodes if nodes is not None else [StandInNode(NODE)]:
+            self.add_node(node)
+        self._deployments = DeploymentController(self)
+        self._controllers = threading.Thread(target=self._run_controllers, name="k8s-stand-in-controllers")
+        self._controllers.daemon = True
+        self._controllers.start()
 
     # -- the API ---------------------------------------------------------------------------------
 
     def create(self, resource: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        namespace = _scope(resource, namespace)
         meta = body.setdefault("metadata", {})
         name = meta.get("name")
         if not name:
@@ -113,11 +170,13 @@ class Cluster:
             meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
             getattr(self, f"_admit_{resource}", lambda _body: None)(body)
             created = self.store.put(key, body, "ADDED")
-        if resource == "pods":
-            threading.Thread(target=self._schedule, args=(key, meta["uid"]), daemon=True).start()
+            if resource == "pods":
+                self._arrivals[meta["uid"]] = next(self._arrival_counter)
+                self._hold_if_asked(key, body)
         return created
 
     def read(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        namespace = _scope(resource, namespace)
         with self.store.lock:
             obj = self.store.get((resource, namespace, name))
             if obj is None:
@@ -129,13 +188,13 @@ class Cluster:
             requirements = parse_selector(selector)
         except ValueError as error:
             raise ApiError(400, "BadRequest", str(error)) from None
-        return self.store.list(resource, namespace, requirements)
+        return self.store.list(resource, _scope(resource, namespace), requirements)
 
     def delete(
         self, resource: str, namespace: str, name: str, grace: int | None = None, uid: str | None = None
     ) -> dict[str, Any]:
         """Delete an object (``uid``: only if it is that one, else 409), gracefully for a running pod."""
-        key = (resource, namespace, name)
+        key = (resource, _scope(resource, namespace), name)
         with self.store.lock:
             obj = self.store.get(key)
             if obj is None:
@@ -150,13 +209,15 @@ class Cluster:
 
     def merge_patch(self, resource: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """Apply a JSON merge patch (RFC 7386: maps merge, ``null`` removes a key) to an object."""
-        key = (resource, namespace, name)
+        key = (resource, _scope(resource, namespace), name)
         with self.store.lock:
             obj = self.store.get(key)
             if obj is None:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
             patched = _merged(_copy(obj), patch)
             _check_labels(resource, name, patched["metadata"])
+            if resource == "deployments":
+                _refuse_problems(resource, name, deployment_problems(patched))
             return self.store.put(key, patched, "MODIFIED")
 
     def pod_log(self, namespace: str, name: str, tail_lines: int | None) -> str:
@@ -185,29 +246,43 @@ class Cluster:
             self._holds.append(_Hold(parse_selector(selector), count))
 
     def release(self) -> None:
-        """Drop every hold and schedule the pods held so far, oldest first (capacity freed up)."""
+        """Drop every hold; the pods held so far go back to the scheduling queue (capacity freed up): with
+        room for them, they are scheduled in queue order (priority, then the oldest first)."""
         with self.store.lock:
             self._holds.clear()
-            held, self._held = self._held, []
-            for key, uid in held:
-                pod = self.store.get(key)
-                if (
-                    pod is not None
-                    and pod["metadata"]["uid"] == uid
-                    and not pod["metadata"].get("deletionTimestamp")
-                ):
-                    self._bind(key, pod)
+            self._held.clear()
+            self._wake_controllers()
 
-    def evict(self, namespace: str, name: str, reason: str = "PreemptionByScheduler") -> None:
+    def evict(
+        self,
+        namespace: str,
+        name: str,
+        reason: str = "PreemptionByScheduler",
+        message: str = "stand-in: preempted to make room",
+    ) -> None:
         """Preempt a pod as the scheduler does: a DisruptionTarget condition, then graceful deletion."""
         key = ("pods", namespace, name)
         with self.store.lock:
             pod = self.store.get(key)
             if pod is None:
                 raise KeyError(name)
-            _set_condition(pod, "DisruptionTarget", "True", reason, "stand-in: preempted to make room")
+            _set_condition(pod, "DisruptionTarget", "True", reason, message)
             self.store.put(key, pod, "MODIFIED")
             self._delete_pod(key, pod, None)
+
+    def add_node(self, node: StandInNode) -> dict[str, Any]:
+        """Add a node to the cluster (pending pods that fit there are scheduled); returns its Node object."""
+        with self.store.lock:
+            key = ("nodes", "", node.name)
+            if self.store.get(key) is not None:
+                raise ApiError(409, "AlreadyExists", f'nodes "{node.name}" already exists')
+            manifest = node.manifest(POD_IP)
+            manifest["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
+            return self.store.put(key, manifest, "ADDED")
+
+    def creation_order(self, pod: Mapping[str, Any]) -> int:
+        """The rank of ``pod`` among the pods created in this cluster (0: the first)."""
+        return self._arrivals.get(pod["metadata"]["uid"], -1)
 
     def signal(self, namespace: str, name: str, sig: int, oom: bool = False) -> None:
         """Send ``sig`` to a running pod's processes (``oom``: report the exit as OOMKilled)."""
@@ -220,9 +295,10 @@ class Cluster:
             _signal_group(container.process.pid, sig)
 
     def close(self) -> None:
-        """SIGKILL every pod's processes and wait for them."""
+        """Stop the controllers, SIGKILL every pod's processes and wait for them."""
         with self.store.lock:
             self._closed = True
+            self._wake_controllers()
             containers = list(self._containers.values())
         for container in containers:
             _signal_group(container.process.pid, signal.SIGKILL)
@@ -231,10 +307,39 @@ class Cluster:
     # -- admission -------------------------------------------------------------------------------
 
     def _admit_pods(self, pod: dict[str, Any]) -> None:
-        containers = (pod.get("spec") or {}).get("containers") or []
+        """Validate, then resolve the pod's priority as the Priority admission plugin does."""
+        spec, name = pod.get("spec") or {}, pod["metadata"]["name"]
+        containers = spec.get("containers") or []
         if not containers or not all(c.get("name") and c.get("image") for c in containers):
             raise ApiError(422, "Invalid", "spec.containers: each needs a name and an image")
+        try:
+            pod_requests(pod)
+        except ValueError as error:
+            raise ApiError(422, "Invalid", f'pods "{name}" is invalid: {error}') from None
+        classes = [c for _, c in self.store.items("priorityclasses")]
+        try:
+            class_name, priority, policy = admitted_priority(
+                name, spec.get("priorityClassName", ""), classes, require_class=self.require_priority_classes
+            )
+        except PermissionError as error:
+            raise ApiError(403, "Forbidden", str(error)) from None
+        if class_name:
+            spec["priorityClassName"] = class_name
+        spec.update(priority=priority, preemptionPolicy=policy)
         pod["status"] = {"phase": "Pending", "conditions": []}
+
+    def _admit_priorityclasses(self, priority_class: dict[str, Any]) -> None:
+        others = [c for _, c in self.store.items("priorityclasses")]
+        _refuse_problems(
+            "priorityclasses",
+            priority_class["metadata"]["name"],
+            priority_class_problems(priority_class, others),
+        )
+
+    def _admit_deployments(self, deployment: dict[str, Any]) -> None:
+        _refuse_problems("deployments", deployment["metadata"]["name"], deployment_problems(deployment))
+        deployment["spec"].setdefault("replicas", 1)
+        deployment["status"] = {}
 
     def _admit_services(self, service: dict[str, Any]) -> None:
         spec = service.setdefault("spec", {})
@@ -258,29 +363,99 @@ class Cluster:
         for key, value in (secret.pop("stringData", None) or {}).items():
             data[key] = base64.b64encode(value.encode()).decode()
 
-    # -- scheduler and kubelet -------------------------------------------------------------------
+    # -- controllers, scheduler and kubelet -------------------------------------------------------
 
-    def _schedule(self, key: ObjectKey, uid: str) -> None:
-        with self.store.lock:
-            pod = self.store.get(key)
-            if pod is None or pod["metadata"]["uid"] != uid or pod["metadata"].get("deletionTimestamp"):
-                return
-            hold = next((h for h in self._holds if matches(h.selector, pod["metadata"].get("labels"))), None)
-            if hold is None or self._closed:
-                self._bind(key, pod)
-                return
-            if hold.remaining is not None:
-                hold.remaining -= 1
-                if hold.remaining <= 0:
-                    self._holds.remove(hold)
-            self._held.append((key, uid))
-            message = "0/1 nodes are available: 1 Insufficient cpu. (held by the stand-in)"
+    def _hold_if_asked(self, key: ObjectKey, pod: dict[str, Any]) -> None:
+        """Keep a new pod out of the scheduling queue if a hold (:meth:`hold_pending`) selects it."""
+        hold = next((h for h in self._holds if matches(h.selector, pod["metadata"].get("labels"))), None)
+        if hold is None:
+            return
+        if hold.remaining is not None:
+            hold.remaining -= 1
+            if hold.remaining <= 0:
+                self._holds.remove(hold)
+        self._held.add(pod["metadata"]["uid"])
+        message = "0/1 nodes are available: 1 Insufficient cpu. (held by the stand-in)"
+        _set_condition(pod, "PodScheduled", "False", "Unschedulable", message)
+        self.store.put(key, pod, "MODIFIED")
+
+    def _wake_controllers(self) -> None:
+        """Have the controllers run now though the store did not change. Called with the lock held."""
+        self._wake_requested = True
+        self.store.changed.notify_all()
+
+    def _run_controllers(self) -> None:
+        """The controller thread: the Deployment controller, then a scheduling pass, each time the store
+        changes (or :meth:`_wake_controllers`), and every :data:`_SAFETY_RETRY_SECONDS` anyway. A pass writes
+        only what changes, so the passes its own writes trigger end quietly."""
+        with self.store.changed:
+            while not self._closed:
+                self._wake_requested = False
+                seen = self.store.revision  # before the pass: what it writes is a change to react to
+                try:
+                    self._deployments.reconcile()
+                    self._schedule_pending()
+                except Exception:  # a bug here must show, and not stop every later pass
+                    traceback.print_exc()
+                self.store.changed.wait_for(
+                    lambda: self._closed or self._wake_requested or self.store.revision != seen,  # noqa: B023
+                    _SAFETY_RETRY_SECONDS,
+                )
+
+    def _schedule_pending(self) -> None:
+        """One scheduling pass (:func:`~tests.k8s_stand_in.scheduler.plan`) over the pods not bound, not
+        being deleted and not held, carried out. Called with the lock held."""
+        pending: dict[str, tuple[ObjectKey, dict[str, Any]]] = {}
+        views, placed = [], []
+        for key, pod in self.store.items("pods"):
+            meta = pod["metadata"]
+            if holds_resources(pod):
+                placed.append(PodView.of(pod, self.creation_order(pod)))
+            elif not (
+                pod["spec"].get("nodeName") or meta.get("deletionTimestamp") or meta["uid"] in self._held
+            ):
+                pending[meta["uid"]] = (key, pod)
+                views.append(PodView.of(pod, self.creation_order(pod)))
+        nodes = [node for _, node in self.store.items("nodes")]
+        for decision in plan(views, placed, nodes):
+            key, pod = pending[decision.pod.uid]
+            match decision:
+                case Bind(node=node):
+                    self._bind(key, pod, node)
+                case Preempt(node=node, victims=victims, message=message):
+                    for victim in victims:
+                        self.evict(victim.namespace, victim.name, message=_PREEMPTION_MESSAGE)
+                    self._mark_unschedulable(key, pod, message, node)
+                case Unschedulable(message=message):
+                    self._mark_unschedulable(key, pod, message, None)
+
+    def _mark_unschedulable(
+        self, key: ObjectKey, pod: dict[str, Any], message: str, nominated_node: str | None
+    ) -> None:
+        """PodScheduled=False/Unschedulable with ``message``, and ``status.nominatedNodeName``: written only
+        if that changes them (a pending pod's watchers see one event per change, not one per pass)."""
+        status = pod["status"]
+        scheduled = next((c for c in status["conditions"] if c["type"] == "PodScheduled"), {})
+        changed = False
+        if (scheduled.get("status"), scheduled.get("reason"), scheduled.get("message")) != (
+            "False",
+            "Unschedulable",
+            message,
+        ):
             _set_condition(pod, "PodScheduled", "False", "Unschedulable", message)
+            changed = True
+        if status.get("nominatedNodeName") != nominated_node:
+            if nominated_node:
+                status["nominatedNodeName"] = nominated_node
+            else:
+                status.pop("nominatedNodeName")
+            changed = True
+        if changed:
             self.store.put(key, pod, "MODIFIED")
 
-    def _bind(self, key: ObjectKey, pod: dict[str, Any]) -> None:
-        """Put ``pod`` on the node and start its container. Called with the lock held."""
-        pod["spec"]["nodeName"] = NODE
+    def _bind(self, key: ObjectKey, pod: dict[str, Any], node: str) -> None:
+        """Put ``pod`` on ``node`` and start its container. Called with the lock held."""
+        pod["spec"]["nodeName"] = node
         _set_condition(pod, "PodScheduled", "True", "", "")
         status = pod["status"]
         container = pod["spec"]["containers"][0]
@@ -420,7 +595,7 @@ class Cluster:
             meta.setdefault("deletionTimestamp", now_rfc3339())
             meta["deletionGracePeriodSeconds"] = 0
             self.store.put(key, pod, "MODIFIED")
-            self._held = [(k, u) for k, u in self._held if u != meta["uid"]]
+            self._held.discard(meta["uid"])
             return self._remove(key) or {}
         deadline = time.monotonic() + grace
         if deadline < container.kill_deadline:
@@ -444,6 +619,7 @@ class Cluster:
         if removed is None:
             return None
         uid = removed["metadata"]["uid"]
+        self._arrivals.pop(uid, None)
         for resource in ("pods", "services", "secrets", "configmaps", "networkpolicies", "workflows"):
             for dependent_key, obj in self.store.items(resource, key[1]):
                 if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
@@ -463,6 +639,17 @@ def _check_labels(resource: str, name: str, meta: Mapping[str, Any]) -> None:
     problems = label_problems(meta.get("labels"))
     if problems:
         raise ApiError(422, "Invalid", f'{resource} "{name}" is invalid: ' + "; ".join(problems))
+
+
+def _refuse_problems(resource: str, name: str, problems: list[str]) -> None:
+    """Refuse (422 Invalid) an object with ``problems``, as the API server does."""
+    if problems:
+        raise ApiError(422, "Invalid", f'{resource} "{name}" is invalid: ' + "; ".join(problems))
+
+
+def _scope(resource: str, namespace: str) -> str:
+    """The namespace an object of ``resource`` is stored under: '' for a cluster-scoped resource."""
+    return "" if resource in CLUSTER_SCOPED else namespace
 
 
 def _merged(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -497,7 +684,7 @@ def _field(pod: dict[str, Any], path: str) -> str:
         "metadata.uid": meta["uid"],
         "status.podIP": POD_IP,
         "status.hostIP": POD_IP,
-        "spec.nodeName": NODE,
+        "spec.nodeName": pod["spec"].get("nodeName", NODE),
         "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
     }
     if path not in values:

@@ -13,6 +13,13 @@ Routes (JSON; errors are ``Status`` objects with the real reasons and codes):
   enforced.
 * ``/apis/argoproj.io/v1alpha1/namespaces/{ns}/{workflows|workflowtemplates}[/{name}]`` and
   ``/api/v1/namespaces/{ns}/configmaps[/{name}]``: the same verbs, stored only, no behaviour.
+* ``/apis/apps/v1/namespaces/{ns}/deployments[/{name}]``: the same verbs (PATCH of ``spec.replicas``
+  scales); ``/apis/scheduling.k8s.io/v1/priorityclasses[/{name}]`` (cluster-scoped): the same verbs;
+  ``/api/v1/nodes[/{name}]``: GET only.
+
+PATCH takes ``application/merge-patch+json``, and ``application/strategic-merge-patch+json`` without lists
+(where the two agree: e.g. ``{"spec": {"replicas": 3}}``, which the official client sends as a strategic
+merge patch unless told ``_content_type``).
 
 Every request is logged as an :class:`ApiCall` (the authorization verb and resource, as RBAC sees them).
 """
@@ -26,7 +33,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,12 +43,13 @@ from urllib.parse import parse_qs, urlparse
 
 from kubernetes import client as k8s
 
-from tests.k8s_stand_in.cluster import ApiError, Cluster
+from tests.k8s_stand_in.cluster import CLUSTER_SCOPED, ApiError, Cluster
+from tests.k8s_stand_in.scheduler import PREEMPT_LOWER_PRIORITY, StandInNode
 from tests.k8s_stand_in.selectors import matches, parse_selector
 from tests.k8s_stand_in.store import Gone, ObjectStore
 
 _PATH = re.compile(
-    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))/namespaces/(?P<ns>[^/]+)/"
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))/(?:namespaces/(?P<ns>[^/]+)/)?"
     r"(?P<resource>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
 )
 #: (API group, resource) -> kind.
@@ -50,6 +58,9 @@ KINDS = {
     ("", "services"): "Service",
     ("", "secrets"): "Secret",
     ("", "configmaps"): "ConfigMap",
+    ("", "nodes"): "Node",
+    ("apps", "deployments"): "Deployment",
+    ("scheduling.k8s.io", "priorityclasses"): "PriorityClass",
     ("networking.k8s.io", "networkpolicies"): "NetworkPolicy",
     ("argoproj.io", "workflows"): "Workflow",
     ("argoproj.io", "workflowtemplates"): "WorkflowTemplate",
@@ -97,6 +108,10 @@ class KubernetesStandIn:
     temporary folder). ``echo_logs`` copies pod output to ``sys.stderr`` as ``[pod-name] line``. ``port``:
     where it listens (0: any free port); a client pointed at a port before the stand-in starts there sees
     refused connections, as while an API server restarts. :meth:`fail_requests` injects error answers.
+    ``nodes``: the cluster's nodes and their capacity, which the scheduler places pods on by their requests
+    (default: one node, ``stand-in-node``, with unlimited capacity: every pod is scheduled at once).
+    ``require_priority_classes``: refuse (403) pods naming an unknown PriorityClass, as the API server does
+    (default: only when ``nodes`` are given).
     """
 
     def __init__(
@@ -107,11 +122,13 @@ class KubernetesStandIn:
         watch_max_seconds: float = 60.0,
         history: int = 10_000,
         port: int = 0,
+        nodes: Sequence[StandInNode] | None = None,
+        require_priority_classes: bool | None = None,
     ) -> None:
         self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="k8s-stand-in-")
         self.workdir = workdir if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
         self.store = ObjectStore(history)
-        self.cluster = Cluster(self.store, self.workdir, echo_logs)
+        self.cluster = Cluster(self.store, self.workdir, echo_logs, nodes, require_priority_classes)
         self.watch_max_seconds = watch_max_seconds
         self._calls: list[ApiCall] = []
         self._calls_lock = threading.Lock()
@@ -215,8 +232,56 @@ class KubernetesStandIn:
         self.store.expire_watches()
 
     def create(self, resource: str, body: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
-        """Create an object directly (a Secret, a Workflow), as an administrator would."""
+        """Create an object directly (a Secret, a Workflow), as an administrator would (``namespace`` is
+        ignored for the cluster-scoped ``nodes`` and ``priorityclasses``)."""
         return self.cluster.create(resource, namespace, body)
+
+    def add_node(self, node: StandInNode) -> dict[str, Any]:
+        """Add a node (capacity joins the cluster: pending pods that fit there are scheduled)."""
+        return self.cluster.add_node(node)
+
+    def create_priority_class(
+        self,
+        name: str,
+        value: int,
+        *,
+        global_default: bool = False,
+        preemption_policy: str = PREEMPT_LOWER_PRIORITY,
+    ) -> dict[str, Any]:
+        """Create PriorityClass ``name`` (scheduling.k8s.io/v1) with priority ``value``; ``global_default``:
+        the priority of pods naming no class; ``preemption_policy``: ``PreemptLowerPriority`` or ``Never``."""
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+            "globalDefault": global_default,
+            "preemptionPolicy": preemption_policy,
+        }
+        return self.cluster.create("priorityclasses", "", body)
+
+    def create_deployment(
+        self, name: str, pod_spec: dict[str, Any], replicas: int = 1, namespace: str = "default"
+    ) -> dict[str, Any]:
+        """Create Deployment ``name`` (apps/v1) keeping ``replicas`` pods of ``pod_spec``, labelled
+        ``app: <name>`` (its selector)."""
+        labels = {"app": name}
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            },
+        }
+        return self.cluster.create("deployments", namespace, body)
+
+    def scale_deployment(self, name: str, replicas: int, namespace: str = "default") -> dict[str, Any]:
+        """Set Deployment ``name``'s ``spec.replicas`` (as ``kubectl scale`` does); its controller adds or
+        deletes pods."""
+        return self.cluster.merge_patch("deployments", namespace, name, {"spec": {"replicas": replicas}})
 
     def mount_secret(self, name: str, folder: Path, namespace: str = "default") -> Path:
         """``folder`` as a pod starting now would see an optional volume of Secret ``name`` (the kubelet's
@@ -257,6 +322,7 @@ class KubernetesStandIn:
             _send_status(handler, ApiError(404, "NotFound", f"the server could not find {url.path}"))
             return
         group, resource, name, sub = m["group"] or "", m["resource"], m["name"] or "", m["sub"] or ""
+        namespace = m["ns"] or ""
         watch = query.get("watch", "").lower() in ("true", "1")
         verb = _verb(method, bool(name), watch)
         call = ApiCall(
@@ -265,21 +331,23 @@ class KubernetesStandIn:
             verb,
             group,
             f"{resource}/{sub}" if sub else resource,
-            m["ns"],
+            namespace,
             name,
         )
         try:
             self._admit(call)
-            if (group, resource) not in KINDS:
+            if (group, resource) not in KINDS or (resource in CLUSTER_SCOPED) == bool(namespace):
                 raise ApiError(
                     404, "NotFound", f"the server could not find the requested resource {resource}"
                 )
             if watch:
                 self._log(call, 200)
-                self._watch(handler, resource, m["ns"], query)
+                self._watch(handler, resource, namespace, query)
                 return
             content_type = (handler.headers.get("Content-Type") or "").split(";")[0].strip()
-            code, answer = self._serve(method, resource, m["ns"], name, sub, query, body, group, content_type)
+            code, answer = self._serve(
+                method, resource, namespace, name, sub, query, body, group, content_type
+            )
         except ApiError as error:
             self._log(call, error.code)
             _send_status(handler, error)
@@ -324,6 +392,9 @@ class KubernetesStandIn:
         content_type: str = "",
     ) -> tuple[int, dict[str, Any] | str]:
         kind = KINDS[(group, resource)]
+        typed = {"kind": kind, "apiVersion": f"{group}/v1" if group else "v1"}
+        if resource == "nodes" and method != "GET":
+            raise ApiError(405, "MethodNotAllowed", "the stand-in's nodes are its own (see add_node)")
         if method == "POST" and not name:
             return 201, self.cluster.create(resource, namespace, body)
         if method == "GET" and not name:
@@ -331,25 +402,23 @@ class KubernetesStandIn:
             for item in items:
                 item.setdefault("kind", kind)
             meta = {"resourceVersion": str(revision)}
-            return 200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": items}
+            return 200, typed | {"kind": f"{kind}List", "metadata": meta, "items": items}
         if method == "GET" and resource == "pods" and sub == "log":
             tail = int(query["tailLines"]) if "tailLines" in query else None
             return 200, self.cluster.pod_log(namespace, name, tail)
         if method == "GET" and sub in ("", "status"):
-            return 200, {"kind": kind, "apiVersion": "v1"} | self.cluster.read(resource, namespace, name)
+            return 200, typed | self.cluster.read(resource, namespace, name)
         if method == "PATCH" and name and not sub:
-            if content_type != "application/merge-patch+json":
+            if not _merges(content_type, body):
                 raise ApiError(415, "UnsupportedMediaType", f"the stand-in merges only, not {content_type}")
-            return 200, {"kind": kind, "apiVersion": "v1"} | self.cluster.merge_patch(
-                resource, namespace, name, body
-            )
+            return 200, typed | self.cluster.merge_patch(resource, namespace, name, body)
         if method == "DELETE" and name and not sub:
             grace = body.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
             uid = (body.get("preconditions") or {}).get("uid")
             deleted = self.cluster.delete(
                 resource, namespace, name, None if grace is None else int(grace), uid
             )
-            return 200, {"kind": kind, "apiVersion": "v1"} | deleted
+            return 200, typed | deleted
         raise ApiError(405, "MethodNotAllowed", f"{method} {resource}/{sub} is not supported by the stand-in")
 
     def _watch(self, handler: _Handler, resource: str, namespace: str, query: dict[str, str]) -> None:
@@ -449,6 +518,20 @@ def _verb(method: str, named: bool, watch: bool) -> str:
     return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(
         method, "delete" if named else "deletecollection"
     )
+
+
+def _merges(content_type: str, patch: Any) -> bool:
+    """Whether a PATCH of ``content_type`` is a JSON merge patch: declared so, or a strategic merge patch
+    without lists (for maps and scalars the two agree; lists have merge keys, which the stand-in lacks)."""
+    if content_type == "application/merge-patch+json":
+        return True
+    return content_type == "application/strategic-merge-patch+json" and not _has_list(patch)
+
+
+def _has_list(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_list(item) for item in value.values())
+    return isinstance(value, list)
 
 
 def _send(handler: BaseHTTPRequestHandler, code: int, data: bytes, content_type: str) -> None:
