@@ -319,13 +319,15 @@ def test_priority_admission_through_the_kubernetes_client(one_node: KubernetesSt
         core, scheduling = k8s.CoreV1Api(api), k8s.SchedulingV1Api(api)
         for manifest in EDL_ARGO_PRIORITY_CLASSES:  # as the deploy guide applies them
             scheduling.create_priority_class(manifest)
-        assert scheduling.read_priority_class("edl-argo-low").preemption_policy == "Never"
+        assert scheduling.read_priority_class("edl-argo-opportunistic").preemption_policy == "Never"
         names = [c.metadata.name for c in scheduling.list_priority_class().items]
-        assert {"edl-argo-high", "edl-argo-low", "low", "high"} <= set(names)
+        assert {"edl-argo-high", "edl-argo-low", "edl-argo-opportunistic", "low", "high"} <= set(names)
 
         body = pod("worker", "1", "edl-argo-low")
         created = core.create_namespaced_pod("default", body)
-        assert (created.spec.priority, created.spec.preemption_policy) == (-100, "Never")
+        assert (created.spec.priority, created.spec.preemption_policy) == (-100, "PreemptLowerPriority")
+        extra = core.create_namespaced_pod("default", pod("extra", "1", "edl-argo-opportunistic"))
+        assert (extra.spec.priority, extra.spec.preemption_policy) == (-200, "Never")
 
         with pytest.raises(ApiException) as refused:
             core.create_namespaced_pod("default", pod("lost", "1", "no-such-class"))
