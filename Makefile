@@ -22,12 +22,13 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 #: Bytecode is cached (__pycache__/, ignored by git): every pod process of a test or demo imports edl_argo,
 #: and compiling it again each time cost 0.7 s of a core per process.
 
-.PHONY: help venv test-servers test test-slow lint format demo templates image lock bench chaos fuzz proto clean
+.PHONY: help venv test-servers test test-slow lint format demo templates image lock scheduling bench chaos fuzz proto clean
 
 help:
 	@echo "make demo   - run the digits pipeline here: prepare the dataset, train, evaluate, predict"
 	@echo "make templates - render templates/ (Argo WorkflowTemplates, RBAC, ...) from components/"
 	@echo "make image IMAGE=registry/name:tag - build the container image (docker, podman or buildah)"
+	@echo "make scheduling - issue 32's scheduling scenarios, elastic and gang-scheduled (docs/scheduling.md)"
 	@echo "make lock   - pin the dependencies the image installs (requirements.lock) to those of .venv"
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make test-slow - the repeated trials and soak runs make test leaves out (marked slow)"
@@ -80,6 +81,9 @@ image:
 
 lock: $(STAMP)
 	$(BIN)/python tools/requirements_lock.py --output requirements.lock
+
+scheduling: $(STAMP)
+	$(BIN)/python -m tests.scheduling.run --output docs/scheduling
 
 bench: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md
