@@ -105,6 +105,7 @@ class WorkerScaler:
     growth_stops: int = 0
     _first_tick: float | None = None
     _paused_since: float | None = None
+    _trained: bool = False
     _trainers: frozenset[int] = frozenset()
     _trainers_since: float = 0.0
     _growth_stopped_until: float = 0.0
@@ -152,8 +153,10 @@ class WorkerScaler:
         if short and self._paused_since is None:
             self._paused_since = now
             self.dispatcher.hold_training(True)
-            log.warning(
-                "training_paused",
+            # Before training ever started, waiting for workers is the normal start of a job.
+            report = log.warning if self._trained else log.info
+            report(
+                "training_paused" if self._trained else "training_waits_for_workers",
                 running=counts.running,
                 pending=counts.pending,
                 min_workers=self.workers.minimum,
@@ -161,10 +164,16 @@ class WorkerScaler:
             )
         elif not short and self._paused_since is not None:
             paused = now - self._paused_since
-            self.paused_seconds += paused
-            log.info("training_resumed", running=counts.running, paused_seconds=round(paused, 1))
+            if self._trained:
+                self.paused_seconds += paused
+                log.info("training_resumed", running=counts.running, paused_seconds=round(paused, 1))
+            else:
+                log.info("training_started", running=counts.running, waited_seconds=round(paused, 1))
+            self._trained = True
             self._paused_since = None
             self.dispatcher.hold_training(False)
+        elif not short:
+            self._trained = True
         if self._paused_since is not None and now - self._paused_since >= self.workers.min_workers_timeout:
             raise JobFailedError(
                 f"training paused for {self.workers.min_workers_timeout:.0f} s (--min-workers-timeout) with"

@@ -10,6 +10,7 @@ workers as on a real cluster, and the scenarios measure scheduling, not this mac
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +28,7 @@ def _load_digits() -> ModuleType:
     spec = importlib.util.spec_from_file_location("paced_digits_base", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # AutoGraph reads the source of feed's functions through the module
     spec.loader.exec_module(module)
     return module
 
