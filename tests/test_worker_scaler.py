@@ -119,8 +119,8 @@ def test_a_pause_longer_than_the_timeout_fails_the_job_with_a_line_that_says_so(
     assert "1 waiting for room" in message and "\n" not in message
 
 
-def test_growth_adds_one_worker_per_measured_window_while_each_pays_and_stops_when_one_does_not() -> None:
-    job = Job(start=1, maximum=4)
+def test_growth_doubles_its_step_while_workers_pay_fully_and_stops_when_they_do_not() -> None:
+    job = Job(start=1, maximum=6)
     job.event(0, PodPhase.RUNNING)
     job.train(WINDOW + 1, {0: 100})
     assert job.started() == ["worker-0", "worker-1"]  # 1 worker measured: add one
@@ -128,19 +128,31 @@ def test_growth_adds_one_worker_per_measured_window_while_each_pays_and_stops_wh
     job.event(1, PodPhase.RUNNING)
     job.train(WINDOW / 2, {0: 100})  # worker 1 runs but has not trained yet: not measured
     assert len(job.started()) == 2
-    job.train(WINDOW + 1, {0: 100, 1: 90})  # +90% of a worker's share
-    assert job.started() == ["worker-0", "worker-1", "worker-2"]
+    job.train(WINDOW + 1, {0: 100, 1: 90})  # +0.9 of a worker's share: the step doubles
+    assert job.started()[2:] == ["worker-2", "worker-3"]
 
     job.event(2, PodPhase.RUNNING)
-    job.train(WINDOW + 2, {0: 70, 1: 70, 2: 70})  # 210 against 190: +0.21 of a share, below 0.5
-    assert len(job.started()) == 3
+    job.event(3, PodPhase.RUNNING)
+    rates = {0: 70, 1: 70, 2: 70, 3: 70}  # 280 against 190: each added +0.47 of a share, below 0.5
+    job.train(WINDOW + 2, rates)
+    assert len(job.started()) == 4
     assert job.scaler.growth_stops == 1
 
-    job.train(RETRY_WINDOWS * WINDOW - WINDOW, {0: 70, 1: 70, 2: 70})
-    assert len(job.started()) == 3  # not yet
-    job.train(WINDOW, {0: 70, 1: 70, 2: 70})
-    assert len(job.started()) == 4  # tried again, once
-    assert job.scaler.summary()["workers_added"] == 3
+    job.train(RETRY_WINDOWS * WINDOW - WINDOW, rates)
+    assert len(job.started()) == 4  # not yet
+    job.train(WINDOW, rates)
+    assert len(job.started()) == 5  # tried again, with one worker
+    assert job.scaler.summary()["workers_added"] == 4
+
+
+def test_a_partial_gain_grows_one_worker_at_a_time() -> None:
+    job = Job(start=2, maximum=5)
+    job.event(0, PodPhase.RUNNING)
+    job.event(1, PodPhase.RUNNING)
+    job.train(WINDOW + 1, {0: 100, 1: 100})
+    job.event(2, PodPhase.RUNNING)
+    job.train(WINDOW + 2, {0: 90, 1: 90, 2: 90})  # 270 against 200: +0.7 of a share
+    assert job.started()[3:] == ["worker-3"]
 
 
 def test_growth_waits_while_a_worker_waits_for_room_and_never_passes_the_maximum() -> None:

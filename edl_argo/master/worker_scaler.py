@@ -14,16 +14,20 @@ The rules:
   still go out, nothing fails. A pause that lasts ``min_workers_timeout`` fails the job with a line saying
   how many workers ran and how many waited for room.
 * **Growth.** While the job wants fewer than ``maximum`` workers, none of its workers waits for room in the
-  cluster (Pending), and the current count has been measured, one worker is added. Pods that do not fit stay
-  Pending and block nothing: the job trains with those that run, and the cluster places the others when room
-  frees up (preempted workers' replacements too).
+  cluster (Pending), and the current count has been measured, workers are added: one at first, then twice as
+  many each time the last ones paid almost fully (a gain of :data:`DOUBLING_GAIN` of a share or more, as a
+  slow start), back to one when they paid less. Pods that do not fit stay Pending and block nothing: the job
+  trains with those that run, and the cluster places the others when room frees up (preempted workers'
+  replacements too).
 * **Throughput.** A count of ``n`` workers is *measured* once ``n`` workers run, each of them has reported
   trained records, and that has held for a whole ``window``: its throughput ``T(n)`` is the job's records/s
-  over that window. Growth from ``n`` to ``n + 1`` goes on only while the worker added last raised the
-  throughput by at least ``min_gain`` of an average worker's share: ``T(n) - T(n - 1) >= min_gain * T(n - 1)
-  / (n - 1)``. Otherwise the parameter servers or the collective are the bottleneck: growth stops (logged
-  ``worker_growth_stopped`` with the numbers) and is tried again :data:`RETRY_WINDOWS` windows later.
-  The worker that did not pay stays: removing it would only cost its start-up again on the next try.
+  over that window. Growth from ``m`` to ``n`` workers goes on only while each worker added raised the
+  throughput by at least ``min_gain`` of an average worker's share: ``(T(n) - T(m)) / (n - m) >= min_gain *
+  T(m) / m``. Otherwise the parameter servers or the collective are the bottleneck: growth stops (logged
+  ``worker_growth_stopped`` with the numbers) and is tried again, one worker, :data:`RETRY_WINDOWS` windows
+  later. The workers that did not pay stay: removing them would only cost their start-up again on the next
+  try. A count reached otherwise (preemption, a replacement, ``edl-argo scale``) has nothing to be compared
+  with: growth from it starts again at one worker.
 * **Done.** Once training is over, workers still waiting for room are deleted: they would get no task.
 
 ``edl-argo scale`` sets the wanted count directly (:meth:`PodManager.scale_workers`); growth then goes on
@@ -45,6 +49,9 @@ log = get_logger(__name__)
 
 #: After growth stopped for lack of gain, it is tried again this many windows later.
 RETRY_WINDOWS = 10
+#: Workers added that each raised the throughput by at least this much of a worker's share double the next
+#: step of growth.
+DOUBLING_GAIN = 0.8
 
 
 class ScaledPods(Protocol):
@@ -109,6 +116,9 @@ class WorkerScaler:
     _trainers: frozenset[int] = frozenset()
     _trainers_since: float = 0.0
     _growth_stopped_until: float = 0.0
+    #: The last growth: ``(workers before, workers after)``; what the next decision compares.
+    _last_growth: tuple[int, int] | None = None
+    _step: int = 1
 
     def tick(self) -> None:
         """Look at the workers once and act (see the module docstring); JobFailedError when the pause
@@ -205,12 +215,16 @@ class WorkerScaler:
         retrying = self._growth_stopped_until > 0
         gain = None if retrying else self._gain(n)
         if gain is not None and gain < self.workers.min_gain:
+            assert self._last_growth is not None
+            before_count = self._last_growth[0]
             self._growth_stopped_until = now + RETRY_WINDOWS * self.workers.window_seconds
             self.growth_stops += 1
+            self._last_growth, self._step = None, 1
             log.warning(
                 "worker_growth_stopped",
                 workers=n,
-                records_per_second_before=round(self.measured[n - 1], 1),
+                workers_before=before_count,
+                records_per_second_before=round(self.measured[before_count], 1),
                 records_per_second_after=round(self.measured[n], 1),
                 gain_of_a_worker_share=round(gain, 3),
                 min_gain=self.workers.min_gain,
@@ -219,10 +233,14 @@ class WorkerScaler:
             )
             return
         self._growth_stopped_until = 0.0
-        target = self.pods.scale_workers(counts.wanted + 1)
-        self.workers_added += 1
+        self._step = self._step * 2 if gain is not None and gain >= DOUBLING_GAIN else 1
+        added = min(self._step, self.workers.maximum - counts.wanted)
+        target = self.pods.scale_workers(counts.wanted + added)
+        self._last_growth = (n, n + added)
+        self.workers_added += added
         log.info(
-            "worker_added",
+            "workers_added",
+            added=added,
             workers=target,
             records_per_second=round(self.measured[n], 1),
             gain_of_a_worker_share=None if gain is None else round(gain, 3),
@@ -230,9 +248,12 @@ class WorkerScaler:
         )
 
     def _gain(self, n: int) -> float | None:
-        """What the n-th worker added, as a fraction of an average worker's share with n - 1 (None: T(n - 1)
-        is unknown, e.g. the job started with n)."""
-        before = self.measured.get(n - 1)
-        if not before or n < 2:
+        """What each worker of the last growth to ``n`` workers added, as a fraction of an average worker's
+        share before it (None: the job did not grow to ``n``, or the count before is not measured)."""
+        if self._last_growth is None or self._last_growth[1] != n:
             return None
-        return (self.measured[n] - before) / (before / (n - 1))
+        before_count = self._last_growth[0]
+        before = self.measured.get(before_count)
+        if not before:
+            return None
+        return (self.measured[n] - before) / (n - before_count) / (before / before_count)
