@@ -3,27 +3,19 @@
 job's master then creates the job's own NetworkPolicy, <job>-grpc, which admits the job's pods, and only
 them, to the job's gRPC ports; NetworkPolicies add up, so that is the only way in. Pods stay closed before
 their job's policy exists and after it is gone. Enforced by the cluster's network plugin (Calico, Cilium,
-...); without one, NetworkPolicies change nothing.
-
-A second NetworkPolicy, edl-argo-master-metrics, admits any pod of any namespace (Prometheus) to the
-masters' container port named metrics, where they serve their live metrics (plain HTTP, read-only); to
-admit only your Prometheus, narrow its namespaceSelector and add a podSelector."""
+...); without one, NetworkPolicies change nothing."""
 
 from kubernetes.client import (
     ApiClient,
     V1LabelSelector,
     V1LabelSelectorRequirement,
     V1NetworkPolicy,
-    V1NetworkPolicyIngressRule,
-    V1NetworkPolicyPeer,
-    V1NetworkPolicyPort,
     V1NetworkPolicySpec,
     V1ObjectMeta,
 )
 
-from edl_argo.hera.elastic_train import METRICS_PORT_NAME
 from edl_argo.hera.step import LABELS
-from edl_argo.pods.manifests import APP, MASTER_POD_LABELS, NAME_LABEL, ROLE_LABEL
+from edl_argo.pods.manifests import APP, NAME_LABEL, ROLE_LABEL
 
 MANIFESTS = ApiClient().sanitize_for_serialization(
     [
@@ -38,21 +30,6 @@ MANIFESTS = ApiClient().sanitize_for_serialization(
                 ),
                 policy_types=["Ingress"],
             ),
-        ),
-        V1NetworkPolicy(
-            api_version="networking.k8s.io/v1",
-            kind="NetworkPolicy",
-            metadata=V1ObjectMeta(name="edl-argo-master-metrics", labels=LABELS),
-            spec=V1NetworkPolicySpec(
-                pod_selector=V1LabelSelector(match_labels=dict(MASTER_POD_LABELS)),
-                policy_types=["Ingress"],
-                ingress=[
-                    V1NetworkPolicyIngressRule(
-                        _from=[V1NetworkPolicyPeer(namespace_selector=V1LabelSelector())],
-                        ports=[V1NetworkPolicyPort(protocol="TCP", port=METRICS_PORT_NAME)],
-                    )
-                ],
-            ),
-        ),
+        )
     ]
 )
