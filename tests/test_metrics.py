@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import socket
 import statistics
 import threading
@@ -140,6 +141,15 @@ def test_event_files_are_read_back_by_tensorboard_and_uploaded_whole(tmp_path: P
     assert [step for step, _ in losses] == [step for step, _ in expected]
     assert [v for _, v in losses] == pytest.approx([v for _, v in expected], rel=1e-6)
     assert [(e.step, e.value, e.wall_time) for e in events.Scalars("accuracy")] == [(9, 0.5, 1.5e9)]
+
+
+def test_an_event_the_local_disk_refuses_is_dropped_not_raised(tmp_path: Path) -> None:
+    writer = EventFileWriter(LocalStorage(tmp_path / "out"))
+    writer.scalar("loss", 1.0, 1)
+    shutil.rmtree(writer._folder)  # the temporary folder is gone (a full or cleaned /tmp)
+    writer.scalar("loss", 0.5, 2)  # logged, not raised: it runs on the master's serving threads
+    assert not writer.upload()
+    assert not writer.close()
 
 
 def test_pods_count_as_running_or_pending_only_when_listed_so() -> None:

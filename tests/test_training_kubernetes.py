@@ -388,8 +388,9 @@ def test_a_job_of_argos_longest_workflow_name_trains_with_its_master_in_the_step
     than it labels itself. The step's exit hook, run afterwards, names the same job.
 
     Test-only deviations: the pod's ``/tmp/edl-job`` (``--output``) is a folder of the test, its fixed
-    master and metrics ports free ones (the stand-in's pods share the loopback address), its Secret volumes a folder
-    (``EDL_MASTER_SECRETS_DIR``), and it reaches the API at the stand-in's URL (``EDL_KUBERNETES_API``).
+    master and metrics ports free ones (the stand-in's pods share the loopback address), its Secret volumes
+    a folder (``EDL_MASTER_SECRETS_DIR``), and it reaches the API at the stand-in's URL
+    (``EDL_KUBERNETES_API``).
     """
     workflow_name = ("nightly-digits-" + "x" * ARGO_MAX_WORKFLOW_NAME)[:ARGO_MAX_WORKFLOW_NAME]
     body = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": workflow_name}}

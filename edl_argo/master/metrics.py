@@ -336,23 +336,25 @@ class TrainingBoard:
                     self._epochs_written.add(epoch)
 
     def close(self) -> None:
-        """Stop the thread, write a last sample and upload everything (a failed upload is logged)."""
+        """Stop the thread, write a last sample and upload everything; what fails is logged, never raised
+        (the job's own outcome stands)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._sample_logging_bugs()
+        if self._writer.close():
+            log.info("tensorboard_written", url=self._writer.url)
+
+    def _sample_logging_bugs(self) -> None:
         try:
             self.sample()
-        finally:
-            if self._writer.close():
-                log.info("tensorboard_written", url=self._writer.url)
+        except Exception:  # a bug of the master's: the job goes on without this sample
+            log.error("tensorboard_sample_failed", exc_info=True)
 
     def _run(self) -> None:
         uploaded = self._clock()
         while not self._stop.wait(self._sample_interval):
-            try:
-                self.sample()
-            except Exception:  # a bug of the master's: the job goes on without this sample
-                log.error("tensorboard_sample_failed", exc_info=True)
+            self._sample_logging_bugs()
             if self._clock() - uploaded >= self._upload_interval:
                 self._writer.upload()
                 uploaded = self._clock()

@@ -142,18 +142,23 @@ class EventFileWriter:
         return self._storage.describe(self._prefix)
 
     def scalar(self, tag: str, value: float, step: int, wall_time: float | None = None) -> None:
-        """Append the scalar ``tag`` = ``value`` at ``step`` (ignored once closed)."""
+        """Append the scalar ``tag`` = ``value`` at ``step`` (ignored once closed; a local file that cannot
+        be written is logged, and the event dropped: it never fails the caller)."""
         record = tf_record(
             event_bytes(self._clock() if wall_time is None else wall_time, step, scalar=(tag, float(value)))
         )
         with self._lock:
             if self._closed:
                 return
-            if self._current is None or self._size >= self._max_file_bytes:
-                self._start_file()
-            assert self._current is not None
-            with self._current.open("ab") as file:
-                file.write(record)
+            try:
+                if self._current is None or self._size >= self._max_file_bytes:
+                    self._start_file()
+                assert self._current is not None
+                with self._current.open("ab") as file:
+                    file.write(record)
+            except OSError as error:  # the local disk: the event is lost, the job goes on
+                log.warning("tensorboard_write_failed", tag=tag, error=str(error))
+                return
             self._size += len(record)
             self._dirty[self._current] = True
 
@@ -163,7 +168,11 @@ class EventFileWriter:
         with self._upload_lock:
             with self._lock:
                 pending = [path for path, dirty in self._dirty.items() if dirty]
-                contents = {path: path.read_bytes() for path in pending}
+                try:
+                    contents = {path: path.read_bytes() for path in pending}
+                except OSError as error:
+                    log.warning("tensorboard_upload_failed", url=self.url, error=str(error))
+                    return False
                 for path in pending:
                     self._dirty[path] = False
             for path in pending:
