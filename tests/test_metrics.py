@@ -3,6 +3,7 @@ evaluation log lines, the throughput meter, and the elastic-train step's scrape 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -20,14 +21,20 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from edl_argo import log
 from edl_argo.errors import ConfigError, StorageError
 from edl_argo.hera.elastic_train import METRICS_PATH, METRICS_PORT, METRICS_PORT_NAME, TENSORBOARD_DIR
+from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.metrics import PodCounts, count_pods
+from edl_argo.master.state_store import DurableMasterServicer
+from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher
 from edl_argo.master.tensorboard_log import TENSORBOARD_PREFIX, EventFileWriter, crc32c
 from edl_argo.master.throughput import ThroughputMeter
+from edl_argo.master.training_stats import TrainingReport
 from edl_argo.pods import PodPhase, PodRole, PodStatus, find_free_port
+from edl_argo.proto import master_pb2
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import JobThread, digits_config
 from tests.manifests import load_documents
+from tests.test_failover import SHARDS, URLS, _NoCommit, get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,6 +169,40 @@ def test_pods_count_as_running_or_pending_only_when_listed_so() -> None:
     ]
     assert count_pods(statuses, PodRole.WORKER, {0, 1, 2, 4}, 3, 2) == PodCounts(1, 1, 3, 2)
     assert count_pods(statuses, PodRole.PS, range(2), 2, 0) == PodCounts(1, 0, 2, 0)
+
+
+# ------------------------------------------------------------------ the one place reports are counted
+
+
+def test_each_training_report_is_counted_once_across_retries_and_a_master_restart() -> None:
+    """The hook the throughput and the loss scalars hang on sees each task once: not the worker's retry of
+    a report whose reply it lost, nor that report sent again to a master restarted from the saved state."""
+    counted: list[TrainingReport] = []
+
+    def master(dispatcher: TaskDispatcher) -> DurableMasterServicer:
+        evaluation = EvaluationService(lambda: {}, {}, 1)
+        evaluation.dispatcher = dispatcher
+        return DurableMasterServicer(
+            dispatcher, evaluation, URLS, lambda: 7, commit=_NoCommit(), on_training_report=counted.append
+        )
+
+    def report(task_id: int) -> master_pb2.ReportTaskResultRequest:
+        counters = {"steps": 2, "model_version": 3}
+        return master_pb2.ReportTaskResultRequest(
+            worker_id=0, task_id=task_id, success=True, counters=counters, mean_loss=0.5
+        )
+
+    dispatcher = TaskDispatcher(SHARDS, DispatcherConfig(records_per_task=40, num_epochs=1))
+    first = master(dispatcher)
+    done = get_task(first, 0, [])
+    assert first.ReportTaskResult(report(done.task_id), None).accepted
+    assert not first.ReportTaskResult(report(done.task_id), None).accepted  # the retry
+    held = get_task(first, 0, [])
+    saved = json.loads(json.dumps(dispatcher.snapshot()))
+    restarted = master(TaskDispatcher.restore(saved, live_workers={0}))
+    assert not restarted.ReportTaskResult(report(done.task_id), None).accepted  # counted before the restart
+    assert restarted.ReportTaskResult(report(held.task_id), None).accepted
+    assert counted == [TrainingReport(0, 0, 40, 2, 0.5, 3)] * 2
 
 
 # ------------------------------------------------------------------ a job
