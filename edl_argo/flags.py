@@ -42,6 +42,20 @@ def _bounded_int(minimum: int) -> Any:
 positive_int = _bounded_int(1)
 non_negative_int = _bounded_int(0)
 
+#: The largest TCP port number.
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """argparse ``type=`` for a TCP port, 0 (none, or any free one) to :data:`MAX_PORT`."""
+    value = non_negative_int(text)
+    if value > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"{value} is more than {MAX_PORT}, the largest port")
+    return value
+
+
+port_number.__name__ = "port"
+
 
 def fraction(text: str) -> float:
     """argparse ``type=`` for a number from 0 to 1."""

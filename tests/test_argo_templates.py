@@ -211,7 +211,7 @@ def test_the_train_step_has_what_the_master_relies_on() -> None:
     }
     assert template["container"]["command"][:4] == ["edl-argo", "train", "--backend", "kubernetes"]
     outputs = template["outputs"]
-    assert [a["name"] for a in outputs["artifacts"]] == ["model"]
+    assert [a["name"] for a in outputs["artifacts"]] == ["model", "tensorboard"]
     assert (
         outputs["parameters"][0]["valueFrom"]["path"] in template["container"]["command"]
     )  # --metrics-output

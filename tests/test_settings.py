@@ -34,7 +34,14 @@ from tests.argo_steps import argo_pod, training_tasks
 ROOT = Path(__file__).resolve().parents[1]
 #: The train settings the elastic-train step does not expose: those it sets itself (the workflow's
 #: namespace), and two that train nothing (a dry run, and a flag edl-argo refuses).
-NOT_ON_THE_STEP = {"--backend", "--output", "--metrics-output", "--master-port", "--namespace"}
+NOT_ON_THE_STEP = {
+    "--backend",
+    "--output",
+    "--metrics-output",
+    "--master-port",
+    "--metrics-port",
+    "--namespace",
+}
 NOT_ON_THE_STEP |= {"--yaml", "--custom-data-reader"}
 #: A local job's TLS folder: the step's master names a Secret (tls-secret) instead.
 NOT_ON_THE_STEP |= {"--tls-dir"}

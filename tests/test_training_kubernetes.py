@@ -24,7 +24,7 @@ from kubernetes import client as k8s
 
 from edl_argo import cli, log
 from edl_argo.hera import elastic_train
-from edl_argo.hera.elastic_train import JOB_DIR, MASTER_PORT
+from edl_argo.hera.elastic_train import JOB_DIR, MASTER_PORT, METRICS_PORT
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.task_dispatcher import TaskAssignment
 from edl_argo.pods import find_free_port
@@ -407,8 +407,9 @@ def test_a_job_of_argos_longest_workflow_name_trains_with_its_master_in_the_step
     than it labels itself. The step's exit hook, run afterwards, names the same job.
 
     Test-only deviations: the pod's ``/tmp/edl-job`` (``--output``) is a folder of the test, its fixed
-    master port a free one (the stand-in's pods share the loopback address), its Secret volumes a folder
-    (``EDL_MASTER_SECRETS_DIR``), and it reaches the API at the stand-in's URL (``EDL_KUBERNETES_API``).
+    master and metrics ports free ones (the stand-in's pods share the loopback address), its Secret volumes
+    a folder (``EDL_MASTER_SECRETS_DIR``), and it reaches the API at the stand-in's URL
+    (``EDL_KUBERNETES_API``).
     """
     workflow_name = ("nightly-digits-" + "x" * ARGO_MAX_WORKFLOW_NAME)[:ARGO_MAX_WORKFLOW_NAME]
     body = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": workflow_name}}
@@ -439,7 +440,8 @@ def test_a_job_of_argos_longest_workflow_name_trains_with_its_master_in_the_step
     port = find_free_port()
     command = [arg.replace(JOB_DIR, str(output)) for arg in container["command"]]
     command[command.index("--master-port") + 1] = str(port)
-    assert [p["containerPort"] for p in container["ports"]] == [MASTER_PORT]
+    command[command.index("--metrics-port") + 1] = str(find_free_port())
+    assert [p["containerPort"] for p in container["ports"]] == [MASTER_PORT, METRICS_PORT]
     container["ports"][0]["containerPort"] = port
     container["command"] = command
     (auth_volume,) = [v for v in template["volumes"] if v["name"] == MASTER_AUTH_VOLUME]

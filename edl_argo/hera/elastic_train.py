@@ -26,7 +26,13 @@ back) and the ``tls-secret`` Secret into its pod, as optional read-only volumes 
 
 Outputs: the ``model`` artifact, the model tree the job publishes (its pointer ``_edl-tree.json`` and the
 version folder it names, holding ``saved_model/``, ``model.keras``, ``metrics.json``, ``flags.json``),
-and the ``metrics`` parameter, the job's final metrics as a JSON object (``{"accuracy": 0.97}``).
+the ``tensorboard`` artifact, the TensorBoard event files of the job (optional: a job that ended before
+writing any has none), and the ``metrics`` parameter, the job's final metrics as a JSON object
+(``{"accuracy": 0.97}``).
+
+Monitoring: the master serves its live metrics to Prometheus on :data:`METRICS_PORT`, the container port
+named ``metrics``, and its pod carries the ``prometheus.io/scrape``, ``prometheus.io/port`` and
+``prometheus.io/path`` annotations (docs/operations.md, "Monitoring a job").
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from edl_argo.hera.container import IMAGE, Image, step_container
 from edl_argo.hera.inputs import Input, Int, StepInputs, Text
 from edl_argo.hera.setting_inputs import with_setting_inputs
 from edl_argo.hera.step import Step, StepTask
+from edl_argo.master.tensorboard_log import TENSORBOARD_PREFIX
 from edl_argo.pods.manifests import (
     MASTER_AUTH_VOLUME,
     MASTER_POD_LABELS,
@@ -71,6 +78,19 @@ METRICS_FILE = f"{JOB_DIR}/final-metrics.json"
 #: The master's gRPC port, declared as the container port named ``grpc`` so the job's NetworkPolicy admits
 #: the job's workers to it, and fixed so a retried master serves where the workers look (its Service).
 MASTER_PORT = 2221
+#: The port the master serves its live metrics on (``--metrics-port``), declared as the container port named
+#: :data:`METRICS_PORT_NAME`; the pod's ``prometheus.io/*`` annotations (:data:`SCRAPE_ANNOTATIONS`) tell a
+#: Prometheus that discovers pods by them where to scrape.
+METRICS_PORT = 8000
+METRICS_PORT_NAME = "metrics"
+METRICS_PATH = "/metrics"
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(METRICS_PORT),
+    "prometheus.io/path": METRICS_PATH,
+}
+#: The ``tensorboard`` output artifact: the TensorBoard event files the master writes under its output.
+TENSORBOARD_DIR = f"{JOB_DIR}/{TENSORBOARD_PREFIX}"
 #: How often a master that was killed or lost is started again.
 MASTER_RETRIES = 2
 #: Retry a master that was killed (exit by signal) or lost (an Error node), not a job that failed, nor one
@@ -140,8 +160,9 @@ def elastic_train(
     ``edl-argo train`` (:mod:`edl_argo.settings.table`), named like their flags: ``use_async=True``,
     ``shuffle=False``, ``toleration=["gpu:NoSchedule"]``; each is an input parameter of the template
     (``use-async``) passed as the flag (``--use-async``). Not exposed: what the step sets itself
-    (``--backend``, ``--output``, ``--metrics-output``, ``--master-port``, ``--namespace``: the
-    workflow's), and ``--yaml`` and ``--custom-data-reader``, which train nothing.
+    (``--backend``, ``--output``, ``--metrics-output``, ``--master-port``, ``--metrics-port``
+    (:data:`METRICS_PORT`), ``--namespace``: the workflow's), and ``--yaml`` and ``--custom-data-reader``,
+    which train nothing.
 
     The job is named after the workflow and the task (``<workflow>-<task>``) unless ``job_name`` says
     otherwise, so two training tasks of one workflow run two jobs. The task gets an exit hook
@@ -185,10 +206,17 @@ def _template(inputs: StepInputs) -> Container:
             METRICS_FILE,
             "--master-port",
             str(MASTER_PORT),
+            "--metrics-port",
+            str(METRICS_PORT),
         ],
-        ports=[ContainerPort(name=PORT_NAME, container_port=MASTER_PORT, protocol="TCP")],
+        ports=[
+            ContainerPort(name=PORT_NAME, container_port=MASTER_PORT, protocol="TCP"),
+            ContainerPort(name=METRICS_PORT_NAME, container_port=METRICS_PORT, protocol="TCP"),
+        ],
         outputs=[
             Artifact(name="model", path=MODEL_DIR),
+            # Optional: a job that failed before its first upload, or republished a kept model, has none.
+            Artifact(name="tensorboard", path=TENSORBOARD_DIR, optional=True),
             Parameter(name="metrics", value_from=ValueFrom(path=METRICS_FILE)),
         ],
         env=[
@@ -213,6 +241,7 @@ def _template(inputs: StepInputs) -> Container:
             requests={"cpu": inputs.ref("master-cpu"), "memory": inputs.ref("master-memory")}
         ),
         labels=dict(MASTER_POD_LABELS),
+        annotations=dict(SCRAPE_ANNOTATIONS),
         service_account_name=SERVICE_ACCOUNT,
         priority_class_name=inputs.ref("master-pod-priority"),
         active_deadline_seconds=inputs.ref("active-deadline-seconds"),

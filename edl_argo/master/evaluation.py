@@ -239,8 +239,10 @@ class EvaluationService:
             self.history.append(record)
             if current.final:
                 self._final_done.set()
+        shown = " ".join(f"{name}={value:.6g}" for name, value in sorted(record.metrics.items()))
         log.info(
             "evaluation_done",
+            message=f"Evaluation of model version {model_version}: {shown}",  # found by `grep Evaluation`
             model_version=model_version,
             records=record.records,
             final=record.final,

@@ -36,6 +36,14 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.failover import MasterParts, own_checkpoint_series, state_to_save, take_over
 from edl_argo.master.job_parts import JobParts, default_backend, load_job_parts, sample_batch
 from edl_argo.master.ledger import PsReport, TrainingLedger
+from edl_argo.master.metrics import (
+    JobView,
+    MetricsServer,
+    PodCounts,
+    TrainingBoard,
+    count_pods,
+    metrics_registry,
+)
 from edl_argo.master.pod_commands import ps_pod, worker_pod
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.ps_watch import ParameterServerWatch
@@ -49,8 +57,9 @@ from edl_argo.master.state_store import (
     commit_wait_seconds,
 )
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.master.tensorboard_log import EventFileWriter
 from edl_argo.master.throughput import ThroughputMeter
-from edl_argo.master.training_stats import TrainingLoss
+from edl_argo.master.training_stats import TrainingLoss, TrainingReport
 from edl_argo.master.worker_scaler import WorkerRange, WorkerScaler
 from edl_argo.model import Mode, ModelSpec
 from edl_argo.pods import PodBackend, PodRole, PodSpec
@@ -138,7 +147,6 @@ class TrainingJob:
         self.ps_ports = list(parts.ps_ports)
         self.versions = VersionTracker()
         self.training_loss = TrainingLoss()
-        self.throughput = ThroughputMeter()
         self.ledger = TrainingLedger(config.minibatch_size, 1 if config.use_async else config.grads_to_wait)
         self.evaluation = EvaluationService(
             self.spec.eval_metrics_fn, self.validation_shards, config.evaluation_steps
@@ -177,6 +185,22 @@ class TrainingJob:
         self._master_address = ""
         self._master_port = 0
         self._started = 0.0
+        # Live metrics (edl_argo.master.metrics): read on each scrape, and the TensorBoard scalars.
+        self.throughput = ThroughputMeter()
+        self.metrics_view = JobView(
+            config.job_name,
+            dispatcher=lambda: self.dispatcher,
+            evaluation=self.evaluation,
+            training_loss=self.training_loss,
+            throughput=self.throughput,
+            model_version=lambda: self.versions.version,
+            pod_counts=self._pod_counts,
+            last_save=lambda: self._state_writer.last_save,
+            saves=lambda: self._state_writer.saves,
+        )
+        self.metrics_registry = metrics_registry(self.metrics_view)
+        self._metrics_server: MetricsServer | None = None
+        self._board: TrainingBoard | None = None
 
     @classmethod
     def load(cls, config: TrainConfig, backend: PodBackend | None = None) -> TrainingJob:
@@ -261,8 +285,8 @@ class TrainingJob:
             finish_training=self._apply_pending_updates,
             ledger=self.ledger,
             bounds=self._request_bounds(),
-            throughput=self.throughput,
             commit=self._state_writer,
+            on_training_report=self._training_reported,
         )
         master_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         try:
@@ -337,6 +361,7 @@ class TrainingJob:
         )
         progress = ProgressReporter(f"train {c.job_name}")
         try:
+            self._start_monitoring()
             takeover.start_pods(self.pods)
             self._state_writer.start()
             self._state_writer.changed()
@@ -371,6 +396,7 @@ class TrainingJob:
             raise JobFailedError(f"job {c.job_name} failed while running: {error}") from error
         finally:
             progress.close()
+            self._stop_monitoring()
             if self._ps_watch is not None:
                 self._ps_watch.close()
             self._state_writer.close()
@@ -378,6 +404,52 @@ class TrainingJob:
             self._remove_abandoned_checkpoint_writes()
             self._server.stop(grace=1.0)
             unregister_master(self.config.job_name)
+
+    # ------------------------------------------------------------------ live metrics
+
+    def _start_monitoring(self) -> None:
+        """Serve the live metrics on ``--metrics-port`` (if any; ConfigError naming it if taken) and start
+        writing the TensorBoard scalars under ``<output>/tensorboard/`` (:mod:`edl_argo.master.metrics`)."""
+        if self.config.metrics_port:
+            self._metrics_server = MetricsServer(self.metrics_registry, self.host, self.config.metrics_port)
+            log.info("metrics_served", job=self.config.job_name, address=self._metrics_server.address)
+        self._board = TrainingBoard(self.metrics_view, EventFileWriter(self.output))
+        self._board.start()
+
+    def _stop_monitoring(self) -> None:
+        """The job is over: stop serving metrics; write the last TensorBoard scalars and upload them."""
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        if self._board is not None:
+            self._board.close()
+
+    def _training_reported(self, report: TrainingReport) -> None:
+        """An accepted training task report (the servicer's one place for them): its records count in the
+        throughput, its loss in TensorBoard."""
+        self.throughput.record(report.worker_id, report.records)
+        if self._board is not None:
+            self._board.training_reported(report)
+
+    def _pod_counts(self) -> dict[str, PodCounts]:
+        """The job's pods for the live metrics: the workers as the worker scaler counts them (running,
+        pending, wanted: :meth:`PodManager.worker_counts`), and PS ``0 .. num_ps - 1`` in the phases the
+        backend lists them in."""
+        pods = self.pods
+        if pods is None:
+            return {}
+        workers = pods.worker_counts()
+        return {
+            PodRole.WORKER.value: PodCounts(
+                workers.running, workers.pending, workers.wanted, pods.worker_relaunches
+            ),
+            PodRole.PS.value: count_pods(
+                self.backend.list_pods(),
+                PodRole.PS,
+                range(self.config.num_ps),
+                self.config.num_ps,
+                pods.ps_relaunches,
+            ),
+        }
 
     # ------------------------------------------------------------------ failover
 

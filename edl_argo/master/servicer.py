@@ -32,8 +32,7 @@ from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.request_checks import RequestBounds, RequestChecks, shortened
 from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher, TaskType
-from edl_argo.master.throughput import ThroughputMeter
-from edl_argo.master.training_stats import TrainingLoss
+from edl_argo.master.training_stats import TrainingLoss, TrainingReport
 from edl_argo.model.outputs import SINGLE
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
 from edl_argo.rpc.auth import OPERATOR_IDENTITIES, require_identity
@@ -75,20 +74,21 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         finish_training: Callable[[], None] = lambda: None,
         ledger: TrainingLedger | None = None,
         bounds: RequestBounds | None = None,
-        throughput: ThroughputMeter | None = None,
+        on_training_report: Callable[[TrainingReport], None] | None = None,
     ) -> None:
         """``finish_training`` runs when every training task is done, before the final evaluation round
         is queued (the PSes apply the pushes a synchronous step still waits for); it may run more than
         once and must be idempotent. ``ledger`` checks and counts what workers report they trained: a
         training task whose report does not add up fails the job. ``bounds``: the job's limits on what a
-        request may carry (default: none beyond the fields' own ranges). ``throughput`` counts the records of
-        every training task accepted, for the worker that trained it."""
+        request may carry (default: none beyond the fields' own ranges). ``on_training_report`` gets every
+        successful training task report the dispatcher accepted, once (a repeated report is not accepted),
+        on the serving thread: it must not block."""
+        self._on_training_report = on_training_report
         self._checks = RequestChecks(bounds or RequestBounds(), current_version)
         self._shard_versions = shard_versions or {}
         self._finish_training = finish_training
         self._ledger = ledger
         self._training_loss = training_loss or TrainingLoss()
-        self._throughput = throughput or ThroughputMeter()
         self._rendezvous = rendezvous
         self._ready_to_finish = ready_to_finish
         self._dispatcher = dispatcher
@@ -173,8 +173,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         training = accepted and request.success and task is not None and task.type is TaskType.TRAINING
         if training and task is not None and "steps" in request.counters:
             self._training_loss.add(task.epoch, request.mean_loss, request.counters["steps"])
-        if training and task is not None:
-            self._throughput.record(request.worker_id, task.num_records)
+        if training and task is not None and self._on_training_report is not None:
+            self._on_training_report(
+                TrainingReport(
+                    request.worker_id,
+                    task.epoch,
+                    task.num_records,
+                    request.counters.get("steps", 0),
+                    request.mean_loss,
+                    request.counters.get("model_version", self._current_version()),
+                )
+            )
+        if training:
             self._training_loss.add_skipped(request.counters)
             self._training_loss.skip_nan_gradients(
                 request.worker_id, request.counters.get("nan_gradients_skipped", 0)

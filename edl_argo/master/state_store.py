@@ -35,6 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -201,6 +202,15 @@ class MasterStateStore:
         )
 
 
+@dataclass(frozen=True)
+class SaveRecord:
+    """One completed save of the state: when it completed (``time.time()``) and how long it took, the
+    snapshot included (seconds)."""
+
+    at: float
+    seconds: float
+
+
 class GroupCommit:
     """A thread that saves the newest state whenever something changed, one save at a time.
 
@@ -228,6 +238,8 @@ class GroupCommit:
         self._thread = threading.Thread(target=self._run, name="master-state", daemon=True)
         self.saves = 0
         """How many saves completed (for logs and tests)."""
+        self.last_save: SaveRecord | None = None
+        """The newest completed save (for the live metrics), None before the first."""
         self.failure: BaseException | None = None
 
     def start(self) -> None:
@@ -269,6 +281,7 @@ class GroupCommit:
                 if self._closed:
                     return
                 target = self._requested
+            started = time.monotonic()
             try:
                 self._save(self._snapshot())
             except StorageError as error:
@@ -285,8 +298,10 @@ class GroupCommit:
                     self._ready.notify_all()
                 return
             delay = RETRY_FIRST_SECONDS
+            saved = SaveRecord(time.time(), time.monotonic() - started)
             with self._ready:
                 self.saves += 1
+                self.last_save = saved
                 self._saved = max(self._saved, target)
                 self._ready.notify_all()
 

@@ -199,6 +199,25 @@ class Accounting:
     tasks_total: int
 
 
+@dataclass(frozen=True)
+class TaskCounts:
+    """The tasks of one type (:meth:`TaskDispatcher.task_counts`).
+
+    * ``created``: known so far (training: every task of every epoch, from the start).
+    * ``queued``: waiting to be handed out now (training: of the epochs started so far).
+    * ``running``: held by a worker.
+    * ``done``: completed successfully (each task once, whatever its retries).
+    * ``failed``: failed reports (a task failing twice counts twice; a worker dying or timing out is no
+      failed report but a requeue, :attr:`Accounting.requeues`).
+    """
+
+    created: int
+    queued: int
+    running: int
+    done: int
+    failed: int
+
+
 @dataclass(slots=True)
 class _Running:
     task: Task
@@ -285,6 +304,7 @@ class TaskDispatcher:
         self._durations: dict[TaskType, deque[float]] = {t: deque(maxlen=DURATION_WINDOW) for t in TaskType}
         self._tasks_created: dict[TaskType, int] = {t: 0 for t in TaskType}
         self._tasks_done: dict[TaskType, int] = {t: 0 for t in TaskType}
+        self._tasks_failed: dict[TaskType, int] = {t: 0 for t in TaskType}
         self._tasks_created[TaskType.TRAINING] = config.num_epochs * self._tasks_per_epoch
         # Records done per epoch started (an epoch not started yet has none: not kept, so that the state
         # saved after every report does not grow with num_epochs).
@@ -360,6 +380,7 @@ class TaskDispatcher:
             else:
                 failures = self._failures.get(task_id, 0) + 1
                 self._failures[task_id] = failures
+                self._tasks_failed[task.type] += 1
                 if model_error and self._same_model_error(task, worker_id, error):
                     self._stop(task_id)
                 elif failures < self._config.max_task_retries:
@@ -383,6 +404,7 @@ class TaskDispatcher:
                 self._log_ignored(task_id, worker_id, running)
                 return False
             self._stop(task_id)
+            self._tasks_failed[running.task.type] += 1
             if self._failure is None:
                 self._failure = JobFailedError(error or f"{running.task.describe()} failed")
                 log.error("job_failed", task=task_id, shard=running.task.shard, fatal=True, error=error)
@@ -491,6 +513,20 @@ class TaskDispatcher:
         with self._lock:
             return self._tasks_done[TaskType.TRAINING], self._tasks_created[TaskType.TRAINING]
 
+    def task_counts(self) -> dict[TaskType, TaskCounts]:
+        """A consistent count of the tasks of each type (see :class:`TaskCounts`); O(task types)."""
+        with self._lock:
+            return {
+                t: TaskCounts(
+                    created=self._tasks_created[t],
+                    queued=len(self._requeued[t]) + len(self._fresh[t]),
+                    running=len(self._doing_by_type[t]),
+                    done=self._tasks_done[t],
+                    failed=self._tasks_failed[t],
+                )
+                for t in TaskType
+            }
+
     def accounting(self) -> Accounting:
         """A consistent copy of the record accounting (see :class:`Accounting`)."""
         with self._lock:
@@ -530,6 +566,7 @@ class TaskDispatcher:
                 "durations": {t.value: list(d) for t, d in self._durations.items()},
                 "tasks_created": {t.value: n for t, n in self._tasks_created.items()},
                 "tasks_done": {t.value: n for t, n in self._tasks_done.items()},
+                "tasks_failed": {t.value: n for t, n in self._tasks_failed.items()},
                 "records_done_per_epoch": {str(epoch): n for epoch, n in self._records_done.items()},
                 "records_trained_twice": self._records_trained_twice,
                 "requeues": dict(self._requeues),
@@ -590,6 +627,7 @@ class TaskDispatcher:
                 self._durations[t].extend(float(d) for d in snapshot["durations"][t.value])
                 self._tasks_created[t] = int(snapshot["tasks_created"][t.value])
                 self._tasks_done[t] = int(snapshot["tasks_done"][t.value])
+                self._tasks_failed[t] = int(snapshot.get("tasks_failed", {}).get(t.value, 0))  # newer than 1
             self._failures = {int(k): int(n) for k, n in snapshot["failures"].items()}
             self._model_errors = {
                 int(k): (int(worker), str(error))

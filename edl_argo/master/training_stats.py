@@ -8,7 +8,23 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """A training task report the master accepted: what the worker ``worker_id`` trained of ``epoch``
+    (``records`` records in ``steps`` minibatches, at ``mean_loss``) and the model version it reported
+    after its last minibatch."""
+
+    worker_id: int
+    epoch: int
+    records: int
+    steps: int
+    mean_loss: float
+    model_version: int
+
 
 #: Task report counters of skipped minibatches counted as job totals.
 SKIPPED_TOTALS = ("nan_batches_skipped", "loss_scale_skipped")
@@ -24,13 +40,23 @@ class TrainingLoss:
         #: Totals of the task report counters in :data:`SKIPPED_TOTALS`.
         self._skipped = dict.fromkeys(SKIPPED_TOTALS, 0)
         self._nan_gradients_skipped: dict[int, int] = defaultdict(int)
+        self._latest: float | None = None
 
     def add(self, epoch: int, mean_loss: float, steps: int) -> None:
+        """Count a task's ``steps`` minibatches of ``epoch`` at ``mean_loss`` (none: nothing counts)."""
         if steps <= 0:
             return
         with self._lock:
             self._sums[epoch] += mean_loss * steps
             self._steps[epoch] += steps
+            self._latest = mean_loss
+
+    @property
+    def latest(self) -> float | None:
+        """The mean loss of the task counted last by this master (not saved: None after a restart until a
+        task is counted)."""
+        with self._lock:
+            return self._latest
 
     def add_skipped(self, counters: Mapping[str, int]) -> None:
         """Count the minibatches a task report's ``counters`` say were skipped (nothing pushed): NaN losses

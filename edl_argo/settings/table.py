@@ -9,7 +9,7 @@ line, the master passing it to its pods, the configuration field that holds it (
 from __future__ import annotations
 
 from edl_argo import __version__
-from edl_argo.flags import fraction, non_negative_int, positive_int
+from edl_argo.flags import fraction, non_negative_int, port_number, positive_int
 from edl_argo.settings.schema import Argo, Setting
 
 PARAMETER_SERVER = "ParameterServerStrategy"
@@ -40,6 +40,9 @@ TRAINING = "training"
 CLUSTER = "workers and parameter servers"
 K8S = "kubernetes (with --backend kubernetes)"
 POD = "pod (given by the master)"
+MONITORING = "monitoring"
+#: ``--log-loss-steps``: how often a worker logs its loss, in its own training steps.
+LOG_LOSS_STEPS = 100
 
 
 def _model_function(name: str, default: str) -> Setting:
@@ -213,6 +216,27 @@ SETTINGS: tuple[Setting, ...] = (
         "also write the final metrics as JSON to this file",
         section="command",
         metavar="PATH",
+    ),
+    # ------------------------------------------------------------------ monitoring
+    Setting(
+        "--metrics-port",
+        int,
+        0,
+        "serve the job's live metrics to Prometheus on this port of the master (0: none; the elastic-train"
+        " step serves them on its container port named metrics)",
+        group=MONITORING,
+        parse=port_number,
+    ),
+    Setting(
+        "--log-loss-steps",
+        int,
+        LOG_LOSS_STEPS,
+        "each worker logs its mean loss every N of its training steps, as a `loss` event reading"
+        " 'Loss = <loss> at step <model version>' (0: never)",
+        roles=("train", "worker"),
+        group=MONITORING,
+        parse=non_negative_int,
+        argo=Argo(),
     ),
     # ------------------------------------------------------------------ training
     Setting(

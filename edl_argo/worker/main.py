@@ -156,8 +156,14 @@ class Worker:
         prediction_output: str = "",
         nan_loss: str = "fail",
         nan_gradients: str = "fail",
+        log_loss_steps: int = 0,
     ) -> None:
+        """``log_loss_steps``: log the mean loss of every so many training steps of this worker (0: never;
+        :meth:`_log_loss`)."""
         self.worker_id = worker_id
+        self._log_loss_steps = log_loss_steps
+        self._loss_steps = 0  # training steps of this worker since it started
+        self._loss_since_logged = 0.0  # the sum of their losses since the last loss event
         self._nan_loss = nan_loss
         self._nan_gradients = nan_gradients
         self._spec = spec
@@ -291,9 +297,32 @@ class Worker:
         progress.steps += 1
         self._stepped = True
         progress.total_loss += loss
+        self._log_loss(loss)
         if self._trace is not None:
             self._trace_minibatch(task, progress.minibatches - 1, num_records(features))
         self._maybe_report_version()
+
+    def _log_loss(self, loss: float) -> None:
+        """Count one training step at ``loss``; every ``log_loss_steps`` steps, log their mean loss as one
+        ``loss`` event whose message (``Loss = 0.53 at step 1200``, the step being the model version after
+        it) a ``grep Loss`` of the pod's log finds."""
+        if self._log_loss_steps <= 0:
+            return
+        self._loss_steps += 1
+        self._loss_since_logged += float(loss)
+        if self._loss_steps % self._log_loss_steps:
+            return
+        mean = self._loss_since_logged / self._log_loss_steps
+        self._loss_since_logged = 0.0
+        version = self._replica.version
+        log.info(
+            "loss",
+            message=f"Loss = {mean:.6g} at step {version}",
+            loss=mean,
+            step=version,
+            worker=self.worker_id,
+            worker_steps=self._loss_steps,
+        )
 
     def _trace_minibatch(self, task: master_pb2.Task, index: int, examples: int) -> None:
         """Trace minibatch ``index`` of ``task``, just applied (:mod:`edl_argo.worker.step_trace`)."""
@@ -547,6 +576,7 @@ def run_worker(args: argparse.Namespace) -> int:
         prediction_output=args.prediction_output,
         nan_loss=args.nan_loss,
         nan_gradients=args.nan_gradients,
+        log_loss_steps=args.log_loss_steps,
     )
     try:
         worker.run()
