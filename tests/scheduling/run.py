@@ -41,10 +41,10 @@ from tests.k8s_helpers import job_selector
 from tests.k8s_stand_in.utilization import UtilizationRecorder
 from tests.scheduling.cluster import Stopwatch, elastic_job, service_pod, simulated_cluster
 from tests.scheduling.plots import step_chart
-from tests.scheduling.tutorial import NODE_CPUS, run_tutorial
+from tests.scheduling.tutorial import EPOCHS, NODE_CPUS, WORKERS, run_tutorial
 
 SECOND_JOB_DELAY = 20.0
-TWO_JOB_EPOCHS = 25
+TWO_JOB_EPOCHS = 75
 DAY_SECONDS = 60.0
 CO_LOCATED_EPOCHS = 50
 #: How often the service's pod count follows the curve, and the job's progress is sampled.
@@ -83,11 +83,32 @@ def _job_summary(
 def _series(
     recorder: UtilizationRecorder, origin: float, group: str | None = None
 ) -> list[tuple[float, float]]:
-    return [
-        (round(s.time - origin, 2), float(s.requested if group is None else s.groups.get(group, 0)))
-        for s in recorder.samples
-        if s.time >= origin
-    ]
+    return _changes(
+        [
+            (round(s.time - origin, 2), float(s.requested if group is None else s.groups.get(group, 0)))
+            for s in recorder.samples
+            if s.time >= origin
+        ]
+    )
+
+
+def _outcome(
+    elastic: bool, utilization: float, recorder: UtilizationRecorder, origin: float, groups: dict[str, str]
+) -> dict[str, Any]:
+    """What every two-mode scenario reports: its mode, utilization, and the CPUs held over time by each of
+    ``groups`` (series name -> the recorder's group) and by all pods."""
+    series = {name: _series(recorder, origin, group) for name, group in groups.items()}
+    return {
+        "mode": "elastic" if elastic else "gang",
+        "utilization": round(utilization, 3),
+        "series": {**series, "all pods": _series(recorder, origin)},
+    }
+
+
+def _changes(points: list[Any]) -> list[Any]:
+    """A step function's ``(x, y)`` points reduced to those where ``y`` changes, and the last one."""
+    kept = [p for i, p in enumerate(points) if i == 0 or p[1] != points[i - 1][1]]
+    return kept + points[-1:] if points and kept[-1] is not points[-1] else kept
 
 
 def _free_cpus(recorder: UtilizationRecorder) -> float:
@@ -144,17 +165,10 @@ def two_jobs(workdir: Path, data: Path, *, elastic: bool) -> dict[str, Any]:
                 summaries[name] = _job_summary(metrics, times[name]["submitted"], started, done)
             end = max(s["done"] for s in summaries.values())
             utilization = recorder.utilization(watch.started, watch.started + end)
-        series = {
-            "job a": _series(recorder, watch.started, "a"),
-            "job b": _series(recorder, watch.started, "b"),
-            "all pods": _series(recorder, watch.started),
-        }
     return {
-        "mode": "elastic" if elastic else "gang",
+        **_outcome(elastic, utilization, recorder, watch.started, {"job a": "a", "job b": "b"}),
         "jobs": summaries,
-        "utilization": round(utilization, 3),
         "horizon_seconds": end,
-        "series": series,
     }
 
 
@@ -202,28 +216,27 @@ def co_located(workdir: Path, data: Path, *, elastic: bool) -> dict[str, Any]:
             end = watch.now()
             summary = _job_summary(metrics, done=min(end, metrics["wall_time_seconds"]))
             utilization = recorder.utilization(watch.started, watch.started + summary["done"])
-        series = {
-            "service": _series(recorder, watch.started, "service"),
-            "job": _series(recorder, watch.started, "job"),
-            "all pods": _series(recorder, watch.started),
-        }
     return {
-        "mode": "elastic" if elastic else "gang",
+        **_outcome(elastic, utilization, recorder, watch.started, {"service": "service", "job": "job"}),
         "job": summary,
-        "utilization": round(utilization, 3),
-        "series": series,
-        "progress_percent": progress,
+        "progress_percent": _changes(progress),
     }
 
 
 def tutorial(workdir: Path, data: Path) -> dict[str, Any]:
+    """The tutorial, and the same job on the same cluster without the service (its accuracy to compare)."""
     with simulated_cluster(workdir / "k8s", [NODE_CPUS]) as cluster:
         run = run_tutorial(cluster, data, workdir / "job")
+    with simulated_cluster(workdir / "k8s-alone", [NODE_CPUS]) as cluster:
+        alone = elastic_job(cluster, data, workdir / "alone", num_workers=WORKERS, num_epochs=EPOCHS)
+        without_preemption = _job_summary(JobThread(alone).start().join(JOB_SECONDS_LIMIT))
     metrics = run.metrics
     return {
         "moments": run.moments,
+        "without_preemption": without_preemption,
         "seconds_to_one_worker": run.seconds_to_one,
         "seconds_to_four_workers_again": run.seconds_to_four_again,
+        "seconds_to_four_workers_training": run.seconds_to_four_training,
         "records_with_one_worker": run.records_with_one,
         "pending_with_one_worker": run.pending_with_one,
         "job": _job_summary(metrics),
@@ -263,11 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("docs/scheduling"))
     parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), default=[])
+    parser.add_argument("--plots-only", action="store_true", help="redraw the plots of the results kept")
     args = parser.parse_args(argv)
     log.configure("WARNING")
     args.output.mkdir(parents=True, exist_ok=True)
     results_path = args.output / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    if args.plots_only:
+        _plots(args.output, results)
+        return 0
     with tempfile.TemporaryDirectory(prefix="edl-scheduling-") as tmp:
         workdir = Path(tmp)
         data = digits_data(workdir / "data")
@@ -325,7 +342,8 @@ def _plots(output: Path, results: dict[str, Any]) -> None:
 
 def _headline(name: str, result: dict[str, Any]) -> Any:
     if name == "tutorial":
-        return {k: result[k] for k in ("seconds_to_one_worker", "seconds_to_four_workers_again", "job")}
+        keys = ("seconds_to_one_worker", "seconds_to_four_workers_again", "seconds_to_four_workers_training")
+        return {k: result[k] for k in (*keys, "job", "without_preemption")}
     return {
         mode: {k: v for k, v in result[mode].items() if k not in ("series", "progress_percent")}
         for mode in ("elastic", "gang")

@@ -20,9 +20,13 @@ from tests.scheduling.cluster import Stopwatch, elastic_job, running_workers, se
 
 NODE_CPUS = 7
 WORKERS = 4
+#: Epochs of digits the job trains.
+EPOCHS = 20
 SERVICE = "online-service"
 #: Records the lone worker trains before the service shrinks: a few seconds of its paced throughput.
 RECORDS_WITH_ONE_WORKER = 1000
+#: A worker counts as training once it reported a task within this many seconds.
+TRAINING_WINDOW_SECONDS = 2.0
 #: Bound of every wait of the scenario (seconds).
 WAIT_SECONDS = 240
 
@@ -33,7 +37,8 @@ class TutorialRun:
 
     metrics: dict[str, Any]
     #: Seconds since the job started of each step: ``four_running``, ``service_created``, ``one_running``,
-    #: ``service_shrunk``, ``four_again``, ``job_done``.
+    #: ``service_shrunk``, ``four_again`` (their pods run), ``four_training`` (each reported a task within
+    #: :data:`TRAINING_WINDOW_SECONDS`), ``job_done``.
     moments: dict[str, float]
     #: Workers running, sampled at each step of the tutorial while it was in that state.
     running: dict[str, int] = field(default_factory=dict)
@@ -50,13 +55,18 @@ class TutorialRun:
         return round(self.moments["four_again"] - self.moments["service_shrunk"], 2)
 
     @property
+    def seconds_to_four_training(self) -> float:
+        """From the service shrinking to 4 workers training (the replacements started and reported a task)."""
+        return round(self.moments["four_training"] - self.moments["service_shrunk"], 2)
+
+    @property
     def seconds_to_one(self) -> float:
         """From the service's Deployment created to 1 worker left."""
         return round(self.moments["one_running"] - self.moments["service_created"], 2)
 
 
 def run_tutorial(
-    cluster: KubernetesStandIn, data: Path, output: Path, *, num_epochs: int = 20
+    cluster: KubernetesStandIn, data: Path, output: Path, *, num_epochs: int = EPOCHS
 ) -> TutorialRun:
     """Run the tutorial on ``cluster`` (one node of :data:`NODE_CPUS` CPUs, see
     :func:`~tests.scheduling.cluster.simulated_cluster`); the job trains ``num_epochs`` of digits."""
@@ -92,6 +102,12 @@ def run_tutorial(
         thread.wait_until(lambda: running_workers(job) == WORKERS, WAIT_SECONDS, f"{WORKERS} workers again")
         watch.mark("four_again")
         run.running["four_again"] = running_workers(job)
+        thread.wait_until(
+            lambda: len(job.throughput.records_per_second(TRAINING_WINDOW_SECONDS)) == WORKERS,
+            WAIT_SECONDS,
+            f"{WORKERS} workers training again",
+        )
+        watch.mark("four_training")
         run.metrics = thread.join(600)
         watch.mark("job_done")
     run.utilization = [
