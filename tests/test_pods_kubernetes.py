@@ -365,8 +365,12 @@ def test_rbac_role_grants_exactly_what_the_master_needs() -> None:
         {"kind": "ServiceAccount", "name": documents["ServiceAccount"]["metadata"]["name"]}
     ]
     classes = list(yaml.safe_load_all((ROOT / "templates" / "priority-classes.yaml").read_text()))
-    low, high = sorted(classes, key=lambda c: c["value"])  # for --worker-pod-priority, --ps-pod-priority
-    assert low.get("preemptionPolicy") == "Never" and high.get("preemptionPolicy") != "Never"
+    # --opportunistic-worker-pod-priority, --worker-pod-priority, --ps-pod-priority: workers preempt only
+    # opportunistic workers (nothing else is below them), which preempt nothing.
+    opportunistic, low, high = sorted(classes, key=lambda c: c["value"])
+    assert opportunistic["metadata"]["name"] == "edl-argo-opportunistic"
+    assert opportunistic.get("preemptionPolicy") == "Never"
+    assert low.get("preemptionPolicy") != "Never" and high.get("preemptionPolicy") != "Never"
 
 
 def test_pod_objects_map_to_events() -> None:
