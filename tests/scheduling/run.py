@@ -50,6 +50,14 @@ CO_LOCATED_EPOCHS = 50
 #: How often the service's pod count follows the curve, and the job's progress is sampled.
 CURVE_STEP_SECONDS = 3.0
 SCALE_UP_WINDOW = 4
+#: The two- and co-located scenarios' cluster: 2 nodes of 4 CPUs.
+NODE_CPUS_TWO_NODES = [4, 4]
+CLUSTER_CPUS = sum(NODE_CPUS_TWO_NODES)
+MODES = ("elastic", "gang")
+TWO_MODE_TITLES = {
+    "two-jobs": "Two jobs, {mode}: CPUs held (of 8)",
+    "co-located": "Job next to an online service, {mode}: CPUs held (of 8)",
+}
 SERVICE = "online-service"
 JOB_SECONDS_LIMIT = 900.0
 
@@ -123,7 +131,7 @@ def two_jobs(workdir: Path, data: Path, *, elastic: bool) -> dict[str, Any]:
         if elastic
         else {"num_workers": 4, "min_workers": 4, "max_workers": 4}
     )
-    with simulated_cluster(workdir / "k8s", [4, 4]) as cluster:
+    with simulated_cluster(workdir / "k8s", NODE_CPUS_TWO_NODES) as cluster:
         jobs = {
             name: elastic_job(
                 cluster,
@@ -185,7 +193,7 @@ def co_located(workdir: Path, data: Path, *, elastic: bool) -> dict[str, Any]:
         if elastic
         else {"num_workers": 2, "min_workers": 2, "max_workers": 2}
     )
-    with simulated_cluster(workdir / "k8s", [4, 4]) as cluster:
+    with simulated_cluster(workdir / "k8s", NODE_CPUS_TWO_NODES) as cluster:
         cluster.create_deployment(SERVICE, service_pod(), replicas=service_replicas(0))
         job = elastic_job(
             cluster,
@@ -264,10 +272,10 @@ def _plot(
 SCENARIOS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
     "tutorial": tutorial,
     "two-jobs": lambda workdir, data: {
-        mode: two_jobs(workdir / mode, data, elastic=mode == "elastic") for mode in ("elastic", "gang")
+        mode: two_jobs(workdir / mode, data, elastic=mode == "elastic") for mode in MODES
     },
     "co-located": lambda workdir, data: {
-        mode: co_located(workdir / mode, data, elastic=mode == "elastic") for mode in ("elastic", "gang")
+        mode: co_located(workdir / mode, data, elastic=mode == "elastic") for mode in MODES
     },
 }
 
@@ -309,27 +317,12 @@ def _plots(output: Path, results: dict[str, Any]) -> None:
             "CPUs",
             NODE_CPUS,
         )
-    for mode in ("elastic", "gang"):
-        if "two-jobs" in results:
-            _plot(
-                output,
-                f"two-jobs-{mode}",
-                f"Two jobs, {mode}: CPUs held (of 8)",
-                results["two-jobs"][mode]["series"],
-                "CPUs",
-                8,
-            )
-        if "co-located" in results:
-            _plot(
-                output,
-                f"co-located-{mode}",
-                f"Job next to an online service, {mode}: CPUs held (of 8)",
-                results["co-located"][mode]["series"],
-                "CPUs",
-                8,
-            )
+    for name, title in TWO_MODE_TITLES.items():
+        for mode in MODES if name in results else ():
+            series = results[name][mode]["series"]
+            _plot(output, f"{name}-{mode}", title.format(mode=mode), series, "CPUs", CLUSTER_CPUS)
     if "co-located" in results:
-        progress = {mode: results["co-located"][mode]["progress_percent"] for mode in ("elastic", "gang")}
+        progress = {mode: results["co-located"][mode]["progress_percent"] for mode in MODES}
         _plot(
             output,
             "co-located-progress",
@@ -346,7 +339,7 @@ def _headline(name: str, result: dict[str, Any]) -> Any:
         return {k: result[k] for k in (*keys, "job", "without_preemption")}
     return {
         mode: {k: v for k, v in result[mode].items() if k not in ("series", "progress_percent")}
-        for mode in ("elastic", "gang")
+        for mode in MODES
     }
 
 
