@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ class ProgressReporter:
         self._unit = unit
         self._log_interval = log_interval
         self._last_log = 0.0
-        self._last: tuple[int, int] | None = None
+        self._last: tuple[int, int, dict[str, object]] | None = None
         path = os.environ.get("ARGO_PROGRESS_FILE")
         self._argo_file = Path(path) if path else None
         self._bar: Any = None
@@ -34,10 +35,13 @@ class ProgressReporter:
 
             self._bar = tqdm(desc=description, unit=unit, total=0, dynamic_ncols=True)
 
-    def update(self, done: int, total: int) -> None:
-        if self._last == (done, total):
+    def update(self, done: int, total: int, detail: Mapping[str, object] | None = None) -> None:
+        """``done`` of ``total``, and ``detail`` (``{"workers": 3, ...}``) shown beside it on the bar and in
+        the log line, not in the Argo file (Argo reads ``N/M`` only)."""
+        shown = dict(detail or {})
+        if self._last == (done, total, shown):
             return
-        self._last = (done, total)
+        self._last = (done, total, shown)
         if self._argo_file is not None:
             temporary = self._argo_file.with_name(f".{self._argo_file.name}.tmp")
             temporary.write_text(f"{done}/{total}")
@@ -45,11 +49,13 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.total = total
             self._bar.n = done
+            if shown:
+                self._bar.set_postfix(shown, refresh=False)
             self._bar.refresh()
         now = time.monotonic()
         if now - self._last_log >= self._log_interval or done == total:
             self._last_log = now
-            log.info("progress", work=self._description, done=done, total=total, unit=self._unit)
+            log.info("progress", work=self._description, done=done, total=total, unit=self._unit, **shown)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -37,6 +37,7 @@ from edl_argo.master.failover import MasterParts, own_checkpoint_series, state_t
 from edl_argo.master.job_parts import JobParts, default_backend, load_job_parts, sample_batch
 from edl_argo.master.ledger import PsReport, TrainingLedger
 from edl_argo.master.metrics import (
+    THROUGHPUT_WINDOW_SECONDS,
     JobView,
     MetricsServer,
     PodCounts,
@@ -509,7 +510,7 @@ class TrainingJob:
                 self._state_writer.changed()
             for ps_id in self._ps_watch.silent() if self._ps_watch is not None else ():
                 self.pods.restart_stuck_ps(ps_id)
-            progress.update(*self.dispatcher.progress())
+            progress.update(*self.dispatcher.progress(), self._progress_detail())
             if self._state_writer.failure is not None:
                 raise self._state_writer.failure
             failure = self.dispatcher.failure or self.pods.failure
@@ -522,6 +523,18 @@ class TrainingJob:
                     # Before any worker is told DONE: the group's trained state, for the export.
                     self._fetch_group_state()
                 return
+
+    def _progress_detail(self) -> dict[str, object]:
+        """Beside the tasks done on the progress bar and in the progress log lines: the workers as the worker
+        scaler counts them, and the records/s the live metrics serve."""
+        assert self.pods is not None
+        counts = self.pods.worker_counts()
+        detail: dict[str, object] = {"workers": counts.running}
+        if counts.pending:
+            detail["pending"] = counts.pending
+        rate = self.throughput.total_records_per_second(THROUGHPUT_WINDOW_SECONDS)
+        detail["records_per_second"] = round(rate)
+        return detail
 
     def _fetch_group_state(self) -> None:
         """Read every member's state; keep the newest for the export and record how far replicas differ."""
