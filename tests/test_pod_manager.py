@@ -136,7 +136,9 @@ def test_a_waiting_relaunch_counts_toward_the_limit_and_the_target_and_scale_dow
     manager, pods, clock = crash_loop_manager(max_relaunches=2)
     run_then_stop(manager, 0, at=0.0, ran=1.0)
     run_then_stop(manager, 1, at=0.0, ran=1.0)  # waits 10 s
-    assert manager.worker_relaunches == 2 and manager.failure is None  # the waiting one keeps the job alive
+    assert manager.worker_relaunches == 1 and manager.failure is None  # the waiting one keeps the job alive
+    run_then_stop(manager, 9, at=0.0, ran=1.0)  # a third: the waiting relaunch counts toward the limit of 2
+    assert manager.worker_relaunches == 1 and pods.started == ["worker-0", "worker-1"]
     manager.scale_workers(1)
     assert pods.started == ["worker-0", "worker-1"]  # the target counts the waiting relaunch: none added
     manager.scale_workers(0)

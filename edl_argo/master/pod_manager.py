@@ -204,10 +204,14 @@ class PodManager:
 
     @property
     def worker_relaunches(self) -> int:
-        """Worker relaunches started, and those waiting for their time."""
-        started = sum(1 for r in self.relaunches if r.role == PodRole.WORKER.value)
+        """Worker relaunches started (those waiting for their time are not, yet)."""
+        return sum(1 for r in self.relaunches if r.role == PodRole.WORKER.value)
+
+    @property
+    def _worker_relaunches_asked(self) -> int:
+        """Worker relaunches started or waiting for their time: what ``max_worker_relaunches`` bounds."""
         with self._lock:
-            return started + len(self._delayed)
+            return self.worker_relaunches + len(self._delayed)
 
     @property
     def ps_relaunches(self) -> int:
@@ -353,9 +357,9 @@ class PodManager:
                 f"worker {worker_id} was OOMKilled; raise --worker-resource-limit memory"
             )
             return
-        if self.worker_relaunches >= self.policy.max_worker_relaunches:
+        if self._worker_relaunches_asked >= self.policy.max_worker_relaunches:
             self._fail_if_no_workers(
-                f"workers died {self.worker_relaunches + 1} times, more than --max-worker-relaunches "
+                f"workers died {self._worker_relaunches_asked + 1} times, more than --max-worker-relaunches "
                 f"{self.policy.max_worker_relaunches}; last: worker {worker_id} {event.reason} "
                 f"{event.summary}"
             )
