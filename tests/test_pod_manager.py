@@ -63,3 +63,93 @@ def test_a_task_a_scaled_down_worker_took_while_it_stopped_is_requeued_when_it_e
     assert held_by(dispatcher, 1) == []
     served = [dispatcher.get_task(0).task for _ in range(10)]
     assert sorted(task.start for task in served if task is not None) == list(range(0, 100, 10))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def crash_loop_manager(
+    backoff: float = 10.0, max_relaunches: int = 16
+) -> tuple[PodManager, RecordingPods, Clock]:
+    dispatcher = TaskDispatcher({"shard": 100}, DispatcherConfig(records_per_task=10, num_epochs=1))
+    pods, clock = RecordingPods(), Clock()
+    manager = PodManager(
+        pods,  # type: ignore[arg-type]
+        PodPolicy(
+            num_workers=1, num_ps=0, max_worker_relaunches=max_relaunches, relaunch_backoff_seconds=backoff
+        ),
+        dispatcher,
+        worker_spec,
+        worker_spec,
+        clock=clock,
+    )
+    manager.start()
+    return manager, pods, clock
+
+
+def run_then_stop(
+    manager: PodManager, worker: int, at: float, ran: float, reason: str = PodReason.KILLED
+) -> None:
+    phase = PodPhase.DELETED if reason == PodReason.PREEMPTED else PodPhase.FAILED
+    manager.handle([PodEvent(PodRole.WORKER, worker, PodPhase.RUNNING, None, PodReason.STARTED, "", at)])
+    manager.handle([PodEvent(PodRole.WORKER, worker, phase, 137, reason, "killed", at + ran)])
+
+
+def test_a_crash_loop_is_relaunched_after_growing_delays_reset_by_a_worker_that_ran_long() -> None:
+    manager, pods, clock = crash_loop_manager()
+    run_then_stop(manager, 0, at=0.0, ran=2.0)
+    assert pods.started == ["worker-0", "worker-1"]  # the first failure: relaunched at once
+
+    delays = []
+    for worker in (1, 2, 3):
+        run_then_stop(manager, worker, at=0.0, ran=2.0)
+        started = len(pods.started)
+        waited = 0.0
+        while len(pods.started) == started:
+            assert waited < 100, "never relaunched"
+            clock.now += 0.5
+            waited += 0.5
+            manager.handle([])
+        delays.append(waited)
+    assert delays == [10.0, 20.0, 40.0]
+    assert manager.worker_relaunches == 4
+
+    run_then_stop(manager, 4, at=0.0, ran=700.0)  # ran 10 minutes and more: the streak is over
+    assert pods.started[-1] == "worker-5"
+
+
+def test_a_preempted_worker_is_replaced_at_once_and_ends_the_streak() -> None:
+    manager, pods, _ = crash_loop_manager()
+    run_then_stop(manager, 0, at=0.0, ran=1.0)
+    run_then_stop(manager, 1, at=0.0, ran=1.0, reason=PodReason.PREEMPTED)
+    assert pods.started == ["worker-0", "worker-1", "worker-2"]
+    run_then_stop(manager, 2, at=0.0, ran=1.0)
+    assert pods.started[-1] == "worker-3"  # a new streak's first failure
+
+
+def test_a_waiting_relaunch_counts_toward_the_limit_and_the_target_and_scale_down_cancels_it() -> None:
+    manager, pods, clock = crash_loop_manager(max_relaunches=2)
+    run_then_stop(manager, 0, at=0.0, ran=1.0)
+    run_then_stop(manager, 1, at=0.0, ran=1.0)  # waits 10 s
+    assert manager.worker_relaunches == 1 and manager.failure is None  # the waiting one keeps the job alive
+    run_then_stop(manager, 9, at=0.0, ran=1.0)  # a third: the waiting relaunch counts toward the limit of 2
+    assert manager.worker_relaunches == 1 and pods.started == ["worker-0", "worker-1"]
+    manager.scale_workers(1)
+    assert pods.started == ["worker-0", "worker-1"]  # the target counts the waiting relaunch: none added
+    manager.scale_workers(0)
+    clock.now += 60
+    manager.handle([])
+    assert pods.started == ["worker-0", "worker-1"]  # cancelled by the scale-down
+    assert manager.worker_relaunches == 1
+
+
+def test_without_backoff_every_relaunch_starts_at_once() -> None:
+    manager, pods, _ = crash_loop_manager(backoff=0)
+    for worker in range(4):
+        run_then_stop(manager, worker, at=0.0, ran=1.0)
+    assert pods.started == [f"worker-{i}" for i in range(5)]

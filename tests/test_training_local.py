@@ -6,6 +6,7 @@ Jobs with faults (killed workers and PS, scaling, a hung worker, ...) are in tes
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,47 @@ def test_a_job_grows_one_worker_at_a_time_to_max_workers_and_trains_every_record
     assert "1" in scaling["records_per_second_measured"]
     assert_no_record_lost(metrics)
     assert metrics["final_metrics"]["accuracy"] >= DIGITS_ACCURACY_FLOOR
+
+
+def test_a_worker_killed_at_start_each_time_is_relaunched_after_growing_delays_then_the_job_fails(
+    digits_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A crash loop: every worker is SIGKILLed as it starts. Relaunches back off (at once, then 1, 2 and 4 s
+    with ``--relaunch-backoff-seconds 1``); the job fails after ``--max-worker-relaunches 4``, naming why."""
+    model = tmp_path / "killed_in_workers.py"
+    model.write_text(
+        "import os, signal, sys\n"
+        "if sys.argv[1:2] == ['worker']:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"exec(open({DIGITS_MODEL!r}).read())\n"
+    )
+    config = digits_config(
+        digits_data,
+        tmp_path / "job",
+        model_def=str(model),
+        num_workers=1,
+        max_worker_relaunches=4,
+        relaunch_backoff_seconds=1,
+    )
+    with pytest.raises(JobFailedError) as failed:
+        TrainingJob.load(config).run()
+
+    assert "workers died 5 times, more than --max-worker-relaunches 4" in str(failed.value)
+    assert "Killed" in str(failed.value)
+    err = capfd.readouterr().err
+    announced = [
+        float(s) for s in re.findall(r"worker_relaunch_backed_off .*next_attempt_in_seconds=(\S+)", err)
+    ]
+    assert announced == [1.0, 2.0, 4.0]
+    lost = [_seconds(line) for line in err.splitlines() if " worker_lost worker=" in line]
+    relaunched = [_seconds(line) for line in err.splitlines() if " worker_relaunched " in line]
+    gaps = [started - stopped for stopped, started in zip(lost, relaunched, strict=False)]
+    assert len(gaps) == 4 and gaps == sorted(gaps)
+    assert gaps[-1] - gaps[0] >= 3.0
+
+
+def _seconds(line: str) -> float:
+    """The time of a log line, in seconds of its day."""
+    clock = line.split()[0].split("T")[1].rstrip("Z")
+    hours, minutes, seconds = clock.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)

@@ -343,7 +343,13 @@ class TrainingJob:
         self._start_master_service(takeover.master_port(c.master_port))  # where adopted workers expect it
         self.pods = PodManager(
             self.backend,
-            PodPolicy(c.num_workers, c.num_ps, c.max_worker_relaunches, c.max_ps_relaunches),
+            PodPolicy(
+                c.num_workers,
+                c.num_ps,
+                c.max_worker_relaunches,
+                c.max_ps_relaunches,
+                relaunch_backoff_seconds=c.relaunch_backoff_seconds,
+            ),
             self.dispatcher,
             self.worker_spec,
             self.ps_spec,

@@ -9,6 +9,9 @@ Kept apart from task bookkeeping (:mod:`edl_argo.master.task_dispatcher`) and fr
   go back to the queue at once and a replacement starts, within ``max_worker_relaunches``. A worker
   killed for memory (``OOMKilled``) is not replaced unless ``relaunch_oom``: more of the same would die
   the same way.
+* A worker whose predecessors keep failing soon after they start is relaunched after a growing delay
+  (:mod:`edl_argo.master.relaunch_backoff`); the log line ``worker_relaunch_backed_off`` says when. A
+  relaunch waiting for its time counts toward the workers wanted and toward ``max_worker_relaunches``.
 * A PS that stops is relaunched with the same id and address (it restores its latest checkpoint),
   within ``max_ps_relaunches``.
 * Scaling changes the target number of workers: new ids start, or workers are deleted (their tasks
@@ -30,13 +33,16 @@ Kept apart from task bookkeeping (:mod:`edl_argo.master.task_dispatcher`) and fr
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
+from edl_argo.master.relaunch_backoff import RelaunchBackoff
 from edl_argo.master.task_dispatcher import TaskDispatcher
 from edl_argo.pods import PodBackend, PodEvent, PodPhase, PodReason, PodRole, PodSpec, PodStatus
 
@@ -56,6 +62,8 @@ class PodPolicy:
     max_worker_relaunches: int = 16
     max_ps_relaunches: int = 8
     relaunch_oom: bool = False
+    #: The first delay of a crash loop's relaunches (:mod:`edl_argo.master.relaunch_backoff`; 0: none).
+    relaunch_backoff_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,17 @@ class RelaunchRecord:
     new_id: int
     reason: str
     message: str = ""
+
+
+@dataclass(frozen=True)
+class DelayedRelaunch:
+    """A worker relaunch waiting for its time (``due``, on the manager's clock)."""
+
+    due: float
+    old_id: int
+    reason: str
+    message: str
+    streak: int
 
 
 @dataclass
@@ -105,6 +124,14 @@ class PodManager:
     _target_workers: int = 0
     _started: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Monotonic clock of the delayed relaunches (tests move it).
+    clock: Callable[[], float] = time.monotonic
+    _delayed: list[DelayedRelaunch] = field(default_factory=list)
+    _running_since: dict[int, float] = field(default_factory=dict)
+    _backoff: RelaunchBackoff = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._backoff = RelaunchBackoff(self.policy.relaunch_backoff_seconds)
 
     def start(self) -> None:
         with self._lock:
@@ -177,7 +204,14 @@ class PodManager:
 
     @property
     def worker_relaunches(self) -> int:
+        """Worker relaunches started (those waiting for their time are not, yet)."""
         return sum(1 for r in self.relaunches if r.role == PodRole.WORKER.value)
+
+    @property
+    def _worker_relaunches_asked(self) -> int:
+        """Worker relaunches started or waiting for their time: what ``max_worker_relaunches`` bounds."""
+        with self._lock:
+            return self.worker_relaunches + len(self._delayed)
 
     @property
     def ps_relaunches(self) -> int:
@@ -211,16 +245,20 @@ class PodManager:
         with self._lock:
             self._target_workers = count
             staying = self._live_workers - set(self._removing)
+            cancelled = self._delayed[max(0, count - len(staying)) :]
+            del self._delayed[max(0, count - len(staying)) :]
             by_preference = sorted(
                 staying,
                 key=lambda i: (i not in self._pending_workers, i not in self._opportunistic_workers, -i),
             )
             surplus = by_preference[: max(0, len(staying) - count)]
-            missing = count - len(staying)
+            missing = count - len(staying) - len(self._delayed)
         for worker_id in surplus:
             self._remove_worker(worker_id, SCALED_DOWN)
         for _ in range(max(0, missing)):
             self._start_worker()
+        if cancelled:
+            log.info("worker_relaunches_cancelled", relaunches=len(cancelled), target=count)
         if surplus or missing > 0:
             log.info("workers_scaled", target=count, removed=len(surplus), added=max(0, missing))
         return count
@@ -259,6 +297,8 @@ class PodManager:
         self.backend.delete(PodRole.WORKER, worker_id, reason=reason)
 
     def handle(self, events: list[PodEvent]) -> None:
+        """Apply the policy to ``events``, and start the delayed relaunches whose time has come."""
+        self._start_due_relaunches()
         for event in events:
             if event.phase.is_terminal:
                 if event.role is PodRole.WORKER:
@@ -276,6 +316,7 @@ class PodManager:
                 return
             if event.phase is PodPhase.RUNNING:
                 self._running_workers.add(event.pod_id)
+                self._running_since[event.pod_id] = event.timestamp
                 self._pending_workers.discard(event.pod_id)
             elif event.phase is PodPhase.PENDING and event.reason == PodReason.UNSCHEDULABLE:
                 self._pending_workers.add(event.pod_id)
@@ -287,6 +328,7 @@ class PodManager:
             self._running_workers.discard(worker_id)
             self._pending_workers.discard(worker_id)
             self._opportunistic_workers.discard(worker_id)
+            running_since = self._running_since.pop(worker_id, None)
             removed_reason = self._removing.pop(worker_id, None)
         if event.phase is PodPhase.SUCCEEDED:
             self._finished_workers.add(worker_id)
@@ -315,32 +357,61 @@ class PodManager:
                 f"worker {worker_id} was OOMKilled; raise --worker-resource-limit memory"
             )
             return
-        if self.worker_relaunches >= self.policy.max_worker_relaunches:
+        if self._worker_relaunches_asked >= self.policy.max_worker_relaunches:
             self._fail_if_no_workers(
-                f"workers died {self.worker_relaunches + 1} times, more than --max-worker-relaunches "
+                f"workers died {self._worker_relaunches_asked + 1} times, more than --max-worker-relaunches "
                 f"{self.policy.max_worker_relaunches}; last: worker {worker_id} {event.reason} "
                 f"{event.summary}"
             )
             return
         with self._lock:
-            short = self._target_workers - len(self._live_workers - set(self._removing))
+            short = self._target_workers - len(self._live_workers - set(self._removing)) - len(self._delayed)
         if short <= 0:
             return
-        new_id = self._start_worker()
-        self.relaunches.append(
-            RelaunchRecord(
-                PodRole.WORKER.value, worker_id, new_id, removed_reason or event.reason, event.summary
-            )
-        )
-        log.info(
-            "worker_relaunched",
+        reason = removed_reason or event.reason
+        ran = 0.0 if running_since is None else max(0.0, event.timestamp - running_since)
+        delay, streak = self._backoff.stopped(worker_id, reason, ran)
+        relaunch = DelayedRelaunch(self.clock() + delay, worker_id, reason, event.summary, streak)
+        if delay <= 0:
+            self._relaunch(relaunch)
+            return
+        with self._lock:
+            self._delayed.append(relaunch)
+        at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=delay)
+        log.warning(
+            "worker_relaunch_backed_off",
             old_worker=worker_id,
-            new_worker=new_id,
-            reason=removed_reason or event.reason,
+            reason=reason,
+            failures_in_a_row=streak,
+            ran_seconds=round(ran, 1),
+            next_attempt_in_seconds=round(delay, 1),
+            next_attempt_at=at.strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
 
+    def _start_due_relaunches(self) -> None:
+        with self._lock:
+            now = self.clock()
+            due = [r for r in self._delayed if r.due <= now]
+            self._delayed = [r for r in self._delayed if r.due > now]
+        for relaunch in due:
+            if self.dispatcher.finished:
+                log.info("worker_relaunch_dropped", old_worker=relaunch.old_id, reason="training is over")
+                continue
+            self._relaunch(relaunch)
+
+    def _relaunch(self, relaunch: DelayedRelaunch) -> None:
+        """Start the replacement of worker ``relaunch.old_id`` now, continuing its line's streak."""
+        new_id = self._start_worker()
+        self._backoff.replaced(new_id, relaunch.streak)
+        self.relaunches.append(
+            RelaunchRecord(PodRole.WORKER.value, relaunch.old_id, new_id, relaunch.reason, relaunch.message)
+        )
+        log.info("worker_relaunched", old_worker=relaunch.old_id, new_worker=new_id, reason=relaunch.reason)
+
     def _fail_if_no_workers(self, message: str) -> None:
-        if not self.live_workers and self.failure is None:
+        with self._lock:
+            waiting = bool(self._delayed)
+        if not self.live_workers and not waiting and self.failure is None:
             self.failure = JobFailedError(f"no workers left: {message}")
 
     def _ps_stopped(self, event: PodEvent) -> None:

@@ -454,6 +454,19 @@ SETTINGS: tuple[Setting, ...] = (
         argo=Argo(),
     ),
     Setting(
+        "--relaunch-backoff-seconds",
+        int,
+        10,
+        "a worker whose predecessors keep failing soon after they start (exit status, signal, OOM) is"
+        " relaunched after a delay, as the kubelet backs off a crash loop: none after the first failure,"
+        " then this many seconds, doubling to 30 times it; a worker that ran 10 minutes resets it (0:"
+        " relaunch at once)",
+        group=CLUSTER,
+        parse=non_negative_int,
+        metavar="SECONDS",
+        argo=Argo(),
+    ),
+    Setting(
         "--max-workers",
         int,
         0,
