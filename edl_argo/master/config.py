@@ -19,7 +19,6 @@ from edl_argo.settings.schema import settings_dataclass
 from edl_argo.settings.table import ALLREDUCE, NAN_LOSS_POLICIES
 
 __all__ = ["NAN_LOSS_POLICIES", "TrainConfig", "add_train_flags", "config_from_args"]
-MAX_PORT = 65535
 #: What a local job's name must look like: it names files (the job registry), so no '/' and no spaces. On
 #: Kubernetes, where it names pods, the backend requires a DNS label (``manifests.validate_job_name``).
 #: The most workers a job may scale to when ``--max-workers`` is not given (or ``--num-workers``, if more).
@@ -156,8 +155,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             " set --checkpoint-dir s3://bucket/prefix"
         )
     _check_worker_range(args)
-    if args.master_port > MAX_PORT:
-        raise ConfigError(f"--master-port {args.master_port}: a port is at most {MAX_PORT}")
     if args.backend == "local" and args.job_name and not _JOB_NAME.match(args.job_name):
         raise ConfigError(
             f"--job-name {args.job_name!r}: at most 63 letters, digits, '-', '_' and '.', starting with a"

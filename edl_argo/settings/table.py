@@ -555,7 +555,7 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         "port of the master (0: any free port)",
         group=CLUSTER,
-        parse=non_negative_int,
+        parse=port_number,
     ),
     Setting(
         "--master-timeout",
