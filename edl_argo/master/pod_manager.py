@@ -114,7 +114,6 @@ class PodManager:
     relaunches: list[RelaunchRecord] = field(default_factory=list)
     failure: JobFailedError | None = None
     _live_workers: set[int] = field(default_factory=set)
-    _running_workers: set[int] = field(default_factory=set)
     _pending_workers: set[int] = field(default_factory=set)
     _opportunistic_workers: set[int] = field(default_factory=set)
     _requested_workers: int | None = None
@@ -127,6 +126,7 @@ class PodManager:
     #: Monotonic clock of the delayed relaunches (tests move it).
     clock: Callable[[], float] = time.monotonic
     _delayed: list[DelayedRelaunch] = field(default_factory=list)
+    #: Running workers: when each started running (``time.time()``; an adopted one: when it was adopted).
     _running_since: dict[int, float] = field(default_factory=dict)
     _backoff: RelaunchBackoff = field(init=False)
 
@@ -171,8 +171,11 @@ class PodManager:
             self._opportunistic_workers = {int(i) for i in snapshot.get("opportunistic_workers", ())}
             self._next_worker_id = max([int(snapshot["next_worker_id"]), *(i + 1 for i in adopted_workers)])
             self._live_workers = set(adopted_workers)
-            self._running_workers = {
-                pod.pod_id for pod in adopted if pod.role is PodRole.WORKER and pod.phase is PodPhase.RUNNING
+            adopted_at = time.time()
+            self._running_since = {
+                pod.pod_id: adopted_at
+                for pod in adopted
+                if pod.role is PodRole.WORKER and pod.phase is PodPhase.RUNNING
             }
             self._started = True
         for ps_id in sorted(set(range(self.policy.num_ps)) - adopted_ps):
@@ -222,7 +225,7 @@ class PodManager:
         with self._lock:
             staying = self._live_workers - set(self._removing)
             return WorkerCounts(
-                running=len(staying & self._running_workers),
+                running=len(staying & self._running_since.keys()),
                 pending=len(staying & self._pending_workers),
                 wanted=self._target_workers,
             )
@@ -315,7 +318,6 @@ class PodManager:
             if event.pod_id not in self._live_workers:
                 return
             if event.phase is PodPhase.RUNNING:
-                self._running_workers.add(event.pod_id)
                 self._running_since[event.pod_id] = event.timestamp
                 self._pending_workers.discard(event.pod_id)
             elif event.phase is PodPhase.PENDING and event.reason == PodReason.UNSCHEDULABLE:
@@ -325,7 +327,6 @@ class PodManager:
         worker_id = event.pod_id
         with self._lock:
             self._live_workers.discard(worker_id)
-            self._running_workers.discard(worker_id)
             self._pending_workers.discard(worker_id)
             self._opportunistic_workers.discard(worker_id)
             running_since = self._running_since.pop(worker_id, None)
