@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from s3_stand_in import SERVER_DIR, S3StandIn
 
-from edl_argo.data.commands import digits_records, write_dataset
-from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
+from tests.engine_helpers import write_digits_dataset
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,9 +35,7 @@ def private_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scikit-learn's digits as ``train/`` (4 snappy shards) and ``test/`` (2 gzip shards), made once."""
     root = tmp_path_factory.mktemp("digits")
-    train, test = digits_records(test_fraction=0.2, seed=0)
-    write_dataset(LocalStorage(root), "train", train, 4, Compressor.SNAPPY, overwrite=False)
-    write_dataset(LocalStorage(root), "test", test, 2, Compressor.GZIP, overwrite=False)
+    write_digits_dataset(LocalStorage(root))
     return root
 
 

@@ -8,8 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
+from edl_argo.recordio import Compressor
+from edl_argo.storage.base import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_MODEL = str(ROOT / "examples" / "model_zoo" / "digits.py")
@@ -26,6 +29,14 @@ DIGITS_JOB = {
     "num_workers": 2,
     "num_ps": 1,
 }
+
+
+def write_digits_dataset(storage: Storage) -> None:
+    """scikit-learn's digits as ``train/`` (4 snappy shards) and ``test/`` (2 gzip shards) in ``storage``."""
+    train, test = digits_records(test_fraction=0.2, seed=0)
+    write_dataset(storage, "train", train, 4, Compressor.SNAPPY, overwrite=False)
+    write_dataset(storage, "test", test, 2, Compressor.GZIP, overwrite=False)
+
 
 #: The accuracy every digits job must reach: the issues' acceptance criterion.
 DIGITS_ACCURACY_FLOOR = 0.95

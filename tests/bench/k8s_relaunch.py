@@ -34,16 +34,14 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.task_dispatcher import TaskAssignment
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.kubernetes_config import KubernetesConfig
-from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
 from tests.bench.common import BenchContext, BenchResult, Stat
-from tests.engine_helpers import JobThread, assert_no_record_lost, digits_config
+from tests.engine_helpers import JobThread, assert_no_record_lost, digits_config, write_digits_dataset
 from tests.k8s_helpers import MASTER_USER_AGENT
 from tests.k8s_stand_in import KubernetesStandIn
 
@@ -101,7 +99,8 @@ def bench_k8s_relaunch(quick: bool) -> list[dict[str, Any]]:
     requeued, held = 0, 0
     with tempfile.TemporaryDirectory(prefix="bench-k8s-") as tmp:
         root = Path(tmp)
-        data = _digits(root / "data")
+        data = root / "data"
+        write_digits_dataset(LocalStorage(data))
         with KubernetesStandIn(root / "cluster", echo_logs=False) as cluster:
             previous = os.environ.get(API_URL_ENV)
             os.environ[API_URL_ENV] = cluster.url
@@ -208,13 +207,6 @@ def _deletion_times(cluster: KubernetesStandIn, pod: str) -> tuple[float, float]
 
 def _phase(cluster: KubernetesStandIn, pod: str) -> str:
     return str(((cluster.pod(pod) or {}).get("status") or {}).get("phase", ""))
-
-
-def _digits(root: Path) -> Path:
-    train, test = digits_records(test_fraction=0.2, seed=0)
-    write_dataset(LocalStorage(root), "train", train, 4, Compressor.SNAPPY, overwrite=False)
-    write_dataset(LocalStorage(root), "test", test, 2, Compressor.GZIP, overwrite=False)
-    return root
 
 
 def _row(

@@ -40,13 +40,11 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.exceptions import ApiException
 
 from edl_argo import log
-from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
 from edl_argo.pods import LocalProcessBackend, PodRole
-from edl_argo.recordio import Compressor
 from edl_argo.storage import open_storage
-from edl_argo.storage.base import Storage, join_url
+from edl_argo.storage.base import join_url
 from edl_argo.storage.retry import RETRY_SECONDS_ENV
 from edl_argo.storage.trees import open_tree
 from edl_argo.worker.ps_client import ParameterServerClient
@@ -63,6 +61,7 @@ from tests.engine_helpers import (
     DIGITS_MODEL,
     JobThread,
     expected_minibatches,
+    write_digits_dataset,
 )
 from tests.k8s_helpers import start_master_pod
 
@@ -190,13 +189,6 @@ class ChaosEnv:
         folder = self.workdir / job_name
         folder.mkdir(parents=True)
         return folder, job_name
-
-
-def write_digits_dataset(storage: Storage) -> None:
-    """scikit-learn's digits as ``train/`` (4 snappy shards) and ``test/`` (2 gzip shards) in ``storage``."""
-    train, test = digits_records(test_fraction=0.2, seed=0)
-    write_dataset(storage, "train", train, 4, Compressor.SNAPPY, overwrite=False)
-    write_dataset(storage, "test", test, 2, Compressor.GZIP, overwrite=False)
 
 
 def chaos_config(data: str, output: str, job_name: str, **overrides: Any) -> TrainConfig:

@@ -33,10 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from edl_argo import log
-from edl_argo.data.commands import digits_records, write_dataset
-from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
-from tests.engine_helpers import JobThread
+from tests.engine_helpers import JobThread, write_digits_dataset
 from tests.k8s_helpers import job_selector
 from tests.k8s_stand_in.utilization import UtilizationRecorder
 from tests.scheduling.cluster import Stopwatch, elastic_job, service_pod, simulated_cluster
@@ -60,13 +58,6 @@ TWO_MODE_TITLES = {
 }
 SERVICE = "online-service"
 JOB_SECONDS_LIMIT = 900.0
-
-
-def digits_data(root: Path) -> Path:
-    train, test = digits_records(test_fraction=0.2, seed=0)
-    write_dataset(LocalStorage(root), "train", train, 4, Compressor.SNAPPY, overwrite=False)
-    write_dataset(LocalStorage(root), "test", test, 2, Compressor.GZIP, overwrite=False)
-    return root
 
 
 def _job_summary(
@@ -295,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="edl-scheduling-") as tmp:
         workdir = Path(tmp)
-        data = digits_data(workdir / "data")
+        data = workdir / "data"
+        write_digits_dataset(LocalStorage(data))
         for name in args.scenario or list(SCENARIOS):
             started = time.time()
             results[name] = SCENARIOS[name](workdir / name, data)
