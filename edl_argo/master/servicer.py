@@ -170,21 +170,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 ledger.add_failed_attempt(request.counters)
         if request.success and not accepted and self._ledger is not None:
             self._ledger.add_ignored(request.task_id, request.worker_id, request.counters)  # it was trained
-        training = accepted and request.success and task is not None and task.type is TaskType.TRAINING
-        if training and task is not None and "steps" in request.counters:
-            self._training_loss.add(task.epoch, request.mean_loss, request.counters["steps"])
-        if training and task is not None and self._on_training_report is not None:
-            self._on_training_report(
-                TrainingReport(
-                    request.worker_id,
-                    task.epoch,
-                    task.num_records,
-                    request.counters.get("steps", 0),
-                    request.mean_loss,
-                    request.counters.get("model_version", self._current_version()),
+        if accepted and request.success and task is not None and task.type is TaskType.TRAINING:
+            if "steps" in request.counters:
+                self._training_loss.add(task.epoch, request.mean_loss, request.counters["steps"])
+            if self._on_training_report is not None:
+                self._on_training_report(
+                    TrainingReport(
+                        request.worker_id,
+                        task.epoch,
+                        task.num_records,
+                        request.counters.get("steps", 0),
+                        request.mean_loss,
+                        request.counters.get("model_version", self._current_version()),
+                    )
                 )
-            )
-        if training:
             self._training_loss.add_skipped(request.counters)
             self._training_loss.skip_nan_gradients(
                 request.worker_id, request.counters.get("nan_gradients_skipped", 0)
