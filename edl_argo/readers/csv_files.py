@@ -48,7 +48,7 @@ from edl_argo.readers.base import (
     ShardInfo,
 )
 from edl_argo.readers.files import INDEX_STRIDE, OffsetIndex, PinnedFiles, RangeHint, list_data_files
-from edl_argo.readers.text_values import PARSERS, infer_type
+from edl_argo.readers.text_values import PARSERS, infer_type, list_option
 
 #: Bytes read at a time, by the index scan and by a worker's read of a long range.
 BLOCK_SIZE = 8 << 20
@@ -61,13 +61,6 @@ _BOM = codecs.BOM_UTF8
 
 def _is_csv(key: str) -> bool:
     return key.lower().endswith(".csv")
-
-
-def _names(value: Any) -> list[str]:
-    """A list option given as ``"a,b,c"`` (``--data-options``) or as a JSON list."""
-    if isinstance(value, str):
-        return [name.strip() for name in value.split(",") if name.strip()]
-    return [str(name) for name in value]
 
 
 def csv_delimiter(value: Any) -> str:
@@ -379,7 +372,7 @@ def _given_types(value: Any, header: list[str], url: str) -> dict[str, str]:
         pairs = [(str(k), str(v)) for k, v in value.items()]
     else:
         pairs = []
-        for item in _names(value):
+        for item in list_option(value):
             name, sep, kind = item.rpartition(":")
             if not sep:
                 raise ConfigError(f"--data-options schema item {item!r} is not name:type")
@@ -431,7 +424,7 @@ class CsvFormat(DataFormat):
             lines = _lines(read, sample.offset, sample.end_offset, sample.line, describe)
             samples.extend(read_rows(lines, delimiter, sample.line, 0, SAMPLE_ROWS, describe)[0])
         given = _given_types(options["schema"], header, url) if options.get("schema") else {}
-        columns = _names(options["columns"]) if options.get("columns") else header
+        columns = list_option(options["columns"]) if options.get("columns") else header
         for name in columns:
             if name not in header:
                 raise ConfigError(

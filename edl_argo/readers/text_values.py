@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -73,3 +74,10 @@ def infer_type(values: Iterable[str]) -> str:
     if not seen:
         return "string"
     return "int64" if could_be_int else "float32" if could_be_float else "string"
+
+
+def list_option(value: Any) -> list[str]:
+    """A list option given as ``"a,b,c"`` (``--data-options``) or as a JSON list."""
+    if isinstance(value, str):
+        return [name.strip() for name in value.split(",") if name.strip()]
+    return [str(name) for name in value]
