@@ -30,6 +30,7 @@ from typing import BinaryIO
 
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.proto import example_pb2
+from edl_argo.readers.csv_files import check_header
 from edl_argo.readers.text_values import fits_float32, fits_int64
 
 #: The feature name under which the label column's values are stored.
@@ -88,15 +89,7 @@ def _decoded_lines(path: Path, handle: BinaryIO) -> Iterator[str]:
 
 
 def _check_header(path: Path, header: list[str], label_column: str) -> None:
-    for number, name in enumerate(header, start=1):
-        if not name:
-            raise DataFormatError(f"CSV file {path} line 1: column {number} has no name")
-    duplicates = sorted({name for name in header if header.count(name) > 1})
-    if duplicates:
-        raise DataFormatError(
-            f"CSV file {path} line 1: duplicate column names {', '.join(map(repr, duplicates))}; "
-            "every column needs its own name"
-        )
+    check_header(str(path), header)
     if label_column not in header:
         raise ConfigError(
             f"--label-column {label_column!r} is not a column of {path}; columns: {', '.join(header)}"

@@ -354,9 +354,11 @@ class OpenedCsv(OpenedDataset):
         return self._reader
 
 
-def _check_header(describe: str, header: list[str]) -> None:
+def check_header(describe: str, header: Sequence[str]) -> None:
+    """DataFormatError naming the CSV file ``describe`` for a column without a name or a name used
+    twice."""
     for number, name in enumerate(header, start=1):
-        if not name.strip():
+        if not name:
             raise DataFormatError(f"CSV file {describe} line 1: column {number} has no name")
     duplicates = sorted({name for name in header if header.count(name) > 1})
     if duplicates:
@@ -411,7 +413,7 @@ class CsvFormat(DataFormat):
             lines = _lines(read, 0, header_end, 1, describe)
             found = read_rows(lines, delimiter, 1, 0, 1, describe)[0][0]
             if not header:
-                _check_header(describe, found)
+                check_header(describe, found)
                 header = found
             elif found != header:
                 raise DataFormatError(
