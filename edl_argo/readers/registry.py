@@ -47,8 +47,8 @@ def is_sql_url(url: str) -> bool:
 
 def detect_format(url: str, what: str = "") -> str:
     """The format of the dataset at ``url``: SQL for a database URL; for storage, the one a manifest names
-    (``data_format``, RecordIO by default), else the one format whose files are there. ConfigError naming
-    ``url`` if none or several match."""
+    (``data_format``, RecordIO by default), else the one format whose files are there, else RecordIO (whose
+    reader then says what a dataset there lacks). ConfigError naming ``url`` if several formats match."""
     from edl_argo.recordio import MANIFEST_NAME
     from edl_argo.storage import open_storage
 
@@ -73,11 +73,8 @@ def detect_format(url: str, what: str = "") -> str:
     found = [name for name in FORMATS if name != "sql" and data_format(name).detect(url, visible)]
     if len(found) == 1:
         return found[0]
-    if not found:
-        raise ConfigError(
-            f"{label}: cannot tell the data format from its file names; pass --data-format "
-            f"({'|'.join(n for n in FORMATS if n != 'sql')})"
-        )
+    if not found:  # RecordIO, the default, names what a dataset there lacks (its manifest)
+        return "recordio"
     raise ConfigError(f"{label}: files of several formats there ({', '.join(found)}); pass --data-format")
 
 
