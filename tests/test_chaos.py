@@ -31,11 +31,15 @@ from edl_argo.master.config import add_train_flags, config_from_args
 from edl_argo.master.job import TrainingJob
 from tests.chaos.catalog import VARIANTS
 from tests.chaos.pods import KubernetesPods, LocalPods, left_behind
-from tests.chaos.scenarios import CHECKPOINT_STEPS, ChaosEnv, TrialResult, check_outcome
+from tests.chaos.scenarios import CHECKPOINT_STEPS, ChaosEnv, TrialResult, check_outcome, worker_kills
 from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost
 from tests.k8s_helpers import role_rules
 from tests.k8s_stand_in import KubernetesStandIn
+from tests.reader_data import FILE_FORMATS, write_digits_as
 from tests.s3_stand_in import S3StandIn
+
+#: The digits model fed from files of any format (tests/reader_models/digits_columns.py).
+DIGITS_COLUMNS = str(Path(__file__).parent / "reader_models" / "digits_columns.py")
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -70,6 +74,22 @@ def test_killed_workers_are_replaced_and_their_tasks_requeued(chaos_env: ChaosEn
     assert result.metrics["task_requeues"]["worker_died"] >= 1
     for worker in killed:
         assert result.logged(rf"worker_relaunched old_worker={worker}\b"), worker
+
+
+@pytest.mark.parametrize("fmt", FILE_FORMATS)
+def test_killed_workers_lose_no_record_reading_each_file_format(
+    chaos_env: ChaosEnv, fmt: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The worker-kill trial on the digits written as TFRecord, CSV and Parquet files: a killed worker's
+    tasks go back to the queue and every record is trained once per epoch, whatever reader serves them."""
+    data = write_digits_as(fmt, tmp_path_factory.mktemp(f"digits-{fmt}"))
+    result = worker_kills(
+        chaos_env, random.Random(f"test_chaos/{fmt}"), data=str(data), model_def=DIGITS_COLUMNS
+    )
+    assert result.passed, result.summary()
+    assert_no_record_lost(result.metrics)
+    assert result.faults, "no fault was injected"
+    assert result.metrics["records_per_epoch"] == 1437
 
 
 def test_killed_ps_restarts_from_its_latest_checkpoint(chaos_env: ChaosEnv) -> None:

@@ -193,9 +193,8 @@ class ChaosEnv:
 
 def chaos_config(data: str, output: str, job_name: str, **overrides: Any) -> TrainConfig:
     """The :data:`CHAOS_JOB` on the dataset at URL ``data``, with ``overrides``."""
-    settings = {**CHAOS_JOB, **overrides}
+    settings = {"model_def": DIGITS_MODEL, **CHAOS_JOB, **overrides}
     return TrainConfig(
-        model_def=DIGITS_MODEL,
         training_data=join_url(data, "train"),
         validation_data=join_url(data, "test"),
         output=output,
@@ -492,10 +491,11 @@ def baseline(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL, **overr
     return run_in_process("baseline", env, rng, lambda _trial: None, backend=backend, **overrides)
 
 
-def worker_kills(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> TrialResult:
+def worker_kills(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL, **job: Any) -> TrialResult:
     """1-3 random workers lost, each at a random point between 10% and 85% of the tasks: SIGKILLed on
     the local backend; on Kubernetes each pod is, at random, deleted through the API or evicted
-    (preempted by the scheduler)."""
+    (preempted by the scheduler). ``job``: :func:`run_in_process`'s ``data`` and job settings (another
+    data format and the model that reads it)."""
 
     def inject(trial: Trial) -> None:
         for point in sorted(rng.uniform(0.10, 0.85) for _ in range(rng.randint(1, 3))):
@@ -508,7 +508,7 @@ def worker_kills(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> 
                 worker = trial.remove_worker(how)
                 trial.fault(f"{how} worker-{worker}")
 
-    return run_in_process("worker_kills", env, rng, inject, backend=backend)
+    return run_in_process("worker_kills", env, rng, inject, backend=backend, **job)
 
 
 def ps_kill(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> TrialResult:
