@@ -72,9 +72,9 @@ class Tables:
         self.engine.dispose()
 
 
-@pytest.fixture(params=DATABASES)
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tables]:
-    """Each test once per database: a :class:`Tables` of it."""
+def tables_of(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tables]:
+    """A :class:`Tables` of the database ``request.param`` names; a test module makes it its fixture:
+    ``db = pytest.fixture(params=DATABASES)(tables_of)``."""
     tables = Tables(database_for(request.param, tmp_path))
     yield tables
     tables.drop_all()

@@ -6,13 +6,14 @@ import random
 
 import numpy as np
 import pytest
-from sql_helpers import Tables, db  # noqa: F401  (the fixture)
+from sql_helpers import DATABASES, Tables, tables_of
 
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.readers import ReaderSpec, num_records, open_data, range_reader
 from edl_argo.readers.sql import INDEX_STRIDE, SqlSource
 from edl_argo.recordio.reader import ShardChangedError
 
+db = pytest.fixture(params=DATABASES)(tables_of)
 ROWS = 300  # not a multiple of the index stride: the last block is partial
 
 
@@ -141,7 +142,7 @@ def test_a_null_names_table_column_and_key_unless_filled(db: Tables) -> None:
     with pytest.raises(DataFormatError, match=rf"{table}: column 'age' is NULL at id=15;"):
         read_via_spec(opened, 0, 10)
     filled = open_data(f"{db.url}#{table}", "sql", {"key": "id", "columns": "id,age", "fill_missing": "true"})
-    ids, ages = read_via_spec(filled, 0, 10)
+    _, ages = read_via_spec(filled, 0, 10)
     assert ages.tolist()[4] == 0 and ages.dtype == np.int64
 
 

@@ -121,7 +121,8 @@ class SqlSource:
         if parsed.password is not None:
             raise ConfigError(
                 f"{what + ' ' if what else ''}{parsed.render_as_string(hide_password=True)}: a database URL "
-                f"must not carry a password; set the environment variable {PASSWORD_ENV} (--db-secret in pods)"
+                f"must not carry a password; set the environment variable {PASSWORD_ENV} (--db-secret in "
+                "pods)"
             )
         if _QUERY.match(fragment):
             return cls(url, database, query=fragment.rstrip(";").strip())
