@@ -28,6 +28,8 @@ def names(exprs) -> list:
             out.append(expr.name)
         elif isinstance(expr, Call):
             out.append((expr.function, names(expr.args)))
+        elif isinstance(expr, list):
+            out.append(names(expr))
         else:
             out.append(expr)
     return out

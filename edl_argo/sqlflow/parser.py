@@ -299,6 +299,15 @@ class _Parser:
 
     def column_arg(self) -> ColumnExpr:
         token = self.token
+        if self.punct("["):
+            items: list[ColumnExpr] = []
+            if not self.punct("]"):
+                items.append(self.column_arg())
+                while self.punct(","):
+                    items.append(self.column_arg())
+                if not self.punct("]"):
+                    raise self.fail("',' or ']'")
+            return items
         if token.kind == "word" and self.tokens[self.index + 1].text == "(":
             return self.column_expr()
         if token.kind == "word" and token.text.lower() not in ("true", "false"):
