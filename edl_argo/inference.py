@@ -47,7 +47,8 @@ from edl_argo.model.outputs import (
     prediction_lines,
 )
 from edl_argo.progress import ProgressReporter
-from edl_argo.recordio import ShardReader, open_dataset
+from edl_argo.readers import OpenedDataset, open_data, parse_data_options
+from edl_argo.settings import add_data_settings
 from edl_argo.storage import TREE_COMPLETE_MARKER, ObjectNotFoundError, Storage, open_storage
 from edl_argo.storage.trees import POINTER_NAME, open_tree
 from edl_argo.storage.versions import VERSION_FOLDER
@@ -76,8 +77,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         )
         add_model_flags(parser)  # the model file used for training (for feed and metrics)
         add_flag(
-            parser, "--data", required=True, metavar="URL", help="folder or s3://bucket/prefix of shards"
+            parser,
+            "--data",
+            required=True,
+            metavar="URL",
+            help="the data, in the forms --training-data takes",
         )
+        add_data_settings(parser)
         output_help = (
             "where the predictions go, replaced as a whole (one <shard>.jsonl per input shard)"
             if name == "predict"
@@ -103,7 +109,7 @@ class Batch:
 class Inference:
     """A trained model of ``spec`` run over the shards at ``data``; the model is built on the first batch."""
 
-    def __init__(self, spec: ModelSpec, model_url: str, data: Storage, minibatch_size: int) -> None:
+    def __init__(self, spec: ModelSpec, model_url: str, data: OpenedDataset, minibatch_size: int) -> None:
         self.spec = spec
         self.model_url = model_url
         self.data = data
@@ -118,28 +124,29 @@ class Inference:
                 f"--model {model_url}: no complete model there "
                 "(expected the <output>/model of a finished job)"
             ) from None
-        # Only the shards the dataset's manifest names, each pinned to its version now.
-        self.dataset = open_dataset(data, what="--data")
-        self.shards = list(self.dataset.records)
-        #: Storage key -> the shard's name in the dataset (``data-00000``), which predictions are named by.
-        self.names = self.dataset.names
+        # The dataset's shards, listed (or named by a manifest) and pinned to their versions when opened.
+        self.dataset = data
+        self.shards = list(data.records)
+        #: Shard key -> the shard's name in the dataset (``data-00000``), which predictions are named by.
+        self.names = data.names
 
     def batches(self, mode: str) -> Iterator[Batch]:
         """Every minibatch of every shard, in order. ``feed`` errors name the shard."""
         from edl_argo.worker.data import make_batches
 
-        readers = [ShardReader(self.data, key, version=self.dataset.versions[key]) for key in self.shards]
-        total = sum(r.num_records for r in readers)
+        counts = self.dataset.records
+        total = sum(counts.values())
         progress = ProgressReporter(f"{mode} {self.data.describe()}", unit="record")
         done = 0
         try:
-            for key, reader in zip(self.shards, readers, strict=True):
-                for first in range(0, reader.num_records, READ_RANGE):
-                    last = min(reader.num_records, first + READ_RANGE)
+            for key in self.shards:
+                for first in range(0, counts[key], READ_RANGE):
+                    last = min(counts[key], first + READ_RANGE)
                     position = first
+                    records = self.data.read(key, first, last)
                     with self.naming(key, first, last):
                         for batch in make_batches(
-                            self.spec, reader.read(first, last), mode, self.minibatch_size
+                            self.spec, records, self.data.schema, mode, self.minibatch_size
                         ):
                             features, labels = (batch, None) if mode == Mode.PREDICTION else batch
                             size = num_records(features)
@@ -223,9 +230,14 @@ def evaluate(inference: Inference) -> dict[str, float]:
     return {**metrics.result(), "records": metrics.records}
 
 
+def open_inference_data(args: argparse.Namespace) -> OpenedDataset:
+    """The dataset of ``--data``, in ``--data-format`` with ``--data-options``."""
+    return open_data(args.data, args.data_format, parse_data_options(args.data_options), what="--data")
+
+
 def run_evaluate(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def, model_options_from_args(args))
-    results = evaluate(Inference(spec, args.model, open_storage(args.data), args.minibatch_size))
+    results = evaluate(Inference(spec, args.model, open_inference_data(args), args.minibatch_size))
     log.info("evaluation_done", data=args.data, **results)
     if args.output:
         open_storage(args.output).write("metrics.json", dumps(results, indent=2, sort_keys=True).encode())
@@ -299,7 +311,7 @@ def _a_prediction_file(rel: str) -> bool:
 def run_predict(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def, model_options_from_args(args))
     target, name = prediction_target(args.output)
-    inference = Inference(spec, args.model, open_storage(args.data), args.minibatch_size)
+    inference = Inference(spec, args.model, open_inference_data(args), args.minibatch_size)
     with tempfile.TemporaryDirectory(prefix="edl-predictions-") as tmp:
         local_dir = Path(tmp) / "predictions"
         local_dir.mkdir()

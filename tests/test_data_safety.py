@@ -23,6 +23,7 @@ from edl_argo.cli import main
 from edl_argo.data.examples import decode_example
 from edl_argo.errors import DataFormatError, StorageError
 from edl_argo.master.job import dataset_shards
+from edl_argo.readers import open_data
 from edl_argo.recordio import MANIFEST_NAME, Compressor, ShardReader, open_dataset
 from edl_argo.storage import LocalStorage
 
@@ -374,26 +375,30 @@ def test_a_worker_reads_only_the_pinned_version_of_a_shard(tmp_path: Path) -> No
     train, _ = digits_records(0.2, 0)
     storage = LocalStorage(tmp_path / "train")
     write_dataset(storage, "", train[:100], 2, Compressor.NONE, overwrite=False)
-    dataset = open_dataset(storage)
+    dataset = open_data(str(tmp_path / "train"))
     dispatcher = TaskDispatcher(dataset.records, DispatcherConfig(records_per_task=10, num_epochs=1))
     evaluation = EvaluationService(lambda: {}, {}, 0)
     evaluation.dispatcher = dispatcher
     urls = {TaskType.TRAINING: str(tmp_path / "train"), TaskType.EVALUATION: "", TaskType.PREDICTION: ""}
-    servicer = MasterServicer(
-        dispatcher, evaluation, urls, lambda: 0, shard_versions={TaskType.TRAINING: dataset.versions}
-    )
+    servicer = MasterServicer(dispatcher, evaluation, urls, lambda: 0, datasets={TaskType.TRAINING: dataset})
     task = servicer.GetTask(master_pb2.GetTaskRequest(worker_id=0), None).task
     assert task.shard_version == dataset.versions[task.shard] != ""
 
+    def read(task: master_pb2.Task, start: int, end: int, version: str, source: RecordSource) -> int:
+        ranged = master_pb2.Task()
+        ranged.CopyFrom(task)
+        ranged.start, ranged.end, ranged.shard_version = start, end, version
+        return len(source.read(ranged)[0])
+
     source = RecordSource()
-    assert len(source.read(task.data_url, task.shard, 0, 10, task.shard_version)) == 10
+    assert read(task, 0, 10, task.shard_version, source) == 10
     shard = storage.read(task.shard)
     storage.write(task.shard, shard)  # rewritten in place: same bytes, a new version
     with pytest.raises(ShardChangedError, match=rf"shard .*{task.shard} changed while this job was reading"):
-        source.read(task.data_url, task.shard, 10, 20, task.shard_version)
+        read(task, 10, 20, task.shard_version, source)
     with pytest.raises(ShardChangedError, match=task.shard):  # a new reader refuses it as well
-        RecordSource().read(task.data_url, task.shard, 0, 10, task.shard_version)
-    assert len(RecordSource().read(task.data_url, task.shard, 0, 10, "")) == 10  # unpinned: reads
+        read(task, 0, 10, task.shard_version, RecordSource())
+    assert read(task, 0, 10, "", RecordSource()) == 10  # unpinned: reads
 
 
 def test_a_dataset_overwritten_while_a_job_trains_fails_the_job_naming_the_shard(tmp_path: Path) -> None:

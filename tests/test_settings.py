@@ -142,6 +142,7 @@ def test_what_the_master_gives_its_pods_they_parse_back(strategy: str) -> None:
             model_def="staged.py",
             ps_addresses="p:1,p:2",
             collective_port=2230,
+            training_data_spec='{"format":"csv"}',
         ),
     }
     own = {
@@ -157,6 +158,7 @@ def test_what_the_master_gives_its_pods_they_parse_back(strategy: str) -> None:
             "master_addr": "m:1",
             "ps_addrs": "" if allreduce else "p:1,p:2",
             "collective_port": 2230 if allreduce else 0,
+            "training_data_spec": '{"format":"csv"}',
             "prediction_output": "",
             "checkpoint_dir": config.checkpoints_url if allreduce else "",
             "checkpoint_steps": 5 if allreduce else 0,

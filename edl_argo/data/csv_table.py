@@ -22,25 +22,19 @@ from __future__ import annotations
 
 import codecs
 import csv
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import numpy as np
-
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.proto import example_pb2
+from edl_argo.readers.csv_files import check_header
+from edl_argo.readers.text_values import fits_float32, fits_int64
 
 #: The feature name under which the label column's values are stored.
 LABEL_FEATURE = "label"
-
-_INT = re.compile(r"[+-]?[0-9]+")
-_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_INT64 = np.iinfo(np.int64)
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 INT64, FLOAT32, TEXT = "int64", "float32", "bytes"
 
@@ -94,24 +88,8 @@ def _decoded_lines(path: Path, handle: BinaryIO) -> Iterator[str]:
             raise DataFormatError(f"CSV file {path} line {number}: not UTF-8 ({error.reason})") from None
 
 
-def _fits_int64(text: str) -> bool:
-    return bool(_INT.fullmatch(text)) and _INT64.min <= int(text) <= _INT64.max
-
-
-def _fits_float32(text: str) -> bool:
-    return bool(_FLOAT.fullmatch(text)) and abs(float(text)) <= _FLOAT32_MAX
-
-
 def _check_header(path: Path, header: list[str], label_column: str) -> None:
-    for number, name in enumerate(header, start=1):
-        if not name:
-            raise DataFormatError(f"CSV file {path} line 1: column {number} has no name")
-    duplicates = sorted({name for name in header if header.count(name) > 1})
-    if duplicates:
-        raise DataFormatError(
-            f"CSV file {path} line 1: duplicate column names {', '.join(map(repr, duplicates))}; "
-            "every column needs its own name"
-        )
+    check_header(str(path), header)
     if label_column not in header:
         raise ConfigError(
             f"--label-column {label_column!r} is not a column of {path}; columns: {', '.join(header)}"
@@ -156,9 +134,9 @@ def scan_csv(path: Path, label_column: str, fill_missing: str | None = None) -> 
                     _value(path, line, header[column], raw, fill_missing)
                 continue
             text = _value(path, line, header[column], raw, fill_missing).strip()
-            if could_be_int[column] and not _fits_int64(text):
+            if could_be_int[column] and not fits_int64(text):
                 could_be_int[column] = False
-            if not could_be_int[column] and not _fits_float32(text):
+            if not could_be_int[column] and not fits_float32(text):
                 could_be_float[column] = False
         count += 1
     if not count:

@@ -66,12 +66,11 @@ from edl_argo.model import Mode, ModelSpec
 from edl_argo.pods import PodBackend, PodRole, PodSpec
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
-from edl_argo.recordio import open_dataset
+from edl_argo.readers import open_data, parse_data_options, worker_spec_json
 from edl_argo.rpc.auth import MASTER_IDENTITY, JobSecret, server_interceptor
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.tls import TlsFiles, add_port, load_tls_dir
 from edl_argo.stop import stop_on_sigterm
-from edl_argo.storage import open_storage
 
 log = get_logger(__name__)
 
@@ -79,10 +78,10 @@ log = get_logger(__name__)
 WORKER_EXIT_GRACE_SECONDS = 15.0
 
 
-def dataset_shards(url: str, flag: str) -> dict[str, int]:
-    """Shard key -> record count of every shard the dataset manifest at ``url`` names; DataFormatError
-    naming ``flag`` and what is missing if the dataset is incomplete."""
-    return open_dataset(open_storage(url), what=flag).records
+def dataset_shards(url: str, flag: str, data_format: str = "", data_options: str = "") -> dict[str, int]:
+    """Shard key -> record count of every shard of the dataset at ``url``; DataFormatError naming ``flag``
+    and what is missing if the dataset is incomplete."""
+    return open_data(url, data_format, parse_data_options(data_options), what=flag).records
 
 
 @dataclass
@@ -241,6 +240,7 @@ class TrainingJob:
             master_address=self._master_address,
             model_def=self.pod_model_def,
             ps_addresses=ps_addresses,
+            training_data_spec=worker_spec_json(self.training_data),
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -273,9 +273,9 @@ class TrainingJob:
                 TaskType.EVALUATION: self.config.validation_data,
                 TaskType.PREDICTION: "",
             },
-            shard_versions={
-                TaskType.TRAINING: self.training_data.versions,
-                TaskType.EVALUATION: self.validation_data.versions if self.validation_data else {},
+            datasets={
+                TaskType.TRAINING: self.training_data,
+                **({TaskType.EVALUATION: self.validation_data} if self.validation_data else {}),
             },
             current_version=lambda: self.versions.version,
             on_version=self._on_version,
@@ -655,7 +655,7 @@ class TrainingJob:
         }
 
     def _sample_batch(self, mode: str) -> Any:
-        return sample_batch(self.config, self.spec, self.training_shards, mode)
+        return sample_batch(self.config, self.spec, self.training_data, mode)
 
     def _sample_features(self) -> Any:
         return self._sample_batch(Mode.EVALUATION)[0]

@@ -20,8 +20,7 @@ from edl_argo.master.state_store import MasterStateStore, job_fingerprint
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
-from edl_argo.recordio import ShardReader, open_dataset
-from edl_argo.recordio.dataset import Dataset
+from edl_argo.readers import OpenedDataset, open_data, parse_data_options
 from edl_argo.storage import Storage, open_storage
 
 
@@ -32,8 +31,8 @@ class JobParts:
     model: StagedModel | None
     """The model its pods run, when ``--model-def`` is in storage (:mod:`edl_argo.model.source`)."""
     spec: ModelSpec
-    training_data: Dataset
-    validation_data: Dataset | None
+    training_data: OpenedDataset
+    validation_data: OpenedDataset | None
     output: Storage
     state_store: MasterStateStore
     saved: dict[str, Any] | None
@@ -56,13 +55,11 @@ def load_job_parts(config: TrainConfig) -> JobParts:
         from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
 
         check_world_size_scaling(spec.optimizer)
-    training = open_dataset(open_storage(config.training_data), what="--training-data")
+    training = open_job_data(config, config.training_data, "--training-data")
     validation = (
-        open_dataset(open_storage(config.validation_data), what="--validation-data")
-        if config.validation_data
-        else None
+        open_job_data(config, config.validation_data, "--validation-data") if config.validation_data else None
     )
-    if config.allreduce and len(sample_batch(config, spec, training.records, Mode.TRAINING)) == 3:
+    if config.allreduce and len(sample_batch(config, spec, training, Mode.TRAINING)) == 3:
         raise ConfigError(
             f"feed of {config.model_def} yields (features, labels, sample_weights) in training: "
             "AllreduceStrategy does not apply sample weights; use ParameterServerStrategy"
@@ -98,14 +95,20 @@ def load_job_parts(config: TrainConfig) -> JobParts:
     )
 
 
-def sample_batch(config: TrainConfig, spec: ModelSpec, shards: dict[str, int], mode: str) -> Any:
-    """The first minibatch of the training data, as ``feed`` makes it for ``mode``."""
+def open_job_data(config: TrainConfig, url: str, flag: str) -> OpenedDataset:
+    """The dataset at ``url`` (given by ``flag``) in the job's ``--data-format`` and ``--data-options``:
+    listed, indexed and pinned (tasks carry each shard's version, workers read only that version)."""
+    return open_data(url, config.data_format, parse_data_options(config.data_options), what=flag)
+
+
+def sample_batch(config: TrainConfig, spec: ModelSpec, data: OpenedDataset, mode: str) -> Any:
+    """The first minibatch of ``data``, as ``feed`` makes it for ``mode``."""
+    from edl_argo.readers import num_records
     from edl_argo.worker.data import make_batches  # TensorFlow: imported when run, not for --help
 
-    storage = open_storage(config.training_data)
-    shard = next(iter(shards))
-    records = ShardReader(storage, shard).read(0, min(config.minibatch_size, shards[shard]))
-    return next(iter(make_batches(spec, records, mode, len(records))))
+    shard = data.shards[0]
+    records = data.read(shard.key, 0, min(config.minibatch_size, shard.records))
+    return next(iter(make_batches(spec, records, data.schema, mode, num_records(records))))
 
 
 def default_backend(config: TrainConfig) -> PodBackend:

@@ -59,9 +59,12 @@ def worker_command(
     model_def: str,
     ps_addresses: str,
     collective_port: int | None,
+    training_data_spec: str = "",
 ) -> list[str]:
     """``edl-argo worker ...`` for worker ``worker_id`` of ``config``'s job. ``collective_port``
-    (AllreduceStrategy): the port of its collective service (None: any free port)."""
+    (AllreduceStrategy): the port of its collective service (None: any free port).
+    ``training_data_spec``: the training data's :class:`~edl_argo.readers.ReaderSpec` as JSON, which the
+    worker's input pipeline is built for (empty: RecordIO)."""
     allreduce = config.allreduce
     values = {
         **job_values(config),
@@ -71,6 +74,7 @@ def worker_command(
         "tls_dir": pod_tls_dir(config),
         "ps_addrs": None if allreduce else ps_addresses,
         "collective_port": collective_port if allreduce else None,
+        "training_data_spec": training_data_spec or None,
         # The group's checkpoints (AllreduceStrategy); with parameter servers the PSes checkpoint.
         "checkpoint_steps": config.checkpoint_steps if allreduce else None,
         "checkpoint_dir": config.checkpoints_url if allreduce and config.checkpoint_steps else None,
@@ -85,7 +89,13 @@ def ps_pod(config: Any, ps_id: int, *, port: int, master_address: str, model_def
 
 
 def worker_pod(
-    config: Any, worker_id: int, *, master_address: str, model_def: str, ps_addresses: str
+    config: Any,
+    worker_id: int,
+    *,
+    master_address: str,
+    model_def: str,
+    ps_addresses: str,
+    training_data_spec: str = "",
 ) -> PodSpec:
     """The pod of worker ``worker_id``: its command (:func:`worker_command`), its collective port and, with
     AllreduceStrategy, the master's frame cap (``FRAME_CAP_ENV``) if set."""
@@ -99,6 +109,7 @@ def worker_pod(
         model_def=model_def,
         ps_addresses="" if config.allreduce else ps_addresses,
         collective_port=port,
+        training_data_spec=training_data_spec,
     )
     cap = os.environ.get(FRAME_CAP_ENV) if config.allreduce else None
     return PodSpec(

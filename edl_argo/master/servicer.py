@@ -21,7 +21,7 @@ lists that the master never handed out keeps its id from other tasks
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 
@@ -35,6 +35,7 @@ from edl_argo.master.task_dispatcher import Task, TaskAssignment, TaskDispatcher
 from edl_argo.master.training_stats import TrainingLoss, TrainingReport
 from edl_argo.model.outputs import SINGLE
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
+from edl_argo.readers import OpenedDataset, worker_spec_json
 from edl_argo.rpc.auth import OPERATOR_IDENTITIES, require_identity
 from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
@@ -52,8 +53,9 @@ _TASK_TYPES = {
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
     """Serves workers. ``data_urls`` maps a task type to the dataset root its shards belong to, and
-    ``shard_versions`` (optional) a task type to the version of each shard pinned when the master opened
-    that dataset: every task carries it, and workers read only that version.
+    ``datasets`` (optional) a task type to the dataset the master opened for it: every task then carries
+    the dataset's reader spec, the version of its shard pinned when the dataset was opened (workers read
+    only that version) and where its records lie (:meth:`~edl_argo.readers.OpenedDataset.locate`).
 
     When the dispatcher has nothing left, the final evaluation round is queued before any worker is
     told DONE, so the final model is always evaluated.
@@ -70,7 +72,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         training_loss: TrainingLoss | None = None,
         rendezvous: RendezvousManager | None = None,
         ready_to_finish: Callable[[], bool] = lambda: True,
-        shard_versions: dict[TaskType, dict[str, str]] | None = None,
+        datasets: Mapping[TaskType, OpenedDataset] | None = None,
         finish_training: Callable[[], None] = lambda: None,
         ledger: TrainingLedger | None = None,
         bounds: RequestBounds | None = None,
@@ -85,7 +87,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         on the serving thread: it must not block."""
         self._on_training_report = on_training_report
         self._checks = RequestChecks(bounds or RequestBounds(), current_version)
-        self._shard_versions = shard_versions or {}
+        self._datasets = dict(datasets or {})
+        self._data_specs = {kind: worker_spec_json(data) for kind, data in self._datasets.items()}
         self._finish_training = finish_training
         self._ledger = ledger
         self._training_loss = training_loss or TrainingLoss()
@@ -123,12 +126,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return master_pb2.GetTaskResponse(kind=kind)
 
     def _to_proto(self, task: Task) -> master_pb2.Task:
+        data = self._datasets.get(task.type)
         return master_pb2.Task(
             task_id=task.task_id,
             type=_TASK_TYPES[task.type],
             data_url=self._data_urls[task.type],
+            data_spec=self._data_specs.get(task.type, ""),
+            read_hint=data.locate(task.shard, task.start, task.end) if data is not None else "",
             shard=task.shard,
-            shard_version=self._shard_versions.get(task.type, {}).get(task.shard, ""),
+            shard_version=data.versions.get(task.shard, "") if data is not None else "",
             start=task.start,
             end=task.end,
             epoch=task.epoch,

@@ -31,7 +31,7 @@ MEMBER: StateOrigin
 FRESH: StateOrigin
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "type", "data_url", "shard", "start", "end", "epoch", "model_version", "shard_version")
+    __slots__ = ("task_id", "type", "data_url", "shard", "start", "end", "epoch", "model_version", "shard_version", "data_spec", "read_hint")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     DATA_URL_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,8 @@ class Task(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SHARD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATA_SPEC_FIELD_NUMBER: _ClassVar[int]
+    READ_HINT_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     type: TaskType
     data_url: str
@@ -50,7 +52,9 @@ class Task(_message.Message):
     epoch: int
     model_version: int
     shard_version: str
-    def __init__(self, task_id: _Optional[int] = ..., type: _Optional[_Union[TaskType, str]] = ..., data_url: _Optional[str] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., model_version: _Optional[int] = ..., shard_version: _Optional[str] = ...) -> None: ...
+    data_spec: str
+    read_hint: str
+    def __init__(self, task_id: _Optional[int] = ..., type: _Optional[_Union[TaskType, str]] = ..., data_url: _Optional[str] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., model_version: _Optional[int] = ..., shard_version: _Optional[str] = ..., data_spec: _Optional[str] = ..., read_hint: _Optional[str] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
     __slots__ = ("worker_id", "held_task_ids")

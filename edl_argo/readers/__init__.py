@@ -1,6 +1,7 @@
 """Data readers: every format a job reads, behind one contract (:mod:`edl_argo.readers.base`)."""
 
 from edl_argo.readers.base import (
+    SERIALIZED,
     Column,
     DataFormat,
     OpenedDataset,
@@ -13,10 +14,19 @@ from edl_argo.readers.base import (
     serialized_records,
     slice_records,
 )
-from edl_argo.readers.registry import FORMATS, detect_format, open_data, parse_data_options, range_reader
+from edl_argo.readers.registry import (
+    FORMATS,
+    detect_format,
+    open_data,
+    parse_data_options,
+    range_reader,
+    spec_from_json,
+    worker_spec_json,
+)
 
 __all__ = [
     "FORMATS",
+    "SERIALIZED",
     "Column",
     "DataFormat",
     "OpenedDataset",
@@ -32,4 +42,6 @@ __all__ = [
     "range_reader",
     "serialized_records",
     "slice_records",
+    "spec_from_json",
+    "worker_spec_json",
 ]

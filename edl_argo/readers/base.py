@@ -81,6 +81,10 @@ class RecordSchema:
         return cls(tuple(Column(str(name), str(dtype)) for name, dtype in value))
 
 
+#: The schema of serialized records (RecordIO, TFRecord): one string per record.
+SERIALIZED = RecordSchema()
+
+
 def _numpy(dtype: str) -> np.dtype:
     return np.dtype(object) if dtype == "string" else np.dtype(dtype)
 
@@ -125,7 +129,7 @@ class ReaderSpec:
 
     format: str
     url: str
-    schema: RecordSchema = RecordSchema()
+    schema: RecordSchema = SERIALIZED
     options: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -172,6 +176,7 @@ class OpenedDataset(abc.ABC):
             raise ConfigError(f"{spec.url}: no {spec.format} data there")
         self.spec = spec
         self.shards = tuple(shards)
+        self._reader: RangeReader | None = None
 
     @property
     def format(self) -> str:
@@ -212,10 +217,10 @@ class OpenedDataset(abc.ABC):
 
     def read(self, shard: str, start: int, end: int) -> Records:
         """Records ``[start, end)`` of ``shard`` read here, pinned and located as a worker reads them."""
+        if self._reader is None:
+            self._reader = self.range_reader()
         version = self.versions.get(shard, "")
-        return self.range_reader().read(
-            shard, start, end, version=version, hint=self.locate(shard, start, end)
-        )
+        return self._reader.read(shard, start, end, version=version, hint=self.locate(shard, start, end))
 
 
 class DataFormat(abc.ABC):

@@ -68,6 +68,8 @@ def detect_format(url: str, what: str = "") -> str:
         except (ValueError, AttributeError):
             return "recordio"  # the RecordIO reader names what is wrong with it
     visible = [n for n in names if not any(part[:1] in (".", "_") for part in n.split("/"))]
+    if not visible:  # nothing there, or only what a killed writer left: RecordIO names what is missing
+        return "recordio"
     found = [name for name in FORMATS if name != "sql" and data_format(name).detect(url, visible)]
     if len(found) == 1:
         return found[0]
@@ -107,3 +109,14 @@ def open_data(
 def range_reader(spec: ReaderSpec) -> RangeReader:
     """A worker's reader of the dataset ``spec`` describes."""
     return data_format(spec.format).range_reader(spec)
+
+
+def worker_spec_json(data: OpenedDataset) -> str:
+    """``data``'s reader spec as tasks and worker flags carry it; empty for RecordIO, a worker's default
+    (:func:`spec_from_json`), so a RecordIO job's tasks and pod commands stay as they were."""
+    return "" if data.format == "recordio" else data.spec.to_json()
+
+
+def spec_from_json(text: str, data_url: str) -> ReaderSpec:
+    """The spec a task or flag carries; a RecordIO dataset at ``data_url`` when empty."""
+    return ReaderSpec.from_json(text) if text else ReaderSpec("recordio", data_url)

@@ -28,6 +28,14 @@ def add_model_settings(parser: argparse.ArgumentParser | argparse._ArgumentGroup
             setting.add_to(parser, "train")
 
 
+def add_data_settings(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--data-format`` and ``--data-options``, for the commands that read data without being a role of
+    a job (``evaluate``, ``predict``, ``data inspect``)."""
+    for setting in table.SETTINGS:
+        if setting.group == table.DATA:
+            setting.add_to(parser, "train")
+
+
 def role_arguments(role: str, values: Mapping[str, Any]) -> list[str]:
     """The flags the master gives a ``role`` pod for ``values`` (see :func:`.schema.pod_arguments`)."""
     return pod_arguments(table.SETTINGS, role, values)
@@ -41,6 +49,7 @@ def argo_settings() -> list[Setting]:
 __all__ = [
     "Argo",
     "Setting",
+    "add_data_settings",
     "add_model_settings",
     "add_role_settings",
     "argo_settings",

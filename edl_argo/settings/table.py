@@ -40,6 +40,9 @@ TRAINING = "training"
 CLUSTER = "workers and parameter servers"
 K8S = "kubernetes (with --backend kubernetes)"
 POD = "pod (given by the master)"
+DATA = "data"
+#: The names ``--data-format`` takes (edl_argo.readers.registry.FORMATS, which the settings must not import).
+DATA_FORMATS = ("recordio", "tfrecord", "csv", "parquet", "images", "sql")
 MONITORING = "monitoring"
 #: ``--log-loss-steps``: how often a worker logs its loss, in its own training steps.
 LOG_LOSS_STEPS = 100
@@ -163,7 +166,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--training-data",
         str,
         "",
-        "URL of the training shards: a folder or s3://bucket/prefix",
+        "URL of the training data: a folder, s3://bucket/prefix or one file (RecordIO, TFRecord, CSV, "
+        "Parquet, a folder of class folders of images), or a database URL#table or URL#SELECT ...",
         required=("train",),
         metavar="URL",
         argo=Argo(),
@@ -172,8 +176,28 @@ SETTINGS: tuple[Setting, ...] = (
         "--validation-data",
         str,
         "",
-        "URL of the shards to evaluate on; empty: no evaluation",
+        "URL of the data to evaluate on, in the same forms as --training-data; empty: no evaluation",
         metavar="URL",
+        argo=Argo(),
+    ),
+    Setting(
+        "--data-format",
+        str,
+        "",
+        "format of the data URLs; empty: from the file names (a dataset manifest, .tfrecord[.gz], .csv, "
+        ".parquet, class folders of images, no extension: RecordIO) or the database URL",
+        group=DATA,
+        choices=("", *DATA_FORMATS),
+        argo=Argo(),
+    ),
+    Setting(
+        "--data-options",
+        str,
+        "",
+        'the format\'s options, "k=v;...": columns (read only these), schema (CSV: name:type,...), '
+        "delimiter, fill_missing, key (SQL: a unique key column), labels (images: a CSV of file,label)",
+        group=DATA,
+        metavar='"k=v;..."',
         argo=Argo(),
     ),
     Setting(
@@ -755,6 +779,15 @@ SETTINGS: tuple[Setting, ...] = (
         "host:port of the job's master (a PS without one serves until SIGTERM)",
         roles=("worker", "ps"),
         required=("worker",),
+        group=POD,
+        from_master=True,
+    ),
+    Setting(
+        "--training-data-spec",
+        str,
+        "",
+        "the training data's reader spec as the master opened it (JSON: format, schema, options)",
+        roles=("worker",),
         group=POD,
         from_master=True,
     ),

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from edl_argo.model import Mode, ModelSpec
-from edl_argo.recordio import ShardReader
-from edl_argo.storage import Storage, open_storage
+from edl_argo.proto import master_pb2
+from edl_argo.readers import (
+    SERIALIZED,
+    RangeReader,
+    ReaderSpec,
+    Records,
+    RecordSchema,
+    range_reader,
+    spec_from_json,
+)
 
 #: The first component :func:`python_stream` gives after the generator's last element (never yielded).
 STREAM_END = np.iinfo(np.int64).min
@@ -20,7 +28,8 @@ PREFETCH_MINIBATCHES = 2
 
 
 class RecordSource:
-    """Reads record ranges of shards, one ranged read per range, caching storages and shard indexes.
+    """Reads the record range of a task, through one reader per dataset (:mod:`edl_argo.readers`), each
+    caching what it learns of a shard (an index, an open file's footer, a database engine).
 
     A shard read with a ``version`` (the one the master pinned, sent with the task) is read only in that
     version: :class:`~edl_argo.recordio.ShardChangedError` names it if it was replaced since.
@@ -28,51 +37,82 @@ class RecordSource:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._storages: dict[str, Storage] = {}
-        self._readers: dict[tuple[str, str, str], ShardReader] = {}
+        self._readers: dict[tuple[str, str], RangeReader] = {}
+        self._specs: dict[tuple[str, str], ReaderSpec] = {}
 
-    def reader(self, data_url: str, shard: str, version: str = "") -> ShardReader:
+    def spec(self, task: master_pb2.Task) -> ReaderSpec:
+        """The reader spec of ``task``'s dataset."""
+        key = (task.data_spec, task.data_url)
         with self._lock:
-            key = (data_url, shard, version)
-            if key not in self._readers:
-                if data_url not in self._storages:
-                    self._storages[data_url] = open_storage(data_url)
-                storage = self._storages[data_url]
-                self._readers[key] = ShardReader(storage, shard, version=version or None)
-            return self._readers[key]
+            if key not in self._specs:
+                self._specs[key] = spec_from_json(task.data_spec, task.data_url)
+            return self._specs[key]
 
-    def read(self, data_url: str, shard: str, start: int, end: int, version: str = "") -> list[bytes]:
-        return self.reader(data_url, shard, version).read(start, end)
+    def read(self, task: master_pb2.Task) -> Records:
+        """The records of ``task``: ``[start, end)`` of its shard."""
+        key = (task.data_spec, task.data_url)
+        spec = self.spec(task)
+        with self._lock:
+            if key not in self._readers:
+                self._readers[key] = range_reader(spec)
+            reader = self._readers[key]
+        return reader.read(task.shard, task.start, task.end, version=task.shard_version, hint=task.read_hint)
+
+
+def records_dataset(schema: RecordSchema, records: Sequence[Any]) -> tf.data.Dataset:
+    """``records`` (arrays or tensors, one per :attr:`RecordSchema.dtypes` entry) as the dataset ``feed``
+    receives: one serialized string per element, or a dict of the columns' scalars."""
+    tensors = [_tensor(values, dtype) for values, dtype in zip(records, schema.dtypes, strict=True)]
+    if not schema.columns:
+        return tf.data.Dataset.from_tensor_slices(tensors[0])
+    return tf.data.Dataset.from_tensor_slices(dict(zip(schema.names, tensors, strict=True)))
+
+
+def _tensor(values: Any, dtype: str) -> tf.Tensor:
+    if isinstance(values, tf.Tensor):
+        return values
+    if dtype == "string":
+        return tf.constant(list(values), dtype=tf.string, shape=[len(values)])
+    return tf.constant(values, dtype=tf.as_dtype(dtype))
 
 
 def make_batches(
-    spec: ModelSpec, records: list[bytes], mode: str, minibatch_size: int, metadata: Any = None
+    spec: ModelSpec,
+    records: Records,
+    schema: RecordSchema,
+    mode: str,
+    minibatch_size: int,
+    metadata: Any = None,
 ) -> tf.data.Dataset:
     """Records → ``feed(dataset, mode, metadata)`` → batches of ``minibatch_size``."""
-    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(records, dtype=tf.string))
-    dataset = spec.feed(dataset, mode, metadata)
+    dataset = spec.feed(records_dataset(schema, records), mode, metadata)
     return dataset.batch(minibatch_size).prefetch(1)
 
 
 def stream_batches(
     spec: ModelSpec,
-    tasks: Callable[[], Iterator[tuple[int, Any]]],
+    tasks: Callable[[], Iterator[tuple[Any, ...]]],
     minibatch_size: int,
+    schema: RecordSchema = SERIALIZED,
     metadata: Any = None,
 ) -> tf.data.Dataset:
-    """One training input pipeline for a whole job: ``tasks()`` yields ``(seq, records)`` per task; each
-    task's records go through ``feed(dataset, TRAINING, metadata)`` (traced once, for every task) and are
-    batched on their own, so that no minibatch holds records of two tasks.
+    """One training input pipeline for a whole job: ``tasks()`` yields ``(seq, *records)`` per task (the
+    records in ``schema``); each task's records go through ``feed(dataset, TRAINING, metadata)`` (traced
+    once, for every task) and are batched on their own, so that no minibatch holds records of two tasks.
 
     Elements are ``(seq, item)``: ``item`` (a :class:`tf.experimental.Optional`) holds a minibatch of task
     ``seq``, or nothing after a task's last minibatch. Maps run in parallel (tf.data's map parallelization)
     and :data:`PREFETCH_MINIBATCHES` minibatches are prefetched, across task boundaries. The dataset is
     meant to be iterated once (:func:`python_stream`).
     """
-    tasks_dataset = python_stream(tasks, (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string)))
+    signature = (
+        tf.TensorSpec([], tf.int64),
+        *(tf.TensorSpec([None], tf.as_dtype(dtype)) for dtype in schema.dtypes),
+    )
+    tasks_dataset = python_stream(tasks, signature)
 
-    def task_batches(seq: tf.Tensor, records: tf.Tensor) -> tf.data.Dataset:
-        fed = spec.feed(tf.data.Dataset.from_tensor_slices(records), Mode.TRAINING, metadata)
+    def task_batches(seq: tf.Tensor, *records: tf.Tensor) -> tf.data.Dataset:
+        fed = spec.feed(records_dataset(schema, records), Mode.TRAINING, metadata)
         batches = fed.batch(minibatch_size)
         end = tf.experimental.Optional.empty(batches.element_spec)
         return batches.map(lambda *batch: (seq, tf.experimental.Optional.from_value(batch))).concatenate(

@@ -50,6 +50,7 @@ from edl_argo.model.outputs import (
 )
 from edl_argo.model.user_code import ModelError, error_line, mark, model_error_of
 from edl_argo.proto import master_pb2
+from edl_argo.readers import SERIALIZED, ReaderSpec, RecordSchema
 from edl_argo.recordio import ShardChangedError
 from edl_argo.rpc.master_watch import PROBE_SECONDS, MasterWatch
 from edl_argo.rpc.tls import load_tls_dir
@@ -157,9 +158,12 @@ class Worker:
         nan_loss: str = "fail",
         nan_gradients: str = "fail",
         log_loss_steps: int = 0,
+        training_schema: RecordSchema = SERIALIZED,
     ) -> None:
         """``log_loss_steps``: log the mean loss of every so many training steps of this worker (0: never;
-        :meth:`_log_loss`)."""
+        :meth:`_log_loss`). ``training_schema``: what a record of the training data is (serialized
+        records, or a row of columns), which the input pipeline is built for."""
+        self._training_schema = training_schema
         self.worker_id = worker_id
         self._log_loss_steps = log_loss_steps
         self._loss_steps = 0  # training steps of this worker since it started
@@ -190,10 +194,12 @@ class Worker:
 
         STEP_TIMERS.bind()
         self._timers_at = STEP_TIMERS.totals()
-        stream = TaskStream(self._master, self._source)
+        stream = TaskStream(self._master, self._source, self._training_schema)
         reporter = self._reporter = TaskReporter(on_failure=stream.close)
         try:
-            elements = iter(stream_batches(self._spec, stream.generate, self._minibatch_size))
+            elements = iter(
+                stream_batches(self._spec, stream.generate, self._minibatch_size, self._training_schema)
+            )
         except Exception as error:  # the model's input function, traced once here, raised
             try:
                 self._fail_on_input_function(error)
@@ -357,7 +363,10 @@ class Worker:
                 if progress.error is not None:
                     raise progress.error
                 return self._trained(task, progress)
-            batches = make_batches(self._spec, streamed.records, _MODES[task.type], self._minibatch_size)
+            schema = self._source.spec(task).schema
+            batches = make_batches(
+                self._spec, streamed.records, schema, _MODES[task.type], self._minibatch_size
+            )
             if task.type == master_pb2.EVALUATION:
                 return self._evaluate(task, batches)
             return self._predict(task, batches)
@@ -528,6 +537,17 @@ def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.nd
     return key
 
 
+def training_schema(data_spec: str) -> RecordSchema:
+    """The schema of ``--training-data-spec`` (serialized records without one); ConfigError if it is not
+    a spec's JSON."""
+    if not data_spec:
+        return SERIALIZED
+    try:
+        return ReaderSpec.from_json(data_spec).schema
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"--training-data-spec is not a reader spec: {error}") from None
+
+
 def run_worker(args: argparse.Namespace) -> int:
     tls = load_tls_dir(args.tls_dir) if args.tls_dir else None  # a bad file fails before TensorFlow loads
     from edl_argo.worker.allreduce_replica import AllreduceReplica  # TensorFlow: see edl_argo.cli
@@ -577,6 +597,7 @@ def run_worker(args: argparse.Namespace) -> int:
         nan_loss=args.nan_loss,
         nan_gradients=args.nan_gradients,
         log_loss_steps=args.log_loss_steps,
+        training_schema=training_schema(args.training_data_spec),
     )
     try:
         worker.run()

@@ -22,11 +22,10 @@ import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import numpy as np
+from typing import Any, Protocol
 
 from edl_argo.proto import master_pb2
+from edl_argo.readers import SERIALIZED, Records, RecordSchema
 from edl_argo.worker.data import RecordSource
 
 #: The ``seq`` of "the master has no task now" (a real task's seq is >= 0).
@@ -48,16 +47,20 @@ class StreamedTask:
 
     seq: int
     task: master_pb2.Task
-    records: list[bytes] = field(default_factory=list)
+    records: Records = field(default_factory=tuple)
     error: Exception | None = None
 
 
 class TaskStream:
     """Tasks from the master, ``ahead`` of the one being run (see the module docstring)."""
 
-    def __init__(self, master: TaskSource, source: RecordSource, ahead: int = 1) -> None:
+    def __init__(
+        self, master: TaskSource, source: RecordSource, schema: RecordSchema = SERIALIZED, ahead: int = 1
+    ) -> None:
+        """``schema``: what the training data's records are (the stream's elements after ``seq``)."""
         self._master = master
         self._source = source
+        self._schema = schema
         self._ahead = ahead
         self._cond = threading.Condition()
         self._held: dict[int, StreamedTask] = {}
@@ -67,9 +70,9 @@ class TaskStream:
         #: Why the stream ended early (asking the master failed), or None.
         self.failure: BaseException | None = None
 
-    def generate(self) -> Iterator[tuple[int, np.ndarray]]:
-        """``(seq, records)`` per task, and ``(WAIT_SEQ, [])`` while the master has none (see the module
-        docstring). Never raises: a failed read is :attr:`StreamedTask.error`, a failed master call
+    def generate(self) -> Iterator[tuple[Any, ...]]:
+        """``(seq, *records)`` per task, and ``(WAIT_SEQ, *no records)`` while the master has none (see the
+        module docstring). Never raises: a failed read is :attr:`StreamedTask.error`, a failed master call
         :attr:`failure`."""
         while True:
             with self._cond:
@@ -88,20 +91,18 @@ class TaskStream:
             if response.kind != master_pb2.GetTaskResponse.TASK:
                 with self._cond:
                     self._waiting = True
-                yield WAIT_SEQ, _records([])
+                yield WAIT_SEQ, *self._schema.empty()
                 continue
             streamed = StreamedTask(next(self._seqs), response.task)
             task = response.task
             try:
-                streamed.records = self._source.read(
-                    task.data_url, task.shard, task.start, task.end, task.shard_version
-                )
+                streamed.records = self._source.read(task)
             except Exception as error:  # the worker reports the task failed (or the job, if fatal)
                 streamed.error = error
             with self._cond:
                 self._held[streamed.seq] = streamed
             training = task.type == master_pb2.TRAINING and streamed.error is None
-            yield streamed.seq, _records(streamed.records if training else [])
+            yield streamed.seq, *(streamed.records if training else self._schema.empty())
 
     def task(self, seq: int) -> StreamedTask:
         """The task streamed as ``seq`` (until it is :meth:`finished`)."""
@@ -125,9 +126,3 @@ class TaskStream:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-
-def _records(records: list[bytes]) -> np.ndarray:
-    array = np.empty(len(records), dtype=object)
-    array[:] = records
-    return array
