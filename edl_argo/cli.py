@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cleanup": ("edl_argo.pods.cleanup", "delete a Kubernetes job's pods, Services and NetworkPolicy"),
     "templates": ("edl_argo.hera.render", "render templates/ (WorkflowTemplates, RBAC) from components/"),
     "pipeline": ("edl_argo.pipeline.commands", "run a pipeline here, render it, or submit it to Argo"),
+    "sql": ("edl_argo.sqlflow.command", "run a SQLFlow statement (SELECT ... TO TRAIN|PREDICT|EVALUATE)"),
 }
 
 

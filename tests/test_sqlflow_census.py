@@ -1,0 +1,223 @@
+"""SQLFlow statements on a census-like table in each database (edl_argo/sqlflow/command.py).
+
+The detailed test trains in this process through the same generated model file (the contract's
+functions), published as a job publishes it, so that it is fast and deterministic; TO PREDICT and TO
+EVALUATE then run exactly as the command runs them. ``test_to_train_runs_a_job`` runs the real local job
+(master, PS, workers reading the SELECT through the SQL reader) and predicts with its model.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+import tensorflow as tf
+from sql_helpers import DATABASES, Tables, tables_of
+
+from edl_argo.errors import ConfigError
+from edl_argo.master.export import publish_model
+from edl_argo.model import Mode
+from edl_argo.readers import open_data
+from edl_argo.sqlflow import command
+from edl_argo.sqlflow.parser import parse
+from edl_argo.sqlflow.premade import PremadeModel
+from edl_argo.storage import open_storage
+
+db = pytest.fixture(params=DATABASES)(tables_of)
+ROWS = 2000
+
+
+def make_census(db: Tables, rows: int = ROWS, seed: int = 11) -> str:
+    """age, workclass, education, hours_per_week and an income label computed from them with noise."""
+    table = db.name("census")
+    db.execute(
+        f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, age INTEGER, workclass VARCHAR(20), "
+        "education VARCHAR(20), hours_per_week DOUBLE PRECISION, income INTEGER)"
+    )
+    rng = random.Random(seed)
+    values = []
+    for i in range(rows):
+        age = rng.randint(18, 80)
+        workclass = rng.choice(["Private", "Self-emp", "State-gov", "Federal-gov"])
+        education = rng.choice(["HS-grad", "Some-college", "Bachelors", "Masters", "Doctorate"])
+        hours = round(rng.uniform(10, 70), 1)
+        score = (age - 42) / 12 + (hours - 40) / 12 + {"Masters": 1.0, "Doctorate": 1.5}.get(education, 0.0)
+        score += 0.8 if workclass == "Self-emp" else 0.0
+        income = int(score + rng.gauss(0, 0.35) > 0.5)
+        values.append({"id": i, "age": age, "w": workclass, "e": education, "h": hours, "income": income})
+    db.execute(
+        f"INSERT INTO {table} (id, age, workclass, education, hours_per_week, income) "
+        "VALUES (:id, :age, :w, :e, :h, :income)",
+        values,
+    )
+    return table
+
+
+def train_here(plan: command.TrainPlan, db_url: str, select: str, model_dir: str, epochs: int = 6) -> None:
+    """Train the plan's model file in this process and publish it where the job would (``<dir>/model``)."""
+    namespace: dict = {}
+    exec(compile(plan.model_file, "sqlflow_model.py", "exec"), namespace)
+    premade: PremadeModel = namespace["_MODEL"]
+    opened = open_data(f"{db_url}#{select}", "sql", {})
+    records = opened.read("0", 0, opened.shards[0].records)
+    tensors = {
+        n: tf.constant(a.astype(str) if a.dtype == object else a)
+        for n, a in zip(opened.schema.names, records, strict=True)
+    }
+    dataset = premade.feed(tf.data.Dataset.from_tensor_slices(tensors), Mode.TRAINING).shuffle(4096, seed=1)
+    model = premade.custom_model()
+    optimizer = premade.optimizer()
+    for _ in range(epochs):
+        for features, labels in dataset.batch(64):
+            with tf.GradientTape() as tape:
+                loss = premade.loss(labels, model(features, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    storage = open_storage(model_dir)
+    storage.write(command.MODEL_FILE, plan.model_file.encode())
+    publish_model(storage, model, {}, {})
+
+
+def rows_of(db: Tables, table: str) -> list[dict]:
+    with db.engine.connect() as connection:
+        return [dict(row._mapping) for row in connection.execute(sa.text(f"SELECT * FROM {table}"))]
+
+
+def has_table(db: Tables, table: str) -> bool:
+    return sa.inspect(db.engine).has_table(table)
+
+
+def test_train_predict_evaluate_on_a_census_table(db: Tables, tmp_path: Path) -> None:
+    train_table, test_table = make_census(db), make_census(db, rows=500, seed=12)
+    models = str(tmp_path / "models")
+    statement = parse(
+        f"SELECT * FROM {train_table} TO TRAIN DNNClassifier WITH model.hidden_units=[32, 16], "
+        "model.learning_rate=0.01, train.epoch=2, train.batch_size=64, train.key=id "
+        f"COLUMN age, NUMERIC(hours_per_week), CATEGORY_ID(workclass, 16), "
+        f"EMBEDDING(CATEGORY_ID(education, 8), 4) LABEL income INTO census_model"
+    )
+    plan = command.plan_training(statement, db.url, models)
+    assert plan.argv[:6] == [
+        "--training-data",
+        f"{db.url}#SELECT * FROM {train_table}",
+        "--model-def",
+        f"{models}/census_model/{command.MODEL_FILE}",
+        "--output",
+        f"{models}/census_model",
+    ]
+    assert plan.argv[6:] == ["--data-options", "key=id", "--num-epochs", "2", "--minibatch-size", "64"]
+    train_here(plan, db.url, f"SELECT * FROM {train_table}", f"{models}/census_model")
+
+    pred = db.name("pred")
+    written = command.predict_statement(
+        parse(
+            f"SELECT id, age, workclass, education, hours_per_week FROM {test_table} "
+            f"TO PREDICT {pred}.income USING census_model"
+        ),
+        db.url,
+        models,
+    )
+    assert written == 500
+    predicted = {row["id"]: row["income"] for row in rows_of(db, pred)}
+    truth = {row["id"]: row["income"] for row in rows_of(db, test_table)}
+    assert sorted(predicted) == sorted(truth)
+    accuracy = np.mean([predicted[i] == truth[i] for i in truth])
+    assert accuracy >= 0.8, accuracy
+    assert set(rows_of(db, pred)[0]) == {"id", "age", "workclass", "education", "hours_per_week", "income"}
+
+    evaluation = db.name("eval")
+    metrics = command.evaluate_statement(
+        parse(
+            f'SELECT * FROM {test_table} TO EVALUATE census_model WITH validation.metrics="Accuracy" '
+            f"LABEL income INTO {evaluation}"
+        ),
+        db.url,
+        models,
+    )
+    assert metrics["records"] == 500 and metrics["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    (row,) = rows_of(db, evaluation)
+    assert row["accuracy"] == pytest.approx(accuracy, abs=1e-6) and row["records"] == 500
+
+    again = parse(f"SELECT * FROM {test_table} TO PREDICT {pred}.income USING census_model")
+    with pytest.raises(ConfigError, match=rf"TO PREDICT {pred}: the table exists; .*predict\.overwrite=true"):
+        command.predict_statement(again, db.url, models)
+    overwrite = parse(
+        f"SELECT * FROM {test_table} WHERE age > 30 TO PREDICT {pred}.guess WITH predict.overwrite=true "
+        "USING census_model"
+    )
+    count = command.predict_statement(overwrite, db.url, models)
+    assert len(rows_of(db, pred)) == count < 500 and "guess" in rows_of(db, pred)[0]
+
+
+def test_a_failing_predict_leaves_no_table(db: Tables, tmp_path: Path, monkeypatch) -> None:
+    table = make_census(db, rows=300)
+    models = str(tmp_path / "models")
+    statement = parse(f"SELECT * FROM {table} TO TRAIN DNNClassifier LABEL income INTO m")
+    train_here(
+        command.plan_training(statement, db.url, models),
+        db.url,
+        f"SELECT * FROM {table}",
+        f"{models}/m",
+        epochs=1,
+    )
+    monkeypatch.setattr(command, "READ_RANGE", 100)
+    calls = []
+    original = command.ResultTable.insert
+
+    def failing_insert(self, columns):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the database went away")
+        original(self, columns)
+
+    monkeypatch.setattr(command.ResultTable, "insert", failing_insert)
+    pred = db.name("pred")
+    with pytest.raises(RuntimeError, match="went away"):
+        command.predict_statement(
+            parse(f"SELECT * FROM {table} TO PREDICT {pred}.income USING m"), db.url, models
+        )
+    names = sa.inspect(db.engine).get_table_names()
+    assert not [n for n in names if n.startswith(pred)]
+
+
+def test_statement_errors_before_anything_starts(tmp_path: Path) -> None:
+    tables = Tables(f"sqlite:///{tmp_path / 'c.db'}")
+    table = make_census(tables, rows=50)
+    models = str(tmp_path / "models")
+    cases = {
+        "WITH train.epochs=2 LABEL income": "TO TRAIN: unknown attribute train.epochs",
+        "WITH model.hidden=[3] LABEL income": "TO TRAIN DNNClassifier: unknown attribute model.hidden",
+        "LABEL salary": "LABEL: no column 'salary' in the SELECT",
+        "COLUMN CATEGORY_ID(workclass, 2) LABEL income": "COLUMN: CATEGORY_ID(workclass, 2): the column has",
+        "LABEL workclass": "LABEL workclass: a classifier's label must be an integer class id",
+        'WITH validation.metrics="AUC" LABEL income': "WITH validation.metrics: 'AUC' is not one",
+    }
+    for clause, message in cases.items():
+        statement = parse(f"SELECT * FROM {table} TO TRAIN DNNClassifier {clause} INTO m")
+        with pytest.raises(ConfigError) as caught:
+            command.plan_training(statement, tables.url, models)
+        assert str(caught.value).startswith(message), str(caught.value)
+    with pytest.raises(ConfigError, match="USING nothing: no model trained by TO TRAIN"):
+        command.predict_statement(
+            parse(f"SELECT * FROM {table} TO PREDICT p.x USING nothing"), tables.url, models
+        )
+    tables.drop_all()
+
+
+def test_to_train_runs_a_job(db: Tables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # local pods import edl_argo from this checkout (the venv may hold another checkout's)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    table = make_census(db)
+    models = str(tmp_path / "models")
+    statement = parse(f"SELECT * FROM {table} TO TRAIN DNNClassifier WITH train.epoch=2 LABEL income INTO m")
+    assert (
+        command.run_train_statement(statement, db.url, models, ["--num-workers", "1", "--num-ps", "1"]) == 0
+    )
+    pred = db.name("pred")
+    command.predict_statement(
+        parse(f"SELECT * FROM {table} TO PREDICT {pred}.income USING m"), db.url, models
+    )
+    assert len(rows_of(db, pred)) == ROWS
