@@ -20,19 +20,6 @@ from edl_argo.recordio.reader import ShardChangedError
 from edl_argo.storage import open_storage
 
 
-@pytest.fixture(autouse=True)
-def _present_formats(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Detection asks every registered format; leave out those whose modules are not written yet."""
-    import importlib.util
-
-    present = {
-        name: target
-        for name, target in registry.FORMATS.items()
-        if importlib.util.find_spec(target.partition(":")[0]) is not None
-    }
-    monkeypatch.setattr(registry, "FORMATS", present)
-
-
 def _rows(count: int, seed: int) -> list[tuple[int, float, str]]:
     rng = random.Random(seed)
     texts = ["plain", 'a "quoted" word', "two\nlines", "comma, inside", "three\nline\nfield", "", "üñí"]

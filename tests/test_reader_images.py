@@ -3,7 +3,6 @@ shards of files, pinned file versions carried in the hint."""
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 import zlib
 from pathlib import Path
@@ -16,17 +15,6 @@ from edl_argo.readers import registry
 from edl_argo.readers.base import OpenedDataset, ReaderSpec
 from edl_argo.recordio.reader import ShardChangedError
 from edl_argo.storage import open_storage
-
-
-@pytest.fixture(autouse=True)
-def _present_formats(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Detection asks every registered format; leave out those whose modules are not written yet."""
-    present = {
-        name: target
-        for name, target in registry.FORMATS.items()
-        if importlib.util.find_spec(target.partition(":")[0]) is not None
-    }
-    monkeypatch.setattr(registry, "FORMATS", present)
 
 
 def png(width: int, height: int, shade: int) -> bytes:

@@ -3,7 +3,6 @@ through ranged reads of pinned versions, Arrow types as column types, nulls, pro
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import itertools
 import random
@@ -19,17 +18,6 @@ from edl_argo.readers import parquet_files, registry
 from edl_argo.readers.base import OpenedDataset, ReaderSpec
 from edl_argo.recordio.reader import ShardChangedError
 from edl_argo.storage import open_storage
-
-
-@pytest.fixture(autouse=True)
-def _present_formats(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Detection asks every registered format; leave out those whose modules are not written yet."""
-    present = {
-        name: target
-        for name, target in registry.FORMATS.items()
-        if importlib.util.find_spec(target.partition(":")[0]) is not None
-    }
-    monkeypatch.setattr(registry, "FORMATS", present)
 
 
 def _table(count: int, seed: int) -> pa.Table:

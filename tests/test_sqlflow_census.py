@@ -207,9 +207,7 @@ def test_statement_errors_before_anything_starts(tmp_path: Path) -> None:
     tables.drop_all()
 
 
-def test_to_train_runs_a_job(db: Tables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # local pods import edl_argo from this checkout (the venv may hold another checkout's)
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+def test_to_train_runs_a_job(db: Tables, tmp_path: Path) -> None:
     table = make_census(db)
     models = str(tmp_path / "models")
     statement = parse(f"SELECT * FROM {table} TO TRAIN DNNClassifier WITH train.epoch=2 LABEL income INTO m")
