@@ -1,7 +1,9 @@
 """The test databases: SQLite (embedded), and the PostgreSQL and MariaDB servers of the test host or CI.
 
-``EDL_TEST_POSTGRES_URL`` / ``EDL_TEST_MYSQL_URL`` override the server URLs; a server not reachable within
-2 s skips its tests with a reason naming it. Every test makes uniquely named tables and drops them.
+``EDL_TEST_POSTGRES_URL`` / ``EDL_TEST_MYSQL_URL`` name the server URLs. Without them the default local
+servers are tried, and one not reachable within 2 s skips its tests with a reason naming it (a machine
+without the servers runs the SQLite cases); with them (``.ci/run`` sets both), an unreachable server fails
+its tests. Every test makes uniquely named tables and drops them.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import sqlalchemy as sa
 from edl_argo.readers.sql import database_url
 
 DATABASES = ("sqlite", "postgresql", "mysql")
+SERVER_ENV = {"postgresql": "EDL_TEST_POSTGRES_URL", "mysql": "EDL_TEST_MYSQL_URL"}
 SERVER_URLS = {
-    "postgresql": os.environ.get("EDL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-    "mysql": os.environ.get("EDL_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
+    "postgresql": os.environ.get(SERVER_ENV["postgresql"], "postgresql://postgres@127.0.0.1:5432/test"),
+    "mysql": os.environ.get(SERVER_ENV["mysql"], "mysql+pymysql://root@127.0.0.1:3306/test"),
 }
 
 
@@ -43,6 +46,8 @@ def database_for(name: str, tmp_path: Path) -> str:
     if name == "sqlite":
         return f"sqlite:///{tmp_path / 'test.db'}"
     reason = unreachable(name)
+    if reason and os.environ.get(SERVER_ENV[name]):
+        pytest.fail(f"{reason} ({SERVER_ENV[name]} names it, so it must be there)")
     if reason:
         pytest.skip(reason)
     return SERVER_URLS[name]
