@@ -1,15 +1,17 @@
 """The same rows in every format train the same model (issue 33's "same model" goal).
 
 One table of rows is written as RecordIO, TFRecord (by TensorFlow's own writer), CSV, Parquet and a SQLite
-table. A job of one worker and one PS, without shuffling, trains on each; every variable of the exported
-``model.keras`` must be bit-identical across formats (each format delivers the same records in the same
-order, so the PS applies the same gradients in the same order), and every record is trained once per
-epoch (the ledger's counts at both ends).
+table (read in the order of its key column, ``--data-options key=id``). A job of one worker and one PS,
+without shuffling, trains on each; every variable of the exported ``model.keras`` must be bit-identical
+across formats (each format delivers the same records in the same order, so the PS applies the same
+gradients in the same order), and every record is trained once per epoch (the ledger's counts at both
+ends).
 """
 
 from __future__ import annotations
 
 import csv
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +80,18 @@ def write_formats(root: Path) -> dict[str, str]:
         row_group_size=100,
     )
     urls["parquet"] = str(root / "parquet")
+    with sqlite3.connect(root / "rows.db") as connection:
+        connection.execute(
+            "CREATE TABLE rows (id INTEGER PRIMARY KEY, f0 REAL, f1 REAL, f2 REAL, f3 REAL, label INTEGER)"
+        )
+        connection.executemany(
+            "INSERT INTO rows VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (i, *map(float, row), int(label))
+                for i, (row, label) in enumerate(zip(features, labels, strict=True))
+            ],
+        )
+    urls["sql"] = f"sqlite:///{root / 'rows.db'}#rows"
     return urls
 
 
@@ -89,7 +103,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[np
     root = tmp_path_factory.mktemp("formats")
     results = {}
     for name, url in write_formats(root).items():
-        assert open_data(url).format == name  # found from the file names
+        options = "key=id" if name == "sql" else ""
+        assert open_data(url, options={"key": "id"} if options else None).format == name  # found from the URL
         output = root / f"out-{name}"
         config = TrainConfig(
             model_def=MODEL,
@@ -102,6 +117,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[np
             num_minibatches_per_task=2,
             num_workers=1,
             num_ps=1,
+            data_options=options,
         )
         metrics = TrainingJob.load(config).run()
         model = keras.saving.load_model(model_dir(output) / KERAS_FILE, compile=False)
