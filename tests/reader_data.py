@@ -12,11 +12,16 @@ from edl_argo.data.examples import decode_example
 
 #: The file formats a digits dataset is written in by :func:`write_digits_as`.
 FILE_FORMATS = ("tfrecord", "csv", "parquet")
-PIXELS = tuple(f"p{i}" for i in range(64))
+
+
+def pixel_columns(count: int) -> tuple[str, ...]:
+    """The column names of an image's ``count`` pixels in a table: ``p0``, ``p1``, ..."""
+    return tuple(f"p{i}" for i in range(count))
 
 
 def digits_table(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """The digits records (``tf.train.Example``) as a float32 pixel matrix and int64 labels."""
+    """Image records (``tf.train.Example`` with ``image`` floats and ``label``: the digits, or the
+    benchmarks' MNIST-style images) as a float32 pixel matrix and int64 labels."""
     decoded = [decode_example(record) for record in records]
     pixels = np.array([d["image"] for d in decoded], dtype=np.float32)
     labels = np.array([d["label"][0] for d in decoded], dtype=np.int64)
@@ -24,7 +29,8 @@ def digits_table(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_records_as(fmt: str, folder: Path, records: list[bytes], files: int) -> None:
-    """``records`` (digits examples) into ``folder`` as ``files`` files of format ``fmt``, in order."""
+    """``records`` (image examples, :func:`digits_table`) into ``folder`` as ``files`` files of format
+    ``fmt``, in order; a table has one column per pixel (:func:`pixel_columns`) and ``label``."""
     folder.mkdir(parents=True, exist_ok=True)
     parts = np.array_split(np.arange(len(records)), files)
     for number, part in enumerate(parts):
@@ -38,10 +44,11 @@ def write_records_as(fmt: str, folder: Path, records: list[bytes], files: int) -
                     writer.write(record)
             continue
         pixels, labels = digits_table(chosen)
+        columns = pixel_columns(pixels.shape[1])
         if fmt == "csv":
             with open(str(path) + ".csv", "w", newline="") as file:
                 writer = csv.writer(file)
-                writer.writerow([*PIXELS, "label"])
+                writer.writerow([*columns, "label"])
                 writer.writerows(
                     [*(repr(float(v)) for v in row), int(y)] for row, y in zip(pixels, labels, strict=True)
                 )
@@ -49,9 +56,9 @@ def write_records_as(fmt: str, folder: Path, records: list[bytes], files: int) -
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            columns = {name: pa.array(pixels[:, i]) for i, name in enumerate(PIXELS)}
+            arrays = {name: pa.array(pixels[:, i]) for i, name in enumerate(columns)}
             pq.write_table(
-                pa.table({**columns, "label": pa.array(labels)}), str(path) + ".parquet", row_group_size=128
+                pa.table({**arrays, "label": pa.array(labels)}), str(path) + ".parquet", row_group_size=128
             )
         else:
             raise ValueError(f"no writer for {fmt}")

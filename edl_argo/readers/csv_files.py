@@ -394,6 +394,7 @@ def _given_types(value: Any, header: list[str], url: str) -> dict[str, str]:
 
 class CsvFormat(DataFormat):
     name = "csv"
+    options = ("delimiter", "columns", "schema", "fill_missing")
 
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
         delimiter = csv_delimiter(options.get("delimiter", ","))

@@ -217,6 +217,7 @@ class OpenedImages(OpenedDataset):
 
 class ImageFolderFormat(DataFormat):
     name = "images"
+    options = ("labels", "files_per_shard")
 
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
         plan = plan_images(url, options, what)

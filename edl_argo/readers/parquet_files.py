@@ -227,6 +227,7 @@ class OpenedParquet(OpenedDataset):
 
 class ParquetFormat(DataFormat):
     name = "parquet"
+    options = ("columns", "fill_missing")
 
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
         listing = list_data_files(url, _is_parquet, what)

@@ -94,8 +94,15 @@ def open_data(
 ) -> OpenedDataset:
     """Open the dataset at ``url`` in format ``fmt`` (detected if empty) for planning."""
     name = fmt or detect_format(url, what)
+    chosen = data_format(name)
+    unknown = sorted(set(options or {}) - set(chosen.options))
+    if unknown:
+        accepted = ", ".join(chosen.options) or "none"
+        raise ConfigError(
+            f"--data-options {', '.join(unknown)}: not an option of {name} data (it takes: {accepted})"
+        )
     try:
-        return data_format(name).open(url, dict(options or {}), what)
+        return chosen.open(url, dict(options or {}), what)
     except (ConfigError, DataFormatError, StorageError):
         raise
     except (OSError, ValueError) as error:

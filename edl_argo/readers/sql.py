@@ -228,11 +228,6 @@ class SqlTable:
     engine, with database errors turned into one-line messages naming the URL."""
 
     def __init__(self, source: SqlSource, options: dict[str, Any], what: str = "") -> None:
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise ConfigError(
-                f"--data-options {', '.join(unknown)}: not an option of SQL datasets ({', '.join(_OPTIONS)})"
-            )
         self.source = source
         self.what = what
         self.key = str(options.get("key", "")).strip()
@@ -454,6 +449,7 @@ class SqlFormat(DataFormat):
     """``--data-format sql``: tables and queries of SQL databases (see the module's docstring)."""
 
     name = "sql"
+    options = _OPTIONS
 
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
         source = SqlSource.parse(url, what)

@@ -48,11 +48,14 @@ NAMES = (
     "allreduce_cnn",
     "allreduce_recovery",
     "k8s_relaunch",
+    "readers_s3",
+    "readers_memory",
 )
 GROUPS = {
     "recordio": NAMES[:2],
     "training": NAMES[4:8],
     "allreduce": tuple(name for name in NAMES if name.startswith("allreduce_")),
+    "readers": ("readers_s3", "readers_memory"),
 }
 
 
@@ -62,6 +65,7 @@ def benchmarks() -> dict[str, Benchmark]:
     from tests.bench.csv_convert import csv_convert
     from tests.bench.dispatch import dispatch
     from tests.bench.k8s_relaunch import k8s_relaunch
+    from tests.bench.readers import readers_memory, readers_s3
     from tests.bench.recordio_bench import recordio_local, recordio_s3
     from tests.bench.stability import training_stability
     from tests.bench.training import training_cnn, training_ctr, training_digits
@@ -79,6 +83,8 @@ def benchmarks() -> dict[str, Benchmark]:
         "allreduce_cnn": allreduce_cnn,
         "allreduce_recovery": allreduce_recovery,
         "k8s_relaunch": k8s_relaunch,
+        "readers_s3": readers_s3,
+        "readers_memory": readers_memory,
     }
 
 

@@ -1,0 +1,194 @@
+"""The data readers measured (``make bench``): the worker's input wait when the MNIST-style CNN trains from
+each file format on S3, and the memory of indexing and reading a large CSV or Parquet file.
+
+``readers_s3``: the same generated records as RecordIO, TFRecord, CSV (one column per pixel) and Parquet
+files on the S3 stand-in; one local job (1 worker + 1 PS, sync) per format, timed windows as in the
+training benchmarks; the worker's input wait (``STEP_TIMERS`` "input": time its training loop waited for
+the next minibatch) as a share of its step. The goal is issue 33's: under 5% for every format.
+
+``readers_memory``: a child process generates a CSV and a Parquet file of ``--quick``-dependent size (1 GiB
+in full mode), then opens each through its reader (the master's index) and reads every record through the
+worker's ranged reads, 4,096 rows at a time; it reports its peak resident memory above what it held after
+importing the readers (``ru_maxrss`` before and after). The goal: under 300 MB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.bench.common import ROOT, BenchContext, BenchResult, Goal, Stat, child_env
+from tests.bench.data import mnist_like_records
+from tests.bench.training import MODELS, ModelCase, OurJob, Timing
+from tests.reader_data import write_records_as
+
+FORMATS = ("recordio", "tfrecord", "csv", "parquet")
+INPUT_WAIT_CEILING = 5.0
+MEMORY_CEILING_MB = 300.0
+CNN_ANY_FORMAT = ModelCase(
+    name="readers_s3",
+    title="MNIST-style CNN fed from each file format",
+    model_def=MODELS / "mnist_cnn_columns.py",
+    num_ps=1,
+    records=lambda quick: mnist_like_records(1024 if quick else 4096),
+)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _upload(local: Path, storage: object, prefix: str) -> None:
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        storage.write_file(f"{prefix}/{path.relative_to(local).as_posix()}", path)  # type: ignore[attr-defined]
+
+
+def readers_s3(ctx: BenchContext) -> BenchResult:
+    """Input wait of the CNN job per file format, read from the S3 stand-in."""
+    from edl_argo.data.commands import write_dataset
+    from edl_argo.recordio import Compressor
+    from edl_argo.storage import LocalStorage, S3Storage
+    from tests.s3_stand_in import S3StandIn
+
+    folder = ctx.folder("readers_s3")
+    records = CNN_ANY_FORMAT.records(ctx.quick)
+    timing = Timing.of(ctx)
+    repeats = 1 if ctx.quick else ctx.repeats
+    result = BenchResult(
+        name="readers_s3",
+        title="Data readers: the CNN's input wait per file format, read from S3 (the stand-in, on loopback)",
+        method=(
+            f"{len(records):,} generated 28×28 records (`mnist_like_records`) written as 4 files of each "
+            "format (CSV and Parquet: one float column per pixel and `label`) to the S3 stand-in; model "
+            "file `tests/bench/models/mnist_cnn_columns.py` (the CNN benchmark's model, its columns stacked "
+            f"per 256 rows); one local job per format, 1 worker + 1 PS, sync, batch 64, {repeats} timed "
+            f"window(s) of ≥ {timing.target_seconds:g} s after a warm-up. Input wait: the worker's wait for "
+            "its next minibatch, as a share of its step."
+        ),
+        columns=["format", "examples/s", "input wait (% of step)", "bytes on S3"],
+    )
+    bucket = "bench"
+    with S3StandIn() as server, _environment({**server.env(), "AWS_SESSION_TOKEN": ""}):
+        server.create_bucket(bucket)
+        storage = S3Storage(f"s3://{bucket}")
+        for fmt in FORMATS:
+            local = folder / fmt
+            if fmt == "recordio":
+                write_dataset(LocalStorage(local), "", records, 4, Compressor.SNAPPY, overwrite=False)
+            else:
+                write_records_as(fmt, local, records, 4)
+            _upload(local, storage, fmt)
+            size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+            ctx.log(f"  readers_s3: {fmt}")
+            with (folder / f"{fmt}.log").open("a") as log:
+                job = OurJob(
+                    CNN_ANY_FORMAT,
+                    local,
+                    folder,
+                    log,
+                    overrides={"training_data": f"s3://{bucket}/{fmt}"},
+                    name=f"bench-readers-{fmt}",
+                )
+                try:
+                    job.start()
+                    windows = [job.window(timing.target_seconds, first=i == 0) for i in range(repeats)]
+                finally:
+                    job.stop()
+            waits = Stat.of(job.input_wait_percents(windows))
+            result.rows.append(
+                {
+                    "format": fmt,
+                    "examples/s": Stat.of([w.examples_per_s for w in windows]),
+                    "input wait (% of step)": waits,
+                    "bytes on S3": f"{size / 1e6:.1f} MB",
+                }
+            )
+            result.goals.append(
+                Goal(
+                    f"{fmt}: input wait < {INPUT_WAIT_CEILING:g}% of the step (%)",
+                    waits,
+                    INPUT_WAIT_CEILING,
+                    at_most=True,
+                )
+            )
+            result.notes.append(job.breakdown_note(fmt, windows))
+    return result
+
+
+def readers_memory(ctx: BenchContext) -> BenchResult:
+    """Peak reader memory of indexing and reading a large CSV and Parquet file (child process)."""
+    folder = ctx.folder("readers_memory")
+    target_mb = 64 if ctx.quick else 1024
+    result = BenchResult(
+        name="readers_memory",
+        title="Data readers: memory of indexing and reading a large CSV and Parquet file",
+        method=(
+            f"`python -m tests.bench.readers_memory_child write|measure FORMAT FOLDER {target_mb}`: one "
+            f"child process writes a {target_mb} MiB file (10 float64 columns and an int label per row; "
+            "Parquet: uncompressed row groups of 64k rows); a fresh one imports the readers (and pyarrow), "
+            "records its peak RSS (`ru_maxrss`), opens the file through the reader (the master's index) and "
+            "reads every row through the worker's ranged reads, 4,096 rows at a time; the figure is its "
+            "peak RSS above the one before opening."
+        ),
+        columns=[
+            "format",
+            "file size",
+            "rows",
+            "index + read peak above baseline",
+            "seconds to index",
+            "seconds to read",
+        ],
+    )
+    for fmt in ("csv", "parquet"):
+        ctx.log(f"  readers_memory: {fmt} ({target_mb} MB)")
+        outputs = [
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.bench.readers_memory_child",
+                    mode,
+                    fmt,
+                    str(folder / fmt),
+                    str(target_mb),
+                ],
+                cwd=ROOT,
+                env=child_env(),
+                capture_output=True,
+                text=True,
+                timeout=3600,
+                check=True,
+            ).stdout
+            for mode in ("write", "measure")
+        ]
+        measured = json.loads(outputs[-1].strip().splitlines()[-1])
+        peak = Stat.of([measured["peak_mb"]])
+        result.rows.append(
+            {
+                "format": fmt,
+                "file size": f"{measured['bytes'] / 2**20:,.0f} MiB",
+                "rows": f"{measured['rows']:,}",
+                "index + read peak above baseline": peak.format(0) + " MB",
+                "seconds to index": f"{measured['index_seconds']:.1f}",
+                "seconds to read": f"{measured['read_seconds']:.1f}",
+            }
+        )
+        result.goals.append(
+            Goal(f"{fmt}: reader memory < {MEMORY_CEILING_MB:g} MB", peak, MEMORY_CEILING_MB, at_most=True)
+        )
+    return result
