@@ -231,3 +231,54 @@ def test_an_s3_dataset(s3_env: str) -> None:
     opened = registry.open_data(s3_env + "/part")
     assert opened.format == "csv"
     _assert_reads(opened, {"a.csv": rows})
+
+
+def test_the_arrow_path_and_the_python_path_read_the_same_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker parses a located range with Arrow and falls back to Python's csv for anything unusual; both
+    must give the same arrays, bit for bit, and the Arrow path must really be taken for clean data."""
+    rng = np.random.default_rng(5)
+    lines = ["i,f,d,s"]
+    for n in range(700):
+        text = rng.choice(["plain", 'say "hi"', "two\nlines", "a,b", "üñí", ""])
+        quoted = '"' + text.replace('"', '""') + '"'
+        number = float(rng.normal()) * 10.0 ** int(rng.integers(-30, 30))
+        lines.append(f"{rng.integers(-(2**62), 2**62)},{number!r},{n / 7!r},{quoted}")
+    _write(tmp_path / "d" / "x.csv", "\r\n".join(lines) + "\r\n")
+    opened = registry.open_data(str(tmp_path / "d"), options={"schema": "d:float64"})
+    assert [c.dtype for c in opened.schema.columns] == ["int64", "float32", "float64", "string"]
+    reader = csv_files.CsvReader(opened.spec)
+    taken = []
+    arrow_rows = csv_files.CsvReader._arrow_rows
+
+    def spy(self: csv_files.CsvReader, *args: object) -> object:
+        result = arrow_rows(self, *args)
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(csv_files.CsvReader, "_arrow_rows", spy)
+    cuts = [(0, 64), (3, 131), (64, 65), (600, 700)]
+    fast = [reader.read("x.csv", a, b, hint=opened.locate("x.csv", a, b)) for a, b in cuts]
+    assert taken == [True] * len(cuts)
+    monkeypatch.setattr(csv_files.CsvReader, "_arrow_rows", lambda self, *args: None)
+    slow = [reader.read("x.csv", a, b, hint=opened.locate("x.csv", a, b)) for a, b in cuts]
+    for got, want in zip(fast, slow, strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype
+            assert list(g) == list(w) if g.dtype == object else np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "+3", " 7", "", "1_000"])
+def test_values_arrow_would_take_differently_go_through_the_python_rules(tmp_path: Path, value: str) -> None:
+    """NaN, infinities, a sign, spaces, a missing value: the Arrow path hands them to the Python path, which
+    applies the documented rules (an error naming the line, or the value as the rules read it)."""
+    rows = [f"{n},{n}.5" for n in range(100)]
+    rows[70] = f"{value},1.5"
+    _write(tmp_path / "d" / "x.csv", "a,b\n" + "\n".join(rows) + "\n")
+    opened = registry.open_data(str(tmp_path / "d"), options={"schema": "a:int64"})
+    if value in ("+3", " 7"):
+        assert int(opened.read("x.csv", 64, 100)[0][6]) == int(value)
+    else:
+        with pytest.raises(DataFormatError, match=r"x\.csv line 72, column 'a'"):
+            opened.read("x.csv", 64, 100)

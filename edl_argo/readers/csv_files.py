@@ -48,7 +48,7 @@ from edl_argo.readers.base import (
     ShardInfo,
 )
 from edl_argo.readers.files import INDEX_STRIDE, OffsetIndex, PinnedFiles, RangeHint, list_data_files
-from edl_argo.readers.text_values import PARSERS, infer_type, list_option
+from edl_argo.readers.text_values import PARSERS, column_values, infer_type, list_option
 
 #: Bytes read at a time, by the index scan and by a worker's read of a long range.
 BLOCK_SIZE = 8 << 20
@@ -248,17 +248,22 @@ def _column(
     rows: Sequence[Sequence[str]],
     starts: Sequence[int],
     index: int,
+    fields: Sequence[str],
     column: Column,
     fill: str | None,
     describe: str,
 ) -> np.ndarray:
-    """Field ``index`` of every row as an array of ``column``'s type; DataFormatError naming the file,
-    line and column for a value that is not of it, or an empty numeric value without ``fill``."""
+    """``fields`` (field ``index`` of every row) as an array of ``column``'s type; DataFormatError naming
+    the file, line and column for a value that is not of it, or an empty numeric value without ``fill``."""
     if column.dtype == "string":
-        values = np.empty(len(rows), dtype=object)
-        values[:] = [row[index] for row in rows]
+        values = np.empty(len(fields), dtype=object)
+        values[:] = fields
         return values
-    fits, parse = PARSERS[column.dtype]
+    texts = [text.strip() or fill.strip() for text in fields] if fill is not None else fields
+    fast = column_values(texts, column.dtype)
+    if fast is not None:
+        return fast
+    fits, parse = PARSERS[column.dtype]  # value by value, to name the first that does not fit
     values = np.empty(len(rows), dtype=column.numpy_dtype)
     for i, row in enumerate(rows):
         text = row[index].strip()
@@ -326,12 +331,80 @@ class CsvReader(RangeReader):
     def read(self, shard: str, start: int, end: int, *, version: str = "", hint: str = "") -> Records:
         if start == end:
             return self.spec.schema.empty()
+        if hint:
+            located = RangeHint.from_str(hint)
+            if located.offset > 0 and 0 <= located.end_offset - located.offset <= ARROW_BLOCK_LIMIT:
+                block = self.files.read(shard, located.offset, located.end_offset - located.offset, version)
+                parsed = self._arrow_rows(block, located.skip, end - start)
+                if parsed is not None:
+                    return parsed
         rows, starts = self.rows(shard, start, end, version, hint)
         describe = self.files.describe(shard)
+        fields = list(zip(*rows, strict=True))  # one tuple per field (every row has them all)
         return tuple(
-            _column(rows, starts, index, column, self.fill, describe)
+            _column(rows, starts, index, fields[index], column, self.fill, describe)
             for index, column in zip(self.indexes, self.spec.schema.columns, strict=True)
         )
+
+    def _arrow_rows(self, block: bytes, skip: int, take: int) -> Records | None:
+        """Rows ``[skip, skip + take)`` of ``block`` (whole rows, from a row's start) parsed by Arrow's CSV
+        reader, ten times faster than Python's; None when the block is anything but clean data of the
+        schema's types (a null, a NaN or infinity, a value Arrow refuses, another row count): the caller
+        then parses it in Python, which accepts exactly the documented forms and names what is wrong."""
+        import pyarrow as pa
+        from pyarrow import csv as arrow_csv
+
+        schema = self.spec.schema
+        try:
+            table = arrow_csv.read_csv(
+                pa.py_buffer(block),
+                read_options=arrow_csv.ReadOptions(column_names=self.header, use_threads=False),
+                parse_options=arrow_csv.ParseOptions(delimiter=self.delimiter, newlines_in_values=True),
+                convert_options=arrow_csv.ConvertOptions(
+                    include_columns=list(schema.names),
+                    column_types={c.name: _ARROW_TYPES[c.dtype] for c in schema.columns},
+                    strings_can_be_null=False,
+                    quoted_strings_can_be_null=False,
+                ),
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if table.num_rows < skip + take:
+            return None
+        table = table.slice(skip, take)
+        columns = []
+        for column, values in zip(schema.columns, table.columns, strict=True):
+            if values.null_count:
+                return None
+            array = values.to_numpy(zero_copy_only=False)
+            if column.dtype.startswith("float") and not np.all(np.isfinite(array)):
+                return None
+            columns.append(array.astype(column.numpy_dtype))
+        return tuple(columns)
+
+
+#: The largest range (bytes) a worker parses with Arrow at once; a longer one streams through Python's csv.
+ARROW_BLOCK_LIMIT = 256 << 20
+
+
+def _arrow_type(dtype: str) -> Any:
+    """What Arrow parses a column of ``dtype`` as: float32 as float64, then cast, as the Python path does
+    (parsing straight to float32 could round a value differently)."""
+    import pyarrow as pa
+
+    parsed = {"string": pa.string(), "bool": pa.bool_(), "float32": pa.float64()}
+    return parsed.get(dtype) or pa.from_numpy_dtype(np.dtype(dtype))
+
+
+class _ArrowTypes(dict):  # type: ignore[type-arg]
+    """Column type -> its Arrow type, made on first use (pyarrow is imported only when parsing)."""
+
+    def __missing__(self, dtype: str) -> Any:
+        self[dtype] = _arrow_type(dtype)
+        return self[dtype]
+
+
+_ARROW_TYPES = _ArrowTypes()
 
 
 class OpenedCsv(OpenedDataset):

@@ -10,13 +10,16 @@ image-folder readers share.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# A whole column of values, one per line, each with the spaces around it that callers would strip.
+_INT_COLUMN = re.compile(rf"[ \t]*{_INT.pattern}[ \t]*(?:\n[ \t]*{_INT.pattern}[ \t]*)*")
+_FLOAT_COLUMN = re.compile(rf"[ \t]*{_FLOAT.pattern}[ \t]*(?:\n[ \t]*{_FLOAT.pattern}[ \t]*)*")
 _INT64 = np.iinfo(np.int64)
 _INT32 = np.iinfo(np.int32)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -57,6 +60,34 @@ PARSERS: dict[str, tuple[Callable[[str], bool], Callable[[str], object]]] = {
     "float64": (fits_float64, float),
     "bool": (fits_bool, _bool),
 }
+
+
+def column_values(texts: Sequence[str], dtype: str) -> np.ndarray | None:
+    """``texts`` (surrounding spaces and tabs allowed) as a numeric array of ``dtype`` (a :data:`PARSERS`
+    type) when every one fits it, checked a column at a time (one regular-expression match over the joined
+    column); None when one does not fit, or for ``bool``: the caller then checks value by value
+    (:data:`PARSERS`) to name the first that does not."""
+    if not texts:
+        return np.empty(0, dtype=dtype)
+    joined = "\n".join(texts)
+    if dtype in ("int64", "int32"):
+        if not _INT_COLUMN.fullmatch(joined):
+            return None
+        limits = _INT64 if dtype == "int64" else _INT32
+        try:
+            values = np.array(list(map(int, texts)), dtype=np.int64)
+        except OverflowError:
+            return None
+        if values.min() < limits.min or values.max() > limits.max:
+            return None
+        return values.astype(dtype)
+    if dtype in ("float32", "float64") and _FLOAT_COLUMN.fullmatch(joined):
+        values = np.array(list(map(float, texts)), dtype=np.float64)
+        limit = _FLOAT32_MAX if dtype == "float32" else _FLOAT64_MAX
+        if not np.all(np.abs(values) <= limit):
+            return None
+        return values.astype(dtype)
+    return None
 
 
 def infer_type(values: Iterable[str]) -> str:
