@@ -9,7 +9,7 @@ the next minibatch) as a share of its step. The goal is issue 33's: under 5% for
 ``readers_memory``: a child process generates a CSV and a Parquet file of ``--quick``-dependent size (1 GiB
 in full mode), then opens each through its reader (the master's index) and reads every record through the
 worker's ranged reads, 4,096 rows at a time; it reports its peak resident memory above what it held after
-importing the readers (``ru_maxrss`` before and after). The goal: under 300 MB.
+importing the readers (sampled every 5 ms). The goal: under 300 MB.
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ def readers_memory(ctx: BenchContext) -> BenchResult:
             f"`python -m tests.bench.readers_memory_child write|measure FORMAT FOLDER {target_mb}`: one "
             f"child process writes a {target_mb} MiB file (10 float64 columns and an int label per row; "
             "Parquet: uncompressed row groups of 64k rows); a fresh one imports the readers (and pyarrow), "
-            "records its peak RSS (`ru_maxrss`), opens the file through the reader (the master's index) and "
-            "reads every row through the worker's ranged reads, 4,096 rows at a time; the figure is its "
-            "peak RSS above the one before opening."
+            "notes its resident memory, opens the file through the reader (the master's index) and reads "
+            "every row through the worker's ranged reads, 4,096 rows at a time, sampling its resident "
+            "memory every 5 ms; the figure is the peak above the one before opening."
         ),
         columns=[
             "format",
