@@ -183,7 +183,7 @@ class TFRecordFormat(DataFormat):
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
         if options:
             raise DataFormatError(f"--data-options {', '.join(options)}: TFRecord data takes no options")
-        listed = list_data_files(url, lambda key: key.endswith(SUFFIXES), what)
+        listed = list_data_files(url, lambda key: key.endswith(SUFFIXES), what, self.name)
         spec = ReaderSpec(self.name, listed.folder_url)
         reader = TFRecordReader(spec)
         shards, indexes = [], {}
