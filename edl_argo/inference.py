@@ -230,14 +230,31 @@ def evaluate(inference: Inference) -> dict[str, float]:
     return {**metrics.result(), "records": metrics.records}
 
 
-def open_inference_data(args: argparse.Namespace) -> OpenedDataset:
-    """The dataset of ``--data``, in ``--data-format`` with ``--data-options``."""
-    return open_data(args.data, args.data_format, parse_data_options(args.data_options), what="--data")
+def open_inference_data(
+    args: argparse.Namespace, spec: ModelSpec | None = None, task_type: str = "evaluation"
+) -> OpenedDataset:
+    """The dataset of ``--data``, in ``--data-format`` with ``--data-options``; read by the model's custom
+    data reader instead when ``spec`` has one (the ``--data-options`` items are then its keyword
+    arguments, and its tasks are of ``task_type``)."""
+    options = parse_data_options(args.data_options)
+    if spec is not None and spec.custom_data_reader:
+        from edl_argo.readers.custom import custom_options
+
+        options = custom_options(
+            args.model_def,
+            spec.custom_data_reader,
+            model_zoo=args.model_zoo,
+            params=options,
+            records_per_task=args.minibatch_size,
+            task_type=task_type,
+        )
+        return open_data(args.data, "custom", options, what="--data")
+    return open_data(args.data, args.data_format, options, what="--data")
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def, model_options_from_args(args))
-    results = evaluate(Inference(spec, args.model, open_inference_data(args), args.minibatch_size))
+    results = evaluate(Inference(spec, args.model, open_inference_data(args, spec), args.minibatch_size))
     log.info("evaluation_done", data=args.data, **results)
     if args.output:
         open_storage(args.output).write("metrics.json", dumps(results, indent=2, sort_keys=True).encode())
@@ -311,7 +328,8 @@ def _a_prediction_file(rel: str) -> bool:
 def run_predict(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def, model_options_from_args(args))
     target, name = prediction_target(args.output)
-    inference = Inference(spec, args.model, open_inference_data(args), args.minibatch_size)
+    data = open_inference_data(args, spec, "prediction")
+    inference = Inference(spec, args.model, data, args.minibatch_size)
     with tempfile.TemporaryDirectory(prefix="edl-predictions-") as tmp:
         local_dir = Path(tmp) / "predictions"
         local_dir.mkdir()

@@ -158,7 +158,7 @@ def test_model_params_parse_as_python_literals() -> None:
     [
         (["--model-params", "depth=3"], "--model-params 'depth=3': custom_model() does not take them"),
         (["--model-params", "3"], "--model-params '3'"),
-        (["--custom-data-reader", "reader"], "--custom-data-reader reader: edl-argo reads only RecordIO"),
+        (["--custom-data-reader", "reader"], "--custom-data-reader reader: model definition"),
         (["--model-zoo", "/no/such/zoo"], "--model-zoo /no/such/zoo: no such folder"),
         (["--loss", "nothing"], "lacks 'nothing'"),
     ],
@@ -181,14 +181,22 @@ def test_bad_model_flags_fail_with_one_line(
     assert not (tmp_path / "out").exists()
 
 
-def test_model_file_defining_custom_data_reader_is_refused(tmp_path: Path) -> None:
+def test_model_file_defining_custom_data_reader_reads_the_data_with_it(tmp_path: Path) -> None:
+    """ElasticDL's custom_data_reader is found by its default name, or by --custom-data-reader's."""
     model = tmp_path / "with_reader.py"
     model.write_text(
         (ZOO / "digits" / "digits_functional_api.py").read_text()
         + "\n\ndef custom_data_reader(data_origin, records_per_task=None, **kwargs):\n    return None\n"
+        + "\n\ndef my_reader(data_origin, records_per_task=None, **kwargs):\n    return None\n"
     )
-    with pytest.raises(ConfigError, match="defines custom_data_reader: edl-argo reads only RecordIO"):
-        load_model_spec(str(model))
+    assert load_model_spec(str(model)).custom_data_reader == "custom_data_reader"
+    named = load_model_spec(str(model), ModelOptions(custom_data_reader="my_reader"))
+    assert named.custom_data_reader == "my_reader"
+    with pytest.raises(
+        ConfigError, match=r"--custom-data-reader nothing: model definition .* has no function"
+    ):
+        load_model_spec(str(model), ModelOptions(custom_data_reader="nothing"))
+    assert load_model_spec(ZOO_MODEL, ModelOptions(model_zoo=str(ZOO))).custom_data_reader == ""
 
 
 def test_num_ps_pods_is_num_ps(tmp_path: Path) -> None:

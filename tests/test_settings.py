@@ -33,7 +33,7 @@ from tests.argo_steps import argo_pod, training_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The train settings the elastic-train step does not expose: those it sets itself (the workflow's
-#: namespace), and two that train nothing (a dry run, and a flag edl-argo refuses).
+#: namespace), a dry run, and --custom-data-reader (a model file's custom_data_reader is used without it).
 NOT_ON_THE_STEP = {
     "--backend",
     "--output",

@@ -1,4 +1,4 @@
-"""``edl-argo data``: write the bundled digits dataset, convert a CSV file, inspect shards."""
+"""``edl-argo data``: write the bundled digits dataset, convert a CSV file, inspect and seal datasets."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import numpy as np
 
 from edl_argo.data.csv_table import csv_examples, scan_csv
 from edl_argo.data.examples import encode_example
+from edl_argo.data.formats import inspect_data, refuse_sealed, seal_files
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.flags import positive_int
 from edl_argo.log import get_logger
+from edl_argo.readers import detect_format, open_data, parse_data_options
 from edl_argo.recordio import (
     MANIFEST_NAME,
     Compressor,
@@ -25,6 +27,7 @@ from edl_argo.recordio import (
     open_dataset,
     seal_dataset,
 )
+from edl_argo.settings import add_data_settings
 from edl_argo.storage import Storage, join_url, open_storage
 
 log = get_logger(__name__)
@@ -33,7 +36,7 @@ _COMPRESSORS = {c.name.lower(): c for c in Compressor}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    data = subparsers.add_parser("data", help="prepare and inspect RecordIO datasets")
+    data = subparsers.add_parser("data", help="prepare RecordIO datasets; inspect and seal datasets")
     commands = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
 
     digits = commands.add_parser(
@@ -66,16 +69,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     inspect = commands.add_parser(
         "inspect",
-        help="list a dataset's shards, verify every chunk and the manifest's checksums (or, without a "
-        "manifest, list and verify the shards there and say the folder is not sealed)",
+        help="list a dataset's shards (any format), its records and schema, and verify every record "
+        "(RecordIO: every chunk and the manifest's checksums; without a manifest, say the folder is not "
+        "sealed)",
     )
-    inspect.add_argument("url", help="dataset folder or s3://bucket/prefix")
+    inspect.add_argument("url", help="dataset folder, s3://bucket/prefix, one file, or a database URL")
+    add_data_settings(inspect)
     inspect.set_defaults(run=run_inspect)
 
     seal = commands.add_parser(
-        "seal", help="write the manifest of RecordIO shards made elsewhere (after checksumming them)"
+        "seal",
+        help="write the manifest of a folder of RecordIO shards made elsewhere, or of TFRecord, CSV or "
+        "Parquet files, after reading and checksumming them; jobs then read exactly those files",
     )
-    seal.add_argument("url", help="folder or s3://bucket/prefix holding only RecordIO shards")
+    seal.add_argument("url", help="folder or s3://bucket/prefix holding the dataset's files")
+    add_data_settings(seal)
     seal.set_defaults(run=run_seal)
 
 
@@ -182,7 +190,23 @@ def run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format_of(args: argparse.Namespace) -> str:
+    """The dataset's format: ``--data-format``, else detected (a manifest's, else from the file names)."""
+    return str(getattr(args, "data_format", "") or detect_format(args.url))
+
+
 def run_inspect(args: argparse.Namespace) -> int:
+    """Inspect the dataset at ``args.url``: RecordIO as :func:`run_recordio_inspect` does, any other format
+    by :func:`edl_argo.data.formats.inspect_data`."""
+    fmt = _format_of(args)
+    if fmt == "recordio":
+        return run_recordio_inspect(args)
+    options = parse_data_options(getattr(args, "data_options", ""))
+    inspect_data(open_data(args.url, fmt, options), args.url)
+    return 0
+
+
+def run_recordio_inspect(args: argparse.Namespace) -> int:
     """List and verify every shard of the dataset at ``args.url``: the shards its manifest names, each
     checked against the manifest's records, size and SHA-256; or, in a folder of RecordIO shards without a
     manifest (made elsewhere), every shard there, then a last line saying that the folder is not sealed and
@@ -232,7 +256,16 @@ def _unsealed_shards(storage: Storage) -> Iterator[tuple[str, ShardSummary]]:
 
 
 def run_seal(args: argparse.Namespace) -> int:
+    """Seal the folder at ``args.url``: RecordIO shards by :func:`~edl_argo.recordio.seal_dataset`, files
+    of another format by :func:`edl_argo.data.formats.seal_files`. A folder with a manifest is refused."""
     storage = open_storage(args.url)
-    manifest = seal_dataset(storage)
-    print(f"sealed {len(manifest.shards)} shards ({manifest.records} records) at {storage.describe()}")
+    fmt = _format_of(args)
+    if fmt == "recordio":  # refuses a folder with a manifest itself
+        manifest = seal_dataset(storage)
+        print(f"sealed {len(manifest.shards)} shards ({manifest.records} records) at {storage.describe()}")
+        return 0
+    refuse_sealed(storage)
+    options = parse_data_options(getattr(args, "data_options", ""))
+    manifest = seal_files(open_data(args.url, fmt, options), args.url)
+    print(f"sealed {len(manifest.shards)} {fmt} files ({manifest.records} records) at {storage.describe()}")
     return 0

@@ -161,8 +161,8 @@ def elastic_train(
     ``shuffle=False``, ``toleration=["gpu:NoSchedule"]``; each is an input parameter of the template
     (``use-async``) passed as the flag (``--use-async``). Not exposed: what the step sets itself
     (``--backend``, ``--output``, ``--metrics-output``, ``--master-port``, ``--metrics-port``
-    (:data:`METRICS_PORT`), ``--namespace``: the workflow's), and ``--yaml`` and ``--custom-data-reader``,
-    which train nothing.
+    (:data:`METRICS_PORT`), ``--namespace``: the workflow's), ``--yaml``, which trains nothing, and
+    ``--custom-data-reader`` (a model file's ``custom_data_reader`` is used without it).
 
     The job is named after the workflow and the task (``<workflow>-<task>``) unless ``job_name`` says
     otherwise, so two training tasks of one workflow run two jobs. The task gets an exit hook

@@ -55,9 +55,12 @@ def load_job_parts(config: TrainConfig) -> JobParts:
         from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
 
         check_world_size_scaling(spec.optimizer)
-    training = open_job_data(config, config.training_data, "--training-data")
+    pod_model_def = model.pod_model_def if model else config.model_def
+    training = open_job_data(config, config.training_data, "--training-data", spec, pod_model_def)
     validation = (
-        open_job_data(config, config.validation_data, "--validation-data") if config.validation_data else None
+        open_job_data(config, config.validation_data, "--validation-data", spec, pod_model_def)
+        if config.validation_data
+        else None
     )
     if config.allreduce and len(sample_batch(config, spec, training, Mode.TRAINING)) == 3:
         raise ConfigError(
@@ -95,10 +98,30 @@ def load_job_parts(config: TrainConfig) -> JobParts:
     )
 
 
-def open_job_data(config: TrainConfig, url: str, flag: str) -> OpenedDataset:
+def open_job_data(
+    config: TrainConfig, url: str, flag: str, spec: ModelSpec | None = None, model_def: str = ""
+) -> OpenedDataset:
     """The dataset at ``url`` (given by ``flag``) in the job's ``--data-format`` and ``--data-options``:
-    listed, indexed and pinned (tasks carry each shard's version, workers read only that version)."""
-    return open_data(url, config.data_format, parse_data_options(config.data_options), what=flag)
+    listed, indexed and pinned (tasks carry each shard's version, workers read only that version).
+
+    When the model ``spec`` has a custom data reader (``--custom-data-reader``, or the model file's
+    ``custom_data_reader``), the data is read by it instead (format ``custom``,
+    :mod:`edl_argo.readers.custom`): its workers load it from ``model_def`` (the pods' ``--model-def``;
+    default ``config.model_def``), and the ``--data-options`` items are its keyword arguments."""
+    options = parse_data_options(config.data_options)
+    if spec is not None and spec.custom_data_reader:
+        from edl_argo.readers.custom import custom_options
+
+        options = custom_options(
+            model_def or config.model_def,
+            spec.custom_data_reader,
+            model_zoo=config.model_options.model_zoo,
+            params=options,
+            records_per_task=config.minibatch_size * config.num_minibatches_per_task,
+            task_type="evaluation" if flag == "--validation-data" else "training",
+        )
+        return open_data(url, "custom", options, what=flag)
+    return open_data(url, config.data_format, options, what=flag)
 
 
 def sample_batch(config: TrainConfig, spec: ModelSpec, data: OpenedDataset, mode: str) -> Any:

@@ -63,13 +63,7 @@ def add_model_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
 
 
 def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
-    """The :class:`ModelOptions` of parsed :func:`add_model_flags`; :class:`ConfigError` for
-    ``--custom-data-reader``, which edl-argo does not support."""
-    if args.custom_data_reader:
-        raise ConfigError(
-            f"--custom-data-reader {args.custom_data_reader}: edl-argo reads only RecordIO shards of "
-            "tf.train.Example records; convert other data with `edl-argo data convert` and drop the flag"
-        )
+    """The :class:`ModelOptions` of parsed :func:`add_model_flags`."""
     return ModelOptions(**{item.name: getattr(args, item.name) for item in dataclasses.fields(ModelOptions)})
 
 

@@ -7,8 +7,9 @@ dotted ``package.module.factory_name`` importable from ``sys.path``, a model in 
 DIR`` a dotted ``module.path.factory_name`` naming ``DIR/module/path.py`` (ElasticDL's form; ``DIR`` is put
 on ``sys.path`` so the file can import its neighbours). Every required function is checked at load time,
 and ``--model-params`` against the factory's signature, so that a missing or misspelt name fails before
-any worker or PS starts. A model file that defines ``custom_data_reader`` is refused: edl-argo reads
-RecordIO shards only.
+any worker or PS starts. A model file's ElasticDL data reader (``custom_data_reader``, or the function
+``--custom-data-reader`` names) is found here too (:attr:`ModelSpec.custom_data_reader`); the job's data
+is then read by it (:mod:`edl_argo.readers.custom`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from edl_argo.model.callbacks import Schedule, checked_rate, learning_rate_sched
 from edl_argo.model.contract import INPUT_FUNCTION_NAMES, ModelOptions, parse_model_params
 from edl_argo.model.user_code import model_function
 
+#: The function a model file defines to read its own data (ElasticDL's default name).
+DEFAULT_DATA_READER = "custom_data_reader"
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -47,6 +51,9 @@ class ModelSpec:
     callbacks: Callable[[], list[Any]] | None
     prediction_outputs_processor: type | None
     learning_rate_schedule: Schedule | None = None
+    custom_data_reader: str = ""
+    """The name of the model's ElasticDL data reader factory (``--custom-data-reader``, else
+    ``custom_data_reader`` when the file defines it); empty: the data is read by its format's reader."""
     #: The contract's roles (``custom_model``, ``feed``, ``loss``, ...) -> their names in the model file.
     names: Mapping[str, str] = field(default_factory=dict)
     """From a :class:`~edl_argo.model.callbacks.LearningRateScheduler` that ``callbacks()`` returned:
@@ -68,11 +75,13 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
 
     options = options or ModelOptions()
     module, factory_name = _import(local_model_def(model_def), options.model_zoo)
-    if callable(getattr(module, "custom_data_reader", None)):
+    reader_name = options.custom_data_reader
+    if reader_name and not callable(_lookup(module, reader_name, options)):
         raise ConfigError(
-            f"model definition {model_def} defines custom_data_reader: edl-argo reads only RecordIO shards "
-            "of tf.train.Example records (convert other data with `edl-argo data convert`); remove it"
+            f"--custom-data-reader {reader_name}: model definition {model_def} has no function of that name"
         )
+    if not reader_name and callable(getattr(module, DEFAULT_DATA_READER, None)):
+        reader_name = DEFAULT_DATA_READER
     feed_names = (options.feed,) if options.feed else INPUT_FUNCTION_NAMES
     feed_name = next((n for n in feed_names if callable(_lookup(module, n, options))), feed_names[0])
     names = {
@@ -110,7 +119,22 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
         prediction_outputs_processor=processor,
         learning_rate_schedule=schedule,
         names=names,
+        custom_data_reader=reader_name,
     )
+
+
+def load_model_function(model_def: str, name: str, model_zoo: str = "") -> Callable[..., Any]:
+    """The function ``name`` of the model definition ``model_def`` (with ``--model-zoo`` ``model_zoo``),
+    found as :func:`load_model_spec` finds the contract's functions, without checking the contract:
+    how a worker loads the model's custom data reader. ConfigError if it is not there."""
+    from edl_argo.model.source import local_model_def
+
+    options = ModelOptions(model_zoo=model_zoo)
+    module, _ = _import(local_model_def(model_def), model_zoo)
+    function = _lookup(module, name, options)
+    if not callable(function):
+        raise ConfigError(f"model definition {model_def} has no function {name!r}")
+    return function
 
 
 def _check_schedulable(optimizer: Callable[[], Any], model_def: str) -> None:

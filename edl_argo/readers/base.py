@@ -229,7 +229,8 @@ class DataFormat(abc.ABC):
     #: What ``--data-format`` calls it.
     name: str = ""
     #: The ``--data-options`` it takes; any other is refused before it opens (:func:`registry.open_data`).
-    options: tuple[str, ...] = ()
+    #: None: any (they are the user's own, as a custom reader's keyword arguments).
+    options: tuple[str, ...] | None = ()
 
     @abc.abstractmethod
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:

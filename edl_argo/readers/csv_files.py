@@ -472,7 +472,7 @@ class CsvFormat(DataFormat):
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
         delimiter = csv_delimiter(options.get("delimiter", ","))
         fill = None if options.get("fill_missing") is None else str(options["fill_missing"])
-        listing = list_data_files(url, _is_csv, what)
+        listing = list_data_files(url, _is_csv, what, self.name)
         files = PinnedFiles(listing.folder_url)
         header: list[str] = []
         samples: list[list[str]] = []

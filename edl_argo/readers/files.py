@@ -4,6 +4,10 @@ versions, reads of a pinned version, and a sparse record-offset index.
 A file dataset's :attr:`ReaderSpec.url` is the *folder* its shard keys are relative to: the URL itself for
 a folder or prefix, its parent for a single file. So a worker opens one storage per dataset, as for
 RecordIO.
+
+A folder sealed by ``edl-argo data seal`` holds a manifest (``_edl-dataset.json``, see
+:mod:`edl_argo.recordio.dataset`) naming its files: :func:`list_data_files` then takes exactly those
+files, each required to be there with the size the manifest gives, for every file format alike.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edl_argo.errors import ConfigError, StorageError
+from edl_argo.errors import ConfigError, DataFormatError, StorageError
+from edl_argo.recordio.dataset import MANIFEST_NAME
 from edl_argo.recordio.reader import ShardChangedError
 from edl_argo.storage import Storage, open_storage
 from edl_argo.storage.base import ObjectChangedError, ObjectInfo, ObjectNotFoundError
@@ -37,16 +42,24 @@ def _hidden(key: str) -> bool:
     return any(part[:1] in (".", "_") for part in key.split("/"))
 
 
-def list_data_files(url: str, accept: Callable[[str], bool], what: str = "") -> DataFiles:
+def list_data_files(
+    url: str, accept: Callable[[str], bool], what: str = "", data_format: str = ""
+) -> DataFiles:
     """The files ``accept`` takes (by key) under the folder ``url``, or the one file ``url`` names.
     Hidden files (a path part starting with ``.`` or ``_``: markers, manifests, temporaries) are left out.
-    ConfigError naming ``url`` (and ``what``, the flag) if there is none."""
+    ConfigError naming ``url`` (and ``what``, the flag) if there is none.
+
+    A folder with a manifest (sealed) lists exactly the files it names (:func:`manifest_files`), in its
+    order; ``data_format``, the caller's format name, must then be the manifest's."""
     label = f"{what} {url}" if what else url
     storage = open_storage(url)
     try:
         infos = storage.list("")
     except StorageError:
         infos = []
+    if any(info.key == MANIFEST_NAME for info in infos):
+        sealed = manifest_files(storage, infos, accept, label, data_format)
+        return DataFiles(storage, url, sealed)
     files = sorted((i for i in infos if not _hidden(i.key) and accept(i.key)), key=lambda i: i.key)
     if files:
         return DataFiles(storage, url, tuple(files))
@@ -62,6 +75,51 @@ def list_data_files(url: str, accept: Callable[[str], bool], what: str = "") -> 
                 raise ConfigError(f"{label}: not a file of this format (pass --data-format to say which)")
             return DataFiles(storage, parent, (info,))
     raise ConfigError(f"{label}: no data files there (a folder or S3 prefix of data files, or one file)")
+
+
+#: What to do about a sealed folder whose files changed.
+RESEAL_HINT = "put the file back, or delete the manifest and seal the folder again (`edl-argo data seal URL`)"
+
+
+def manifest_files(
+    storage: Storage,
+    infos: Sequence[ObjectInfo],
+    accept: Callable[[str], bool],
+    label: str,
+    data_format: str = "",
+) -> tuple[ObjectInfo, ...]:
+    """The files the manifest of ``storage``'s folder names, found among ``infos`` (its listing), each
+    with its pinned version. DataFormatError (one line naming the file) for a named file that is missing,
+    whose size differs from the manifest's, or that is not of ``accept``'s format; ConfigError if the
+    manifest is of another format than ``data_format``."""
+    from edl_argo.recordio.dataset import DatasetManifest
+
+    manifest = DatasetManifest.from_bytes(storage.read(MANIFEST_NAME), url=storage.describe(MANIFEST_NAME))
+    if data_format and manifest.data_format != data_format:
+        raise ConfigError(
+            f"{label}: its manifest {storage.describe(MANIFEST_NAME)} is of {manifest.data_format} data, not "
+            f"{data_format} (drop --data-format, or pass --data-format {manifest.data_format})"
+        )
+    found = {info.key: info for info in infos}
+    files = []
+    for entry in manifest.shards:
+        info = found.get(entry.key)
+        if info is None:
+            raise DataFormatError(
+                f"{label}: file {storage.describe(entry.key)} named by its manifest is missing; {RESEAL_HINT}"
+            )
+        if info.size != entry.bytes:
+            raise DataFormatError(
+                f"{label}: file {storage.describe(entry.key)} has {info.size} bytes, its manifest says "
+                f"{entry.bytes} (it changed after the folder was sealed); {RESEAL_HINT}"
+            )
+        if not accept(entry.key):
+            raise DataFormatError(
+                f"{label}: file {storage.describe(entry.key)} named by its manifest is not a "
+                f"{manifest.data_format} file"
+            )
+        files.append(info)
+    return tuple(files)
 
 
 class PinnedFiles:

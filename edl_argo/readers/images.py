@@ -111,12 +111,12 @@ def plan_images(url: str, options: dict[str, Any], what: str = "") -> ImagePlan:
     per_shard = _files_per_shard(options.get("files_per_shard", FILES_PER_SHARD))
     labels_key = str(options.get("labels") or "")
     if not labels_key:
-        listing = list_data_files(url, _in_class_folder, what)
+        listing = list_data_files(url, _in_class_folder, what, "images")
         classes = tuple(sorted({info.key.split("/", 1)[0] for info in listing.files}))
         number = {name: i for i, name in enumerate(classes)}
         entries = tuple((i.key, i.version, number[i.key.split("/", 1)[0]]) for i in listing.files)
         return ImagePlan(listing.folder_url, entries, "int64", classes, per_shard)
-    listing = list_data_files(url, _is_image, what)
+    listing = list_data_files(url, _is_image, what, "images")
     found = {info.key: info for info in listing.files}
     files = PinnedFiles(listing.folder_url)
     describe = files.describe(labels_key)

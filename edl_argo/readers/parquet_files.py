@@ -230,7 +230,7 @@ class ParquetFormat(DataFormat):
     options = ("columns", "fill_missing")
 
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
-        listing = list_data_files(url, _is_parquet, what)
+        listing = list_data_files(url, _is_parquet, what, self.name)
         fill = options.get("fill_missing")
         base = ReaderSpec(
             self.name, listing.folder_url, options={} if fill is None else {"fill_missing": str(fill)}

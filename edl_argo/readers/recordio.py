@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from edl_argo.errors import ConfigError
 from edl_argo.readers.base import (
     DataFormat,
     OpenedDataset,
@@ -64,6 +65,12 @@ class RecordIOFormat(DataFormat):
 
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
         dataset = open_dataset(open_storage(url), what=what)
+        if dataset.manifest.data_format != self.name:
+            label = f"{what} {url}" if what else url
+            raise ConfigError(
+                f"{label}: its manifest {MANIFEST_NAME} is of {dataset.manifest.data_format} data, not "
+                f"RecordIO (drop --data-format, or pass --data-format {dataset.manifest.data_format})"
+            )
         return OpenedRecordIO(ReaderSpec(self.name, url), dataset)
 
     def range_reader(self, spec: ReaderSpec) -> RangeReader:

@@ -22,7 +22,10 @@ FORMATS: dict[str, str] = {
     "parquet": "edl_argo.readers.parquet_files:ParquetFormat",
     "images": "edl_argo.readers.images:ImageFolderFormat",
     "sql": "edl_argo.readers.sql:SqlFormat",
+    "custom": "edl_argo.readers.custom:CustomFormat",
 }
+#: Formats that detection never picks: a database URL says SQL, a model's data reader says custom.
+NOT_DETECTED = ("sql", "custom")
 
 #: URL schemes (before any ``+driver``) that name a database rather than storage.
 SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
@@ -70,7 +73,7 @@ def detect_format(url: str, what: str = "") -> str:
     visible = [n for n in names if not any(part[:1] in (".", "_") for part in n.split("/"))]
     if not visible:  # nothing there, or only what a killed writer left: RecordIO names what is missing
         return "recordio"
-    found = [name for name in FORMATS if name != "sql" and data_format(name).detect(url, visible)]
+    found = [name for name in FORMATS if name not in NOT_DETECTED and data_format(name).detect(url, visible)]
     if len(found) == 1:
         return found[0]
     if not found:  # RecordIO, the default, names what a dataset there lacks (its manifest)
@@ -95,12 +98,13 @@ def open_data(
     """Open the dataset at ``url`` in format ``fmt`` (detected if empty) for planning."""
     name = fmt or detect_format(url, what)
     chosen = data_format(name)
-    unknown = sorted(set(options or {}) - set(chosen.options))
-    if unknown:
-        accepted = ", ".join(chosen.options) or "none"
-        raise ConfigError(
-            f"--data-options {', '.join(unknown)}: not an option of {name} data (it takes: {accepted})"
-        )
+    if chosen.options is not None:
+        unknown = sorted(set(options or {}) - set(chosen.options))
+        if unknown:
+            accepted = ", ".join(chosen.options) or "none"
+            raise ConfigError(
+                f"--data-options {', '.join(unknown)}: not an option of {name} data (it takes: {accepted})"
+            )
     try:
         return chosen.open(url, dict(options or {}), what)
     except (ConfigError, DataFormatError, StorageError):

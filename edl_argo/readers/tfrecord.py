@@ -181,7 +181,7 @@ class TFRecordFormat(DataFormat):
     name = "tfrecord"
 
     def open(self, url: str, options: dict[str, Any], what: str = "") -> OpenedDataset:
-        listed = list_data_files(url, lambda key: key.endswith(SUFFIXES), what)
+        listed = list_data_files(url, lambda key: key.endswith(SUFFIXES), what, self.name)
         spec = ReaderSpec(self.name, listed.folder_url)
         reader = TFRecordReader(spec)
         shards, indexes = [], {}

@@ -12,6 +12,9 @@ The manifest is JSON::
      "shards": [{"key": "v-.../data-00000", "records": 360, "bytes": 9876, "sha256": "..."}, ...]}
 
 ``key`` is relative to the dataset URL; ``bytes`` and ``sha256`` are the shard file's size and SHA-256.
+A manifest of files of another format (``edl-argo data seal`` of TFRecord, CSV or Parquet files) also has
+``"data_format": "csv"`` (etc.); its shards are those files, and readers of that format take exactly them
+(:func:`edl_argo.readers.files.list_data_files`). RecordIO manifests leave the field out.
 
 **Readers** (:func:`open_dataset`) take the shards the manifest names and nothing else: a folder without a
 manifest is not a dataset (its writing did not finish, or it was made by something else:
@@ -80,6 +83,8 @@ class DatasetManifest:
 
     shards: tuple[ShardEntry, ...]
     created: str = ""
+    #: The format of the shards (a ``--data-format`` name); ``"recordio"`` is left out of the JSON.
+    data_format: str = "recordio"
 
     @property
     def records(self) -> int:
@@ -93,6 +98,8 @@ class DatasetManifest:
             "records": self.records,
             "shards": [vars(shard) for shard in self.shards],
         }
+        if self.data_format != "recordio":
+            document["data_format"] = self.data_format
         return (json.dumps(document, indent=1) + "\n").encode()
 
     @classmethod
@@ -130,7 +137,10 @@ class DatasetManifest:
         duplicates = sorted({s.key for s in shards if [t.key for t in shards].count(s.key) > 1})
         if duplicates:
             raise bad(f"shards named twice: {', '.join(duplicates)}")
-        manifest = cls(tuple(shards), str(document.get("created", "")))
+        data_format = document.get("data_format", "recordio")
+        if not isinstance(data_format, str) or not data_format:
+            raise bad(f'"data_format" {data_format!r} is not a format name')
+        manifest = cls(tuple(shards), str(document.get("created", "")), data_format)
         if document.get("records") != manifest.records:
             raise bad(f'"records" is {document.get("records")!r} but its shards hold {manifest.records}')
         return manifest

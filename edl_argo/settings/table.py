@@ -41,7 +41,8 @@ CLUSTER = "workers and parameter servers"
 K8S = "kubernetes (with --backend kubernetes)"
 POD = "pod (given by the master)"
 DATA = "data"
-#: The names ``--data-format`` takes (edl_argo.readers.registry.FORMATS, which the settings must not import).
+#: The names ``--data-format`` takes (edl_argo.readers.registry.FORMATS, which the settings must not import),
+#: but ``custom``: a model's custom data reader (``--custom-data-reader``) selects that one.
 DATA_FORMATS = ("recordio", "tfrecord", "csv", "parquet", "images", "sql")
 MONITORING = "monitoring"
 #: ``--log-loss-steps``: how often a worker logs its loss, in its own training steps.
@@ -155,9 +156,12 @@ SETTINGS: tuple[Setting, ...] = (
         "--custom-data-reader",
         str,
         "",
-        "not supported: edl-argo reads RecordIO shards (convert data with `edl-argo data convert`)",
+        "name of the model file's ElasticDL data reader factory, custom_data_reader(data_origin, "
+        "records_per_task=None, **data_options) returning an AbstractDataReader (create_shards(), "
+        "read_records(task) of serialized records); default: custom_data_reader if the model file defines "
+        "it. The data URLs are then read by it (--data-format custom)",
         roles=ALL,
-        section="command",
+        section="model",
         group=MODEL,
         metavar="NAME",
     ),
