@@ -35,7 +35,7 @@ from tests.chaos.scenarios import CHECKPOINT_STEPS, ChaosEnv, TrialResult, check
 from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost
 from tests.k8s_helpers import role_rules
 from tests.k8s_stand_in import KubernetesStandIn
-from tests.reader_data import FILE_FORMATS, write_digits_as
+from tests.reader_data import FILE_FORMATS, write_digits_as, write_digits_table
 from tests.s3_stand_in import S3StandIn
 
 #: The digits model fed from files of any format (tests/reader_models/digits_columns.py).
@@ -85,6 +85,25 @@ def test_killed_workers_lose_no_record_reading_each_file_format(
     data = write_digits_as(fmt, tmp_path_factory.mktemp(f"digits-{fmt}"))
     result = worker_kills(
         chaos_env, random.Random(f"test_chaos/{fmt}"), data=str(data), model_def=DIGITS_COLUMNS
+    )
+    assert result.passed, result.summary()
+    assert_no_record_lost(result.metrics)
+    assert result.faults, "no fault was injected"
+    assert result.metrics["records_per_epoch"] == 1437
+
+
+def test_killed_workers_lose_no_record_reading_a_sql_table(
+    chaos_env: ChaosEnv, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The worker-kill trial on the digits as tables of a SQLite database, read in key order."""
+    url = write_digits_table(tmp_path_factory.mktemp("digits-sql") / "digits.db")
+    result = worker_kills(
+        chaos_env,
+        random.Random("test_chaos/sql"),
+        training_data=f"{url}#train",
+        validation_data=f"{url}#test",
+        data_options="key=id",
+        model_def=DIGITS_COLUMNS,
     )
     assert result.passed, result.summary()
     assert_no_record_lost(result.metrics)

@@ -192,15 +192,16 @@ class ChaosEnv:
 
 
 def chaos_config(data: str, output: str, job_name: str, **overrides: Any) -> TrainConfig:
-    """The :data:`CHAOS_JOB` on the dataset at URL ``data``, with ``overrides``."""
-    settings = {"model_def": DIGITS_MODEL, **CHAOS_JOB, **overrides}
-    return TrainConfig(
-        training_data=join_url(data, "train"),
-        validation_data=join_url(data, "test"),
-        output=output,
-        job_name=job_name,
-        **settings,
-    )
+    """The :data:`CHAOS_JOB` on the dataset at URL ``data`` (its ``train`` and ``test``), with
+    ``overrides`` (which may name the training and validation data themselves: tables of a database)."""
+    settings = {
+        "model_def": DIGITS_MODEL,
+        "training_data": join_url(data, "train"),
+        "validation_data": join_url(data, "test"),
+        **CHAOS_JOB,
+        **overrides,
+    }
+    return TrainConfig(output=output, job_name=job_name, **settings)
 
 
 # --------------------------------------------------------------------------------------------- logs
