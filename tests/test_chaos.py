@@ -38,8 +38,8 @@ from tests.k8s_stand_in import KubernetesStandIn
 from tests.reader_data import FILE_FORMATS, write_digits_as
 from tests.s3_stand_in import S3StandIn
 
-#: The digits model fed from files of any format (tests/reader_models/digits_columns.py).
-DIGITS_COLUMNS = str(Path(__file__).parent / "reader_models" / "digits_columns.py")
+#: The digits model, fed from files of any format (its feed takes records and rows alike).
+DIGITS_COLUMNS = str(Path(__file__).parents[1] / "examples" / "model_zoo" / "digits.py")
 
 pytestmark = pytest.mark.timeout(600)
 
