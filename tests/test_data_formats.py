@@ -41,7 +41,7 @@ def test_digits_in_each_file_format_hold_the_records_of_the_recordio_dataset(
     code, _, err = run_cli(capsys, "data", "digits", "--output", str(tmp_path / fmt), "--format", fmt)
     train = tmp_path / fmt / "train"
     assert code == 2 and error_lines(err) == [
-        f"edl-argo data: error: {train}/ holds files already (pass --overwrite to replace them)"
+        f"edl-argo data: error: {train} holds files already (pass --overwrite to replace them)"
     ]
     code, _, _ = run_cli(
         capsys, "data", "digits", "--output", str(tmp_path / fmt), "--format", fmt, "--overwrite"
@@ -69,7 +69,7 @@ def test_census_table_is_written_once_replaced_with_overwrite_and_bad_input_is_o
             "data",
             "census",
             "--db",
-            "postgresql://u:secret@h/db",
+            "postgresql://u:hunter2@h/db",
             "--table",
             "t",
         ): "edl-argo data: error: --db",
@@ -79,7 +79,7 @@ def test_census_table_is_written_once_replaced_with_overwrite_and_bad_input_is_o
         code, _, err = run_cli(capsys, *argv)
         (line,) = error_lines(err)
         assert code == 2 and line.startswith(start), line
-        assert "secret" not in err  # a password in the URL is refused without being shown
+        assert "hunter2" not in err  # a password in the URL is refused without being shown
     code, _, _ = run_cli(capsys, *census, "--rows", "50", "--overwrite")
     with engine.connect() as connection:
         assert connection.execute(sa.text("SELECT COUNT(*) FROM census")).scalar() == 50
