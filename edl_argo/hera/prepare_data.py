@@ -15,6 +15,7 @@ from typing import Annotated
 
 from hera.workflows import Artifact
 
+from edl_argo.data.formats import DIGITS_FORMATS
 from edl_argo.hera.container import (
     DB_SECRET,
     IMAGE,
@@ -35,8 +36,6 @@ CSV_PATH = "/tmp/input.csv"
 Output = Annotated[Text, Input("where the dataset goes: s3://bucket/prefix (or a folder)")]
 Shards = Annotated[Int, Input("shards per split")]
 Seed = Annotated[Int, Input("random seed")]
-#: The formats ``edl-argo data digits --format`` writes (edl_argo.data.formats.DIGITS_FORMATS).
-DIGITS_FORMATS = ("recordio", "tfrecord", "csv", "parquet", "images")
 
 
 def prepare_digits(
