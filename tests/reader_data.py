@@ -1,12 +1,12 @@
 """Datasets of the same records in every file format, for the reader tests and the chaos suite: the digits
-as ``edl-argo data digits --format`` writes them (:mod:`edl_argo.data.formats`)."""
+as ``edl-argo data digits --format`` writes them (:mod:`edl_argo.data.file_writers`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from edl_argo.data.commands import digits_records
-from edl_argo.data.formats import write_records_as
+from edl_argo.data.file_writers import write_records_as
 from edl_argo.storage import open_storage
 
 #: The file formats a digits dataset is written in by :func:`write_digits_as` (the record formats; PNG

@@ -1,4 +1,4 @@
-"""``edl-argo data digits --format`` and ``edl-argo data census`` (edl_argo/data/formats.py, census.py)."""
+"""`edl-argo data digits --format` and `edl-argo data census` (edl_argo/data/file_writers.py, census.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from edl_argo.data.csv_table import csv_examples, scan_csv
 from edl_argo.data.examples import encode_example
-from edl_argo.data.formats import DIGITS_FORMATS, write_records_as
+from edl_argo.data.file_writers import DIGITS_FORMATS, write_records_as
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.flags import positive_int
 from edl_argo.log import get_logger

@@ -15,7 +15,7 @@ from typing import Annotated
 
 from hera.workflows import Artifact
 
-from edl_argo.data.formats import DIGITS_FORMATS
+from edl_argo.data.file_writers import DIGITS_FORMATS
 from edl_argo.hera.container import (
     DB_SECRET,
     IMAGE,

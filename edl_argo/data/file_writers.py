@@ -24,13 +24,18 @@ from edl_argo.storage import Storage
 DIGITS_FORMATS = ("recordio", "tfrecord", "csv", "parquet", "images")
 #: The file formats among them (written by :func:`write_records_as`).
 FILE_FORMATS = ("tfrecord", "csv", "parquet", "images")
-PIXELS = tuple(f"p{i}" for i in range(64))
+
+
+def pixel_columns(count: int) -> tuple[str, ...]:
+    """The column names of an image's ``count`` pixels in a table: ``p0``, ``p1``, ..."""
+    return tuple(f"p{i}" for i in range(count))
 
 
 def digits_table(records: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """The digits records (``tf.train.Example``) as a float32 pixel matrix and int64 labels."""
+    """Image records (``tf.train.Example`` with ``image`` floats and ``label``: the digits, or any image of
+    that layout) as a float32 pixel matrix and int64 labels."""
     decoded = [decode_example(record) for record in records]
-    pixels = np.array([d["image"] for d in decoded], dtype=np.float32).reshape(len(decoded), 64)
+    pixels = np.array([d["image"] for d in decoded], dtype=np.float32).reshape(len(decoded), -1)
     labels = np.array([d["label"][0] for d in decoded], dtype=np.int64)
     return pixels, labels
 
@@ -74,7 +79,7 @@ def _file_bytes(fmt: str, records: list[bytes]) -> bytes:
     if fmt == "csv":
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
-        writer.writerow([*PIXELS, "label"])
+        writer.writerow([*pixel_columns(pixels.shape[1]), "label"])
         writer.writerows(
             [*(repr(float(v)) for v in row), int(y)] for row, y in zip(pixels, labels, strict=True)
         )
@@ -82,7 +87,7 @@ def _file_bytes(fmt: str, records: list[bytes]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = {name: pa.array(pixels[:, i]) for i, name in enumerate(PIXELS)}
+    columns = {name: pa.array(pixels[:, i]) for i, name in enumerate(pixel_columns(pixels.shape[1]))}
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table({**columns, "label": pa.array(labels)}), sink, row_group_size=128)
     return sink.getvalue().to_pybytes()
