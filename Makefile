@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 S3SERVER := tests/s3server
 S3SERVER_STAMP := $(S3SERVER)/node_modules/.installed-stamp
 DEMO_DIR ?= out/demo
+DEMO_SQL_DIR ?= out/demo-sql
 #: `make chaos`: trials of each scenario, and a comma-separated subset of the scenarios (default: all).
 TRIALS ?= 20
 SCENARIOS ?=
@@ -22,10 +23,11 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 #: Bytecode is cached (__pycache__/, ignored by git): every pod process of a test or demo imports edl_argo,
 #: and compiling it again each time cost 0.7 s of a core per process.
 
-.PHONY: help venv test-servers test test-slow lint format demo templates image lock scheduling bench chaos fuzz proto clean
+.PHONY: help venv test-servers test test-slow lint format demo demo-sql templates image lock scheduling bench chaos fuzz proto clean
 
 help:
 	@echo "make demo   - run the digits pipeline here: prepare the dataset, train, evaluate, predict"
+	@echo "make demo-sql - run the SQLFlow census pipeline here on SQLite: TO TRAIN, TO PREDICT, TO EVALUATE"
 	@echo "make templates - render templates/ (Argo WorkflowTemplates, RBAC, ...) from components/"
 	@echo "make image IMAGE=registry/name:tag - build the container image (docker, podman or buildah)"
 	@echo "make scheduling - issue 32's scheduling scenarios, elastic and gang-scheduled (docs/scheduling.md)"
@@ -71,6 +73,10 @@ format: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/edl-argo pipeline run examples/pipelines/digits_pipeline.py -p data=$(DEMO_DIR)/data --workdir $(DEMO_DIR)
+
+demo-sql: $(STAMP)
+	$(BIN)/edl-argo pipeline run examples/pipelines/census_sql_pipeline.py \
+		-p db=sqlite:///$(abspath $(DEMO_SQL_DIR))/census.db -p models=$(DEMO_SQL_DIR)/models --workdir $(DEMO_SQL_DIR)
 
 templates: $(STAMP)
 	$(BIN)/edl-argo templates render

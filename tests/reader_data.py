@@ -1,67 +1,17 @@
-"""Datasets of the same records in every file format, for the reader tests and the chaos suite."""
+"""Datasets of the same records in every file format, for the reader tests and the chaos suite: the digits
+as ``edl-argo data digits --format`` writes them (:mod:`edl_argo.data.file_writers`)."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
-import numpy as np
-
 from edl_argo.data.commands import digits_records
-from edl_argo.data.examples import decode_example
+from edl_argo.data.file_writers import digits_table, pixel_columns, write_records_as
+from edl_argo.storage import open_storage
 
-#: The file formats a digits dataset is written in by :func:`write_digits_as`.
+#: The file formats a digits dataset is written in by :func:`write_digits_as` (the record formats; PNG
+#: images hold the same pixels, rounded).
 FILE_FORMATS = ("tfrecord", "csv", "parquet")
-
-
-def pixel_columns(count: int) -> tuple[str, ...]:
-    """The column names of an image's ``count`` pixels in a table: ``p0``, ``p1``, ..."""
-    return tuple(f"p{i}" for i in range(count))
-
-
-def digits_table(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """Image records (``tf.train.Example`` with ``image`` floats and ``label``: the digits, or the
-    benchmarks' MNIST-style images) as a float32 pixel matrix and int64 labels."""
-    decoded = [decode_example(record) for record in records]
-    pixels = np.array([d["image"] for d in decoded], dtype=np.float32)
-    labels = np.array([d["label"][0] for d in decoded], dtype=np.int64)
-    return pixels, labels
-
-
-def write_records_as(fmt: str, folder: Path, records: list[bytes], files: int) -> None:
-    """``records`` (image examples, :func:`digits_table`) into ``folder`` as ``files`` files of format
-    ``fmt``, in order; a table has one column per pixel (:func:`pixel_columns`) and ``label``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    parts = np.array_split(np.arange(len(records)), files)
-    for number, part in enumerate(parts):
-        chosen = [records[i] for i in part]
-        path = folder / f"part-{number:03d}"
-        if fmt == "tfrecord":
-            import tensorflow as tf
-
-            with tf.io.TFRecordWriter(str(path) + ".tfrecord") as writer:
-                for record in chosen:
-                    writer.write(record)
-            continue
-        pixels, labels = digits_table(chosen)
-        columns = pixel_columns(pixels.shape[1])
-        if fmt == "csv":
-            with open(str(path) + ".csv", "w", newline="") as file:
-                writer = csv.writer(file)
-                writer.writerow([*columns, "label"])
-                writer.writerows(
-                    [*(repr(float(v)) for v in row), int(y)] for row, y in zip(pixels, labels, strict=True)
-                )
-        elif fmt == "parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            arrays = {name: pa.array(pixels[:, i]) for i, name in enumerate(columns)}
-            pq.write_table(
-                pa.table({**arrays, "label": pa.array(labels)}), str(path) + ".parquet", row_group_size=128
-            )
-        else:
-            raise ValueError(f"no writer for {fmt}")
 
 
 def write_digits_table(database: Path) -> str:
@@ -90,6 +40,7 @@ def write_digits_as(fmt: str, root: Path) -> Path:
     """The digits dataset (the same split as ``edl-argo data digits``) as ``root/train`` (4 files) and
     ``root/test`` (2 files) in format ``fmt``; returns ``root``."""
     train, test = digits_records(test_fraction=0.2, seed=0)
-    write_records_as(fmt, root / "train", train, 4)
-    write_records_as(fmt, root / "test", test, 2)
+    storage = open_storage(str(root))
+    write_records_as(fmt, storage, "train", train, 4)
+    write_records_as(fmt, storage, "test", test, 2)
     return root

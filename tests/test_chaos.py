@@ -38,9 +38,6 @@ from tests.k8s_stand_in import KubernetesStandIn
 from tests.reader_data import FILE_FORMATS, write_digits_as, write_digits_table
 from tests.s3_stand_in import S3StandIn
 
-#: The digits model fed from files of any format (tests/reader_models/digits_columns.py).
-DIGITS_COLUMNS = str(Path(__file__).parent / "reader_models" / "digits_columns.py")
-
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -83,9 +80,7 @@ def test_killed_workers_lose_no_record_reading_each_file_format(
     """The worker-kill trial on the digits written as TFRecord, CSV and Parquet files: a killed worker's
     tasks go back to the queue and every record is trained once per epoch, whatever reader serves them."""
     data = write_digits_as(fmt, tmp_path_factory.mktemp(f"digits-{fmt}"))
-    result = worker_kills(
-        chaos_env, random.Random(f"test_chaos/{fmt}"), data=str(data), model_def=DIGITS_COLUMNS
-    )
+    result = worker_kills(chaos_env, random.Random(f"test_chaos/{fmt}"), data=str(data))
     assert result.passed, result.summary()
     assert_no_record_lost(result.metrics)
     assert result.faults, "no fault was injected"
@@ -103,7 +98,6 @@ def test_killed_workers_lose_no_record_reading_a_sql_table(
         training_data=f"{url}#train",
         validation_data=f"{url}#test",
         data_options="key=id",
-        model_def=DIGITS_COLUMNS,
     )
     assert result.passed, result.summary()
     assert_no_record_lost(result.metrics)

@@ -2,7 +2,9 @@
 
 Small settings keep them at a minute or two each: the digits pipeline with its defaults (8 epochs),
 data and artifacts in the S3 stand-in; the CTR pipeline with 2,500 records and two epochs, in local
-folders (it also checks what only a sparse model shows: embedding rows trained on both PS shards).
+folders (it also checks what only a sparse model shows: embedding rows trained on both PS shards); the
+digits-formats pipeline on CSV (TFRecord and Parquet: slow, the reader tests cover them) and the census
+SQL pipeline on SQLite, about 25 s each.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from edl_argo.pipeline.loader import load_workflow, with_parameters
 from edl_argo.pipeline.runner import LocalRunner, Phase, RunResult
@@ -87,3 +90,57 @@ def test_ctr_pipeline_trains_embeddings_sharded_over_two_parameter_servers(tmp_p
     # Rows the job trained were exported from both parameter servers (even and odd ids).
     changed = np.flatnonzero(np.abs(tables[0]).max(axis=1) > 0.06)
     assert {0, 1} <= set(changed % 2)
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        "csv",
+        pytest.param("tfrecord", marks=pytest.mark.slow),
+        pytest.param("parquet", marks=pytest.mark.slow),
+    ],
+)
+def test_digits_formats_pipeline_trains_on_files_whose_format_it_detects(fmt: str, tmp_path: Path) -> None:
+    data = tmp_path / "digits"
+    result = run_pipeline("digits_formats_pipeline.py", tmp_path / "runs", format=fmt, data=str(data))
+
+    assert [s.name for s in result.steps] == [
+        "prepare-digits",
+        "elastic-train",
+        "elastic-train.onExit",
+        "evaluate",
+    ]
+    assert {p.suffix for p in (data / "train").iterdir()} == {f".{fmt}"}  # files of that format, no manifest
+    evaluation = json.loads(result.step("evaluate").parameters["metrics"])
+    assert evaluation["accuracy"] >= DIGITS_ACCURACY_FLOOR and evaluation["records"] == 360
+    artifact = Path(result.step("elastic-train").artifacts["model"])
+    flags = json.loads((published_folder(artifact.parent, artifact.name) / "flags.json").read_text())
+    assert flags["data_format"] == ""  # detected, not given
+    assert_no_record_lost(
+        json.loads((published_folder(artifact.parent, artifact.name) / "metrics.json").read_text())
+    )
+
+
+def test_census_sql_pipeline_trains_predicts_and_evaluates_in_sqlite(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'census.db'}"
+    result = run_pipeline(
+        "census_sql_pipeline.py",
+        tmp_path / "runs",
+        db=db,
+        models=str(tmp_path / "models"),
+        **{"test-rows": "400"},
+    )
+
+    assert [s.name for s in result.steps] == ["census-train", "census-test", "train", "predict", "evaluate"]
+    assert all(s.phase == Phase.SUCCEEDED for s in result.steps)
+    engine = sa.create_engine(db)
+    with engine.connect() as connection:
+        truth = dict(connection.execute(sa.text("SELECT id, income FROM census_test")).all())
+        predicted = dict(connection.execute(sa.text("SELECT id, income FROM census_pred")).all())
+        (evaluation,) = connection.execute(sa.text("SELECT accuracy, records FROM census_eval")).all()
+    engine.dispose()
+    assert len(truth) == 400 and sorted(predicted) == sorted(truth)  # one prediction per test row
+    accuracy = np.mean([predicted[i] == truth[i] for i in truth])
+    assert accuracy >= 0.8, accuracy
+    assert evaluation == (pytest.approx(accuracy, abs=1e-6), 400)  # TO EVALUATE agrees with the table
+    assert (tmp_path / "models" / "census_model" / "sqlflow_model.py").is_file()

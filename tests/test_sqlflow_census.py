@@ -8,7 +8,6 @@ EVALUATE then run exactly as the command runs them. ``test_to_train_runs_a_job``
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import sqlalchemy as sa
 import tensorflow as tf
 from sql_helpers import DATABASES, Tables, tables_of
 
+from edl_argo.data.census import write_census
 from edl_argo.errors import ConfigError
 from edl_argo.master.export import publish_model
 from edl_argo.model import Mode
@@ -31,28 +31,10 @@ ROWS = 2000
 
 
 def make_census(db: Tables, rows: int = ROWS, seed: int = 11) -> str:
-    """age, workclass, education, hours_per_week and an income label computed from them with noise."""
+    """A census table (edl_argo/data/census.py): age, workclass, education, hours_per_week and an income
+    label computed from them with noise."""
     table = db.name("census")
-    db.execute(
-        f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, age INTEGER, workclass VARCHAR(20), "
-        "education VARCHAR(20), hours_per_week DOUBLE PRECISION, income INTEGER)"
-    )
-    rng = random.Random(seed)
-    values = []
-    for i in range(rows):
-        age = rng.randint(18, 80)
-        workclass = rng.choice(["Private", "Self-emp", "State-gov", "Federal-gov"])
-        education = rng.choice(["HS-grad", "Some-college", "Bachelors", "Masters", "Doctorate"])
-        hours = round(rng.uniform(10, 70), 1)
-        score = (age - 42) / 12 + (hours - 40) / 12 + {"Masters": 1.0, "Doctorate": 1.5}.get(education, 0.0)
-        score += 0.8 if workclass == "Self-emp" else 0.0
-        income = int(score + rng.gauss(0, 0.35) > 0.5)
-        values.append({"id": i, "age": age, "w": workclass, "e": education, "h": hours, "income": income})
-    db.execute(
-        f"INSERT INTO {table} (id, age, workclass, education, hours_per_week, income) "
-        "VALUES (:id, :age, :w, :e, :h, :income)",
-        values,
-    )
+    write_census(db.url, table, rows, seed)  # as `edl-argo data census` writes it
     return table
 
 

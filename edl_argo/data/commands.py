@@ -1,4 +1,5 @@
-"""``edl-argo data``: write the bundled digits dataset, convert a CSV file, inspect and seal datasets."""
+"""``edl-argo data``: write the bundled digits dataset (RecordIO, or files of another format), generate the
+CTR dataset or a census table (in a database), convert a CSV file, inspect and seal datasets."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from edl_argo.data.csv_table import csv_examples, scan_csv
 from edl_argo.data.examples import encode_example
+from edl_argo.data.file_writers import DIGITS_FORMATS, write_records_as
 from edl_argo.data.formats import inspect_data, refuse_sealed, seal_files
 from edl_argo.errors import ConfigError, DataFormatError
 from edl_argo.flags import positive_int
@@ -45,7 +47,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_output_flags(digits)
     digits.add_argument("--test-fraction", type=float, default=0.2, help="share of records in test/")
     digits.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    digits.add_argument(
+        "--format",
+        choices=DIGITS_FORMATS,
+        default="recordio",
+        help="recordio (sealed shards, the default); tfrecord, csv or parquet (--shards files per split); "
+        "images (a PNG per record in class folders)",
+    )
     digits.set_defaults(run=run_digits)
+
+    census = commands.add_parser(
+        "census", help="write a generated census table (the SQLFlow example's) into a database"
+    )
+    census.add_argument(
+        "--db", required=True, metavar="URL", help="SQLAlchemy URL (password: EDL_DB_PASSWORD)"
+    )
+    census.add_argument("--table", required=True, help="the table to create")
+    census.add_argument("--rows", type=positive_int, default=2000, help="rows to generate (default 2000)")
+    census.add_argument("--seed", type=int, default=11, help="random seed (default 11)")
+    census.add_argument("--overwrite", action="store_true", help="replace the table if it exists")
+    census.set_defaults(run=run_census)
 
     ctr = commands.add_parser("ctr", help="generate a synthetic click-through dataset (26 categorical ids)")
     _add_output_flags(ctr)
@@ -143,8 +164,20 @@ def run_digits(args: argparse.Namespace) -> int:
     train, test = digits_records(args.test_fraction, args.seed)
     compressor = _COMPRESSORS[args.compressor]
     for split, records in (("train", train), ("test", test)):
-        write_dataset(storage, split, records, args.shards, compressor, args.overwrite)
-    print(f"wrote {len(train)} train and {len(test)} test records to {storage.describe()}")
+        if args.format == "recordio":
+            write_dataset(storage, split, records, args.shards, compressor, args.overwrite)
+        else:
+            write_records_as(args.format, storage, split, records, args.shards, args.overwrite)
+    where = f"to {storage.describe()}" + ("" if args.format == "recordio" else f" as {args.format}")
+    print(f"wrote {len(train)} train and {len(test)} test records {where}")
+    return 0
+
+
+def run_census(args: argparse.Namespace) -> int:
+    from edl_argo.data.census import write_census
+
+    rows = write_census(args.db, args.table, args.rows, args.seed, args.overwrite)
+    print(f"wrote {rows} census rows into table {args.table}")
     return 0
 
 

@@ -18,18 +18,21 @@ Each step's template is embedded in the workflow, unless ``template_ref=True``: 
 the WorkflowTemplate installed from ``templates/`` (``kubectl apply -f templates/``).
 """
 
-from edl_argo.hera.container import IMAGE, IMAGE_HOME, MODEL_ZOO, STORAGE_SECRET
+from edl_argo.hera.container import DB_SECRET, IMAGE, IMAGE_HOME, MODEL_ZOO, STORAGE_SECRET
 from edl_argo.hera.elastic_train import ELASTIC_TRAIN, ELASTIC_TRAIN_CLEANUP, elastic_train
 from edl_argo.hera.evaluate import EVALUATE, evaluate
 from edl_argo.hera.predict import PREDICT, predict
 from edl_argo.hera.prepare_data import (
     CONVERT_CSV,
+    PREPARE_CENSUS,
     PREPARE_CTR,
     PREPARE_DIGITS,
     convert_csv,
+    prepare_census,
     prepare_ctr,
     prepare_digits,
 )
+from edl_argo.hera.sqlflow import SQL, sql
 from edl_argo.hera.step import Step, StepTask, workflow_template
 
 #: Every step edl-argo provides.
@@ -37,13 +40,16 @@ STEPS: tuple[Step, ...] = (
     PREPARE_DIGITS,
     PREPARE_CTR,
     CONVERT_CSV,
+    PREPARE_CENSUS,
     ELASTIC_TRAIN,
     ELASTIC_TRAIN_CLEANUP,
     EVALUATE,
     PREDICT,
+    SQL,
 )
 
 __all__ = [
+    "DB_SECRET",
     "IMAGE",
     "IMAGE_HOME",
     "MODEL_ZOO",
@@ -55,7 +61,9 @@ __all__ = [
     "elastic_train",
     "evaluate",
     "predict",
+    "prepare_census",
     "prepare_ctr",
     "prepare_digits",
+    "sql",
     "workflow_template",
 ]

@@ -12,7 +12,9 @@ its pods, :mod:`edl_argo.model.source`); or build an image ``FROM`` this one
 **Storage settings come from a Secret.** Data and models live in MinIO or another S3 endpoint; each step
 gets ``EDL_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` from the Secret named by
 its ``storage-secret`` parameter (``envFrom``, optional, so that steps that use no object storage run
-without one).
+without one). Steps that open a database (``sql``, ``prepare-census``) get its password, ``EDL_DB_PASSWORD``,
+from the key ``password`` of the Secret named by their ``db-secret`` parameter (optional too: a database
+without a password, such as SQLite, needs no Secret). Neither ever appears in a step's arguments.
 
 **Steps run as non-root.** Every step's pod runs as uid/gid 1000 with the runtime's default seccomp
 profile, and its container without privilege escalation or Linux capabilities: the same security contexts
@@ -24,11 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from hera.workflows import Artifact, Container, Parameter, SecretEnvFrom
+from hera.workflows import Artifact, Container, Parameter, SecretEnv, SecretEnvFrom
 from hera.workflows.models import PodSecurityContext, SecurityContext
 
 from edl_argo.hera.inputs import Input, StepInputs, Text
 from edl_argo.pods.manifests import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
+from edl_argo.readers.sql import PASSWORD_ENV
 from edl_argo.settings.table import STEP_IMAGE, STEP_STORAGE_SECRET
 
 #: The default image of every step (built from this repository).
@@ -48,6 +51,22 @@ Image = Annotated[
 StorageSecret = Annotated[
     Text,
     Input("Secret holding EDL_S3_ENDPOINT, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", flag=False),
+]
+#: The default Secret with the database password (its key :data:`DB_PASSWORD_KEY`).
+DB_SECRET = "edl-argo-db"
+DB_PASSWORD_KEY = "password"
+#: The ``db_secret`` argument of the steps that open a database.
+DbSecret = Annotated[
+    Text,
+    Input(
+        f"Secret whose key '{DB_PASSWORD_KEY}' is the database password ({PASSWORD_ENV}; optional: none for"
+        " a database without one)",
+        flag=False,
+    ),
+]
+#: The ``db`` argument of the steps that open a database.
+Database = Annotated[
+    Text, Input("SQLAlchemy URL of the database, without its password (postgresql://user@host/db)")
 ]
 #: The ``model_def`` argument of the steps that load a model.
 ModelDef = Annotated[
@@ -75,11 +94,17 @@ def step_container(
 ) -> Container:
     """The template of an edl-argo step: ``edl-argo <command> <the step's flags>`` in the image of its
     ``image`` parameter, with its input parameters (and input ``artifacts``), its ``outputs``, and the S3
-    settings of its ``storage-secret`` (if it has one). ``template``: further fields of the template
+    settings of its ``storage-secret`` and the database password of its ``db-secret`` (if it has them).
+    ``template``: further fields of the template
     (``env``, ...)."""
     secret = None
     if "storage-secret" in inputs:
         secret = [SecretEnvFrom(name=inputs.ref("storage-secret"), optional=True)]
+    if "db-secret" in inputs:
+        password = SecretEnv(
+            name=PASSWORD_ENV, secret_name=inputs.ref("db-secret"), secret_key=DB_PASSWORD_KEY, optional=True
+        )
+        template["env"] = [*template.get("env", []), password]
     return Container(
         name=name,
         image=inputs.ref("image"),

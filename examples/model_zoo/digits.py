@@ -1,7 +1,10 @@
 """A small CNN on scikit-learn's 8×8 handwritten digits (written by ``edl-argo data digits``).
 
 Follows ElasticDL's model-zoo contract: ``custom_model``, ``feed``, ``loss``, ``optimizer``,
-``eval_metrics_fn``. Records are ``tf.train.Example`` with ``image`` (64 floats, 0–16) and ``label``.
+``eval_metrics_fn``. ``feed`` takes the digits in every format ``edl-argo data digits --format`` writes:
+``tf.train.Example`` records (RecordIO, TFRecord) with ``image`` (64 floats, 0–16) and ``label``; rows
+of a table (CSV, Parquet) with the pixels in columns ``p0``..``p63`` and ``label``; or image files (an
+image folder: ``image``, the PNG's bytes, and ``label``).
 """
 
 import tensorflow as tf
@@ -35,8 +38,24 @@ def parse(record: tf.Tensor, mode: str):
     return image, tf.cast(parsed["label"], tf.int32)
 
 
+PIXELS = tuple(f"p{i}" for i in range(64))
+
+
+def parse_row(row: dict, mode: str):
+    """One row of a table (``p0``..``p63``, ``label``) or one image file (``image``: PNG bytes, ``label``)
+    as :func:`parse` makes a record."""
+    if "image" in row:
+        image = tf.reshape(tf.cast(tf.io.decode_png(row["image"], channels=1), tf.float32), [64]) / 255.0
+    else:
+        image = tf.stack([tf.cast(row[name], tf.float32) for name in PIXELS]) / 16.0
+    if mode == Mode.PREDICTION:
+        return image
+    return image, tf.reshape(tf.cast(row["label"], tf.int32), [1])
+
+
 def feed(dataset: tf.data.Dataset, mode: str, _metadata: object) -> tf.data.Dataset:
-    dataset = dataset.map(lambda record: parse(record, mode))
+    by_row = isinstance(dataset.element_spec, dict)
+    dataset = dataset.map(lambda record: parse_row(record, mode) if by_row else parse(record, mode))
     if mode == Mode.TRAINING:
         dataset = dataset.shuffle(buffer_size=512)
     return dataset

@@ -20,12 +20,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
+from edl_argo.data.file_writers import write_records_as
 from tests.bench.common import ROOT, BenchContext, BenchResult, Goal, Stat, child_env
 from tests.bench.data import mnist_like_records
 from tests.bench.training import MODELS, ModelCase, OurJob, Timing
-from tests.reader_data import write_records_as
 
 FORMATS = ("recordio", "tfrecord", "csv", "parquet")
 INPUT_WAIT_CEILING = 5.0
@@ -53,16 +52,11 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _upload(local: Path, storage: object, prefix: str) -> None:
-    for path in sorted(p for p in local.rglob("*") if p.is_file()):
-        storage.write_file(f"{prefix}/{path.relative_to(local).as_posix()}", path)  # type: ignore[attr-defined]
-
-
 def readers_s3(ctx: BenchContext) -> BenchResult:
     """Input wait of the CNN job per file format, read from the S3 stand-in."""
     from edl_argo.data.commands import write_dataset
     from edl_argo.recordio import Compressor
-    from edl_argo.storage import LocalStorage, S3Storage
+    from edl_argo.storage import S3Storage
     from tests.s3_stand_in import S3StandIn
 
     folder = ctx.folder("readers_s3")
@@ -87,18 +81,16 @@ def readers_s3(ctx: BenchContext) -> BenchResult:
         server.create_bucket(bucket)
         storage = S3Storage(f"s3://{bucket}")
         for fmt in FORMATS:
-            local = folder / fmt
             if fmt == "recordio":
-                write_dataset(LocalStorage(local), "", records, 4, Compressor.SNAPPY, overwrite=False)
+                write_dataset(storage, fmt, records, 4, Compressor.SNAPPY, overwrite=False)
             else:
-                write_records_as(fmt, local, records, 4)
-            _upload(local, storage, fmt)
-            size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+                write_records_as(fmt, storage, fmt, records, 4)
+            size = sum(info.size for info in storage.list(f"{fmt}/"))
             ctx.log(f"  readers_s3: {fmt}")
             with (folder / f"{fmt}.log").open("a") as log:
                 job = OurJob(
                     CNN_ANY_FORMAT,
-                    local,
+                    folder,
                     folder,
                     log,
                     overrides={"training_data": f"s3://{bucket}/{fmt}"},
