@@ -11,7 +11,9 @@ Two layouts:
   with the header ``file,label``: each row names an image (its key relative to the URL) and its label.
   Labels are int64 when every one is an integer, else strings. Only the images it names are records.
 
-Records are in the sorted order of their file keys. Shards are groups of ``files_per_shard`` (option,
+Records are in an order mixed by a hash of their file keys (:func:`mixed_order`): the same files always give
+the same order, and consecutive records (a task) hold images of every class, not one class folder after
+another, which no shuffle of tasks would undo. Shards are groups of ``files_per_shard`` (option,
 default :data:`FILES_PER_SHARD`) consecutive records, keyed ``part-00000``, ``part-00001``, ...; a shard's
 version is a digest of its files' keys, versions and labels. Every file's version is pinned when the
 dataset is opened, and a task's hint (:meth:`OpenedImages.locate`) is the JSON list of
@@ -115,7 +117,7 @@ def plan_images(url: str, options: dict[str, Any], what: str = "") -> ImagePlan:
         classes = tuple(sorted({info.key.split("/", 1)[0] for info in listing.files}))
         number = {name: i for i, name in enumerate(classes)}
         entries = tuple((i.key, i.version, number[i.key.split("/", 1)[0]]) for i in listing.files)
-        return ImagePlan(listing.folder_url, entries, "int64", classes, per_shard)
+        return ImagePlan(listing.folder_url, mixed_order(entries), "int64", classes, per_shard)
     listing = list_data_files(url, _is_image, what, "images")
     found = {info.key: info for info in listing.files}
     files = PinnedFiles(listing.folder_url)
@@ -150,9 +152,17 @@ def plan_images(url: str, options: dict[str, Any], what: str = "") -> ImagePlan:
         raise DataFormatError(f"labels file {describe} names no image")
     numeric = all(fits_int64(label) for label in rows.values())
     entries = tuple(
-        (key, found[key].version, int(label) if numeric else label) for key, label in sorted(rows.items())
+        (key, found[key].version, int(label) if numeric else label) for key, label in rows.items()
     )
-    return ImagePlan(listing.folder_url, entries, "int64" if numeric else "string", (), per_shard)
+    return ImagePlan(
+        listing.folder_url, mixed_order(entries), "int64" if numeric else "string", (), per_shard
+    )
+
+
+def mixed_order(entries: Sequence[tuple[str, str, Any]]) -> tuple[tuple[str, str, Any], ...]:
+    """``entries`` (``(key, version, label)``) ordered by the SHA-256 of their keys: a fixed order that
+    does not follow the folders."""
+    return tuple(sorted(entries, key=lambda entry: hashlib.sha256(entry[0].encode()).digest()))
 
 
 class ImageReader(RangeReader):
