@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,12 +107,14 @@ class Batch:
 
 
 class Inference:
-    """A trained model of ``spec`` run over the shards at ``data``; the model is built on the first batch."""
+    """A trained model of ``spec`` run over the dataset ``open_dataset()`` opens (after the model is found,
+    so that a missing model is the error reported); the model is built on the first batch."""
 
-    def __init__(self, spec: ModelSpec, model_url: str, data: OpenedDataset, minibatch_size: int) -> None:
+    def __init__(
+        self, spec: ModelSpec, model_url: str, open_dataset: Callable[[], OpenedDataset], minibatch_size: int
+    ) -> None:
         self.spec = spec
         self.model_url = model_url
-        self.data = data
         self.minibatch_size = minibatch_size
         self._model: Any = None
         self._names: list[str] | None = None
@@ -124,17 +126,17 @@ class Inference:
                 f"--model {model_url}: no complete model there "
                 "(expected the <output>/model of a finished job)"
             ) from None
-        # The dataset's shards, listed (or named by a manifest) and pinned to their versions when opened.
-        self.dataset = data
-        self.shards = list(data.records)
+        #: The dataset: its shards listed (or named by a manifest) and pinned to their versions when opened.
+        self.data = open_dataset()
+        self.shards = list(self.data.records)
         #: Shard key -> the shard's name in the dataset (``data-00000``), which predictions are named by.
-        self.names = data.names
+        self.names = self.data.names
 
     def batches(self, mode: str) -> Iterator[Batch]:
         """Every minibatch of every shard, in order. ``feed`` errors name the shard."""
         from edl_argo.worker.data import make_batches
 
-        counts = self.dataset.records
+        counts = self.data.records
         total = sum(counts.values())
         progress = ProgressReporter(f"{mode} {self.data.describe()}", unit="record")
         done = 0
@@ -254,7 +256,9 @@ def open_inference_data(
 
 def run_evaluate(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def, model_options_from_args(args))
-    results = evaluate(Inference(spec, args.model, open_inference_data(args, spec), args.minibatch_size))
+    results = evaluate(
+        Inference(spec, args.model, lambda: open_inference_data(args, spec), args.minibatch_size)
+    )
     log.info("evaluation_done", data=args.data, **results)
     if args.output:
         open_storage(args.output).write("metrics.json", dumps(results, indent=2, sort_keys=True).encode())
@@ -328,8 +332,9 @@ def _a_prediction_file(rel: str) -> bool:
 def run_predict(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model_def, model_options_from_args(args))
     target, name = prediction_target(args.output)
-    data = open_inference_data(args, spec, "prediction")
-    inference = Inference(spec, args.model, data, args.minibatch_size)
+    inference = Inference(
+        spec, args.model, lambda: open_inference_data(args, spec, "prediction"), args.minibatch_size
+    )
     with tempfile.TemporaryDirectory(prefix="edl-predictions-") as tmp:
         local_dir = Path(tmp) / "predictions"
         local_dir.mkdir()

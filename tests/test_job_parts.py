@@ -27,7 +27,7 @@ def test_a_job_is_built_from_its_parts_without_reading_anything(
     def no_io(*args: object, **kwargs: object) -> None:
         raise AssertionError("the constructor did I/O")
 
-    for name in ("open_storage", "open_dataset"):
+    for name in ("open_data",):
         monkeypatch.setattr(job_module, name, no_io)
     elsewhere = dataclasses.replace(
         config, training_data=str(tmp_path / "gone"), output=str(tmp_path / "out")
