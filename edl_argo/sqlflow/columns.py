@@ -59,8 +59,23 @@ class Numeric:
         return (self.key,)
 
 
+class _KeyedBuckets:
+    """What a category column of one ``key`` into ``buckets`` ids answers (fields of the subclass)."""
+
+    key: str
+    buckets: int
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,)
+
+    @property
+    def num_buckets(self) -> int:
+        return self.buckets
+
+
 @dataclass(frozen=True)
-class CategoryId:
+class CategoryId(_KeyedBuckets):
     """``CATEGORY_ID(key, buckets)``: integer ids (modulo ``buckets``), or with a ``vocabulary`` (a text
     column) 1 + the index of the value in it, 0 for a value not in it."""
 
@@ -68,29 +83,13 @@ class CategoryId:
     buckets: int
     vocabulary: tuple[str, ...] = ()
 
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
-
-    @property
-    def num_buckets(self) -> int:
-        return self.buckets
-
 
 @dataclass(frozen=True)
-class CategoryHash:
+class CategoryHash(_KeyedBuckets):
     """``CATEGORY_HASH(key, buckets)``: the value's text, hashed into ``[0, buckets)``."""
 
     key: str
     buckets: int
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
-
-    @property
-    def num_buckets(self) -> int:
-        return self.buckets
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,12 @@ importing the readers (sampled every 5 ms). The goal: under 300 MB.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 from edl_argo.data.file_writers import write_records_as
-from tests.bench.common import ROOT, BenchContext, BenchResult, Goal, Stat, child_env
+from tests.bench.common import ROOT, BenchContext, BenchResult, Goal, Stat, child_env, environment
 from tests.bench.data import mnist_like_records
 from tests.bench.training import MODELS, ModelCase, OurJob, Timing
 
@@ -36,20 +33,6 @@ CNN_ANY_FORMAT = ModelCase(
     num_ps=1,
     records=lambda quick: mnist_like_records(1024 if quick else 4096),
 )
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def readers_s3(ctx: BenchContext) -> BenchResult:
@@ -77,7 +60,7 @@ def readers_s3(ctx: BenchContext) -> BenchResult:
         columns=["format", "examples/s", "input wait (% of step)", "bytes on S3"],
     )
     bucket = "bench"
-    with S3StandIn() as server, _environment({**server.env(), "AWS_SESSION_TOKEN": ""}):
+    with S3StandIn() as server, environment({**server.env(), "AWS_SESSION_TOKEN": ""}):
         server.create_bucket(bucket)
         storage = S3Storage(f"s3://{bucket}")
         for fmt in FORMATS:

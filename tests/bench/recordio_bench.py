@@ -5,11 +5,9 @@ See :func:`_result` for the method; the report repeats it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import numpy as np
 
 from edl_argo.recordio import HEADER_SIZE, INDEX_SUFFIX, ChunkIndex, Compressor, ShardReader, write_shard
 from edl_argo.storage import LocalStorage, S3Storage, Storage
-from tests.bench.common import BenchContext, BenchResult, Goal, Stat, ratio_stat
+from tests.bench.common import BenchContext, BenchResult, Goal, Stat, environment, ratio_stat
 
 RECORD_BYTES = 1024
 RANGE_RECORDS = 512
@@ -237,20 +235,6 @@ def recordio_local(ctx: BenchContext) -> BenchResult:
     return result
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def recordio_s3(ctx: BenchContext) -> BenchResult:
     """Reader (through ``S3Storage``) vs one plain minio ranged GET of the same bytes, on the S3 stand-in."""
     from tests.s3_stand_in import S3StandIn
@@ -265,7 +249,7 @@ def recordio_s3(ctx: BenchContext) -> BenchResult:
     )
     ranges, repeats = (5, 2) if ctx.quick else (40, 3)
     bucket = "bench"
-    with S3StandIn() as server, _environment({**server.env(), "AWS_SESSION_TOKEN": ""}):
+    with S3StandIn() as server, environment({**server.env(), "AWS_SESSION_TOKEN": ""}):
         server.create_bucket(bucket)
         storage: Storage = S3Storage(f"s3://{bucket}/recordio")
         local = LocalStorage(folder)

@@ -1,4 +1,4 @@
-"""The tabular model (a copy of tests/reader_models/tabular.py) with an ElasticDL custom data reader of
+"""The tabular model (tests/reader_models/tabular.py) with an ElasticDL custom data reader of
 its own: every ``*.jsonl`` file of the data folder is a shard, one JSON object per line, which the
 reader yields as a serialized ``tf.train.Example``. Used by tests/test_reader_custom.py.
 
@@ -8,59 +8,25 @@ of that many lines, named by the file (ElasticDL's older list form, names repeat
 (``float``), for the tests of refusals. ``OPENED`` counts the readers made in this process.
 """
 
+import importlib.util
 import json
 import os
+from pathlib import Path
 
-import keras
 import tensorflow as tf
 
-FEATURES = ("f0", "f1", "f2", "f3")
-CLASSES = 3
+_spec = importlib.util.spec_from_file_location("tabular", Path(__file__).with_name("tabular.py"))
+tabular = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tabular)
 
-
-def custom_model() -> keras.Model:
-    keras.utils.set_random_seed(7)
-    inputs = keras.Input(shape=(len(FEATURES),), name="features")
-    hidden = keras.layers.Dense(16, activation="relu")(inputs)
-    outputs = keras.layers.Dense(CLASSES)(hidden)
-    return keras.Model(inputs, outputs)
-
-
-def loss(labels, predictions):
-    return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.reshape(labels, [-1]), logits=predictions)
-    )
-
-
-def optimizer(lr: float = 0.05) -> keras.optimizers.Optimizer:
-    return keras.optimizers.SGD(lr)
-
-
-def _example(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    spec = {name: tf.io.FixedLenFeature([], tf.float32) for name in FEATURES}
-    spec["label"] = tf.io.FixedLenFeature([], tf.int64)
-    parsed = tf.io.parse_single_example(record, spec)
-    return tf.stack([parsed[name] for name in FEATURES]), parsed["label"]
-
-
-def _row(row: dict) -> tuple[tf.Tensor, tf.Tensor]:
-    features = tf.stack([tf.cast(row[name], tf.float32) for name in FEATURES])
-    return features, tf.cast(row["label"], tf.int64)
-
-
-def feed(dataset: tf.data.Dataset, mode: str, metadata=None) -> tf.data.Dataset:
-    parsed = dataset.map(_row if isinstance(dataset.element_spec, dict) else _example)
-    if mode == "prediction":
-        return parsed.map(lambda features, label: features)
-    return parsed
-
-
-def eval_metrics_fn():
-    return {
-        "accuracy": lambda labels, predictions: tf.cast(
-            tf.equal(tf.argmax(predictions, 1), tf.reshape(tf.cast(labels, tf.int64), [-1])), tf.float32
-        )
-    }
+FEATURES = tabular.FEATURES
+custom_model, loss, optimizer, feed, eval_metrics_fn = (
+    tabular.custom_model,
+    tabular.loss,
+    tabular.optimizer,
+    tabular.feed,
+    tabular.eval_metrics_fn,
+)
 
 
 OPENED = []
