@@ -5,9 +5,9 @@ PNG images in class folders (or RecordIO shards), train the digits model on them
     python examples/pipelines/digits_formats_pipeline.py > digits-formats.yaml     # for `argo submit`
 
 Workflow parameters (``-p NAME=VALUE``): ``format``, one of recordio, tfrecord, csv, parquet, images;
-``data``, where the dataset goes; ``epochs``, ``workers``; ``image``, the edl-argo image. Nothing names the format
-after the prepare step: training and evaluation detect it from the file names (``--data-format`` empty),
-and the model's ``feed`` takes records, rows and PNG files alike (``examples/model_zoo/digits.py``).
+``data``, where the dataset goes; ``epochs``, ``workers``; ``image``, the edl-argo image. Nothing names the
+format after the prepare step: training and evaluation detect it from the file names (``--data-format``
+empty), and the model's ``feed`` takes records, rows and PNG files alike (``examples/model_zoo/digits.py``).
 """
 
 from hera.workflows import DAG, Parameter, Workflow
