@@ -18,7 +18,14 @@ from edl_argo.hera.container import (
     step_container,
 )
 from edl_argo.hera.inputs import StepInputs
-from edl_argo.hera.model_input import MODEL_ARTIFACT, MODEL_PATH, Data, MinibatchSize
+from edl_argo.hera.model_input import (
+    MODEL_ARTIFACT,
+    MODEL_PATH,
+    Data,
+    DataFormat,
+    DataOptions,
+    MinibatchSize,
+)
 from edl_argo.hera.step import Step, StepTask
 
 WORKFLOW_TEMPLATE = "edl-argo-predict"
@@ -33,6 +40,8 @@ def predict(
     model_def: ModelDef,
     model_zoo: ModelZoo = "",
     data: Data,
+    data_format: DataFormat = "",
+    data_options: DataOptions = "",
     minibatch_size: MinibatchSize = 256,
     image: Image = IMAGE,
     storage_secret: StorageSecret = STORAGE_SECRET,
