@@ -9,6 +9,7 @@ The whole module runs in well under a minute. End-to-end training jobs are in
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import signal
 import sys
@@ -553,6 +554,34 @@ def test_secrets_reach_the_pod_env_by_reference_and_a_pod_that_cannot_start_fail
     assert "InvalidImageName" in failed.message
     selector = f"app.kubernetes.io/instance={broken.job_name}"
     stand_in.wait_for(lambda: not stand_in.objects("pods", selector), what="the stuck pod to be deleted")
+
+
+def test_the_database_password_reaches_workers_only_and_a_missing_secret_is_no_password(
+    new_backend: Callable[..., KubernetesBackend], stand_in: KubernetesStandIn
+) -> None:
+    """``--db-secret``: the workers, which read the data, get its ``password`` as EDL_DB_PASSWORD by
+    reference; a PS does not; a Secret that does not exist (a database without a password) starts pods
+    without the variable instead of blocking them."""
+    secret = f"db-{uuid.uuid4().hex[:6]}"
+    stand_in.create("secrets", {"metadata": {"name": secret}, "stringData": {"password": "pw-123"}})
+    show = py("import os; print(os.environ.get('EDL_DB_PASSWORD', 'none'))")
+    backend = new_backend(db_secret=secret)
+    port = backend.config.ps_port_of(0)
+    backend.start(PodSpec(WORKER, 0, show))
+    backend.start(PodSpec(PS, 0, show, port=port))
+    events = collect(backend, ended((WORKER, 0), (PS, 0)))
+    assert terminal(events, WORKER, 0).phase is PodPhase.SUCCEEDED
+    logs = {
+        role: stand_in.cluster.pod_log("default", f"{backend.job_name}-{role}-0", None).split()
+        for role in ("worker", "ps")
+    }
+    assert logs == {"worker": ["pw-123"], "ps": ["none"]}
+    for pod in stand_in.objects("pods", f"app.kubernetes.io/instance={backend.job_name}"):
+        assert "pw-123" not in json.dumps(pod)  # by reference, never the value
+    missing = new_backend(db_secret=f"absent-{uuid.uuid4().hex[:6]}")
+    missing.start(PodSpec(WORKER, 0, show))
+    assert terminal(collect(missing, ended((WORKER, 0))), WORKER, 0).phase is PodPhase.SUCCEEDED
+    assert stand_in.cluster.pod_log("default", f"{missing.job_name}-worker-0", None).split() == ["none"]
 
 
 def test_ps_is_relaunched_with_the_same_id_and_address(new_backend: Callable[..., KubernetesBackend]) -> None:

@@ -31,7 +31,7 @@ from hera.workflows.models import PodSecurityContext, SecurityContext
 
 from edl_argo.hera.inputs import Input, StepInputs, Text
 from edl_argo.pods.manifests import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
-from edl_argo.readers.sql import PASSWORD_ENV
+from edl_argo.readers.credentials import DEFAULT_SECRET, PASSWORD_ENV, SECRET_KEY
 from edl_argo.settings.table import STEP_IMAGE, STEP_STORAGE_SECRET
 
 #: The default image of every step (built from this repository).
@@ -53,8 +53,8 @@ StorageSecret = Annotated[
     Input("Secret holding EDL_S3_ENDPOINT, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", flag=False),
 ]
 #: The default Secret with the database password (its key :data:`DB_PASSWORD_KEY`).
-DB_SECRET = "edl-argo-db"
-DB_PASSWORD_KEY = "password"
+DB_SECRET = DEFAULT_SECRET
+DB_PASSWORD_KEY = SECRET_KEY
 #: The ``db_secret`` argument of the steps that open a database.
 DbSecret = Annotated[
     Text,

@@ -108,6 +108,8 @@ class KubernetesConfig:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
     volumes: tuple[Volume, ...] = ()
+    db_secret: str = ""
+    """Secret whose key ``password`` worker pods get as ``EDL_DB_PASSWORD`` (optional ``secretKeyRef``)."""
     storage_secret: str = ""
     """Secret holding ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (and optionally
     ``AWS_SESSION_TOKEN``) under those key names; pods read them with ``secretKeyRef``."""
@@ -180,6 +182,7 @@ def kubernetes_config_from_args(
         tolerations=tuple(parse_toleration(text) for text in args.toleration),
         volumes=_unique_mounts(tuple(parse_volume(text) for text in args.volume)),
         storage_secret=_dns_name(args.storage_secret, "--storage-secret"),
+        db_secret=_dns_name(args.db_secret, "--db-secret"),
         tls_secret=_dns_name(args.tls_secret, "--tls-secret"),
         auth_secret=_auth_secret(args),
         secrets_dir=env.get(MASTER_SECRETS_ENV, ""),

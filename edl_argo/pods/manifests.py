@@ -49,6 +49,8 @@ from edl_argo.errors import ConfigError
 from edl_argo.pods import kubernetes_config
 from edl_argo.pods.base import PodRole, PodSpec
 from edl_argo.pods.kubernetes_config import DNS_SUBDOMAIN, KubernetesConfig
+from edl_argo.readers.credentials import PASSWORD_ENV as DB_PASSWORD_ENV
+from edl_argo.readers.credentials import SECRET_KEY as DB_SECRET_KEY
 from edl_argo.rpc import auth, tls
 
 NAME_LABEL = "app.kubernetes.io/name"
@@ -524,6 +526,9 @@ def _env(job_name: str, config: KubernetesConfig, spec: PodSpec, credentials: bo
         for name in SECRET_KEYS:
             ref = {"name": config.storage_secret, "key": name, "optional": True}
             env[name] = {"name": name, "valueFrom": {"secretKeyRef": ref}}
+    if config.db_secret and spec.role is PodRole.WORKER:  # the pods that read the data
+        ref = {"name": config.db_secret, "key": DB_SECRET_KEY, "optional": True}
+        env[DB_PASSWORD_ENV] = {"name": DB_PASSWORD_ENV, "valueFrom": {"secretKeyRef": ref}}
     if not credentials:
         return list(env.values())
     identity = auth.pod_identity(spec.role.value, spec.pod_id)

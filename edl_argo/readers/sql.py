@@ -71,10 +71,10 @@ from edl_argo.readers.base import (
     RecordSchema,
     ShardInfo,
 )
+from edl_argo.readers.credentials import PASSWORD_ENV
 from edl_argo.recordio.reader import ShardChangedError
 
 #: The environment variable holding the database password (never part of a URL).
-PASSWORD_ENV = "EDL_DB_PASSWORD"
 #: The key of the index kept for every ``INDEX_STRIDE``-th row: a read skips fewer rows than this.
 INDEX_STRIDE = 64
 #: How many rows open() looks at to infer the column types.

@@ -31,6 +31,9 @@ MASTER_TIMEOUT_SECONDS = 600
 #: The image and storage Secret every Argo step defaults to (``templates/``), and the pods' resources.
 STEP_IMAGE = f"edl-argo:{__version__}"
 STEP_STORAGE_SECRET = "edl-argo-storage"
+#: The elastic-train step's ``db-secret`` default (edl_argo.readers.credentials.DEFAULT_SECRET, which the
+#: settings must not import).
+DB_SECRET = "edl-argo-db"
 ROLE_RESOURCES = "cpu=1,memory=1024Mi"
 
 ALL = ("train", "worker", "ps")
@@ -712,6 +715,17 @@ SETTINGS: tuple[Setting, ...] = (
         group=K8S,
         metavar="NAME",
         argo=Argo(default=STEP_STORAGE_SECRET),
+    ),
+    Setting(
+        "--db-secret",
+        str,
+        "",
+        "Secret whose key 'password' the workers (and the Argo step's pod) get as EDL_DB_PASSWORD, the "
+        "password of the database the training data is in (optional: none for a database without one)",
+        section="kubernetes",
+        group=K8S,
+        metavar="NAME",
+        argo=Argo(default=DB_SECRET),
     ),
     Setting(
         "--tls-secret",
