@@ -208,7 +208,15 @@ def test_the_train_step_has_what_the_master_relies_on() -> None:
     fields = {
         e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
         for e in template["container"]["env"]
-        if "valueFrom" in e
+        if "fieldRef" in e.get("valueFrom", {})
+    }
+    secrets = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in template["container"]["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert secrets == {
+        "EDL_DB_PASSWORD": {"name": "{{inputs.parameters.db-secret}}", "key": "password", "optional": True}
     }
     assert fields == {
         "EDL_POD_NAME": "metadata.name",
