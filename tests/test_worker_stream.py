@@ -22,7 +22,7 @@ from edl_argo.proto import master_pb2
 from edl_argo.recordio import Compressor, open_dataset
 from edl_argo.storage import LocalStorage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
-from edl_argo.worker.main import Worker
+from edl_argo.worker.main import READ_COUNTER, Worker
 from edl_argo.worker.task_stream import TaskStream
 
 MINIBATCH = 8
@@ -218,6 +218,8 @@ def test_every_task_is_reported_after_its_minibatches_and_the_ledger_adds_up(job
     assert job.ledger.epoch_problems(job.dispatcher.accounting()) == []
     times = job.master.reports[-1].counters
     assert {"time_input_us", "time_compute_us", "time_master_us"} <= set(times)
+    reads = [report.counters[READ_COUNTER] for report in job.master.reports]
+    assert all(read > 0 for read in reads)  # every training task's read, timed on the stream's thread
 
 
 def test_a_model_error_after_the_first_step_is_reported_as_one_naming_the_model_file_and_feed(

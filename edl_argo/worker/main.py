@@ -362,7 +362,7 @@ class Worker:
             if task.type == master_pb2.TRAINING:
                 if progress.error is not None:
                     raise progress.error
-                return self._trained(task, progress)
+                return {**self._trained(task, progress), READ_COUNTER: int(streamed.read_seconds * 1e6)}
             schema = self._source.spec(task).schema
             batches = make_batches(
                 self._spec, streamed.records, schema, _MODES[task.type], self._minibatch_size
@@ -535,6 +535,11 @@ def write_predictions(url: str, shard: str, start: int, outputs: dict[str, np.nd
         key, "".join(line + "\n" for line in prediction_lines(shard, start, outputs)).encode()
     )
     return key
+
+
+#: The counter of a training task's report: microseconds its records took to read (``TaskStream`` reads
+#: them on its own thread, one task ahead, so this overlaps training; the input wait is what it did not hide).
+READ_COUNTER = "read_us"
 
 
 def training_schema(data_spec: str) -> RecordSchema:

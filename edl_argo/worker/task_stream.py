@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -49,6 +50,8 @@ class StreamedTask:
     task: master_pb2.Task
     records: Records = field(default_factory=tuple)
     error: Exception | None = None
+    #: Seconds the read of its records took (on the stream's thread, overlapping training).
+    read_seconds: float = 0.0
 
 
 class TaskStream:
@@ -95,10 +98,12 @@ class TaskStream:
                 continue
             streamed = StreamedTask(next(self._seqs), response.task)
             task = response.task
+            started = time.perf_counter()
             try:
                 streamed.records = self._source.read(task)
             except Exception as error:  # the worker reports the task failed (or the job, if fatal)
                 streamed.error = error
+            streamed.read_seconds = time.perf_counter() - started
             with self._cond:
                 self._held[streamed.seq] = streamed
             training = task.type == master_pb2.TRAINING and streamed.error is None

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from edl_argo.worker.main import READ_COUNTER
 from edl_argo.worker.step_timers import OTHER, SECTIONS
 
 LABELS = {
@@ -26,7 +27,8 @@ LABELS = {
 
 class CountersTap:
     """Stands in for a job's :class:`~edl_argo.master.ledger.TrainingLedger`: everything passes through, and
-    the time counters of every accepted training report are kept by task id."""
+    the time counters of every accepted training report (and the read time, ``read_us``) are kept by task
+    id."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -39,7 +41,9 @@ class CountersTap:
     def add(self, task: Any, counters: Mapping[str, int], *args: Any, **kwargs: Any) -> None:
         self._inner.add(task, counters, *args, **kwargs)
         with self._lock:
-            self.times[task.task_id] = {k: v for k, v in counters.items() if k.startswith("time_")}
+            self.times[task.task_id] = {
+                k: v for k, v in counters.items() if k.startswith("time_") or k == READ_COUNTER
+            }
 
 
 def breakdown(tap: CountersTap, task_ids: Iterable[int], steps: int) -> dict[str, float]:
@@ -63,3 +67,10 @@ def breakdown_note(label: str, per_step: dict[str, float]) -> str:
         f"{label}, worker main thread per step in the timed windows ({total:.1f} ms; timers in the worker, "
         f"summed from its task reports): " + ", ".join(parts) + "."
     )
+
+
+def read_ms_per_step(tap: CountersTap, task_ids: Iterable[int], steps: int) -> float:
+    """Milliseconds per step the workers' task streams spent reading records (on their own thread, one
+    task ahead of training: time the input pipeline can hide) over ``task_ids``."""
+    total = sum(tap.times.get(task_id, {}).get(READ_COUNTER, 0) for task_id in task_ids)
+    return total / 1000.0 / max(1, steps)
