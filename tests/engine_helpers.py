@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +140,33 @@ def assert_no_record_lost(metrics: dict[str, Any]) -> None:
     assert sorted(trained) == sorted(dispatched), (trained, dispatched)
     assert all(done == dataset_records for done in dispatched.values()), dispatched
     assert all(count == dataset_records for count in trained.values()), trained
+
+
+#: How long a test waits for its turn to run an elastic-train step (the other runs' whole pipelines).
+MASTER_PORT_TURN_SECONDS = 540.0
+
+
+@contextlib.contextmanager
+def master_port_turn() -> Iterator[None]:
+    """Held while a test runs a pipeline with an elastic-train step here. The step serves its master on a
+    fixed port (2221: in a cluster each step's pod has an address of its own), so two such runs at once on
+    one machine (the suite's test processes side by side) collide: they take turns, through a lock file
+    every test process sees. AssertionError if the turn does not come within
+    :data:`MASTER_PORT_TURN_SECONDS`."""
+    path = Path(tempfile.gettempdir()) / "edl-argo-tests-master-port.lock"
+    deadline = time.monotonic() + MASTER_PORT_TURN_SECONDS
+    with path.open("a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"no turn at the master's port in {MASTER_PORT_TURN_SECONDS} s"
+                    ) from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

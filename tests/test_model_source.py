@@ -38,6 +38,7 @@ from tests.engine_helpers import (
     JobThread,
     assert_no_record_lost,
     digits_config,
+    master_port_turn,
     model_dir,
 )
 from tests.k8s_helpers import ROOT, job_selector, role_rules
@@ -247,7 +248,8 @@ def test_the_digits_pipeline_variant_trains_its_model_from_s3(s3_env: str, tmp_p
         load_workflow(ROOT / "examples" / "pipelines" / "digits_s3_model_pipeline.py"), parameters
     )
     assert workflow.spec.artifact_repository_ref is not None
-    result = LocalRunner(workflow, tmp_path / "run", f"{s3_env}/artifacts").run()
+    with master_port_turn():
+        result = LocalRunner(workflow, tmp_path / "run", f"{s3_env}/artifacts").run()
     assert result.failed is None, f"step {result.failed.name} failed: {result.failed.message}"
     evaluation = json.loads(result.step("evaluate").parameters["metrics"])
     assert evaluation["accuracy"] >= DIGITS_ACCURACY_FLOOR and evaluation["records"] == 360

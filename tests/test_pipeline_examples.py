@@ -21,7 +21,7 @@ from edl_argo.pipeline.loader import load_workflow, with_parameters
 from edl_argo.pipeline.runner import LocalRunner, Phase, RunResult
 from edl_argo.pipeline.summary import summary
 from edl_argo.storage import open_storage
-from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, assert_no_record_lost
+from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, assert_no_record_lost, master_port_turn
 from tests.engine_helpers import model_dir as published_folder
 from tests.manifests import ROOT
 
@@ -30,7 +30,8 @@ PIPELINES = ROOT / "examples" / "pipelines"
 
 def run_pipeline(name: str, workdir: Path, artifacts: str | None = None, **parameters: str) -> RunResult:
     workflow = with_parameters(load_workflow(PIPELINES / name), parameters)
-    result = LocalRunner(workflow, workdir, artifacts).run()
+    with master_port_turn():
+        result = LocalRunner(workflow, workdir, artifacts).run()
     failed = result.failed
     assert failed is None, f"step {failed.name} failed: {failed.message}"
     return result
