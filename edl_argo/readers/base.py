@@ -168,15 +168,17 @@ class RangeReader(abc.ABC):
         :class:`~edl_argo.errors.DataFormatError` naming the file (or table) and record or line."""
 
 
-class OpenedDataset(abc.ABC):
+class OpenedDataset:
     """A dataset opened for planning: its shards, listed and pinned once, and where each range lies."""
 
-    def __init__(self, spec: ReaderSpec, shards: Sequence[ShardInfo]) -> None:
+    def __init__(self, spec: ReaderSpec, shards: Sequence[ShardInfo], reader: RangeReader) -> None:
+        """``reader``: this side's reader of the ranges, made from ``spec`` as a worker's would be (it
+        keeps what it learns of a shard: an index, a file's footer, an engine)."""
         if not shards:
             raise ConfigError(f"{spec.url}: no {spec.format} data there")
         self.spec = spec
         self.shards = tuple(shards)
-        self._reader: RangeReader | None = None
+        self._reader = reader
 
     @property
     def format(self) -> str:
@@ -211,14 +213,12 @@ class OpenedDataset(abc.ABC):
         format needs none)."""
         return ""
 
-    @abc.abstractmethod
     def range_reader(self) -> RangeReader:
-        """A reader of this dataset's ranges, as a worker would make it from :attr:`spec`."""
+        """The reader of this dataset's ranges, as a worker would make it from :attr:`spec`."""
+        return self._reader
 
     def read(self, shard: str, start: int, end: int) -> Records:
         """Records ``[start, end)`` of ``shard`` read here, pinned and located as a worker reads them."""
-        if self._reader is None:
-            self._reader = self.range_reader()
         version = self.versions.get(shard, "")
         return self._reader.read(shard, start, end, version=version, hint=self.locate(shard, start, end))
 

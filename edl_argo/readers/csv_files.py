@@ -413,18 +413,16 @@ class OpenedCsv(OpenedDataset):
     def __init__(
         self, spec: ReaderSpec, shards: Sequence[ShardInfo], indexes: dict[str, OffsetIndex]
     ) -> None:
-        super().__init__(spec, shards)
+        reader = CsvReader(spec)
+        super().__init__(spec, shards, reader)
         self.indexes = indexes
-        self._reader = CsvReader(spec)
+        self._files = reader.files
 
     def describe(self, shard: str = "") -> str:
-        return self._reader.files.describe(shard) if shard else self.spec.url
+        return self._files.describe(shard) if shard else self.spec.url
 
     def locate(self, shard: str, start: int, end: int) -> str:
         return self.indexes[shard].locate(start, end).to_str()
-
-    def range_reader(self) -> RangeReader:
-        return self._reader
 
 
 def check_header(describe: str, header: Sequence[str]) -> None:

@@ -253,16 +253,12 @@ class OpenedCustom(OpenedDataset):
     def __init__(
         self, spec: ReaderSpec, shards: Sequence[ShardInfo], where: dict[str, tuple[str, int]], reader: Any
     ) -> None:
-        super().__init__(spec, shards)
+        super().__init__(spec, shards, CustomReader(spec, reader))
         self._where = where
-        self._range_reader = CustomReader(spec, reader)
 
     def locate(self, shard: str, start: int, end: int) -> str:
         name, base = self._where[shard]
         return json.dumps([name, base], separators=(",", ":"))
-
-    def range_reader(self) -> RangeReader:
-        return self._range_reader
 
 
 class CustomFormat(DataFormat):

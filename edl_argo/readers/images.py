@@ -208,9 +208,8 @@ class OpenedImages(OpenedDataset):
             ShardInfo(key, len(plan.shard(key)), _digest(plan.shard(key)))
             for key in map(_shard_key, range(count))
         ]
-        super().__init__(spec, shards)
+        super().__init__(spec, shards, ImageReader(spec, plan))
         self.plan = plan
-        self._reader = ImageReader(spec, plan)
 
     def describe(self, shard: str = "") -> str:
         entries = self.plan.shard(shard) if shard else ()
@@ -220,9 +219,6 @@ class OpenedImages(OpenedDataset):
 
     def locate(self, shard: str, start: int, end: int) -> str:
         return json.dumps([list(entry) for entry in self.plan.shard(shard)[start:end]], separators=(",", ":"))
-
-    def range_reader(self) -> RangeReader:
-        return self._reader
 
 
 class ImageFolderFormat(DataFormat):

@@ -215,14 +215,11 @@ class ParquetReader(RangeReader):
 
 class OpenedParquet(OpenedDataset):
     def __init__(self, spec: ReaderSpec, shards: Sequence[ShardInfo], reader: ParquetReader) -> None:
-        super().__init__(spec, shards)
-        self._reader = reader
+        super().__init__(spec, shards, reader)
+        self._files = reader.files
 
     def describe(self, shard: str = "") -> str:
-        return self._reader.files.describe(shard) if shard else self.spec.url
-
-    def range_reader(self) -> RangeReader:
-        return self._reader
+        return self._files.describe(shard) if shard else self.spec.url
 
 
 class ParquetFormat(DataFormat):

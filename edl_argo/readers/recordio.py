@@ -44,10 +44,11 @@ class RecordIOReader(RangeReader):
 class OpenedRecordIO(OpenedDataset):
     def __init__(self, spec: ReaderSpec, dataset: Dataset) -> None:
         super().__init__(
-            spec, [ShardInfo(key, count, dataset.versions[key]) for key, count in dataset.records.items()]
+            spec,
+            [ShardInfo(key, count, dataset.versions[key]) for key, count in dataset.records.items()],
+            RecordIOReader(spec, dataset.storage),
         )
         self.dataset = dataset
-        self._reader = RecordIOReader(spec, dataset.storage)
 
     @property
     def names(self) -> dict[str, str]:
@@ -55,9 +56,6 @@ class OpenedRecordIO(OpenedDataset):
 
     def describe(self, shard: str = "") -> str:
         return self.dataset.storage.describe(shard)
-
-    def range_reader(self) -> RangeReader:
-        return self._reader
 
 
 class RecordIOFormat(DataFormat):

@@ -425,10 +425,9 @@ class OpenedSql(OpenedDataset):
     """A SQL dataset opened for planning: its one shard, pinned, and its sparse key index (if keyed)."""
 
     def __init__(self, spec: ReaderSpec, shard: ShardInfo, index: Sequence[Any], max_key: Any) -> None:
-        super().__init__(spec, [shard])
+        super().__init__(spec, [shard], SqlReader(spec))
         self.index = list(index)
         self.max_key = max_key
-        self._reader = SqlReader(spec)
 
     def describe(self, shard: str = "") -> str:
         return self.spec.url
@@ -440,9 +439,6 @@ class OpenedSql(OpenedDataset):
             return ""
         block = start // INDEX_STRIDE
         return json.dumps([self.index[block], start - block * INDEX_STRIDE, self.max_key])
-
-    def range_reader(self) -> RangeReader:
-        return self._reader
 
 
 class SqlFormat(DataFormat):

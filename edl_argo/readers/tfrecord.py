@@ -164,17 +164,18 @@ class TFRecordReader(RangeReader):
 
 class OpenedTFRecord(OpenedDataset):
     def __init__(
-        self, spec: ReaderSpec, shards: Sequence[ShardInfo], indexes: dict[str, OffsetIndex]
+        self,
+        spec: ReaderSpec,
+        shards: Sequence[ShardInfo],
+        indexes: dict[str, OffsetIndex],
+        reader: TFRecordReader,
     ) -> None:
-        super().__init__(spec, shards)
+        super().__init__(spec, shards, reader)
         self._indexes = indexes
 
     def locate(self, shard: str, start: int, end: int) -> str:
         index = self._indexes.get(shard)
         return index.locate(start, end).to_str() if index is not None else ""
-
-    def range_reader(self) -> RangeReader:
-        return TFRecordReader(self.spec)
 
 
 class TFRecordFormat(DataFormat):
@@ -190,7 +191,7 @@ class TFRecordFormat(DataFormat):
             if not is_gzip(info.key):
                 indexes[info.key] = index
             shards.append(ShardInfo(info.key, index.records, info.version))
-        return OpenedTFRecord(spec, shards, indexes)
+        return OpenedTFRecord(spec, shards, indexes, reader)  # the reader that indexed them
 
     def range_reader(self, spec: ReaderSpec) -> RangeReader:
         return TFRecordReader(spec)
