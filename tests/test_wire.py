@@ -64,7 +64,7 @@ def test_a_push_encoded_piece_by_piece_parses_as_the_message_protobuf_builds() -
         "users": (RNG.normal(size=(3, 4)).astype(np.float32), np.array([9, 2, 2**33])),
         "items": (np.zeros((0, 4), np.float32), np.zeros(0, np.int64)),
     }
-    encoded = push_request(fields, dense, state, sparse)
+    encoded = push_request(fields, dense, state, sparse).tobytes()
     parsed = ps_pb2.PushGradientsRequest.FromString(encoded)
     assert parsed == reference_push(fields, dense, state, sparse)
     assert len(encoded) == parsed.ByteSize()  # nothing more on the wire than protobuf would send
@@ -77,7 +77,7 @@ def test_a_push_encoded_piece_by_piece_parses_as_the_message_protobuf_builds() -
 
 def test_an_empty_push_is_the_fields_alone() -> None:
     fields = ps_pb2.PushGradientsRequest(version=0, pusher_id="w", sequence=1)
-    parsed = ps_pb2.PushGradientsRequest.FromString(push_request(fields, {}, {}, {}))
+    parsed = ps_pb2.PushGradientsRequest.FromString(push_request(fields, {}, {}, {}).tobytes())
     assert parsed == reference_push(fields, {}, {}, {})
 
 

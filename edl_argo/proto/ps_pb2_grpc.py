@@ -363,3 +363,133 @@ class ParameterServer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ParameterServerChunksStub:
+    """The calls of ParameterServer whose messages are large (a dense model's gradients and parameters), as
+    streams: each request and response is the serialized message of the ParameterServer method of the same
+    name, cut into Chunks in order, with the same checks and answers. gRPC moves a large message several
+    times faster as a stream of chunks than whole (edl_argo/rpc/chunked.py). Servers register these
+    methods themselves, reading and writing the Chunks' bytes without a protobuf object per chunk.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.PushGradients = channel.stream_stream(
+                '/edl_argo.ParameterServerChunks/PushGradients',
+                request_serializer=edl__argo_dot_proto_dot_ps__pb2.Chunk.SerializeToString,
+                response_deserializer=edl__argo_dot_proto_dot_ps__pb2.Chunk.FromString,
+                _registered_method=True)
+        self.PullDenseParameters = channel.stream_stream(
+                '/edl_argo.ParameterServerChunks/PullDenseParameters',
+                request_serializer=edl__argo_dot_proto_dot_ps__pb2.Chunk.SerializeToString,
+                response_deserializer=edl__argo_dot_proto_dot_ps__pb2.Chunk.FromString,
+                _registered_method=True)
+
+
+class ParameterServerChunksServicer:
+    """The calls of ParameterServer whose messages are large (a dense model's gradients and parameters), as
+    streams: each request and response is the serialized message of the ParameterServer method of the same
+    name, cut into Chunks in order, with the same checks and answers. gRPC moves a large message several
+    times faster as a stream of chunks than whole (edl_argo/rpc/chunked.py). Servers register these
+    methods themselves, reading and writing the Chunks' bytes without a protobuf object per chunk.
+    """
+
+    def PushGradients(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullDenseParameters(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ParameterServerChunksServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'PushGradients': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushGradients,
+                    request_deserializer=edl__argo_dot_proto_dot_ps__pb2.Chunk.FromString,
+                    response_serializer=edl__argo_dot_proto_dot_ps__pb2.Chunk.SerializeToString,
+            ),
+            'PullDenseParameters': grpc.stream_stream_rpc_method_handler(
+                    servicer.PullDenseParameters,
+                    request_deserializer=edl__argo_dot_proto_dot_ps__pb2.Chunk.FromString,
+                    response_serializer=edl__argo_dot_proto_dot_ps__pb2.Chunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'edl_argo.ParameterServerChunks', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('edl_argo.ParameterServerChunks', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ParameterServerChunks:
+    """The calls of ParameterServer whose messages are large (a dense model's gradients and parameters), as
+    streams: each request and response is the serialized message of the ParameterServer method of the same
+    name, cut into Chunks in order, with the same checks and answers. gRPC moves a large message several
+    times faster as a stream of chunks than whole (edl_argo/rpc/chunked.py). Servers register these
+    methods themselves, reading and writing the Chunks' bytes without a protobuf object per chunk.
+    """
+
+    @staticmethod
+    def PushGradients(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/edl_argo.ParameterServerChunks/PushGradients',
+            edl__argo_dot_proto_dot_ps__pb2.Chunk.SerializeToString,
+            edl__argo_dot_proto_dot_ps__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullDenseParameters(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/edl_argo.ParameterServerChunks/PullDenseParameters',
+            edl__argo_dot_proto_dot_ps__pb2.Chunk.SerializeToString,
+            edl__argo_dot_proto_dot_ps__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

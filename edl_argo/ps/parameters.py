@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +27,7 @@ from edl_argo.ps.embedding_table import FLOAT_DTYPES, EmbeddingTable, TableArray
 from edl_argo.ps.errors import InvalidRequestError, NotInitializedError
 from edl_argo.ps.optimizer import DenseOptimizer, LearningRateScaleError, SparseOptimizer
 from edl_argo.ps.partition import dense_owner, embedding_owner
+from edl_argo.ps.pushed import NamedArrays, PushedModel
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor
 
 
@@ -258,7 +258,7 @@ class Parameters:
 
     # -- pushes ---------------------------------------------------------------------------------------
 
-    def decode_gradients(self, model: ps_pb2.Model) -> Gradients:
+    def decode_gradients(self, model: PushedModel) -> Gradients:
         """Decode and check a push: every name known, every shape and dtype its variable's or table's.
 
         The arrays may be read-only views of the message's bytes. Raises :class:`InvalidRequestError`,
@@ -267,11 +267,9 @@ class Parameters:
         self._require_initialized()
         gradients = Gradients()
         dense = {name: (v.dtype.name, tuple(v.shape)) for name, v in self.dense.items()}
-        gradients.dense = _decode_named(model.dense_parameters, dense, "gradient", "dense variable")
+        gradients.dense = _check_named(model.dense, dense, "gradient", "dense variable")
         state = {name: (v.dtype.name, v.shape) for name, v in self.non_trainable.items()}
-        gradients.state_changes = _decode_named(
-            model.non_trainable_parameters, state, "change", "non-trainable variable"
-        )
+        gradients.state_changes = _check_named(model.non_trainable, state, "change", "non-trainable variable")
         for name, slices in model.embedding_tables.items():
             table = self._table(name)
             values, ids = from_indexed_slices(slices)
@@ -408,26 +406,25 @@ class Parameters:
             raise NotInitializedError("the model is not initialised yet: no worker has pushed it (PushModel)")
 
 
-def _decode_named(
-    tensors: Iterable[Any], expected: dict[str, tuple[str, tuple[int, ...]]], noun: str, kind: str
+def _check_named(
+    tensors: NamedArrays, expected: dict[str, tuple[str, tuple[int, ...]]], noun: str, kind: str
 ) -> dict[str, np.ndarray]:
-    """Decode ``tensors``, each named after an entry of ``expected`` (its dtype name and shape), at most once;
-    :class:`InvalidRequestError` naming the tensor (``noun`` for ``kind`` NAME) otherwise."""
-    decoded: dict[str, np.ndarray] = {}
-    for tensor in tensors:
-        wanted = expected.get(tensor.name)
+    """``tensors`` by name, each named after an entry of ``expected`` (its dtype name and shape), at most
+    once; :class:`InvalidRequestError` naming the tensor (``noun`` for ``kind`` NAME) otherwise."""
+    checked: dict[str, np.ndarray] = {}
+    for name, value in tensors:
+        wanted = expected.get(name)
         if wanted is None:
-            raise InvalidRequestError(f"{noun} for unknown {kind} {tensor.name!r}")
-        if tensor.name in decoded:
-            raise InvalidRequestError(f"two {noun}s for {kind} {tensor.name!r}")
-        value = from_tensor(tensor)
+            raise InvalidRequestError(f"{noun} for unknown {kind} {name!r}")
+        if name in checked:
+            raise InvalidRequestError(f"two {noun}s for {kind} {name!r}")
         if (value.dtype.name, value.shape) != wanted:
             raise InvalidRequestError(
-                f"{noun} for {kind} {tensor.name!r} is {value.dtype.name}{list(value.shape)}, "
+                f"{noun} for {kind} {name!r} is {value.dtype.name}{list(value.shape)}, "
                 f"the variable {wanted[0]}{list(wanted[1])}"
             )
-        decoded[tensor.name] = value
-    return decoded
+        checked[name] = value
+    return checked
 
 
 def _variable_name(name: str) -> str:

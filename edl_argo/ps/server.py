@@ -27,7 +27,7 @@ from edl_argo.errors import ConfigError
 from edl_argo.flags import pod_host
 from edl_argo.model.contract import ModelOptions, model_options_from_args
 from edl_argo.proto import ps_pb2_grpc
-from edl_argo.ps.serving import ps_server_limits
+from edl_argo.ps.serving import add_chunked_service, ps_server_limits
 from edl_argo.rpc.auth import SECRET_ENV, JobSecret, secret_from_env, server_interceptor
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, make_server
 from edl_argo.rpc.health import add_health_service
@@ -129,11 +129,12 @@ def start_server(
     (:mod:`edl_argo.rpc.auth`); with ``tls``, over TLS only (:mod:`edl_argo.rpc.tls`). The server bounds its
     clients as :func:`~edl_argo.ps.serving.ps_server_limits` says for callers whose deadline is
     ``rpc_timeout_seconds``."""
+    limits = ps_server_limits(rpc_timeout_seconds)
     server = make_server(
-        limits=ps_server_limits(rpc_timeout_seconds),
-        interceptors=[server_interceptor(secret, service)] if secret is not None else [],
+        limits=limits, interceptors=[server_interceptor(secret, service)] if secret is not None else []
     )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
+    add_chunked_service(server, servicer, limits)
     add_health_service(server)  # the master's liveness check (edl_argo.master.ps_watch)
     address = join_host_port(host, port)
     try:

@@ -82,6 +82,7 @@ from edl_argo.ps.parameters import (
     ParametersState,
 )
 from edl_argo.ps.push_memory import PushMemory, PushOutcome
+from edl_argo.ps.pushed import PushedGradients, PushedModel
 from edl_argo.rpc import ps_layout
 from edl_argo.rpc.channel import reject_request
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor, to_indexed_slices, to_tensor
@@ -135,7 +136,8 @@ class _Accumulator:
 
     def __init__(self) -> None:
         self.count = 0
-        self._first: Gradients | None = None
+        #: The first push and its weight while it is the only one.
+        self._first: tuple[Gradients, int] | None = None
         self._dense: dict[str, np.ndarray] = {}
         self._sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._state: dict[str, np.ndarray] = {}
@@ -150,7 +152,19 @@ class _Accumulator:
         if authority_step > 0:
             self.authority_step = max(self.authority_step, authority_step)
         weight = max(1, examples)
-        self._first = gradients if self.count == 0 else None
+        if self.count == 0:  # kept as it came: a step of one push applies it unchanged (and uncopied)
+            self._first = (gradients, weight)
+        else:
+            if self._first is not None:
+                self._sum(*self._first)
+                self._first = None
+            self._sum(gradients, weight)
+        self._weight += weight
+        self._scale_sum += lr_scale
+        self.count += 1
+
+    def _sum(self, gradients: Gradients, weight: int) -> None:
+        """Add one push's gradients times ``weight`` to the sums."""
         for total, values in ((self._dense, gradients.dense), (self._state, gradients.state_changes)):
             for name, value in values.items():
                 if name in total:
@@ -159,16 +173,13 @@ class _Accumulator:
                     total[name] = value * weight
         for name, (ids, values) in gradients.embeddings.items():
             self._sparse.setdefault(name, []).append((ids, values * weight))
-        self._weight += weight
-        self._scale_sum += lr_scale
-        self.count += 1
 
     def mean(self) -> tuple[Gradients, float]:
         """The pushes' mean weighted by examples (a variable missing from a push counts as zero), and the
         mean learning-rate scale. A single push is returned as it came. Used for a full step and for the
         pushes left at the end of training alike."""
-        if self.count == 1 and self._first is not None:
-            return self._first, self._scale_sum
+        if self._first is not None:
+            return self._first[0], self._scale_sum
         weight = self._weight
         dense = {name: total / weight for name, total in self._dense.items()}
         state = {name: total / weight for name, total in self._state.items()}
@@ -280,8 +291,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def PullDenseParameters(
         self, request: ps_pb2.PullDenseParametersRequest, context: grpc.ServicerContext
-    ) -> ps_pb2.PullDenseParametersResponse | bytes:
-        """The answer; a serialized one (:mod:`edl_argo.rpc.wire`) when the server is initialised."""
+    ) -> ps_pb2.PullDenseParametersResponse | Encoding:
+        """The answer; an encoded one (:mod:`edl_argo.rpc.wire`) when the server is initialised."""
         with self._lock:
             params = self.parameters
             if not params.initialized:
@@ -293,7 +304,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 for name, value in params.pull_dense(since_version=-1, finalized=True) or []:
                     fill_tensor(response.dense_parameters.add(), value, name)
                 return response
-            return self._dense_answer(request.version).tobytes()
+            return self._dense_answer(request.version)
 
     def _dense_answer(self, since_version: int) -> Encoding:
         """The answer to a pull of the dense parameters newer than ``since_version`` (under the lock, the
@@ -345,8 +356,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return to_indexed_slices(rows, ids, request.name)
 
     @_rpc
-    def PushGradients(self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext) -> bytes:
-        """A serialized ``PushGradientsResponse`` (:mod:`edl_argo.rpc.wire`)."""
+    def PushGradients(
+        self, push: ps_pb2.PushGradientsRequest | PushedGradients, context: grpc.ServicerContext
+    ) -> Encoding:
+        """An encoded ``PushGradientsResponse`` (:mod:`edl_argo.rpc.wire`). The streaming twin passes the
+        push as read from its bytes (:meth:`PushedGradients.parse`), the unary call as a message."""
+        if isinstance(push, ps_pb2.PushGradientsRequest):
+            push = PushedGradients.of_message(push)
+        request = push.fields
         lr_scale = bounds.check_push_fields(request, self.parameters.ps_id)
         with self._lock:
             recalled = self._pushes.recall(request.pusher_id, request.sequence)
@@ -358,14 +375,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     accepted=recalled.accepted,
                 )
                 return self._push_answer(request, recalled.accepted, recalled.step)
-            outcome = self._decide_push(request, lr_scale)
+            outcome = self._decide_push(request, push.gradients, lr_scale)
             self._pushes.remember(request.pusher_id, outcome)
             return self._push_answer(request, outcome.accepted, outcome.step)
 
-    def _decide_push(self, request: ps_pb2.PushGradientsRequest, lr_scale: float) -> PushOutcome:
+    def _decide_push(
+        self, request: ps_pb2.PushGradientsRequest, pushed: PushedModel, lr_scale: float
+    ) -> PushOutcome:
         """Apply (or accumulate) a new push, or refuse it as stale (under the lock)."""
         params = self.parameters
-        gradients = params.decode_gradients(request.gradients)
+        gradients = params.decode_gradients(pushed)
         for name, (ids, _) in gradients.embeddings.items():
             _non_negative_ids(name, ids)
         try:
@@ -403,14 +422,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._maybe_checkpoint()
         return PushOutcome(request.sequence, accepted=True, step=step)
 
-    def _push_answer(self, request: ps_pb2.PushGradientsRequest, accepted: bool, step: int = 0) -> bytes:
+    def _push_answer(self, request: ps_pb2.PushGradientsRequest, accepted: bool, step: int = 0) -> Encoding:
         """The reply to a push (under the lock), encoded, with the parameters newer than its version if it
         asks."""
         fields = ps_pb2.PushGradientsResponse(accepted=accepted, version=self.parameters.version, step=step)
         response = Encoding(fields)
         if request.return_parameters:
             response.message(ps_layout.REPLY_PARAMETERS, self._dense_answer(request.version))
-        return response.tobytes()
+        return response
 
     @_rpc
     def GetStatus(

@@ -4,8 +4,20 @@ capped, and no call outlives its caller's deadline by more than the handlers' sl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import grpc
+
+from edl_argo.proto import ps_pb2
+from edl_argo.ps.pushed import PushedGradients
+from edl_argo.rpc.channel import MAX_MESSAGE_BYTES
+from edl_argo.rpc.chunked import ChunkedMethod, chunked_service
 from edl_argo.rpc.health import PING_METHOD
+from edl_argo.rpc.ps_layout import CHUNKED_SERVICE
 from edl_argo.rpc.server_limits import ServerLimits
+
+if TYPE_CHECKING:  # TensorFlow
+    from edl_argo.ps.servicer import ParameterServerServicer
 
 #: The calls the job's progress depends on, served from a pool of their own (:func:`ps_server_limits`): a
 #: worker's start (PushModel) and training step (pulls and pushes), the master's count of the versions at the
@@ -22,6 +34,7 @@ PROGRESS_METHODS = (
             "GetStatus",
         )
     ),
+    *(f"/{CHUNKED_SERVICE}/{name}" for name in ("PushGradients", "PullDenseParameters")),
     PING_METHOD,
 )
 PROGRESS_THREADS = 8
@@ -47,4 +60,18 @@ def ps_server_limits(rpc_timeout_seconds: float) -> ServerLimits:
         max_concurrent_calls=MAX_CONCURRENT_CALLS,
         connection_seconds=CONNECTION_SECONDS,
         max_call_seconds=rpc_timeout_seconds + HANDLER_SLACK_SECONDS,
+    )
+
+
+def add_chunked_service(server: grpc.Server, servicer: ParameterServerServicer, limits: ServerLimits) -> None:
+    """Serve :data:`CHUNKED_SERVICE`: the push and the dense pull as streams of chunks, answered by the
+    unary methods' handlers, with the requests' arrival bounded as ``limits`` bounds the unary calls'."""
+    methods = {
+        "PushGradients": ChunkedMethod(PushedGradients.parse, servicer.PushGradients),
+        "PullDenseParameters": ChunkedMethod(
+            ps_pb2.PullDenseParametersRequest.FromString, servicer.PullDenseParameters
+        ),
+    }
+    server.add_generic_rpc_handlers(
+        [chunked_service(CHUNKED_SERVICE, methods, MAX_MESSAGE_BYTES, limits.request_arrival_seconds)]
     )

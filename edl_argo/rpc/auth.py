@@ -180,7 +180,9 @@ def collective_token_from_env(environ: Mapping[str, str] | None = None) -> bytes
 # ---------------------------------------------------------------------------------------------- client
 
 
-class _ClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _ClientInterceptor(
+    grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamStreamClientInterceptor
+):
     """Adds a credential to every call of a channel."""
 
     def __init__(self, credential: ClientCredential) -> None:
@@ -201,6 +203,9 @@ class _ClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClien
 
     def intercept_unary_stream(self, continuation: Callable, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
+
+    def intercept_stream_stream(self, continuation: Callable, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
 
 
 @dataclass(frozen=True)

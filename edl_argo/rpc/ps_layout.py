@@ -16,3 +16,6 @@ REPLY_PARAMETERS = ps_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["param
 PUSH_GRADIENTS = ps_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
 #: ``Model``'s fields by name.
 MODEL_FIELDS = {field.name: field.number for field in ps_pb2.Model.DESCRIPTOR.fields}
+#: The service of the streaming twins of the calls whose messages scale with the model
+#: (:mod:`edl_argo.rpc.chunked`).
+CHUNKED_SERVICE = ps_pb2.DESCRIPTOR.services_by_name["ParameterServerChunks"].full_name

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from edl_argo.log import get_logger
+from edl_argo.rpc.wire import Encoding
 
 log = get_logger(__name__)
+
+Received = TypeVar("Received")
 
 #: How long after its headers a unary call's request may arrive before the call is cancelled.
 REQUEST_ARRIVAL_SECONDS = 10.0
@@ -47,15 +50,7 @@ class RequestDeadlineInterceptor(grpc.ServerInterceptor):
         seconds = self.seconds
 
         def behavior(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-            timer = threading.Timer(seconds, _cancel_late, (context, method, seconds))
-            timer.daemon = True
-            timer.start()
-            try:
-                request = next(requests, None)
-            except grpc.RpcError:  # cancelled: by the timer, or by the client
-                context.abort(grpc.StatusCode.CANCELLED, f"{method}: the request did not arrive")
-            finally:
-                timer.cancel()
+            request = receive_within(lambda: next(requests, None), context, method, seconds)
             if request is None:  # the client half-closed without a request
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method} requires one request message")
             if deserialize is not None:
@@ -73,11 +68,30 @@ class RequestDeadlineInterceptor(grpc.ServerInterceptor):
         )
 
 
+def receive_within(
+    receive: Callable[[], Received], context: grpc.ServicerContext, method: str, seconds: float
+) -> Received:
+    """``receive()`` (reading a call's request), unless it takes longer than ``seconds``: then the call is
+    cancelled (the client sees ``CANCELLED``) and ended, as it is when its client cancels it meanwhile."""
+    timer = threading.Timer(seconds, _cancel_late, (context, method, seconds))
+    timer.daemon = True
+    timer.start()
+    try:
+        return receive()
+    except grpc.RpcError:  # cancelled: by the timer, or by the client
+        context.abort(grpc.StatusCode.CANCELLED, f"{method}: the request did not arrive")
+        raise AssertionError("unreachable: context.abort raises") from None
+    finally:
+        timer.cancel()
+
+
 def _sending_bytes_as_they_are(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
     if serializer is None:
         return None
 
     def serialize(response: Any) -> bytes:
+        if isinstance(response, Encoding):
+            return response.tobytes()
         return response if isinstance(response, bytes) else serializer(response)
 
     return serialize

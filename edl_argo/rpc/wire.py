@@ -38,7 +38,7 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _length_prefix(field_number: int, size: int) -> bytes:
+def length_prefix(field_number: int, size: int) -> bytes:
     """The key and length of a length-delimited field of ``size`` bytes."""
     return _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(size)
 
@@ -59,7 +59,7 @@ class Encoding:
 
     def message(self, field_number: int, inner: Encoding) -> Encoding:
         """Append ``inner`` as the (sub-)message field ``field_number``; returns self."""
-        self._add(_length_prefix(field_number, inner.size))
+        self._add(length_prefix(field_number, inner.size))
         self._pieces.extend(inner._pieces)
         self.size += inner.size
         return self
@@ -67,7 +67,7 @@ class Encoding:
     def string(self, field_number: int, text: str) -> Encoding:
         """Append a string field; returns self."""
         data = text.encode()
-        self._add(_length_prefix(field_number, len(data)) + data)
+        self._add(length_prefix(field_number, len(data)) + data)
         return self
 
     def tensor(self, field_number: int, array: np.ndarray | object, name: str = "") -> Encoding:
@@ -79,9 +79,14 @@ class Encoding:
         content = memoryview(value.reshape(-1)).cast("B")  # wire_array is C-ordered: a view
         tensor = Encoding(tensor_pb2.Tensor(name=name, dtype=value.dtype.name, shape=value.shape))
         if len(content):  # proto3 leaves an empty field out
-            tensor._add(_length_prefix(_CONTENT, len(content)))
+            tensor._add(length_prefix(_CONTENT, len(content)))
             tensor._add(content)
         return self.message(field_number, tensor)
+
+    @property
+    def pieces(self) -> tuple[bytes | memoryview, ...]:
+        """The serialized message in pieces, in order (views of the arrays' buffers among them)."""
+        return tuple(self._pieces)
 
     def tobytes(self) -> bytes:
         """The serialized message."""

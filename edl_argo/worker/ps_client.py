@@ -31,7 +31,8 @@ from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import dense_owner, embedding_owner
 from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential
-from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
+from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
+from edl_argo.rpc.chunked import ChunkedCall
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
 from edl_argo.rpc.tls import TlsFiles
 from edl_argo.rpc.wire import Encoding, read_tensor, split_field
@@ -68,9 +69,9 @@ class PushResult:
         return max(self.versions)
 
 
-def _method(name: str) -> str:
-    """The full name of a method of the parameter server service."""
-    return f"/{ps_pb2.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/{name}"
+def _chunked(name: str) -> str:
+    """The full name of the streaming twin of a parameter server method."""
+    return f"/{ps_layout.CHUNKED_SERVICE}/{name}"
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,8 @@ def push_request(
     dense: Mapping[str, np.ndarray],
     state_changes: Mapping[str, np.ndarray],
     sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
-) -> bytes:
-    """The serialized ``PushGradientsRequest`` of ``fields`` (everything but the gradients) whose
+) -> Encoding:
+    """The encoded ``PushGradientsRequest`` of ``fields`` (everything but the gradients) whose
     ``gradients`` (of version ``fields.version``) hold the ``dense`` gradients, the changes of non-trainable
     variables (``state_changes``) and, per table, ``(row_gradients, ids)``: each tensor's bytes copied once
     (:mod:`edl_argo.rpc.wire`)."""
@@ -132,7 +133,7 @@ def push_request(
         model.message(
             ps_layout.MODEL_FIELDS["embedding_tables"], Encoding().string(1, table).message(2, slices)
         )
-    return Encoding(fields).message(ps_layout.PUSH_GRADIENTS, model).tobytes()
+    return Encoding(fields).message(ps_layout.PUSH_GRADIENTS, model)
 
 
 class ParameterServerClient:
@@ -154,18 +155,15 @@ class ParameterServerClient:
         self._addresses = list(addresses)
         channels = [make_channel(a, credential, tls) for a in self._addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(channel) for channel in channels]
-        # Pushes travel pre-encoded, and the parameters of replies and pulls are read without a copy
-        # (edl_argo.rpc.wire): methods of their own for these two.
+        # Pushes and dense pulls, whose messages scale with the model, travel as streams of chunks
+        # (edl_argo.rpc.chunked); pushes pre-encoded, and the parameters of replies and pulls read from the
+        # joined answer without a further copy (edl_argo.rpc.wire).
         self._pushes = [
-            channel.unary_unary(_method("PushGradients"), response_deserializer=PushReply.parse)
+            ChunkedCall(channel, _chunked("PushGradients"), PushReply.parse, MAX_MESSAGE_BYTES)
             for channel in channels
         ]
         self._pulls = [
-            channel.unary_unary(
-                _method("PullDenseParameters"),
-                request_serializer=ps_pb2.PullDenseParametersRequest.SerializeToString,
-                response_deserializer=DenseAnswer.parse,
-            )
+            ChunkedCall(channel, _chunked("PullDenseParameters"), DenseAnswer.parse, MAX_MESSAGE_BYTES)
             for channel in channels
         ]
         self._budget = retry_budget_seconds

@@ -27,9 +27,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tests.bench.data import write_records
-from tests.bench.training import CNN, CTR, DIGITS, OurJob
+from tests.bench.training import BIG_MLP, CNN, CTR, DIGITS, OurJob
 
-CASES = {"cnn": CNN, "ctr": CTR, "digits": DIGITS}
+CASES = {"cnn": CNN, "ctr": CTR, "digits": DIGITS, "big_mlp": BIG_MLP}
 #: py-spy samples per second.
 RATE = 100
 
@@ -80,8 +80,9 @@ def summarize(raw: Path, steps: float, rate: int, keep_main_waits: bool, top: in
         thread, *frames = stack.split(";")
         frames = [_short(frame) for frame in frames]
         group = "main thread" if "MainThread" in thread else "other threads"
-        waiting = not frames or frames[-1] in _IDLE_LEAVES
-        if waiting and not (keep_main_waits and group == "main thread"):
+        if not frames:
+            continue
+        if frames[-1] in _IDLE_LEAVES and not (keep_main_waits and group == "main thread"):
             continue
         count = int(count_text)
         busy[group] += count

@@ -44,6 +44,7 @@ NAMES = (
     "training_ctr",
     "training_digits",
     "training_stability",
+    "training_big_mlp",
     "allreduce_throughput",
     "allreduce_cnn",
     "allreduce_recovery",
@@ -53,7 +54,7 @@ NAMES = (
 )
 GROUPS = {
     "recordio": NAMES[:2],
-    "training": NAMES[4:8],
+    "training": NAMES[4:9],
     "allreduce": tuple(name for name in NAMES if name.startswith("allreduce_")),
     "readers": ("readers_s3", "readers_memory"),
 }
@@ -68,7 +69,7 @@ def benchmarks() -> dict[str, Benchmark]:
     from tests.bench.readers import readers_memory, readers_s3
     from tests.bench.recordio_bench import recordio_local, recordio_s3
     from tests.bench.stability import training_stability
-    from tests.bench.training import training_cnn, training_ctr, training_digits
+    from tests.bench.training import training_big_mlp, training_cnn, training_ctr, training_digits
 
     return {
         "recordio_local": recordio_local,
@@ -79,6 +80,7 @@ def benchmarks() -> dict[str, Benchmark]:
         "training_ctr": training_ctr,
         "training_digits": training_digits,
         "training_stability": training_stability,
+        "training_big_mlp": training_big_mlp,
         "allreduce_throughput": allreduce_throughput,
         "allreduce_cnn": allreduce_cnn,
         "allreduce_recovery": allreduce_recovery,

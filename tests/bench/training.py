@@ -131,6 +131,14 @@ DIGITS = ModelCase(
     goals=(("fit", 0.2, "digits MLP: ours ≥ 0.2× model.fit"),),
     variants=(ASYNC_PIPELINED,),
 )
+BIG_MLP = ModelCase(
+    name="training_big_mlp",
+    title="big dense MLP (64→4096→4096→2048→10, 25.4 M params, Adam)",
+    model_def=MODELS / "big_mlp.py",
+    num_ps=1,
+    records=lambda quick: digits_train_records(),
+    goals=(("fit", 0.5, "big MLP: ours ≥ 0.5× model.fit"),),
+)
 
 
 # ------------------------------------------------------------------------------------------ our job
@@ -589,3 +597,8 @@ def training_ctr(ctx: BenchContext) -> BenchResult:
 def training_digits(ctx: BenchContext) -> BenchResult:
     """Training throughput of the digits MLP."""
     return run_case(ctx, DIGITS)
+
+
+def training_big_mlp(ctx: BenchContext) -> BenchResult:
+    """Training throughput of the big dense MLP (its step moves the whole model twice)."""
+    return run_case(ctx, BIG_MLP)

@@ -1,0 +1,79 @@
+"""A push as the parameter server reads it: its scalar fields, and its tensors as arrays viewing the bytes
+received (no copy).
+
+A push's gradients are most of its bytes. Parsed as a protobuf message, each tensor's bytes would be
+copied twice more (into the message, then out of it into an array); :meth:`PushedGradients.parse` instead
+takes the ``Tensor`` fields out of the serialized message (:mod:`edl_argo.rpc.wire`) and leaves only the
+small fields to protobuf. A push that arrives as a message (the unary ``PushGradients``) is read the same
+way (:meth:`PushedGradients.of_message`), so the servicer has one path for both transports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edl_argo.proto import ps_pb2, tensor_pb2
+from edl_argo.rpc import ps_layout
+from edl_argo.rpc.tensors import from_tensor
+from edl_argo.rpc.wire import read_tensor, split_field
+
+#: ``(name, array)`` of each tensor, in the order they came.
+NamedArrays = Sequence[tuple[str, np.ndarray]]
+
+_DENSE = ps_layout.MODEL_FIELDS["dense_parameters"]
+_NON_TRAINABLE = ps_layout.MODEL_FIELDS["non_trainable_parameters"]
+
+
+@dataclass(frozen=True)
+class PushedModel:
+    """The ``Model`` of a push: dense gradients and changes of non-trainable variables as read-only arrays,
+    the embedding tables' row gradients as their messages (their rows are few)."""
+
+    dense: NamedArrays
+    non_trainable: NamedArrays
+    embedding_tables: Mapping[str, tensor_pb2.IndexedSlices]
+
+    @classmethod
+    def parse(cls, data: bytes | memoryview) -> PushedModel:
+        """Read a serialized ``Model`` (``WireError``, ``TensorDecodeError`` or protobuf's ``DecodeError``
+        for bytes that are not one)."""
+        rest, dense = split_field(data, _DENSE)
+        rest, non_trainable = split_field(rest, _NON_TRAINABLE)
+        small = ps_pb2.Model.FromString(rest)
+        return cls(
+            [read_tensor(t) for t in dense], [read_tensor(t) for t in non_trainable], small.embedding_tables
+        )
+
+    @classmethod
+    def of_message(cls, model: ps_pb2.Model) -> PushedModel:
+        return cls(
+            [(t.name, from_tensor(t)) for t in model.dense_parameters],
+            [(t.name, from_tensor(t)) for t in model.non_trainable_parameters],
+            model.embedding_tables,
+        )
+
+
+@dataclass(frozen=True)
+class PushedGradients:
+    """A ``PushGradientsRequest``: ``fields`` holds every field but ``gradients``."""
+
+    fields: ps_pb2.PushGradientsRequest
+    gradients: PushedModel
+
+    @classmethod
+    def parse(cls, data: bytes) -> PushedGradients:
+        """Read a serialized ``PushGradientsRequest`` (errors as :meth:`PushedModel.parse`)."""
+        rest, models = split_field(data, ps_layout.PUSH_GRADIENTS)
+        # Occurrences of a message field merge, as their concatenation parses.
+        model = models[0] if len(models) == 1 else b"".join(models)
+        return cls(ps_pb2.PushGradientsRequest.FromString(rest), PushedModel.parse(model))
+
+    @classmethod
+    def of_message(cls, request: ps_pb2.PushGradientsRequest) -> PushedGradients:
+        fields = ps_pb2.PushGradientsRequest()
+        fields.CopyFrom(request)
+        fields.ClearField("gradients")
+        return cls(fields, PushedModel.of_message(request.gradients))

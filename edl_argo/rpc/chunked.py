@@ -1,0 +1,168 @@
+"""Large messages as streams of chunks: the transport of a push's gradients and a pull's parameters.
+
+gRPC's Python binding moves one large message slowly: a 100 MB request and its 100 MB answer took 430 ms on
+loopback, where the same bytes as a stream of 4 MiB messages took 145 ms (``docs/profile.md``). So the calls
+whose messages scale with the model have a streaming twin (``ParameterServerChunks`` in ``ps.proto``): the
+client serializes the request as for the unary call, cuts it into ``Chunk`` messages of at most
+:data:`CHUNK_BYTES`, the server joins them, parses the request and runs the unary method's handler, and
+its answer travels back the same way. The messages are the unary call's: only their transport differs, so
+every check and answer of the unary method holds for its twin.
+
+The chunks are encoded and decoded by hand (:mod:`edl_argo.rpc.wire`) from the pieces of an
+:class:`~edl_argo.rpc.wire.Encoding`: each byte of a tensor is copied once into its chunk, and once out of
+the received chunks into the joined message, with no protobuf object per chunk.
+
+Bounds: a joined request or answer larger than :data:`~edl_argo.rpc.channel.MAX_MESSAGE_BYTES` is refused
+as the unary call's would be (``RESOURCE_EXHAUSTED``), and a request that has not arrived in full within
+the server's request-arrival time is cancelled (:mod:`edl_argo.rpc.request_deadline`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from edl_argo.proto import ps_pb2
+from edl_argo.rpc.request_deadline import receive_within
+from edl_argo.rpc.wire import Encoding, WireError, length_prefix, split_field
+
+#: The most bytes of a message one chunk carries.
+CHUNK_BYTES = 4 << 20
+#: ``Chunk.data``'s field number.
+_DATA = ps_pb2.Chunk.DESCRIPTOR.fields_by_name["data"].number
+
+Response = TypeVar("Response")
+
+
+class MessageTooLargeError(ValueError):
+    """Chunks that add up to more than the message limit."""
+
+
+def cut(message: bytes | Encoding, size: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The serialized ``Chunk`` messages that carry ``message`` in order, each with at most ``size`` of its
+    bytes (one chunk, possibly empty, for an empty message). An :class:`Encoding`'s pieces are read as
+    the chunks are made: they must not change before the last one is."""
+    pieces = message.pieces if isinstance(message, Encoding) else (message,)
+    parts: list[bytes | memoryview] = []
+    filled = 0
+    for piece in pieces:
+        view = memoryview(piece)
+        while len(view):
+            taken = view[: size - filled]
+            parts.append(taken)
+            filled += len(taken)
+            view = view[len(taken) :]
+            if filled == size:
+                yield b"".join([length_prefix(_DATA, filled), *parts])
+                parts, filled = [], 0
+    if parts or not any(len(piece) for piece in pieces):
+        yield b"".join([length_prefix(_DATA, filled), *parts])
+
+
+def join(chunks: Iterable[bytes], limit: int) -> bytes:
+    """The message the serialized ``Chunk`` messages ``chunks`` carry, in order.
+
+    Raises :class:`MessageTooLargeError` as soon as they carry more than ``limit`` bytes, and
+    :class:`~edl_argo.rpc.wire.WireError` for a chunk that is no ``Chunk``."""
+    parts: list[memoryview] = []
+    total = 0
+    for chunk in chunks:
+        _, data = split_field(chunk, _DATA)
+        if data:  # the last occurrence of a field wins, as protobuf reads it
+            total += len(data[-1])
+            if total > limit:
+                raise MessageTooLargeError(f"the chunks carry more than a message's {limit:,} bytes")
+            parts.append(data[-1])
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+
+@dataclass(frozen=True)
+class ChunkedMethod:
+    """The streaming twin of a unary method: how its serialized request is read (e.g. the request type's
+    ``FromString``; raising protobuf's ``DecodeError`` or a ``ValueError`` for bytes that are no request),
+    and its handler (the unary method's own), whose answer is a message, a serialized message or an
+    :class:`Encoding`."""
+
+    parse: Callable[[bytes], Any]
+    handler: Callable[[Any, grpc.ServicerContext], Message | bytes | Encoding]
+
+
+def chunked_service(
+    service: str, methods: Mapping[str, ChunkedMethod], limit: int, arrival_seconds: float
+) -> grpc.GenericRpcHandler:
+    """The handlers of ``service``'s streaming twins of ``methods`` (by method name), for
+    ``server.add_generic_rpc_handlers``: requests up to ``limit`` bytes, which must arrive in full within
+    ``arrival_seconds``."""
+    handlers = {
+        name: grpc.stream_stream_rpc_method_handler(
+            _serve(f"/{service}/{name}", method, limit, arrival_seconds)
+        )
+        for name, method in methods.items()
+    }
+    return grpc.method_handlers_generic_handler(service, handlers)
+
+
+def _serve(
+    full_name: str, method: ChunkedMethod, limit: int, arrival_seconds: float
+) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
+    def behaviour(chunks: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        try:
+            data = receive_within(lambda: join(chunks, limit), context, full_name, arrival_seconds)
+        except MessageTooLargeError as error:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{full_name}: {error}")
+        except WireError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{full_name}: a chunk is not a Chunk ({error})")
+        try:
+            request = method.parse(data)
+        except (DecodeError, ValueError) as error:  # ValueError: WireError, TensorDecodeError
+            reason = f"{full_name}: the request is no valid message ({error})"
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        answer = method.handler(request, context)
+        yield from cut(answer if isinstance(answer, bytes | Encoding) else answer.SerializeToString())
+
+    return behaviour
+
+
+# ---------------------------------------------------------------------------------------------- client
+
+
+class ChunkedCall:
+    """Calls a streaming twin on ``channel``: ``call(request, timeout)`` sends the serialized ``request``
+    in chunks and returns ``parse`` of the joined answer (a ``grpc.RpcError`` as the unary call's)."""
+
+    def __init__(
+        self, channel: grpc.Channel, full_name: str, parse: Callable[[bytes], Response], limit: int
+    ) -> None:
+        self._rpc = channel.stream_stream(full_name)
+        self._parse = parse
+        self._limit = limit
+
+    def __call__(self, request: bytes | Encoding | Message, timeout: float) -> Response:
+        message = request if isinstance(request, bytes | Encoding) else request.SerializeToString()
+        answer = self._rpc(cut(message), timeout=timeout)
+        try:
+            return self._parse(join(answer, self._limit))
+        except (MessageTooLargeError, WireError) as error:
+            answer.cancel()
+            raise ChunkedAnswerError(str(error)) from None
+
+
+class ChunkedAnswerError(grpc.RpcError):
+    """An answer whose chunks do not make a message (a broken or hostile server): not retried."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self._reason = reason
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INTERNAL
+
+    def details(self) -> str:
+        return self._reason
