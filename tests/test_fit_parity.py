@@ -377,6 +377,7 @@ def test_a_synchronous_step_weights_pushes_by_examples() -> None:
 def test_the_ps_refuses_malformed_state_and_constraints_naming_the_variable() -> None:
     from edl_argo.proto import ps_pb2
     from edl_argo.ps.parameters import InvalidRequestError, Parameters
+    from edl_argo.ps.pushed import PushedModel
     from edl_argo.rpc.tensors import to_tensor
 
     bad_constraint = _model_message()
@@ -390,7 +391,9 @@ def test_the_ps_refuses_malformed_state_and_constraints_naming_the_variable() ->
         (to_tensor(np.zeros(3, np.float32), "moving_mean"), r"'moving_mean' is float32\[3\], the .*\[2\]"),
     ]:
         with pytest.raises(InvalidRequestError, match=reason):
-            parameters.decode_gradients(ps_pb2.Model(non_trainable_parameters=[tensor]))
+            parameters.decode_gradients(
+                PushedModel.of_message(ps_pb2.Model(non_trainable_parameters=[tensor]))
+            )
 
 
 def test_allreduce_refuses_a_feed_with_sample_weights_before_any_pod_starts(tmp_path: Path) -> None:

@@ -24,10 +24,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
+from edl_argo.rpc.chunked import CHUNK_BYTES, cut
 from tests.fuzz.messages import MessageFuzzer
 
 #: Codes a server gives on purpose to a request it refuses.
@@ -63,6 +65,9 @@ class Method:
     adjust: Callable[[Message, MessageFuzzer], None] | None = None
     #: Whether to send randomly edited bytes too (:data:`MUTATED_SHARE` of the requests).
     mutate: bool = True
+    #: Whether the method is a streaming twin (:mod:`edl_argo.rpc.chunked`): the request's bytes go as
+    #: ``Chunk`` messages of a random size, and the answer's chunks are read to the end.
+    chunked: bool = False
 
 
 @dataclass
@@ -120,7 +125,9 @@ def fuzz(
     its request (a credential of the job, :mod:`edl_argo.rpc.auth`: the fuzzer is an insider)."""
     fuzzer = MessageFuzzer(seed, names)
     calls = {
-        m.path: channel.unary_unary(m.path, request_serializer=None, response_deserializer=None)
+        m.path: _chunked_call(channel, m.path, fuzzer)
+        if m.chunked
+        else channel.unary_unary(m.path, request_serializer=None, response_deserializer=None)
         for m in methods
     }
     report = FuzzReport()
@@ -156,6 +163,21 @@ def fuzz(
         report.record(method.path, code, details, elapsed, timeout, gone)
     report.seconds = time.monotonic() - started
     return report
+
+
+#: The chunk sizes a streaming twin's requests are cut into (bytes of the request per chunk).
+CHUNK_SIZES = (1, 64, 4096, CHUNK_BYTES)
+
+
+def _chunked_call(channel: grpc.Channel, path: str, fuzzer: MessageFuzzer) -> Callable[..., list[bytes]]:
+    """A call of the streaming twin ``path`` taking the request's bytes as a unary call does."""
+    stream = channel.stream_stream(path)
+
+    def call(data: bytes, timeout: float, metadata: Any) -> list[bytes]:
+        chunks = cut(data, size=fuzzer.rng.choice(CHUNK_SIZES))
+        return list(stream(chunks, timeout=timeout, metadata=metadata))
+
+    return call
 
 
 def _reconnect(channel: grpc.Channel, stop: threading.Event | None) -> float | None:
