@@ -57,6 +57,11 @@ CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: Backoff of retried API calls: first delay, doubled up to the maximum.
 RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.2, 10.0
+#: What urllib3 may retry by itself: a connection that could not be made (the server saw no request);
+#: never a request the server answered or may have seen (see :func:`load_api_client`).
+CLIENT_RETRIES = urllib3.util.Retry(
+    total=3, connect=3, read=0, redirect=0, status=0, other=0, respect_retry_after_header=False
+)
 #: Statuses whose ``Retry-After`` header a retry honours (throttled; unavailable).
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 
@@ -71,11 +76,15 @@ def load_api_client() -> k8s.ApiClient:
     """An API client for ``$EDL_KUBERNETES_API``, else the in-cluster service account, else kubeconfig.
 
     Its User-Agent is ``edl-argo/<version>``, so audit logs (and the test stand-in) can tell the master.
+    Its connections retry only connecting (:data:`CLIENT_RETRIES`): urllib3's own retries would repeat
+    a request past the request budget and the call's deadline (a 429 or 503 with ``Retry-After``, a
+    read that timed out), so :func:`retry_transient` and the backend's loops make every retry.
 
     Raises:
         ConfigError: none of them is available.
     """
     configuration = k8s.Configuration()
+    configuration.retries = CLIENT_RETRIES
     url = os.environ.get(API_URL_ENV, "").strip()
     if url:
         configuration.host = url.rstrip("/")
