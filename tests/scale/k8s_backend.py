@@ -158,7 +158,7 @@ class Scenario:
         )
 
     def start(self, timeout: float) -> None:
-        goal = max(0, self.workers - self.burst) / self.qps + 5
+        goal = self.workers / self.qps + 5
         self.measure("start", goal, self.manager.start, timeout)
 
     def storm(self, count: int, timeout: float, outage_seconds: float = 0.0) -> None:
@@ -174,7 +174,7 @@ class Scenario:
                 self.run_until(lambda: not self.all_running(), 30, "the master sees the storm begin")
                 self.stand_in.fail_for(outage_seconds, (429, 500, 503), retry_after=1)
 
-        goal = outage_seconds + max(0, count - self.burst) / self.qps + 5
+        goal = outage_seconds + count / self.qps + 5
         name = f"storm: {count} preempted" + (f", API failing {outage_seconds:g} s" if outage_seconds else "")
         self.measure(name, goal, preempt, timeout, relaunches)
 
