@@ -71,6 +71,20 @@ def fraction(text: str) -> float:
 fraction.__name__ = "number from 0 to 1"
 
 
+def positive_number(text: str) -> float:
+    """argparse ``type=`` for a finite number more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a number more than 0")
+    return value
+
+
+positive_number.__name__ = "number > 0"
+
+
 def pod_host() -> str:
     """The address this pod's servers bind to: ``POD_IP`` in Kubernetes, loopback on one machine."""
     return os.environ.get("POD_IP") or "127.0.0.1"

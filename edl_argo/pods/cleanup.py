@@ -136,13 +136,15 @@ def run_cleanup(args: argparse.Namespace) -> int:
 
     from edl_argo.pods.kubernetes_api import CONNECTION_ERRORS, JobApi, api_message, load_api_client
     from edl_argo.pods.kubernetes_config import namespace_from_flag, step_from_env
+    from edl_argo.pods.request_budget import DEFAULT_BURST, DEFAULT_QPS, RequestBudget
 
+    budget = RequestBudget(DEFAULT_QPS, DEFAULT_BURST)  # the master's default budget, shared by both
     namespace = namespace_from_flag(args.namespace)
     step = step_from_env(os.environ)
     client = load_api_client()
     try:
-        api = JobApi(client, namespace, manifests.job_selector(job_name, step))
-        any_step = JobApi(client, namespace, manifests.job_selector(job_name))
+        api = JobApi(client, namespace, manifests.job_selector(job_name, step), budget)
+        any_step = JobApi(client, namespace, manifests.job_selector(job_name), budget)
         remaining = clean_up(api, any_step, job_name, step, args.timeout, auth_secret)
     except ApiException as error:
         raise ConfigError(

@@ -101,6 +101,7 @@ from edl_argo.pods.kubernetes_creation import JobObjects, StartupCalls
 from edl_argo.pods.kubernetes_pods import Incarnation, JobPods, log
 from edl_argo.pods.kubernetes_watch import PodWatch
 from edl_argo.pods.manifests import render_job_manifests
+from edl_argo.pods.request_budget import RequestBudget
 from edl_argo.rpc.auth import JobSecret
 from edl_argo.rpc.tls import TlsFiles
 
@@ -139,7 +140,11 @@ class KubernetesBackend(PodBackend):
         self._stored_secret: JobSecret | None = None
         self._client = api if api is not None else load_api_client()
         self._own_client = api is None
-        self._api = JobApi(self._client, config.namespace, manifests.job_selector(job_name, config.step))
+        #: Paces every request of the backend (``--k8s-qps``, ``--k8s-burst``).
+        self.budget = RequestBudget(config.k8s_qps, config.k8s_burst)
+        self._api = JobApi(
+            self._client, config.namespace, manifests.job_selector(job_name, config.step), self.budget
+        )
         self._pods = JobPods(self.job_name, config.namespace)
         self._objects = JobObjects(self._api, self._pods)
         self._watch = PodWatch(self._api, self._pods, self._objects.delete_pod)
@@ -296,7 +301,7 @@ class KubernetesBackend(PodBackend):
                     pod.delete_reason = PodReason.DELETED
         self._objects.stop()
         deadline = time.monotonic() + max(grace_seconds, 1.0) + CLOSE_EXTRA_SECONDS
-        remaining = self._objects.delete_job(grace_seconds, deadline, self.auth_secret)
+        remaining = self._objects.delete_job(grace_seconds, deadline, self.auth_secret, pods.all_terminal)
         while not pods.all_terminal() and time.monotonic() < deadline:
             time.sleep(0.05)  # the watch reports the last terminal events
         self._watch.stop()
@@ -318,7 +323,7 @@ class KubernetesBackend(PodBackend):
         pods' resourceVersion. Failures as :class:`~edl_argo.pods.kubernetes_creation.StartupCalls` says."""
         config = self.config
         starting = StartupCalls(config.namespace)
-        any_step = JobApi(self._client, config.namespace, manifests.job_selector(self.job_name))
+        any_step = JobApi(self._client, config.namespace, manifests.job_selector(self.job_name), self.budget)
         others = starting(
             lambda: objects_of_other_steps(any_step, config.step), "list the job's pods and services"
         )

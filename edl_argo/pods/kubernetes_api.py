@@ -6,11 +6,23 @@ exposes exactly the calls the backend makes -- the ones ``templates/rbac.yaml`` 
 the watch has a client-side timeout of :data:`REQUEST_SECONDS`. Errors are the client's:
 ``kubernetes.client.ApiException`` for an API refusal (:func:`api_message` quotes it), ``urllib3`` or
 ``OSError`` errors for a lost connection.
+
+**Request budget.** Every request -- each call, each retry, each log read, the start of each watch -- first
+takes a token of the :class:`~edl_argo.pods.request_budget.RequestBudget` the ``JobApi`` is given
+(``--k8s-qps``, ``--k8s-burst``), waiting for it until the call's deadline (by default
+:data:`REQUEST_SECONDS`); a call that gets no token in time fails with
+:class:`~edl_argo.pods.request_budget.RequestBudgetTimeout`, a :class:`TimeoutError`: like a request that
+timed out, it is transient (:func:`is_transient`).
+
+**Retry-After.** A 429 or 503 answer with a ``Retry-After`` header (seconds) is retried no sooner than
+that (:func:`retry_delay`), and not at all if that is past the call's deadline; the log line of the retry
+says when it comes (``retry_in_s``, ``retry_at``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -29,13 +41,15 @@ from edl_argo import __version__
 from edl_argo.errors import ConfigError
 from edl_argo.log import get_logger
 from edl_argo.pods import manifests
+from edl_argo.pods.request_budget import DEFAULT_BURST, DEFAULT_QPS, RequestBudget
 
 #: Environment variable with the API server's URL; overrides in-cluster and kubeconfig settings.
 API_URL_ENV = "EDL_KUBERNETES_API"
 #: Client-side timeout of every request but watches.
 REQUEST_SECONDS = 15.0
-#: How many log lines :meth:`JobApi.pod_log_tail` returns.
-LOG_TAIL_LINES = 10
+#: How many log lines :meth:`JobApi.pod_log_tail` returns, and its timeout (a failed pod's event waits
+#: for it).
+LOG_TAIL_LINES, LOG_READ_SECONDS = 10, 5.0
 
 #: The errors of a request that got no answer (connection refused, reset, timed out).
 CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
@@ -43,6 +57,13 @@ CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: Backoff of retried API calls: first delay, doubled up to the maximum.
 RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.2, 10.0
+#: What urllib3 may retry by itself: a connection that could not be made (the server saw no request);
+#: never a request the server answered or may have seen (see :func:`load_api_client`).
+CLIENT_RETRIES = urllib3.util.Retry(
+    total=3, connect=3, read=0, redirect=0, status=0, other=0, respect_retry_after_header=False
+)
+#: Statuses whose ``Retry-After`` header a retry honours (throttled; unavailable).
+RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 Result = TypeVar("Result")
 
@@ -55,11 +76,15 @@ def load_api_client() -> k8s.ApiClient:
     """An API client for ``$EDL_KUBERNETES_API``, else the in-cluster service account, else kubeconfig.
 
     Its User-Agent is ``edl-argo/<version>``, so audit logs (and the test stand-in) can tell the master.
+    Its connections retry only connecting (:data:`CLIENT_RETRIES`): urllib3's own retries would repeat
+    a request past the request budget and the call's deadline (a 429 or 503 with ``Retry-After``, a
+    read that timed out), so :func:`retry_transient` and the backend's loops make every retry.
 
     Raises:
         ConfigError: none of them is available.
     """
     configuration = k8s.Configuration()
+    configuration.retries = CLIENT_RETRIES
     url = os.environ.get(API_URL_ENV, "").strip()
     if url:
         configuration.host = url.rstrip("/")
@@ -95,32 +120,75 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, CONNECTION_ERRORS)
 
 
+def retry_after_seconds(error: BaseException) -> float | None:
+    """The ``Retry-After`` of a 429 or 503 answer, in seconds; None without one (or an HTTP-date, which the
+    API server does not send)."""
+    if not isinstance(error, ApiException) or error.status not in RETRY_AFTER_STATUSES:
+        return None
+    headers = error.headers or {}
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 and math.isfinite(seconds) else None
+
+
+def retry_delay(error: BaseException, backoff: float) -> float:
+    """How long to wait before retrying after ``error``: the backoff's ``backoff``, or the server's
+    ``Retry-After`` (:func:`retry_after_seconds`) when that is longer."""
+    return max(backoff, retry_after_seconds(error) or 0.0)
+
+
+def retry_fields(error: BaseException, delay: float) -> dict[str, Any]:
+    """The log fields of a retry in ``delay`` seconds after ``error``: ``error`` (one line), ``retry_in_s``,
+    ``retry_at`` (UTC), and ``retry_after_s`` when the server asked for it."""
+    problem = api_message(error) if isinstance(error, ApiException) else f"{type(error).__name__}: {error}"
+    at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=delay)
+    fields: dict[str, Any] = {
+        "error": problem[:300],
+        "retry_in_s": round(delay, 3),
+        "retry_at": at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z",
+    }
+    server_asked = retry_after_seconds(error)
+    if server_asked is not None:
+        fields["retry_after_s"] = server_asked
+    return fields
+
+
 def retry_transient(call: Callable[[], Result], what: str, deadline: float) -> Result:
-    """``call()``, repeated with backoff while it fails transiently (:func:`is_transient`) and the
-    ``time.monotonic()`` ``deadline`` allows; any other error, or the last one, is raised."""
-    delay = RETRY_FIRST_SECONDS
+    """``call()``, repeated while it fails transiently (:func:`is_transient`) and the ``time.monotonic()``
+    ``deadline`` allows, after a backoff or the server's ``Retry-After`` (:func:`retry_delay`); any other
+    error, or the last one, is raised."""
+    backoff = RETRY_FIRST_SECONDS
     attempt = 0
     while True:
         attempt += 1
         try:
             return call()
         except (ApiException, *CONNECTION_ERRORS) as error:
+            delay = retry_delay(error, backoff)
             if not is_transient(error) or time.monotonic() + delay > deadline:
                 raise
-            problem = (
-                api_message(error) if isinstance(error, ApiException) else f"{type(error).__name__}: {error}"
-            )
-            log.warning("api_retry", action=what, attempt=attempt, error=problem[:300], retry_in_s=delay)
+            log.warning("api_retry", action=what, attempt=attempt, **retry_fields(error, delay))
         time.sleep(delay)
-        delay = min(delay * 2, RETRY_MAX_SECONDS)
+        backoff = min(backoff * 2, RETRY_MAX_SECONDS)
 
 
 class JobApi:
-    """The calls of one job's backend in ``namespace``; listings are limited to ``selector``. Thread-safe."""
+    """The calls of one job's backend in ``namespace``; listings are limited to ``selector``. Thread-safe.
 
-    def __init__(self, api: k8s.ApiClient, namespace: str, selector: str) -> None:
+    ``budget`` paces every request (see the module docstring); JobApis of one client should share one.
+    Default: a budget of its own, of :data:`~edl_argo.pods.request_budget.DEFAULT_QPS` and
+    :data:`~edl_argo.pods.request_budget.DEFAULT_BURST`.
+    """
+
+    def __init__(
+        self, api: k8s.ApiClient, namespace: str, selector: str, budget: RequestBudget | None = None
+    ) -> None:
         self.namespace = namespace
         self.selector = selector
+        self.budget = budget if budget is not None else RequestBudget(DEFAULT_QPS, DEFAULT_BURST)
         self._core = k8s.CoreV1Api(api)
         self._networking = k8s.NetworkingV1Api(api)
         self._stream_lock = threading.Lock()
@@ -135,8 +203,10 @@ class JobApi:
         items: list[Json] = listed["items"]
         return items
 
-    def create_pod(self, body: Json) -> Json:
-        return self._call(self._core.create_namespaced_pod, self.namespace, body)
+    def create_pod(self, body: Json, deadline: float | None = None) -> Json:
+        """Create a pod, waiting for the request budget until ``deadline`` (default: :data:`REQUEST_SECONDS`
+        from now)."""
+        return self._call(self._core.create_namespaced_pod, self.namespace, body, deadline=deadline)
 
     def read_pod(self, name: str) -> Json:
         return self._call(self._core.read_namespaced_pod, name, self.namespace)
@@ -197,14 +267,16 @@ class JobApi:
             return False
         return True
 
-    def add_secret_data(self, name: str, data: dict[str, str]) -> None:
-        """Add ``data`` (base64 values) to Secret ``name`` (a JSON merge patch: other keys stay)."""
+    def add_secret_data(self, name: str, data: dict[str, str], deadline: float | None = None) -> None:
+        """Add ``data`` (base64 values) to Secret ``name`` (a JSON merge patch: other keys stay); waits for
+        the request budget until ``deadline`` (default: :data:`REQUEST_SECONDS` from now)."""
         self._call(
             self._core.patch_namespaced_secret,
             name,
             self.namespace,
             {"data": data},
             _content_type="application/merge-patch+json",
+            deadline=deadline,
         )
 
     def delete_secret(self, name: str) -> None:
@@ -224,15 +296,17 @@ class JobApi:
                 raise
 
     def pod_log_tail(self, name: str) -> list[str]:
-        """The last :data:`LOG_TAIL_LINES` lines of pod ``name``'s ``main`` container; ``[]`` on any error."""
+        """The last :data:`LOG_TAIL_LINES` lines of pod ``name``'s ``main`` container; ``[]`` on any error
+        (or no request budget within :data:`LOG_READ_SECONDS`)."""
         try:
+            self.budget.acquire(time.monotonic() + LOG_READ_SECONDS)
             response = self._core.read_namespaced_pod_log(
                 name,
                 self.namespace,
                 container=manifests.CONTAINER,
                 tail_lines=LOG_TAIL_LINES,
                 _preload_content=False,
-                _request_timeout=5.0,
+                _request_timeout=LOG_READ_SECONDS,
             )
             text = response.data.decode("utf-8", errors="replace")
             response.release_conn()
@@ -242,7 +316,9 @@ class JobApi:
 
     def watch_pods(self, resource_version: str, seconds: int) -> Iterator[Json]:
         """The watch events (``{"type", "object"}``) of the job's pods after ``resource_version``, for up
-        to ``seconds`` (the server ends the watch then). ERROR events are yielded like the others."""
+        to ``seconds`` (the server ends the watch then). ERROR events are yielded like the others. Its start
+        waits for the request budget for :data:`REQUEST_SECONDS` at most."""
+        self.budget.acquire(time.monotonic() + REQUEST_SECONDS)
         response = self._core.list_namespaced_pod(
             self.namespace,
             label_selector=self.selector,
@@ -272,7 +348,12 @@ class JobApi:
             with contextlib.suppress(OSError, AttributeError):
                 stream.shutdown()
 
-    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
+    def _call(
+        self, method: Callable[..., Any], *args: Any, deadline: float | None = None, **kwargs: Any
+    ) -> Json:
+        """One request through the client's ``method``, once the budget gives a token (waiting until
+        ``deadline``, default :data:`REQUEST_SECONDS` from now); its answer's JSON."""
+        self.budget.acquire(time.monotonic() + REQUEST_SECONDS if deadline is None else deadline)
         response = method(*args, _preload_content=False, _request_timeout=REQUEST_SECONDS, **kwargs)
         try:
             result: Json = json.loads(response.data)

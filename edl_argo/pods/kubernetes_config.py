@@ -34,6 +34,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from edl_argo.errors import ConfigError
+from edl_argo.pods.request_budget import DEFAULT_BURST, DEFAULT_QPS
 
 #: The folder where the master's pod mounts the Secrets it reads (:attr:`KubernetesConfig.secrets_dir`).
 MASTER_SECRETS_ENV = "EDL_MASTER_SECRETS_DIR"
@@ -138,6 +139,10 @@ class KubernetesConfig:
     """AllreduceStrategy: the port of every worker's collective service (each pod has its own address)."""
     pod_creation_timeout: float = 300.0
     """How long creating a pod is retried (quota, admission errors) before it is reported FAILED."""
+    k8s_qps: float = DEFAULT_QPS
+    """The request budget on the Kubernetes API (``--k8s-qps``): requests a second on average at most."""
+    k8s_burst: int = DEFAULT_BURST
+    """The request budget's burst (``--k8s-burst``): requests that may be sent at once."""
 
     def role(self, role: str) -> RoleSettings:
         """The settings of ``"worker"``, ``"ps"`` or ``"master"``."""
@@ -193,6 +198,8 @@ def kubernetes_config_from_args(
         owner=owner,
         ps_port=args.ps_port,
         pod_creation_timeout=float(args.pod_creation_timeout),
+        k8s_qps=float(args.k8s_qps),
+        k8s_burst=int(args.k8s_burst),
     )
 
 

@@ -1,8 +1,9 @@
 """Creating and deleting a job's Kubernetes objects through the API, with retries, backoff and deadlines.
 
 :class:`JobObjects` creates each pod on a thread of its own (:meth:`JobObjects.launch` returns at once),
-retried with exponential backoff (0.2 s doubling to 10 s) for ``pod_creation_timeout`` seconds on quota
-and admission refusals (403), throttling (429), server errors (5xx) and lost connections: the first refusal
+retried with exponential backoff (0.2 s doubling to 10 s, or longer when a 429 or 503 says ``Retry-After``)
+for ``pod_creation_timeout`` seconds on quota and admission refusals (403), throttling (429), server errors
+(5xx) and lost connections; its requests wait for the request budget until that deadline: the first refusal
 is reported as a PENDING/``Unschedulable`` event quoting the API's message, running out of time as
 FAILED/``Error``. Other refusals (400, 401, 404, 422, an RBAC denial) are FAILED/``Error`` at once:
 retrying cannot help. A 409 Conflict means a pod of that name still exists: one being deleted is waited
@@ -11,7 +12,8 @@ retried; one the job created whose answer was lost is taken as the creation's. A
 added to the job's Secret before its pod is created. A pod deleted while it was being created is deleted
 once created, or never created. Services (a PS's, the master's) are created like pods for at most a
 minute, one of the same name that an earlier master created being kept. Deleting a pod is tried three
-times; deleting the whole job waits, within a deadline, until its pods and Services are gone.
+times; deleting the whole job waits, within a deadline, until its pods and Services are gone (told by the
+watch, confirmed by a list).
 
 :class:`StartupCalls` makes the calls of a backend's start-up: transient failures (429, 5xx, no connection)
 are retried until :data:`START_RETRY_SECONDS` have passed, then :class:`~edl_argo.errors.JobFailedError`;
@@ -44,6 +46,8 @@ from edl_argo.pods.kubernetes_api import (
     Result,
     api_message,
     is_transient,
+    retry_delay,
+    retry_fields,
     retry_transient,
 )
 from edl_argo.pods.kubernetes_config import KubernetesConfig
@@ -57,6 +61,11 @@ START_RETRY_SECONDS = 120.0
 RETRYABLE_STATUSES = frozenset({403, 429, 500, 502, 503, 504})
 #: Longest time a Service's creation is retried.
 SERVICE_CREATION_MAX_SECONDS = 60.0
+#: While the watch has not seen every pod of a closing job stop, how often the job is listed to see what is
+#: left (:meth:`JobObjects.delete_job`).
+GONE_LIST_SECONDS = 1.0
+#: Longest time the retries of a pod's deletion wait in all.
+DELETE_RETRY_SECONDS = 30.0
 
 _Json = dict[str, Any]
 
@@ -119,7 +128,7 @@ class JobObjects:
         pods = self._pods
         manifest = manifests.pod_manifest(self.job_name, config, pod.spec, credentials=job_secret is not None)
         deadline = time.monotonic() + config.pod_creation_timeout
-        delay, reported = RETRY_FIRST_SECONDS, ""
+        backoff, reported = RETRY_FIRST_SECONDS, ""
         try:
             while True:
                 with pods.lock:
@@ -129,15 +138,18 @@ class JobObjects:
                         pods.finish(pod, PodPhase.DELETED, reason, None, "deleted before it was created")
                         return
                 try:
-                    self._add_credential(pod, config, job_secret)
-                    self._created(pod, self._api.create_pod(manifest)["metadata"]["uid"])
+                    self._add_credential(pod, config, job_secret, deadline)
+                    self._created(pod, self._api.create_pod(manifest, deadline)["metadata"]["uid"])
                     return
                 except ApiException as error:
+                    failure: Exception = error
                     retry, problem = self._creation_refused(pod, error)
                 except CONNECTION_ERRORS as error:
+                    failure = error
                     retry, problem = True, f"the API server is unreachable: {error}"
                 if not retry and not problem:
                     return  # the conflicting pod was our own creation
+                delay = retry_delay(failure, backoff)
                 if problem and (not retry or time.monotonic() + delay > deadline):
                     with pods.lock:
                         pod.creating = False
@@ -145,23 +157,26 @@ class JobObjects:
                     return
                 if problem and problem != reported:
                     reported = problem
-                    log.warning("pod_create_retry", job=self.job_name, pod=pod.name, error=problem)
+                    log.warning(
+                        "pod_create_retry", job=self.job_name, pod=pod.name, **retry_fields(failure, delay)
+                    )
                     pods.report_pending(pod, f"cannot create the pod yet, retrying: {problem}")
                 if not self._closing.wait(delay):
-                    delay = min(delay * 2, RETRY_MAX_SECONDS)
+                    backoff = min(backoff * 2, RETRY_MAX_SECONDS)
         finally:
             with pods.lock:
                 self._creators.discard(threading.current_thread())
 
     def _add_credential(
-        self, pod: Incarnation, config: KubernetesConfig, job_secret: JobSecret | None
+        self, pod: Incarnation, config: KubernetesConfig, job_secret: JobSecret | None, deadline: float
     ) -> None:
-        """Put a worker's own token in the job's Secret (under its identity) before its pod is created."""
+        """Put a worker's own token in the job's Secret (under its identity) before its pod is created
+        (waiting for the request budget until ``deadline``)."""
         if pod.role is not PodRole.WORKER or job_secret is None:
             return
         identity = pod_identity(pod.role.value, pod.pod_id)
         data = manifests.auth_secret_data({identity: job_secret.token(identity)})
-        self._api.add_secret_data(manifests.job_auth_secret(self.job_name, config), data)
+        self._api.add_secret_data(manifests.job_auth_secret(self.job_name, config), data, deadline)
 
     def _creation_refused(self, pod: Incarnation, error: ApiException) -> tuple[bool, str]:
         """``(retry, problem)`` after a refused creation; ``(True, "")``: retry, nothing to report;
@@ -206,17 +221,24 @@ class JobObjects:
             self.delete_pod(pod.name, uid, 1)
 
     def delete_pod(self, name: str, uid: str, grace_seconds: float) -> None:
-        """Ask the API to delete incarnation ``uid`` of pod ``name``, trying three times."""
-        for attempt in range(3):
+        """Ask the API to delete incarnation ``uid`` of pod ``name``, trying three times (the retries after
+        a backoff, or the server's ``Retry-After`` if longer, within :data:`DELETE_RETRY_SECONDS`)."""
+        deadline = time.monotonic() + DELETE_RETRY_SECONDS
+        for attempt in range(1, 4):
             try:
                 self._api.delete_pod(name, uid, grace_seconds)
                 return
-            except ApiException as error:
-                problem = api_message(error)
-            except CONNECTION_ERRORS as error:
-                problem = str(error)
-            log.warning("pod_delete_failed", job=self.job_name, pod=name, attempt=attempt + 1, error=problem)
-            time.sleep(RETRY_FIRST_SECONDS * 2**attempt)
+            except (ApiException, *CONNECTION_ERRORS) as error:
+                failure: Exception = error
+            delay = retry_delay(failure, RETRY_FIRST_SECONDS * 2 ** (attempt - 1))
+            fields = retry_fields(failure, delay)
+            if attempt == 3 or time.monotonic() + delay > deadline:
+                log.warning(
+                    "pod_delete_failed", job=self.job_name, pod=name, attempt=attempt, error=fields["error"]
+                )
+                return
+            log.warning("pod_delete_failed", job=self.job_name, pod=name, attempt=attempt, **fields)
+            time.sleep(delay)
 
     # -- services --------------------------------------------------------------------------------
 
@@ -251,7 +273,7 @@ class JobObjects:
         ``(None, problem)``."""
         name = body["metadata"]["name"]
         deadline = time.monotonic() + min(timeout, SERVICE_CREATION_MAX_SECONDS)
-        delay = RETRY_FIRST_SECONDS
+        backoff = RETRY_FIRST_SECONDS
         while True:
             try:
                 try:
@@ -261,12 +283,15 @@ class JobObjects:
                         raise
                     return self._api.read_service(name), ""  # created by an earlier master: keep it
             except ApiException as error:
+                failure: Exception = error
                 retry, problem = error.status in RETRYABLE_STATUSES, api_message(error)
             except CONNECTION_ERRORS as error:
+                failure = error
                 retry, problem = True, str(error)
+            delay = retry_delay(failure, backoff)
             if not retry or time.monotonic() + delay > deadline or self._closing.wait(delay):
                 return None, f"cannot create Service {name}: {problem}"
-            delay = min(delay * 2, RETRY_MAX_SECONDS)
+            backoff = min(backoff * 2, RETRY_MAX_SECONDS)
 
     # -- the whole job ---------------------------------------------------------------------------
 
@@ -278,18 +303,28 @@ class JobObjects:
         for creator in creators:
             creator.join(REQUEST_SECONDS + 1)
 
-    def delete_job(self, grace_seconds: float, deadline: float, auth_secret: str) -> list[str]:
+    def delete_job(
+        self, grace_seconds: float, deadline: float, auth_secret: str, settled: Callable[[], bool]
+    ) -> list[str]:
         """Delete every pod and Service of the job, its NetworkPolicy and its auth Secret ``auth_secret``, and
         wait until ``deadline`` for them to be gone; returns ``kind/name`` of the pods and Services that still
-        exist."""
+        exist.
+
+        The wait relies on the watch: the job is listed as soon as ``settled()`` (the watch has seen every
+        pod stop), and otherwise only every :data:`GONE_LIST_SECONDS` (a watch cut off from the server), so
+        closing a job of 1,000 pods costs a few lists, not one every fraction of a second."""
         try:
             delete_job_objects(self._api, self.job_name, auth_secret, grace_seconds)
         except (ApiException, *CONNECTION_ERRORS) as error:
             log.warning("job_delete_failed", job=self.job_name, error=str(error))
+        listed_at, was_settled = time.monotonic(), settled()
         remaining = self._list_job()
         while remaining and time.monotonic() < deadline:
-            time.sleep(0.2)
-            remaining = self._list_job()
+            time.sleep(0.05)
+            now, now_settled = time.monotonic(), settled()
+            if (now_settled and not was_settled) or now - listed_at >= GONE_LIST_SECONDS or now >= deadline:
+                listed_at, remaining = now, self._list_job()
+            was_settled = now_settled
         return remaining
 
     def _list_job(self) -> list[str]:

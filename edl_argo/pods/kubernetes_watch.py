@@ -4,7 +4,9 @@
 ``app.kubernetes.io/instance=<job>``), resuming each watch from the last resourceVersion it saw; when the
 server answers 410 Gone (the version was compacted) it lists the pods again (:meth:`PodWatch.relist`) and
 reports what it missed, pods missing from the list as deleted. Other failures are retried with backoff
-(0.2 s doubling to 10 s) until :meth:`PodWatch.stop`.
+(0.2 s doubling to 10 s, or the ``Retry-After`` of a 429 or 503 if longer) until :meth:`PodWatch.stop`.
+The watch is all the backend needs to follow its pods: it never polls them (a list is made only at
+start-up and after a 410 Gone).
 
 **Adoption.** A listed running or pending pod that no incarnation tracked by the backend accounts for (one
 an earlier master of the job started) is tracked like the backend's own; a finished one (an earlier
@@ -37,7 +39,8 @@ from edl_argo.pods.kubernetes_api import (
     RETRY_FIRST_SECONDS,
     RETRY_MAX_SECONDS,
     JobApi,
-    api_message,
+    retry_delay,
+    retry_fields,
 )
 from edl_argo.pods.kubernetes_pods import Incarnation, JobPods, log
 from edl_argo.pods.kubernetes_status import PodObservation, has_finished, observe_pod
@@ -124,7 +127,7 @@ class PodWatch:
 
     def _watch(self, resource_version: str | None) -> None:
         """Turn the job's pod changes into events until :meth:`stop` (the watch thread)."""
-        delay = RETRY_FIRST_SECONDS
+        backoff = RETRY_FIRST_SECONDS
         while not self._unwatch.is_set():
             try:
                 if resource_version is None:
@@ -134,16 +137,16 @@ class PodWatch:
                 resource_version = self._watch_once(resource_version)
                 if time.monotonic() - began < 1.0:  # a server that ends watches at once: do not spin
                     self._unwatch.wait(RETRY_FIRST_SECONDS)
-                delay = RETRY_FIRST_SECONDS
+                backoff = RETRY_FIRST_SECONDS
             except ApiException as error:
                 if error.status == 410:
                     resource_version = None
                     continue
-                self._watch_trouble(api_message(error), delay)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                self._watch_trouble(error, backoff)
+                backoff = min(backoff * 2, RETRY_MAX_SECONDS)
             except (*CONNECTION_ERRORS, ValueError, KeyError) as error:
-                self._watch_trouble(f"{type(error).__name__}: {error}", delay)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                self._watch_trouble(error, backoff)
+                backoff = min(backoff * 2, RETRY_MAX_SECONDS)
 
     def _watch_once(self, resource_version: str) -> str | None:
         """One watch request from ``resource_version``; returns where to resume (None: list again)."""
@@ -161,9 +164,11 @@ class PodWatch:
                 self._observe(obj, gone=kind == "DELETED")
         return resource_version
 
-    def _watch_trouble(self, problem: str, delay: float) -> None:
+    def _watch_trouble(self, error: Exception, backoff: float) -> None:
+        """Log the watch's failure ``error`` and wait the ``backoff`` (or the server's ``Retry-After``)."""
         if not self._unwatch.is_set():
-            log.warning("watch_failed", job=self.job_name, error=problem, retry_in_s=delay)
+            delay = retry_delay(error, backoff)
+            log.warning("watch_failed", job=self.job_name, **retry_fields(error, delay))
             self._unwatch.wait(delay)
 
     def _adopt(self, obj: dict[str, Any]) -> None:

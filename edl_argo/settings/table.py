@@ -9,7 +9,7 @@ line, the master passing it to its pods, the configuration field that holds it (
 from __future__ import annotations
 
 from edl_argo import __version__
-from edl_argo.flags import fraction, non_negative_int, port_number, positive_int
+from edl_argo.flags import fraction, non_negative_int, port_number, positive_int, positive_number
 from edl_argo.settings.schema import Argo, Setting
 
 PARAMETER_SERVER = "ParameterServerStrategy"
@@ -35,6 +35,10 @@ STEP_STORAGE_SECRET = "edl-argo-storage"
 #: settings must not import).
 DB_SECRET = "edl-argo-db"
 ROLE_RESOURCES = "cpu=1,memory=1024Mi"
+#: ``--k8s-qps`` and ``--k8s-burst``: the master's request budget on the Kubernetes API
+#: (:mod:`edl_argo.pods.request_budget` says why these values).
+K8S_QPS = 50.0
+K8S_BURST = 100
 
 ALL = ("train", "worker", "ps")
 MODEL = "model"
@@ -758,6 +762,29 @@ SETTINGS: tuple[Setting, ...] = (
         group=K8S,
         parse=positive_int,
         metavar="SECONDS",
+        argo=Argo(),
+    ),
+    Setting(
+        "--k8s-qps",
+        float,
+        K8S_QPS,
+        "requests a second the master sends the Kubernetes API, on average at most (client-side, as"
+        " client-go's QPS; every create, delete, get, list, log read, retry and watch counts)",
+        section="kubernetes",
+        group=K8S,
+        parse=positive_number,
+        metavar="QPS",
+        argo=Argo(),
+    ),
+    Setting(
+        "--k8s-burst",
+        int,
+        K8S_BURST,
+        "requests the master may send the Kubernetes API at once, beyond --k8s-qps (as client-go's Burst)",
+        section="kubernetes",
+        group=K8S,
+        parse=positive_int,
+        metavar="REQUESTS",
         argo=Argo(),
     ),
     Setting(

@@ -7,8 +7,10 @@ stored and checked for shape, not enforced: pods share the loopback address), ``
 :mod:`~tests.k8s_stand_in.deployments`); cluster-scoped (stored under namespace ''): ``nodes`` (core/v1,
 made by :meth:`Cluster.add_node`) and ``priorityclasses`` (scheduling.k8s.io/v1). Each node runs its pods'
 containers as local process groups (``command`` + ``args``, ``edl-argo`` resolved to this interpreter's
-console script) with ``status.podIP`` 127.0.0.1, so pods share the loopback address. By default there is
-one node, ``stand-in-node``, of unlimited capacity.
+console script) with ``status.podIP`` 127.0.0.1, so pods share the loopback address; with
+``run_processes=False`` a bound pod's container is reported running and no process is started (a pod then
+costs a few kilobytes, so thousands fit: scale tests). By default there is one node, ``stand-in-node``, of
+unlimited capacity.
 
 Admission: an object whose labels the API server would refuse (a value over 63 characters, ...) is
 refused with 422 Invalid, on create and on patch; a pod with a malformed cpu or memory quantity too. A pod
@@ -118,7 +120,8 @@ class Cluster:
     ``nodes``: the cluster's nodes (default: one, :data:`NODE`, with unlimited capacity).
     ``require_priority_classes``: refuse (403) a pod naming an unknown PriorityClass, as the API server
     does; by default only when ``nodes`` are given (without, such a pod gets priority 0, so that tests
-    need not create the classes their pods name).
+    need not create the classes their pods name). ``run_processes``: start each bound pod's command as a
+    process (default); False: report it running without one (it runs until deleted, which is at once).
     """
 
     def __init__(
@@ -128,8 +131,10 @@ class Cluster:
         echo_logs: bool = True,
         nodes: Sequence[StandInNode] | None = None,
         require_priority_classes: bool | None = None,
+        run_processes: bool = True,
     ) -> None:
         self.store = store
+        self.run_processes = run_processes
         self.workdir = workdir
         self.echo_logs = echo_logs
         #: Also called with every pod output line, as ``[pod-name] line`` (a chaos trial's log).
@@ -472,6 +477,9 @@ class Cluster:
             self.store.put(key, pod, "MODIFIED")
             return
         command = [_VAR_REF.sub(lambda m: env.get(m[1], m[0]), arg) for arg in _argv(container)]
+        if not self.run_processes:
+            self._report_running(key, pod, now_rfc3339())
+            return
         uid = pod["metadata"]["uid"]
         log_path = self._log_path(key[1], key[2], uid)
         try:
@@ -492,19 +500,25 @@ class Cluster:
         started = now_rfc3339()
         running = _Container(key, uid, process, log_path, started)
         self._containers[uid] = running
-        status.update(
-            phase="Running", podIP=POD_IP, podIPs=[{"ip": POD_IP}], hostIP=POD_IP, startTime=started
-        )
-        status["containerStatuses"] = [
-            _container_status(container, {"running": {"startedAt": started}}, ready=True, started=True)
-        ]
-        _set_condition(pod, "Ready", "True", "", "")
-        self.store.put(key, pod, "MODIFIED")
+        self._report_running(key, pod, started)
         assert process.stdout is not None
         for target, args in ((self._copy_log, (running, process.stdout)), (self._wait, (running,))):
             thread = threading.Thread(target=target, args=args, daemon=True)
             running.threads.append(thread)
             thread.start()
+
+    def _report_running(self, key: ObjectKey, pod: dict[str, Any], started: str) -> None:
+        """Write ``pod``'s status as its container runs since ``started``. Called with the lock held."""
+        status = pod["status"]
+        status.update(
+            phase="Running", podIP=POD_IP, podIPs=[{"ip": POD_IP}], hostIP=POD_IP, startTime=started
+        )
+        container = pod["spec"]["containers"][0]
+        status["containerStatuses"] = [
+            _container_status(container, {"running": {"startedAt": started}}, ready=True, started=True)
+        ]
+        _set_condition(pod, "Ready", "True", "", "")
+        self.store.put(key, pod, "MODIFIED")
 
     def _container_env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         """The container's environment: the test process's (minus private variables), then ``env``."""

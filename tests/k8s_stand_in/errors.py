@@ -2,8 +2,10 @@
 
 
 class ApiError(Exception):
-    """An API request refused with HTTP ``code`` (answered as a Status object)."""
+    """An API request refused with HTTP ``code`` (answered as a Status object); ``retry_after``: the
+    ``Retry-After`` header's seconds, if any."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
+        self.retry_after = retry_after

@@ -21,13 +21,17 @@ PATCH takes ``application/merge-patch+json``, and ``application/strategic-merge-
 (where the two agree: e.g. ``{"spec": {"replicas": 3}}``, which the official client sends as a strategic
 merge patch unless told ``_content_type``).
 
-Every request is logged as an :class:`ApiCall` (the authorization verb and resource, as RBAC sees them).
+Every request is logged as an :class:`ApiCall` (the authorization verb and resource, as RBAC sees them,
+its arrival time and its User-Agent): :meth:`KubernetesStandIn.arrivals` gives a client's arrival times, to
+count its requests per second. :meth:`KubernetesStandIn.fail_for` answers 429, 500 or 503 for a while,
+optionally with a ``Retry-After`` header.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import socket
 import tempfile
@@ -111,7 +115,8 @@ class KubernetesStandIn:
     ``nodes``: the cluster's nodes and their capacity, which the scheduler places pods on by their requests
     (default: one node, ``stand-in-node``, with unlimited capacity: every pod is scheduled at once).
     ``require_priority_classes``: refuse (403) pods naming an unknown PriorityClass, as the API server does
-    (default: only when ``nodes`` are given).
+    (default: only when ``nodes`` are given). ``run_processes=False``: bound pods are reported running
+    without starting their command (thousands of pods fit; see :class:`~tests.k8s_stand_in.cluster.Cluster`).
     """
 
     def __init__(
@@ -124,17 +129,20 @@ class KubernetesStandIn:
         port: int = 0,
         nodes: Sequence[StandInNode] | None = None,
         require_priority_classes: bool | None = None,
+        run_processes: bool = True,
     ) -> None:
         self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="k8s-stand-in-")
         self.workdir = workdir if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
         self.store = ObjectStore(history)
-        self.cluster = Cluster(self.store, self.workdir, echo_logs, nodes, require_priority_classes)
+        self.cluster = Cluster(
+            self.store, self.workdir, echo_logs, nodes, require_priority_classes, run_processes
+        )
         self.watch_max_seconds = watch_max_seconds
         self._calls: list[ApiCall] = []
         self._calls_lock = threading.Lock()
         self._rules: tuple[str, list[dict[str, Any]]] | None = None
         self._failures: list[_Failure] = []
-        self._outage: tuple[float, tuple[int, ...]] = (0.0, ())
+        self._outage: tuple[float, tuple[int, ...], float | None] = (0.0, (), None)
         self._outage_answers = 0
         self._cut_generation = 0
         self._closing = False
@@ -191,11 +199,22 @@ class KubernetesStandIn:
         """Answer the next ``count`` ``verb`` requests on ``resource`` with ``status`` (e.g. 403 quota)."""
         self._failures.append(_Failure(verb, resource, status, message, count))
 
-    def fail_for(self, seconds: float, statuses: tuple[int, ...] = (429, 500, 503)) -> None:
+    def arrivals(self, user_agent_prefix: str = "", since: float = 0.0) -> list[float]:
+        """The arrival times (``time.time()``) of the requests, watches included, whose User-Agent starts
+        with ``user_agent_prefix``, from ``since`` on, in order."""
+        return sorted(
+            c.time for c in self.calls if c.user_agent.startswith(user_agent_prefix) and c.time >= since
+        )
+
+    def fail_for(
+        self, seconds: float, statuses: tuple[int, ...] = (429, 500, 503), retry_after: float | None = None
+    ) -> None:
         """Answer every request for ``seconds`` with one of ``statuses`` in turn (throttling, an API server
-        in trouble); watches already open are cut (see :meth:`cut_watches`), new ones refused."""
+        in trouble), a 429 or 503 with header ``Retry-After: <retry_after>`` if given (whole seconds, as
+        the API server sends it, rounded up); watches already open are cut (see :meth:`cut_watches`), new
+        ones refused."""
         with self._calls_lock:
-            self._outage = (time.monotonic() + seconds, statuses)
+            self._outage = (time.monotonic() + seconds, statuses, retry_after)
         self.cut_watches()
 
     def cut_watches(self) -> None:
@@ -366,12 +385,13 @@ class KubernetesStandIn:
                     403, "Forbidden", f'User "edl-argo-master" cannot {call.verb} resource "{call.resource}"'
                 )
         with self._calls_lock:
-            until, statuses = self._outage
+            until, statuses, retry_after = self._outage
             if statuses and time.monotonic() < until:
                 self._outage_answers += 1
                 status = statuses[self._outage_answers % len(statuses)]
                 reason = "TooManyRequests" if status == 429 else "InternalError"
-                raise ApiError(status, reason, f"stand-in: API server unavailable ({status})")
+                after = retry_after if status in (429, 503) else None
+                raise ApiError(status, reason, f"stand-in: API server unavailable ({status})", after)
         for failure in self._failures:
             if failure.remaining > 0 and failure.verb == call.verb and failure.resource == call.resource:
                 failure.remaining -= 1
@@ -534,10 +554,18 @@ def _has_list(value: Any) -> bool:
     return isinstance(value, list)
 
 
-def _send(handler: BaseHTTPRequestHandler, code: int, data: bytes, content_type: str) -> None:
+def _send(
+    handler: BaseHTTPRequestHandler,
+    code: int,
+    data: bytes,
+    content_type: str,
+    headers: dict[str, str] | None = None,
+) -> None:
     handler.send_response(code)
     handler.send_header("Content-Type", content_type)
     handler.send_header("Content-Length", str(len(data)))
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
     handler.end_headers()
     handler.wfile.write(data)
 
@@ -552,7 +580,8 @@ def _send_status(handler: BaseHTTPRequestHandler, error: ApiError) -> None:
         "reason": error.reason,
         "code": error.code,
     }
-    _send(handler, error.code, json.dumps(status).encode(), "application/json")
+    headers = {} if error.retry_after is None else {"Retry-After": str(math.ceil(error.retry_after))}
+    _send(handler, error.code, json.dumps(status).encode(), "application/json", headers)
 
 
 def _chunk(handler: BaseHTTPRequestHandler, event: dict[str, Any]) -> None:
