@@ -27,9 +27,14 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tests.bench.data import write_records
-from tests.bench.training import BIG_MLP, CNN, CTR, DIGITS, OurJob
+from tests.bench.training import CNN, CTR, DIGITS, SUITE, OurJob
 
-CASES = {"cnn": CNN, "ctr": CTR, "digits": DIGITS, "big_mlp": BIG_MLP}
+CASES = {
+    "cnn": CNN,
+    "ctr": CTR,
+    "digits": DIGITS,
+    **{case.name.removeprefix("suite_"): case for case in SUITE},
+}
 #: py-spy samples per second.
 RATE = 100
 

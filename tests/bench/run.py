@@ -2,12 +2,13 @@
 
 Usage: ``python -m tests.bench.run --output docs/benchmarks.md [--only NAME[,NAME...]] [--quick]``.
 
-Options: ``--only NAME[,NAME...]`` runs a subset (names below; ``recordio``, ``training`` and ``allreduce``
-name groups), ``--quick`` is a short smoke mode with tiny sizes and one repeat (without ``--only`` it leaves
-out the CNN and CTR training cases and the AllreduceStrategy training jobs, which take minutes even when
-tiny), ``--keep-workdir`` keeps the temporary folder with the data and the child processes' logs. A
-benchmark that fails is reported as failed and the others still run; the exit status is then 1. The report
-is written atomically (temporary file + rename).
+Options: ``--only NAME[,NAME...]`` runs a subset (names below; ``recordio``, ``training``, ``suite`` (the
+dense model suite, both strategies against ``fit``) and ``allreduce`` name groups), ``--quick`` is a short
+smoke mode with tiny sizes and one repeat (without ``--only`` it leaves out the CNN and CTR training cases,
+the suite and the AllreduceStrategy training jobs, which take minutes even when tiny), ``--keep-workdir``
+keeps the temporary folder with the data and the child processes' logs. A benchmark that fails is reported
+as failed and the others still run; the exit status is then 1. The report is written atomically
+(temporary file + rename).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ NAMES = (
     "training_ctr",
     "training_digits",
     "training_stability",
-    "training_big_mlp",
+    "suite_big_mlp",
+    "suite_resnet_bn",
+    "suite_transformer",
+    "suite_lstm",
     "allreduce_throughput",
     "allreduce_cnn",
     "allreduce_recovery",
@@ -54,7 +58,8 @@ NAMES = (
 )
 GROUPS = {
     "recordio": NAMES[:2],
-    "training": NAMES[4:9],
+    "training": NAMES[4:8],
+    "suite": tuple(name for name in NAMES if name.startswith("suite_")),
     "allreduce": tuple(name for name in NAMES if name.startswith("allreduce_")),
     "readers": ("readers_s3", "readers_memory"),
 }
@@ -69,7 +74,7 @@ def benchmarks() -> dict[str, Benchmark]:
     from tests.bench.readers import readers_memory, readers_s3
     from tests.bench.recordio_bench import recordio_local, recordio_s3
     from tests.bench.stability import training_stability
-    from tests.bench.training import training_big_mlp, training_cnn, training_ctr, training_digits
+    from tests.bench.training import SUITE_BENCHMARKS, training_cnn, training_ctr, training_digits
 
     return {
         "recordio_local": recordio_local,
@@ -80,7 +85,7 @@ def benchmarks() -> dict[str, Benchmark]:
         "training_ctr": training_ctr,
         "training_digits": training_digits,
         "training_stability": training_stability,
-        "training_big_mlp": training_big_mlp,
+        **SUITE_BENCHMARKS,
         "allreduce_throughput": allreduce_throughput,
         "allreduce_cnn": allreduce_cnn,
         "allreduce_recovery": allreduce_recovery,

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+from edl_argo.collective.flags import ALLREDUCE
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.task_dispatcher import DONE, WAIT, TaskAssignment, TaskDispatcher, TaskType
@@ -92,6 +93,8 @@ class ModelCase:
     variants: tuple[tuple[str, dict[str, Any]], ...] = ()
     #: ``(ceiling in %, text)``: the worker's input wait must stay at most this share of its step.
     input_wait_goal: tuple[float, str] | None = None
+    #: A variant's label -> ``(threshold, text)``: that variant ÷ ``fit`` must reach the threshold.
+    variant_goals: dict[str, tuple[float, str]] = field(default_factory=dict)
 
 
 #: Asynchronous SGD with ``--pipelined``: the push and its reply run while the next minibatch computes.
@@ -131,13 +134,43 @@ DIGITS = ModelCase(
     goals=(("fit", 0.2, "digits MLP: ours ≥ 0.2× model.fit"),),
     variants=(ASYNC_PIPELINED,),
 )
-BIG_MLP = ModelCase(
-    name="training_big_mlp",
-    title="big dense MLP (64→4096→4096→2048→10, 25.4 M params, Adam)",
-    model_def=MODELS / "big_mlp.py",
-    num_ps=1,
-    records=lambda quick: digits_train_records(),
-    goals=(("fit", 0.5, "big MLP: ours ≥ 0.5× model.fit"),),
+#: AllreduceStrategy with one worker (no PS): the same job's other strategy.
+ALLREDUCE_ONE_WORKER = (
+    "ours: local job, AllreduceStrategy, 1 worker",
+    {"distribution_strategy": ALLREDUCE, "num_ps": 0, "num_workers": 1},
+)
+DENSE_SUITE = MODELS / "dense_suite.py"
+
+
+def _suite_case(factory: str, title: str, ps_goal: float, **extra: Any) -> ModelCase:
+    """A model of the dense suite (``dense_suite.py:FACTORY``), both strategies against ``fit``."""
+    return ModelCase(
+        name=f"suite_{factory}",
+        title=title,
+        model_def=Path(f"{DENSE_SUITE}:{factory}"),
+        num_ps=1,
+        records=lambda quick: digits_train_records(),
+        goals=(("fit", ps_goal, f"{factory}: ours (1 worker + 1 PS, sync) ≥ {ps_goal}× model.fit"),),
+        variants=(ALLREDUCE_ONE_WORKER,),
+        variant_goals={
+            ALLREDUCE_ONE_WORKER[0]: (0.9, f"{factory}: ours (AllreduceStrategy) ≥ 0.9× model.fit")
+        },
+        **extra,
+    )
+
+
+BIG_MLP = _suite_case("big_mlp", "big dense MLP (64→4096→4096→2048→10, 25.4 M params, Adam)", 0.5)
+SUITE = (
+    BIG_MLP,
+    _suite_case(
+        "resnet_bn", "ResNet-style CNN with BatchNormalization (2 residual blocks, 291 k params, Adam)", 0.8
+    ),
+    _suite_case(
+        "transformer",
+        "Transformer encoder (2 blocks, 4 heads, LayerNormalization, dropout, 69 k params, Adam)",
+        0.8,
+    ),
+    _suite_case("lstm", "LSTM(128) → LSTM(128) over the image's rows (203 k params, Adam)", 0.8),
 )
 
 
@@ -527,7 +560,11 @@ def run_case(ctx: BenchContext, case: ModelCase) -> BenchResult:
                 "timed per repeat": Stat.of([w.seconds for w in windows[label]]).format(0) + " s",
             }
         )
-        result.notes.append(f"{label} ÷ `model.fit`: {ratio_stat(measured, rates['fit']).format(2)}.")
+        versus_fit = ratio_stat(measured, rates["fit"])
+        result.notes.append(f"{label} ÷ `model.fit`: {versus_fit.format(2)}.")
+        if label in case.variant_goals:
+            threshold, text = case.variant_goals[label]
+            result.goals.append(Goal(text, versus_fit, threshold))
         result.notes.append(variant.breakdown_note(label, windows[label]))
     return result
 
@@ -599,6 +636,13 @@ def training_digits(ctx: BenchContext) -> BenchResult:
     return run_case(ctx, DIGITS)
 
 
-def training_big_mlp(ctx: BenchContext) -> BenchResult:
-    """Training throughput of the big dense MLP (its step moves the whole model twice)."""
-    return run_case(ctx, BIG_MLP)
+def _suite_benchmark(case: ModelCase) -> Callable[[BenchContext], BenchResult]:
+    def benchmark(ctx: BenchContext) -> BenchResult:
+        return run_case(ctx, case)
+
+    benchmark.__doc__ = f"Training throughput of the dense suite's {case.title}, both strategies."
+    return benchmark
+
+
+#: The dense suite's benchmarks by name (``suite_big_mlp``, ...).
+SUITE_BENCHMARKS = {case.name: _suite_benchmark(case) for case in SUITE}
