@@ -24,7 +24,8 @@ from edl_argo.rpc.chunked import (
     MessageTooLargeError,
     chunked_service,
     cut,
-    join,
+    gather,
+    message_of,
 )
 from edl_argo.rpc.ps_layout import CHUNKED_SERVICE
 from edl_argo.rpc.tensors import from_tensor
@@ -45,7 +46,7 @@ def chunk_sizes(chunks: list[bytes]) -> list[int]:
 def test_cutting_and_joining_gives_the_message_back_in_chunks_of_the_size_asked(size: int) -> None:
     message = RNG.bytes(size)
     chunks = list(cut(message, size=1000))
-    assert join(chunks, limit=size) == message
+    assert gather(chunks, limit=size).joined() == message
     sizes = chunk_sizes(chunks)
     assert sizes == ([1000] * (size // 1000) + ([size % 1000] if size % 1000 else [])) or (
         size == 0 and sizes == [0]
@@ -61,7 +62,7 @@ def test_an_encoding_is_cut_from_its_pieces_as_protobuf_would_read_it() -> None:
     encoding.message(ps_layout.PUSH_GRADIENTS, model_encoding)
     chunks = list(cut(encoding, size=512))
     assert max(chunk_sizes(chunks)) == 512 and len(chunks) == -(-encoding.size // 512)
-    parsed = ps_pb2.PushGradientsRequest.FromString(join(chunks, limit=encoding.size))
+    parsed = ps_pb2.PushGradientsRequest.FromString(gather(chunks, limit=encoding.size).joined())
     assert parsed.version == 3 and parsed.pusher_id == "w"
     for tensor, array in zip(parsed.gradients.dense_parameters, arrays, strict=True):
         assert np.frombuffer(tensor.content, np.float32).tobytes() == array.tobytes()
@@ -70,9 +71,9 @@ def test_an_encoding_is_cut_from_its_pieces_as_protobuf_would_read_it() -> None:
 def test_a_join_stops_at_the_limit_and_refuses_what_is_no_chunk() -> None:
     chunks = list(cut(b"x" * 2500, size=1000))
     with pytest.raises(MessageTooLargeError):
-        join(iter(chunks), limit=2499)
+        gather(iter(chunks), limit=2499).joined()
     with pytest.raises(WireError):
-        join([b"\x0a\xff\xff"], limit=100)  # a length running past the end
+        gather([b"\x0a\xff\xff"], limit=100).joined()  # a length running past the end
 
 
 # ---------------------------------------------------------------------------------------- a toy service
@@ -88,7 +89,7 @@ def echo(request: ps_pb2.Chunk, _context: grpc.ServicerContext) -> ps_pb2.Chunk:
 @pytest.fixture
 def toy() -> Iterator[Any]:
     server = make_server()
-    method = ChunkedMethod(ps_pb2.Chunk.FromString, echo)
+    method = ChunkedMethod(message_of(ps_pb2.Chunk), echo)
     server.add_generic_rpc_handlers(
         [chunked_service(SERVICE, {"Echo": method}, limit=10_000, arrival_seconds=1.0)]
     )
@@ -103,7 +104,7 @@ def toy() -> Iterator[Any]:
 def test_a_streaming_twin_answers_as_its_method_and_refuses_oversized_and_malformed_requests(
     toy: Any,
 ) -> None:
-    call = ChunkedCall(toy, f"/{SERVICE}/Echo", ps_pb2.Chunk.FromString, limit=MAX_MESSAGE_BYTES)
+    call = ChunkedCall(toy, f"/{SERVICE}/Echo", message_of(ps_pb2.Chunk), limit=MAX_MESSAGE_BYTES)
     data = RNG.bytes(5000)
     assert call(ps_pb2.Chunk(data=data), timeout=10).data == data[::-1]
     with pytest.raises(grpc.RpcError) as oversized:
@@ -187,7 +188,7 @@ def test_a_streaming_twin_refuses_callers_without_the_jobs_credential() -> None:
             call = ChunkedCall(
                 channel,
                 f"/{CHUNKED_SERVICE}/PullDenseParameters",
-                ps_pb2.PullDenseParametersResponse.FromString,
+                message_of(ps_pb2.PullDenseParametersResponse),
                 MAX_MESSAGE_BYTES,
             )
             try:

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from edl_argo.proto import ps_pb2
+from edl_argo.proto import ps_pb2, tensor_pb2
+from edl_argo.rpc.rope import ALIGNMENT, Rope, as_tf_tensor, read_tensor_rope
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor
 from edl_argo.rpc.wire import Encoding, WireError, read_tensor, split_field
 from edl_argo.worker.ps_client import PushReply, push_request
@@ -104,12 +105,16 @@ def answer_message(values: dict[str, np.ndarray], synced_step: int) -> ps_pb2.Pu
     return answer
 
 
-def test_a_reply_is_read_as_protobuf_reads_it_with_views_of_its_bytes() -> None:
+@pytest.mark.parametrize("chunk_bytes", [7, 1000, 10**9])
+def test_a_reply_is_read_from_its_chunks_as_protobuf_reads_it_each_tensor_copied_once_aligned(
+    chunk_bytes: int,
+) -> None:
     values = {"w": ARRAYS["large"], "b": ARRAYS["half"], "s": np.asarray(ARRAYS["scalar"])}
     reply = ps_pb2.PushGradientsResponse(accepted=True, version=12, step=-3)
     reply.parameters.CopyFrom(answer_message(values, synced_step=-1))  # negative: 10-byte varints
     data = reply.SerializeToString()
-    parsed = PushReply.parse(data)
+    parts = [data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)]  # fields span chunks
+    parsed = PushReply.parse(Rope(parts))
     assert (parsed.accepted, parsed.version, parsed.step) == (True, 12, -3)
     carried = parsed.parameters
     assert (carried.initialized, carried.version, carried.synced_step, carried.synchronous) == (
@@ -122,9 +127,41 @@ def test_a_reply_is_read_as_protobuf_reads_it_with_views_of_its_bytes() -> None:
     for name, value in values.items():
         assert np.array_equal(carried.values[name], value) and carried.values[name].dtype == value.dtype
         assert not carried.values[name].flags.writeable
-    assert np.shares_memory(carried.values["w"], np.frombuffer(data, np.uint8))  # a view, not a copy
-    empty = PushReply.parse(ps_pb2.PushGradientsResponse(accepted=False, version=3).SerializeToString())
+        assert carried.values[name].ctypes.data % ALIGNMENT == 0
+        assert not any(
+            np.shares_memory(carried.values[name], np.frombuffer(part, np.uint8)) for part in parts
+        )
+    empty = PushReply.parse(
+        Rope([ps_pb2.PushGradientsResponse(accepted=False, version=3).SerializeToString()])
+    )
     assert not empty.accepted and not empty.parameters.initialized and empty.parameters.values == {}
+
+
+def test_an_array_given_to_tensorflow_shares_its_memory_only_when_that_memory_is_writable_underneath() -> (
+    None
+):
+    class Exported:
+        """A tensor's memory as numpy takes it (TensorFlow hands out a bare DLPack capsule)."""
+
+        def __init__(self, tensor: tf.Tensor) -> None:
+            self.capsule = tf.experimental.dlpack.to_dlpack(tensor)
+
+        def __dlpack__(self, **_: object) -> object:
+            return self.capsule
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (1, 0)  # CPU
+
+    def memory_of(tensor: tf.Tensor) -> np.ndarray:
+        return np.from_dlpack(Exported(tensor))
+
+    message = fill_tensor(tensor_pb2.Tensor(), ARRAYS["large"], "w").SerializeToString()
+    _, received = read_tensor_rope(Rope([message]))
+    shared = memory_of(as_tf_tensor(received))
+    assert np.shares_memory(shared, received) and np.array_equal(shared, ARRAYS["large"])
+    viewed = np.frombuffer(ARRAYS["large"].tobytes(), ARRAYS["large"].dtype)  # read-only bytes underneath
+    copied = memory_of(as_tf_tensor(viewed))
+    assert not np.shares_memory(copied, viewed) and np.array_equal(copied, viewed)
 
 
 def test_split_field_leaves_protobuf_the_rest_and_keeps_every_occurrence_in_order() -> None:
@@ -152,7 +189,8 @@ def test_damaged_replies_fail_with_a_decoding_error_and_nothing_else() -> None:
     errors = 0
     for candidate in damaged:
         try:
-            PushReply.parse(candidate)
+            middle = len(candidate) // 2  # read from two chunks: fields span them
+            PushReply.parse(Rope([candidate[:middle], candidate[middle:]]))
         except (WireError, TensorDecodeError, DecodeError):
             errors += 1
     assert errors > len(data) // 2  # most truncations cut a tensor short

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from edl_argo.errors import JobFailedError
 from edl_argo.model.embedding_tables import EmbeddingTableSpec, embedding_variable_paths, table_specs
+from edl_argo.rpc.rope import as_tf_tensor
 
 _FLOAT_KINDS = "f"
 
@@ -71,9 +72,10 @@ class ModelInventory:
         """Copies of ``variables``' values by path."""
         return {v.path: np.array(v.numpy()) for v in variables}
 
-    def assign(self, values: Mapping[str, np.ndarray], complete: bool = False) -> None:
+    def assign(self, values: Mapping[str, np.ndarray], complete: bool = False, given: bool = False) -> None:
         """Load PS values into the model; a name the model lacks (or, when ``complete``, a variable the
-        PS did not send) is a :class:`JobFailedError`."""
+        PS did not send) is a :class:`JobFailedError`. ``given``: the arrays are the caller's to give away
+        (not read or changed afterwards): a variable may keep an array's memory instead of a copy."""
         by_path = {v.path: v for v in self.held_by_ps}
         unknown = set(values) - set(by_path)
         if unknown:
@@ -82,12 +84,13 @@ class ModelInventory:
         if missing:
             raise JobFailedError(f"the PS lacks variables of this model: {sorted(missing)[:3]}")
         for name, value in values.items():
-            _assign(by_path[name], value)
+            _assign(by_path[name], value, given)
 
 
-def _assign(variable: keras.Variable, value: np.ndarray) -> None:
+def _assign(variable: keras.Variable, value: np.ndarray, given: bool) -> None:
     """``variable.assign(value)``; a value of the variable's shape and dtype goes straight to the resource
-    variable (Keras' ``assign`` converts and checks in Python: most of a small model's install time)."""
+    variable (Keras' ``assign`` converts and checks in Python: most of a small model's install time), a
+    ``given`` one without a copy when its memory allows (:func:`~edl_argo.rpc.rope.as_tf_tensor`)."""
     target = variable.value
     handle = getattr(target, "handle", None)
     if (
@@ -96,7 +99,7 @@ def _assign(variable: keras.Variable, value: np.ndarray) -> None:
         and value.dtype == np.dtype(variable.dtype)
         and value.shape == tuple(variable.shape)
     ):
-        tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+        tf.raw_ops.AssignVariableOp(resource=handle, value=as_tf_tensor(value) if given else value)
     else:
         variable.assign(value)
 

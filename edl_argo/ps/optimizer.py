@@ -45,6 +45,7 @@ from edl_argo.errors import ConfigError
 from edl_argo.log import get_logger
 from edl_argo.model.optimizer import OptimizerFactory, has_float_learning_rate, new_optimizer
 from edl_argo.ps.embedding_table import EmbeddingTable
+from edl_argo.rpc.rope import as_tf_tensor
 
 log = get_logger(__name__)
 
@@ -161,7 +162,10 @@ class DenseOptimizer(_KerasOptimizer):
         if not gradients:
             return None
         names = tuple(sorted(gradients))
-        grads = [np.asarray(gradients[n], dtype=self._variables[n].dtype.as_numpy_dtype) for n in names]
+        grads = [
+            as_tf_tensor(np.asarray(gradients[n], dtype=self._variables[n].dtype.as_numpy_dtype))
+            for n in names
+        ]
         with self._scaled_learning_rate(lr_scale):
             try:
                 values = self._step(names)(*grads)

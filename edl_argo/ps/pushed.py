@@ -1,11 +1,11 @@
-"""A push as the parameter server reads it: its scalar fields, and its tensors as arrays viewing the bytes
-received (no copy).
+"""A push as the parameter server reads it: its scalar fields, and its tensors as arrays.
 
 A push's gradients are most of its bytes. Parsed as a protobuf message, each tensor's bytes would be
 copied twice more (into the message, then out of it into an array); :meth:`PushedGradients.parse` instead
-takes the ``Tensor`` fields out of the serialized message (:mod:`edl_argo.rpc.wire`) and leaves only the
-small fields to protobuf. A push that arrives as a message (the unary ``PushGradients``) is read the same
-way (:meth:`PushedGradients.of_message`), so the servicer has one path for both transports.
+reads the ``Tensor`` fields from the chunks the push came in (:mod:`edl_argo.rpc.rope`), each copied once
+into an aligned array that TensorFlow takes without a copy, and leaves only the small fields to protobuf.
+A push that arrives as a message (the unary ``PushGradients``) is read the same way
+(:meth:`PushedGradients.of_message`), so the servicer has one path for both transports.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from edl_argo.proto import ps_pb2, tensor_pb2
 from edl_argo.rpc import ps_layout
+from edl_argo.rpc.rope import Rope, read_tensor_rope, split_rope
 from edl_argo.rpc.tensors import from_tensor
 from edl_argo.rpc.wire import read_tensor, split_field
 
@@ -37,14 +38,17 @@ class PushedModel:
     embedding_tables: Mapping[str, tensor_pb2.IndexedSlices]
 
     @classmethod
-    def parse(cls, data: bytes | memoryview) -> PushedModel:
+    def parse(cls, data: Rope) -> PushedModel:
         """Read a serialized ``Model`` (``WireError``, ``TensorDecodeError`` or protobuf's ``DecodeError``
-        for bytes that are not one)."""
-        rest, dense = split_field(data, _DENSE)
+        for bytes that are not one): the dense gradients copied once from the chunks into arrays of their
+        own (:func:`~edl_argo.rpc.rope.read_tensor_rope`), the rest (a few small tensors) viewed."""
+        rest, dense = split_rope(data, _DENSE)
         rest, non_trainable = split_field(rest, _NON_TRAINABLE)
         small = ps_pb2.Model.FromString(rest)
         return cls(
-            [read_tensor(t) for t in dense], [read_tensor(t) for t in non_trainable], small.embedding_tables
+            [read_tensor_rope(t) for t in dense],
+            [read_tensor(t) for t in non_trainable],
+            small.embedding_tables,
         )
 
     @classmethod
@@ -64,11 +68,11 @@ class PushedGradients:
     gradients: PushedModel
 
     @classmethod
-    def parse(cls, data: bytes) -> PushedGradients:
+    def parse(cls, data: Rope) -> PushedGradients:
         """Read a serialized ``PushGradientsRequest`` (errors as :meth:`PushedModel.parse`)."""
-        rest, models = split_field(data, ps_layout.PUSH_GRADIENTS)
+        rest, models = split_rope(data, ps_layout.PUSH_GRADIENTS)
         # Occurrences of a message field merge, as their concatenation parses.
-        model = models[0] if len(models) == 1 else b"".join(models)
+        model = models[0] if len(models) == 1 else Rope([rope.joined() for rope in models])
         return cls(ps_pb2.PushGradientsRequest.FromString(rest), PushedModel.parse(model))
 
     @classmethod

@@ -11,7 +11,7 @@ import grpc
 from edl_argo.proto import ps_pb2
 from edl_argo.ps.pushed import PushedGradients
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES
-from edl_argo.rpc.chunked import ChunkedMethod, chunked_service
+from edl_argo.rpc.chunked import ChunkedMethod, chunked_service, message_of
 from edl_argo.rpc.health import PING_METHOD
 from edl_argo.rpc.ps_layout import CHUNKED_SERVICE
 from edl_argo.rpc.server_limits import ServerLimits
@@ -69,7 +69,7 @@ def add_chunked_service(server: grpc.Server, servicer: ParameterServerServicer, 
     methods = {
         "PushGradients": ChunkedMethod(PushedGradients.parse, servicer.PushGradients),
         "PullDenseParameters": ChunkedMethod(
-            ps_pb2.PullDenseParametersRequest.FromString, servicer.PullDenseParameters
+            message_of(ps_pb2.PullDenseParametersRequest), servicer.PullDenseParameters
         ),
     }
     server.add_generic_rpc_handlers(

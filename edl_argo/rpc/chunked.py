@@ -4,13 +4,14 @@ gRPC's Python binding moves one large message slowly: a 100 MB request and its 1
 loopback, where the same bytes as a stream of 4 MiB messages took 145 ms (``docs/profile.md``). So the calls
 whose messages scale with the model have a streaming twin (``ParameterServerChunks`` in ``ps.proto``): the
 client serializes the request as for the unary call, cuts it into ``Chunk`` messages of at most
-:data:`CHUNK_BYTES`, the server joins them, parses the request and runs the unary method's handler, and
-its answer travels back the same way. The messages are the unary call's: only their transport differs, so
+:data:`CHUNK_BYTES`, the server reads the request from them and runs the unary method's handler, and its
+answer travels back the same way. The messages are the unary call's: only their transport differs, so
 every check and answer of the unary method holds for its twin.
 
 The chunks are encoded and decoded by hand (:mod:`edl_argo.rpc.wire`) from the pieces of an
-:class:`~edl_argo.rpc.wire.Encoding`: each byte of a tensor is copied once into its chunk, and once out of
-the received chunks into the joined message, with no protobuf object per chunk.
+:class:`~edl_argo.rpc.wire.Encoding`, with no protobuf object per chunk: each byte of a tensor is copied
+once into its chunk, and the receiver reads the message from the chunks as they came (a
+:class:`~edl_argo.rpc.rope.Rope`), copying a tensor's bytes once, into an array of its own.
 
 Bounds: a joined request or answer larger than :data:`~edl_argo.rpc.channel.MAX_MESSAGE_BYTES` is refused
 as the unary call's would be (``RESOURCE_EXHAUSTED``), and a request that has not arrived in full within
@@ -28,6 +29,7 @@ from google.protobuf.message import DecodeError, Message
 
 from edl_argo.proto import ps_pb2
 from edl_argo.rpc.request_deadline import receive_within
+from edl_argo.rpc.rope import Rope
 from edl_argo.rpc.wire import Encoding, WireError, length_prefix, split_field
 
 #: The most bytes of a message one chunk carries.
@@ -63,8 +65,9 @@ def cut(message: bytes | Encoding, size: int = CHUNK_BYTES) -> Iterator[bytes]:
         yield b"".join([length_prefix(_DATA, filled), *parts])
 
 
-def join(chunks: Iterable[bytes], limit: int) -> bytes:
-    """The message the serialized ``Chunk`` messages ``chunks`` carry, in order.
+def gather(chunks: Iterable[bytes], limit: int) -> Rope:
+    """The message the serialized ``Chunk`` messages ``chunks`` carry, in order, as a :class:`Rope` of
+    views of their bytes (:meth:`Rope.joined` for the bytes).
 
     Raises :class:`MessageTooLargeError` as soon as they carry more than ``limit`` bytes, and
     :class:`~edl_argo.rpc.wire.WireError` for a chunk that is no ``Chunk``."""
@@ -77,7 +80,12 @@ def join(chunks: Iterable[bytes], limit: int) -> bytes:
             if total > limit:
                 raise MessageTooLargeError(f"the chunks carry more than a message's {limit:,} bytes")
             parts.append(data[-1])
-    return b"".join(parts)
+    return Rope(parts)
+
+
+def message_of(message_type: type[Message]) -> Callable[[Rope], Message]:
+    """Reads a rope's bytes as a message of ``message_type`` (for a small message)."""
+    return lambda rope: message_type.FromString(rope.joined())
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -85,12 +93,12 @@ def join(chunks: Iterable[bytes], limit: int) -> bytes:
 
 @dataclass(frozen=True)
 class ChunkedMethod:
-    """The streaming twin of a unary method: how its serialized request is read (e.g. the request type's
-    ``FromString``; raising protobuf's ``DecodeError`` or a ``ValueError`` for bytes that are no request),
-    and its handler (the unary method's own), whose answer is a message, a serialized message or an
-    :class:`Encoding`."""
+    """The streaming twin of a unary method: how its serialized request is read from the received chunks
+    (e.g. :func:`message_of` its type; raising protobuf's ``DecodeError`` or a ``ValueError`` for bytes that
+    are no request), and its handler (the unary method's own), whose answer is a message, a serialized
+    message or an :class:`Encoding`."""
 
-    parse: Callable[[bytes], Any]
+    parse: Callable[[Rope], Any]
     handler: Callable[[Any, grpc.ServicerContext], Message | bytes | Encoding]
 
 
@@ -114,7 +122,7 @@ def _serve(
 ) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
     def behaviour(chunks: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
-            data = receive_within(lambda: join(chunks, limit), context, full_name, arrival_seconds)
+            data = receive_within(lambda: gather(chunks, limit), context, full_name, arrival_seconds)
         except MessageTooLargeError as error:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{full_name}: {error}")
         except WireError as error:
@@ -135,10 +143,10 @@ def _serve(
 
 class ChunkedCall:
     """Calls a streaming twin on ``channel``: ``call(request, timeout)`` sends the serialized ``request``
-    in chunks and returns ``parse`` of the joined answer (a ``grpc.RpcError`` as the unary call's)."""
+    in chunks and returns ``parse`` of the answer's chunks (a ``grpc.RpcError`` as the unary call's)."""
 
     def __init__(
-        self, channel: grpc.Channel, full_name: str, parse: Callable[[bytes], Response], limit: int
+        self, channel: grpc.Channel, full_name: str, parse: Callable[[Rope], Response], limit: int
     ) -> None:
         self._rpc = channel.stream_stream(full_name)
         self._parse = parse
@@ -148,8 +156,8 @@ class ChunkedCall:
         message = request if isinstance(request, bytes | Encoding) else request.SerializeToString()
         answer = self._rpc(cut(message), timeout=timeout)
         try:
-            return self._parse(join(answer, self._limit))
-        except (MessageTooLargeError, WireError) as error:
+            return self._parse(gather(answer, self._limit))
+        except (MessageTooLargeError, ValueError, DecodeError) as error:  # ValueError: WireError, ...
             answer.cancel()
             raise ChunkedAnswerError(str(error)) from None
 

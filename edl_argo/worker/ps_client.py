@@ -33,9 +33,10 @@ from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.chunked import ChunkedCall
+from edl_argo.rpc.rope import Rope, read_tensor_rope, split_rope
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
 from edl_argo.rpc.tls import TlsFiles
-from edl_argo.rpc.wire import Encoding, read_tensor, split_field
+from edl_argo.rpc.wire import Encoding
 from edl_argo.worker.step_timers import STEP_TIMERS
 
 log = get_logger(__name__)
@@ -76,8 +77,8 @@ def _chunked(name: str) -> str:
 
 @dataclass(frozen=True)
 class DenseAnswer:
-    """A pull's answer, or the parameters a push's reply carries; ``values`` by name, read-only views of the
-    reply's bytes."""
+    """A pull's answer, or the parameters a push's reply carries; ``values`` by name, each array the only
+    copy of its bytes (:func:`~edl_argo.rpc.rope.read_tensor_rope`)."""
 
     initialized: bool
     version: int
@@ -86,11 +87,11 @@ class DenseAnswer:
     values: dict[str, np.ndarray]
 
     @classmethod
-    def parse(cls, data: bytes | memoryview) -> DenseAnswer:
-        """Decode a serialized ``PullDenseParametersResponse`` (its tensors without a copy)."""
-        rest, tensors = split_field(data, ps_layout.ANSWER_PARAMETERS)
+    def parse(cls, data: Rope) -> DenseAnswer:
+        """Decode a serialized ``PullDenseParametersResponse``, its tensors copied once from the chunks."""
+        rest, tensors = split_rope(data, ps_layout.ANSWER_PARAMETERS)
         fields = ps_pb2.PullDenseParametersResponse.FromString(rest)
-        values = dict(read_tensor(tensor) for tensor in tensors)
+        values = dict(read_tensor_rope(tensor) for tensor in tensors)
         return cls(fields.initialized, fields.version, fields.synced_step, fields.synchronous, values)
 
 
@@ -104,12 +105,14 @@ class PushReply:
     parameters: DenseAnswer
 
     @classmethod
-    def parse(cls, data: bytes) -> PushReply:
-        """Decode a serialized ``PushGradientsResponse`` (the parameters' tensors without a copy)."""
-        rest, carried = split_field(data, ps_layout.REPLY_PARAMETERS)
+    def parse(cls, data: Rope) -> PushReply:
+        """Decode a serialized ``PushGradientsResponse`` (the parameters as :meth:`DenseAnswer.parse`)."""
+        rest, carried = split_rope(data, ps_layout.REPLY_PARAMETERS)
         fields = ps_pb2.PushGradientsResponse.FromString(rest)
         # Occurrences of a message field merge, as their concatenation parses.
-        parameters = DenseAnswer.parse(carried[0] if len(carried) == 1 else b"".join(carried))
+        parameters = DenseAnswer.parse(
+            carried[0] if len(carried) == 1 else Rope([c.joined() for c in carried])
+        )
         return cls(fields.accepted, fields.version, fields.step, parameters)
 
 

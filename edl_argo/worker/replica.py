@@ -176,8 +176,9 @@ class ModelReplica:
         return values, new_versions
 
     def _install(self, values: dict[str, np.ndarray], versions: list[int]) -> None:
-        """Load pulled parameters into the local model (on the thread that computes)."""
-        self._inventory.assign(values)
+        """Load pulled parameters into the local model (on the thread that computes); the arrays are the
+        pull's or push reply's own, given away."""
+        self._inventory.assign(values, given=True)
         self.versions = versions
         self.version = max(self.version, *versions)
 

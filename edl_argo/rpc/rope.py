@@ -1,0 +1,181 @@
+"""A serialized message as the chunks it arrived in, read without joining them.
+
+A large message received in chunks (:mod:`edl_argo.rpc.chunked`) is mostly tensors. Joining the chunks
+copies every byte once, and TensorFlow copies a numpy array once more into a tensor. A :class:`Rope` is the
+chunks' bytes in order, read front to back: :func:`split_rope` takes the occurrences of one field out of a
+message (as :func:`edl_argo.rpc.wire.split_field` does for contiguous bytes), and :func:`read_tensor_rope`
+copies a ``Tensor``'s content straight from the chunks into a new, aligned and writable array, the only
+copy of its bytes, which :func:`as_tf_tensor` then hands to TensorFlow without another
+(``tf.experimental.dlpack``).
+
+Whatever the bytes, they end in arrays, messages or a :class:`~edl_argo.rpc.wire.WireError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edl_argo.proto import tensor_pb2
+from edl_argo.rpc.tensors import tensor_array
+from edl_argo.rpc.wire import WireError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+#: Where an array's data starts, in bytes: what TensorFlow's and XLA's CPU kernels assume of a tensor.
+ALIGNMENT = 64
+
+_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
+_CONTENT = tensor_pb2.Tensor.DESCRIPTOR.fields_by_name["content"].number
+
+
+class Rope:
+    """Bytes in pieces (``parts``, views), read front to back."""
+
+    def __init__(self, parts: Sequence[bytes | memoryview]) -> None:
+        self._parts = [memoryview(part) for part in parts if len(part)]
+        self._index = 0  # the part being read
+        self._offset = 0  # in that part
+        self.remaining = sum(len(part) for part in self._parts)
+
+    def __len__(self) -> int:
+        return self.remaining
+
+    def joined(self) -> bytes:
+        """Everything not read yet, joined (and read)."""
+        return self.take(self.remaining).tobytes() if self.remaining else b""
+
+    def _byte(self) -> int:
+        if not self.remaining:
+            raise WireError("a varint runs past the end of the message")
+        part = self._parts[self._index]
+        value = part[self._offset]
+        self._advance(1)
+        return value
+
+    def _advance(self, size: int) -> None:
+        self.remaining -= size
+        self._offset += size
+        while self._index < len(self._parts) and self._offset >= len(self._parts[self._index]):
+            self._offset -= len(self._parts[self._index])
+            self._index += 1
+
+    def varint(self) -> int:
+        """The varint at the front."""
+        value = shift = 0
+        while shift < 70:
+            byte = self._byte()
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+        raise WireError("a varint runs past 10 bytes")
+
+    def split(self, size: int) -> Rope:
+        """The next ``size`` bytes as a rope of their own (views; nothing is copied)."""
+        if size > self.remaining:
+            raise WireError("a field runs past the end of the message")
+        pieces: list[memoryview] = []
+        wanted = size
+        while wanted:
+            part = self._parts[self._index]
+            piece = part[self._offset : self._offset + wanted]
+            pieces.append(piece)
+            wanted -= len(piece)
+            self._advance(len(piece))
+        return Rope(pieces)
+
+    def take(self, size: int) -> memoryview:
+        """The next ``size`` bytes: a view when they lie in one part, else joined."""
+        parts = self.split(size)._parts
+        if len(parts) == 1:
+            return parts[0]
+        return memoryview(b"".join(parts))
+
+    def copy_into(self, destination: memoryview) -> None:
+        """Fill ``destination`` (writable bytes) with the next ``len(destination)`` bytes."""
+        filled = 0
+        for piece in self.split(len(destination))._parts:
+            destination[filled : filled + len(piece)] = piece
+            filled += len(piece)
+
+
+def split_rope(rope: Rope, field_number: int) -> tuple[bytes, list[Rope]]:
+    """The message ``rope`` holds without its length-delimited field ``field_number`` (for protobuf to
+    parse), and that field's occurrences in order; reads all of ``rope``."""
+    rest: list[bytes | memoryview] = []
+    taken: list[Rope] = []
+    while rope.remaining:
+        key = rope.varint()
+        head = _varint_bytes(key)
+        wire_type = key & 7
+        if wire_type == _VARINT:
+            rest += [head, _varint_bytes(rope.varint())]
+        elif wire_type in (_FIXED64, _FIXED32):
+            rest += [head, rope.take(8 if wire_type == _FIXED64 else 4)]
+        elif wire_type == _LENGTH_DELIMITED:
+            size = rope.varint()
+            if key >> 3 == field_number:
+                taken.append(rope.split(size))
+            else:
+                rest += [head, _varint_bytes(size), rope.take(size)]
+        else:
+            raise WireError(f"field {key >> 3} has wire type {wire_type}, which no message of ours uses")
+    return b"".join(rest), taken
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def aligned_empty(size: int) -> memoryview:
+    """``size`` new writable bytes whose start is aligned to :data:`ALIGNMENT`."""
+    raw = np.empty(size + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return memoryview(raw[start : start + size])
+
+
+def read_tensor_rope(rope: Rope) -> tuple[str, np.ndarray]:
+    """The name and read-only array of a serialized ``Tensor``, its content copied once, into aligned
+    memory of its own (which :func:`as_tf_tensor` can share with TensorFlow). Raises
+    :class:`~edl_argo.rpc.wire.WireError`, or :class:`~edl_argo.rpc.tensors.TensorDecodeError` for fields
+    that do not agree."""
+    rest, contents = split_rope(rope, _CONTENT)
+    try:
+        fields = tensor_pb2.Tensor.FromString(rest)
+    except Exception as error:  # protobuf's DecodeError
+        raise WireError(f"a tensor message does not parse: {error}") from None
+    content = contents[-1] if contents else Rope([])  # the last occurrence wins, as in protobuf
+    buffer = aligned_empty(len(content))
+    content.copy_into(buffer)
+    return fields.name, tensor_array(fields.name, fields.dtype, tuple(fields.shape), buffer)
+
+
+def as_tf_tensor(array: np.ndarray) -> tf.Tensor:
+    """``array``, which its caller gives away (it is not read or changed afterwards), as a TensorFlow
+    tensor: sharing its memory when that memory is writable underneath, C-ordered and aligned (the arrays
+    of :func:`read_tensor_rope`), else a copy."""
+    import tensorflow as tf
+
+    if (
+        array.size
+        and array.flags.c_contiguous
+        and array.ctypes.data % ALIGNMENT == 0
+        and array.dtype.kind in "fiu"
+    ):
+        shared = array.view()
+        try:
+            shared.flags.writeable = True  # DLPack exports writable memory only
+        except ValueError:  # read-only underneath (a bytes object)
+            return tf.convert_to_tensor(array)
+        return tf.experimental.dlpack.from_dlpack(shared.__dlpack__())
+    return tf.convert_to_tensor(array)
