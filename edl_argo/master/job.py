@@ -262,7 +262,7 @@ class TrainingJob:
     def _start_master_service(self, wanted: int) -> None:
         """Serve the master's service on port ``wanted`` (0: any free port)."""
         self._server = make_server(
-            limits=master_server_limits(self.config.rpc_timeout_seconds),
+            limits=master_server_limits(self.config.rpc_timeout_seconds, self.config.worker_limit),
             interceptors=[server_interceptor(self.job_secret, "master")],
         )
         servicer = DurableMasterServicer(
