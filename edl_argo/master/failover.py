@@ -53,7 +53,7 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.pod_manager import PodManager
 from edl_argo.master.rendezvous import RendezvousManager
-from edl_argo.master.task_dispatcher import Task, TaskDispatcher
+from edl_argo.master.task_dispatcher import Task, TaskDispatcher, held_tasks
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.pods import PodBackend, PodRole, PodStatus
 from edl_argo.storage import open_storage
@@ -194,7 +194,7 @@ def take_over(
         workers_adopted=len(workers),
         ps_adopted=len(surviving_ps),
         workers_holding_tasks=len(
-            {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]} & workers
+            {int(entry["worker_id"]) for entry in held_tasks(saved["dispatcher"])} & workers
         ),
         model_version=parts.versions.version,
         evaluations=len(parts.evaluation.history),
@@ -233,7 +233,7 @@ def restored_dispatcher(
 def check_saved_dispatcher(saved: dict[str, Any], store: MasterStateStore) -> None:
     """The state's DataFormatError if its dispatcher cannot be restored (checked before any pod starts)."""
     try:
-        live_workers = {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]}
+        live_workers = {int(entry["worker_id"]) for entry in held_tasks(saved["dispatcher"])}
     except (KeyError, TypeError, ValueError) as error:
         raise store.corrupt(f"dispatcher: {error}") from None
     restored_dispatcher(saved, store, lambda *_: None, live_workers)

@@ -40,6 +40,8 @@ from typing import Any
 
 from edl_argo.master.task_dispatcher import Accounting, Task
 
+#: Task ids per bucket of the ledger's snapshot (:meth:`TrainingLedger.snapshot`).
+TASK_BUCKET = 1024
 #: The counters of a task report that count minibatches trained but not pushed (nothing of them applied).
 SKIPPED_COUNTERS = ("nan_batches_skipped", "nan_gradients_skipped", "loss_scale_skipped")
 
@@ -93,6 +95,9 @@ class TrainingLedger:
         self._ignored: dict[
             tuple[int, int], int
         ] = {}  # (task id, worker id) -> minibatches, of ignored reports
+        # The snapshot's tasks in buckets of TASK_BUCKET ids, each made again only once it changed.
+        self._saved_buckets: dict[int, dict[str, list[int | None]]] = {}
+        self._changed_buckets: set[int] = set()
 
     def check(self, task: Task, counters: Mapping[str, int]) -> str | None:
         """Why the report of ``task`` done with ``counters`` is wrong, or None if it adds up."""
@@ -117,12 +122,14 @@ class TrainingLedger:
         with self._lock:
             self._tasks[task.task_id] = (task.epoch, counters.get("records", 0), counters.get("steps", 0))
             self._reporters[task.task_id] = worker_id
+            self._changed_buckets.add(task.task_id // TASK_BUCKET)
 
     def remove(self, task: Task) -> None:
         """Forget a task :meth:`add` counted whose report the dispatcher then refused."""
         with self._lock:
             self._tasks.pop(task.task_id, None)
             self._reporters.pop(task.task_id, None)
+            self._changed_buckets.add(task.task_id // TASK_BUCKET)
 
     def add_ignored(self, task_id: int, worker_id: int, counters: Mapping[str, int]) -> None:
         """Count the minibatches (``steps``) of a report of task ``task_id`` done that the master ignored:
@@ -221,24 +228,48 @@ class TrainingLedger:
         return section, problems
 
     def snapshot(self) -> dict[str, Any]:
-        """The counts as JSON data; :meth:`restore` is its inverse."""
+        """The counts as JSON data; :meth:`restore` is its inverse.
+
+        The tasks (``task_buckets``: bucket -> task id -> ``[epoch, records, minibatches, reporter]``) are
+        in buckets of :data:`TASK_BUCKET` ids, and a bucket no task of which changed since the last
+        snapshot is the same object as in it (shared: not to be changed), so that a snapshot costs, and a
+        state log saves (:mod:`edl_argo.master.state_log`), what changed, not every task the job did."""
         with self._lock:
+            for bucket in self._changed_buckets:
+                ids = range(bucket * TASK_BUCKET, (bucket + 1) * TASK_BUCKET)
+                saved = {str(i): [*self._tasks[i], self._reporters.get(i)] for i in ids if i in self._tasks}
+                if saved:
+                    self._saved_buckets[bucket] = saved
+                else:
+                    self._saved_buckets.pop(bucket, None)
+            self._changed_buckets.clear()
             return {
-                "tasks": {str(task_id): list(entry) for task_id, entry in self._tasks.items()},
+                "task_buckets": {str(bucket): saved for bucket, saved in self._saved_buckets.items()},
                 "failed_steps": self._failed_steps,
-                "reporters": {str(task_id): worker for task_id, worker in self._reporters.items()},
                 "ignored": [[task_id, worker, steps] for (task_id, worker), steps in self._ignored.items()],
             }
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
         with self._lock:
-            self._tasks = {
-                int(task_id): (int(epoch), int(records), int(steps))
-                for task_id, (epoch, records, steps) in snapshot["tasks"].items()
-            }
+            if "task_buckets" in snapshot:
+                entries = {
+                    int(i): e for bucket in snapshot["task_buckets"].values() for i, e in bucket.items()
+                }
+                self._tasks = {
+                    i: (int(epoch), int(records), int(steps))
+                    for i, (epoch, records, steps, _) in entries.items()
+                }
+                self._reporters = {i: int(entry[3]) for i, entry in entries.items() if entry[3] is not None}
+            else:  # saved before the buckets
+                self._tasks = {
+                    int(task_id): (int(epoch), int(records), int(steps))
+                    for task_id, (epoch, records, steps) in snapshot["tasks"].items()
+                }
+                # Not in a state saved before they were: no reporter known.
+                self._reporters = {
+                    int(task_id): int(worker) for task_id, worker in snapshot.get("reporters", {}).items()
+                }
             self._failed_steps = int(snapshot["failed_steps"])
-            # Not in a state saved before they were: no reporter known, no ignored report counted.
-            self._reporters = {
-                int(task_id): int(worker) for task_id, worker in snapshot.get("reporters", {}).items()
-            }
             self._ignored = {(int(t), int(w)): int(steps) for t, w, steps in snapshot.get("ignored", [])}
+            self._saved_buckets.clear()
+            self._changed_buckets = {task_id // TASK_BUCKET for task_id in self._tasks}
