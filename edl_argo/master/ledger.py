@@ -97,7 +97,7 @@ class TrainingLedger:
         ] = {}  # (task id, worker id) -> minibatches, of ignored reports
         # The snapshot's tasks in buckets of TASK_BUCKET ids, each made again only once it changed.
         self._saved_buckets: dict[int, dict[str, list[int | None]]] = {}
-        self._changed_buckets: set[int] = set()
+        self._changed_tasks: set[int] = set()
 
     def check(self, task: Task, counters: Mapping[str, int]) -> str | None:
         """Why the report of ``task`` done with ``counters`` is wrong, or None if it adds up."""
@@ -122,14 +122,14 @@ class TrainingLedger:
         with self._lock:
             self._tasks[task.task_id] = (task.epoch, counters.get("records", 0), counters.get("steps", 0))
             self._reporters[task.task_id] = worker_id
-            self._changed_buckets.add(task.task_id // TASK_BUCKET)
+            self._changed_tasks.add(task.task_id)
 
     def remove(self, task: Task) -> None:
         """Forget a task :meth:`add` counted whose report the dispatcher then refused."""
         with self._lock:
             self._tasks.pop(task.task_id, None)
             self._reporters.pop(task.task_id, None)
-            self._changed_buckets.add(task.task_id // TASK_BUCKET)
+            self._changed_tasks.add(task.task_id)
 
     def add_ignored(self, task_id: int, worker_id: int, counters: Mapping[str, int]) -> None:
         """Count the minibatches (``steps``) of a report of task ``task_id`` done that the master ignored:
@@ -235,14 +235,21 @@ class TrainingLedger:
         snapshot is the same object as in it (shared: not to be changed), so that a snapshot costs, and a
         state log saves (:mod:`edl_argo.master.state_log`), what changed, not every task the job did."""
         with self._lock:
-            for bucket in self._changed_buckets:
-                ids = range(bucket * TASK_BUCKET, (bucket + 1) * TASK_BUCKET)
-                saved = {str(i): [*self._tasks[i], self._reporters.get(i)] for i in ids if i in self._tasks}
+            remade: dict[int, dict[str, list[int | None]]] = {}
+            for task_id in self._changed_tasks:
+                bucket = task_id // TASK_BUCKET
+                if bucket not in remade:  # a new object: the one the last snapshot has is not changed
+                    remade[bucket] = dict(self._saved_buckets.get(bucket, {}))
+                if task_id in self._tasks:
+                    remade[bucket][str(task_id)] = [*self._tasks[task_id], self._reporters.get(task_id)]
+                else:
+                    remade[bucket].pop(str(task_id), None)
+            for bucket, saved in remade.items():
                 if saved:
                     self._saved_buckets[bucket] = saved
                 else:
                     self._saved_buckets.pop(bucket, None)
-            self._changed_buckets.clear()
+            self._changed_tasks.clear()
             return {
                 "task_buckets": {str(bucket): saved for bucket, saved in self._saved_buckets.items()},
                 "failed_steps": self._failed_steps,
@@ -272,4 +279,4 @@ class TrainingLedger:
             self._failed_steps = int(snapshot["failed_steps"])
             self._ignored = {(int(t), int(w)): int(steps) for t, w, steps in snapshot.get("ignored", [])}
             self._saved_buckets.clear()
-            self._changed_buckets = {task_id // TASK_BUCKET for task_id in self._tasks}
+            self._changed_tasks = set(self._tasks)

@@ -23,20 +23,21 @@ Patch = dict[str, Any]
 def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> Patch:
     """The patch from ``old`` to ``new`` (``{}`` when they are equal)."""
     patch: Patch = {}
-    changed: dict[str, Any] = {}
     nested: dict[str, Patch] = {}
-    for key, value in new.items():
-        if key not in old:
-            changed[key] = value
+    missing = object()
+    # Unchanged values are mostly the very same objects (parts keep what did not change): one quick pass
+    # by identity, then a closer look at what it found.
+    changed = {key: value for key, value in new.items() if old.get(key, missing) is not value}
+    for key, value in list(changed.items()):
+        before = old.get(key, missing)
+        if before is missing:
             continue
-        before = old[key]
-        if before is value or before == value:
-            continue
-        if isinstance(before, Mapping) and isinstance(value, Mapping):
+        if before == value:
+            del changed[key]
+        elif isinstance(before, Mapping) and isinstance(value, Mapping):
             nested[key] = diff(before, value)
-        else:
-            changed[key] = value
-    deleted = [key for key in old if key not in new]
+            del changed[key]
+    deleted = sorted(old.keys() - new.keys())
     if changed:
         patch["set"] = changed
     if deleted:

@@ -316,6 +316,9 @@ class TaskDispatcher:
         self._doing: dict[int, _Running] = {}
         self._doing_by_type: dict[TaskType, dict[int, _Running]] = {t: {} for t in TaskType}
         self._held: dict[int, dict[int, None]] = {}
+        self._saved_doing: dict[
+            str, dict[str, Any]
+        ] = {}  # what snapshot() saves of _doing, kept as it changes
         self._failures: dict[int, int] = {}
         # Task id -> (worker, error) of the last model error reported for it (see report()).
         self._model_errors: dict[int, tuple[int, str]] = {}
@@ -586,7 +589,7 @@ class TaskDispatcher:
                 },
                 "fresh_training": len(self._fresh[TaskType.TRAINING]),
                 "clock": self._clock(),
-                "held": {str(task_id): r.to_json() for task_id, r in self._doing.items()},
+                "held": dict(self._saved_doing),
                 "failures": {str(task_id): n for task_id, n in self._failures.items()},
                 "model_errors": {str(task_id): list(seen) for task_id, seen in self._model_errors.items()},
                 "durations": {t.value: self._saved_durations(t) for t in TaskType},
@@ -731,11 +734,13 @@ class TaskDispatcher:
     def _start(self, task: Task, worker_id: int, started: float) -> None:
         running = _Running(task, worker_id, started)
         self._doing[task.task_id] = running
+        self._saved_doing[str(task.task_id)] = running.to_json()
         self._doing_by_type[task.type][task.task_id] = running
         self._held.setdefault(worker_id, {})[task.task_id] = None
 
     def _stop(self, task_id: int) -> _Running:
         running = self._doing.pop(task_id)
+        del self._saved_doing[str(task_id)]
         del self._doing_by_type[running.task.type][task_id]
         held = self._held[running.worker_id]
         del held[task_id]

@@ -288,9 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         help="tasks/s the master is assumed to reach (sizes epochs)",
     )
     add_arguments(parser)
+    parser.add_argument("--keep", type=Path, help="a folder to keep the runs' logs and state in")
     args = parser.parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="edl-master-load-") as folder:
+    with contextlib.ExitStack() as stack:
+        if args.keep:  # logs and state stay there
+            args.keep.mkdir(parents=True, exist_ok=True)
+            folder = tempfile.mkdtemp(prefix="master-load-", dir=args.keep)
+        else:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="edl-master-load-"))
         for workers in args.workers:
             row = run(workers, args, Path(folder))
             print(row.markdown() if rows else Row.HEADER + "\n" + row.markdown(), flush=True)
