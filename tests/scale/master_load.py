@@ -62,6 +62,7 @@ class Row:
     get_task_ms: tuple[float, float]
     report_ms: tuple[float, float]
     cpu_ms_per_task: float
+    client_cpu_ms_per_task: float
     rss_mib: float
     saves_per_s: float
     save_ms: tuple[float, float]
@@ -73,14 +74,15 @@ class Row:
 
     HEADER = (
         "| workers | store | tasks/s | GetTask p50 / p99 ms | Report p50 / p99 ms | master CPU ms/task"
-        " | master RSS MiB | saves/s | save ms p50 / p99 | bytes/save p50 / max | vanished / failed"
-        " | epochs checked | exactly once |\n|" + "---|" * 13
+        " | workers' CPU ms/task | master RSS MiB | saves/s | save ms p50 / p99 | bytes/save p50 / max"
+        " | vanished / failed | epochs checked | exactly once |\n|" + "---|" * 14
     )
 
     def markdown(self) -> str:
         return (
             f"| {self.workers:,} | {self.store} | {self.tasks_per_s:,.0f} | {_pair(self.get_task_ms)}"
-            f" | {_pair(self.report_ms)} | {self.cpu_ms_per_task:.2f} | {self.rss_mib:,.0f}"
+            f" | {_pair(self.report_ms)} | {self.cpu_ms_per_task:.2f} | {self.client_cpu_ms_per_task:.2f}"
+            f" | {self.rss_mib:,.0f}"
             f" | {self.saves_per_s:.1f} | {_pair(self.save_ms)} | {self.save_bytes[0]:,.0f} /"
             f" {self.save_bytes[1]:,.0f} | {self.vanished} / {self.failed} | {self.epochs_checked}"
             f" | {'yes' if not self.problems else 'FAIL: ' + '; '.join(self.problems)} |"
@@ -229,8 +231,10 @@ def run(workers: int, args: argparse.Namespace, folder: Path) -> Row:
                 outputs.append(output)
             time.sleep(max(0.0, started + WARMUP_SECONDS - time.time()))
             window_start, cpu_start = time.time(), process_cpu_seconds(master.pid)
+            clients_start = sum(process_cpu_seconds(process.pid) for process in clients)
             time.sleep(max(0.0, stop_at - 1.0 - time.time()))
             window_end, cpu_end = time.time(), process_cpu_seconds(master.pid)
+            clients_cpu = sum(process_cpu_seconds(process.pid) for process in clients) - clients_start
             rss = process_rss_bytes(master.pid)
             for process in clients:
                 process.wait(timeout=args.seconds + 120)
@@ -255,6 +259,7 @@ def run(workers: int, args: argparse.Namespace, folder: Path) -> Row:
         get_task_ms=(percentile(seen["get_task_s"], 0.5) * 1e3, percentile(seen["get_task_s"], 0.99) * 1e3),
         report_ms=(percentile(seen["report_s"], 0.5) * 1e3, percentile(seen["report_s"], 0.99) * 1e3),
         cpu_ms_per_task=(cpu_end - cpu_start) / max(handed_out, 1) * 1e3,
+        client_cpu_ms_per_task=clients_cpu / max(handed_out, 1) * 1e3,
         rss_mib=rss / 2**20,
         saves_per_s=len(saves) / window,
         save_ms=(
