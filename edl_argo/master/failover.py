@@ -5,9 +5,9 @@ whose reply was lost with the old master gets.
 as :func:`state_to_save` makes it: the parts of :data:`STATE_PARTS` (each part's own ``snapshot()``; the
 dispatcher's is taken before the evaluation's, as :meth:`~edl_argo.master.evaluation.EvaluationService.
 snapshot` requires) and those of :data:`LATER_PARTS`. :mod:`edl_argo.master.state_store` keeps it in the
-job's storage as one file (with the job name and the settings a job cannot change), saves it as it goes
-(group commit) and answers a worker's report only once the change it made is saved, so an accepted report
-is never repeated, and a restart repeats at most the tasks in flight.
+job's storage as a snapshot and a log of changes (with the job name and the settings a job cannot change),
+saves it as it goes (group commit) and answers a worker's report only once the change it made is saved, so
+an accepted report is never repeated, and a restart repeats at most the tasks in flight.
 
 **How a restarted master continues.** :func:`take_over`, before the master serves: it adopts the pods the
 old master left running (:meth:`~edl_argo.pods.PodBackend.adopt`) and restores every part: the dispatcher
