@@ -14,13 +14,11 @@ import pytest
 from edl_argo.errors import DataFormatError, StorageError
 from edl_argo.master import state_store
 from edl_argo.master.config import TrainConfig
-from edl_argo.master.failover import STATE_PARTS
 from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.state_store import LOG_PREFIX, MasterStateStore, job_fingerprint
-from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher
 from edl_argo.storage import LocalStorage, Storage, open_storage
-
-RECORDS_PER_TASK = 8
+from tests.scale.load_master import MINIBATCH_SIZE
+from tests.scale.state_saves import SavingJob
 
 
 class CountingStorage(LocalStorage):
@@ -40,47 +38,22 @@ def store_on(storage: Storage, shards: dict[str, int]) -> MasterStateStore:
     return MasterStateStore(storage, "job", job_fingerprint(config, shards, {}))
 
 
-class Job:
-    """A dispatcher and ledger with workers taking and reporting tasks, and the state they make."""
-
-    def __init__(self, tasks_per_epoch: int, workers: int = 4, epochs: int = 3) -> None:
-        self.shards = {f"s{i}": RECORDS_PER_TASK * 10 for i in range(tasks_per_epoch // 10)}
-        config = DispatcherConfig(records_per_task=RECORDS_PER_TASK, num_epochs=epochs, shuffle=True)
-        self.dispatcher = TaskDispatcher(self.shards, config)
-        self.ledger = TrainingLedger(minibatch_size=RECORDS_PER_TASK)
-        self.workers = workers
-        for worker in range(workers):
-            self.dispatcher.get_task(worker)
-
-    def step(self, worker: int) -> None:
-        """``worker`` reports the task it holds and takes the next."""
-        task = self.dispatcher.oldest_held_task(worker)
-        assert task is not None
-        counters = {"records": task.num_records, "steps": 1}
-        self.ledger.add(task, counters, worker)
-        assert self.dispatcher.report(task.task_id, worker, True)
-        self.dispatcher.get_task(worker)
-
-    def state(self) -> dict[str, Any]:
-        """The parts a master would save now (remembered as :attr:`last`)."""
-        parts: dict[str, Any] = {part: {"marker": 0} for part in STATE_PARTS}
-        parts["dispatcher"] = self.dispatcher.snapshot()
-        parts["ledger"] = self.ledger.snapshot()
-        self.last = parts
-        return parts
+def small_job(tasks_per_epoch: int, workers: int = 4) -> SavingJob:
+    """A job of three epochs, its parts saved as a master saves them."""
+    return SavingJob(tasks_per_epoch, workers, epochs=3)
 
 
 def bytes_per_commit(tmp_path: Path, tasks_per_epoch: int, *, done: int = 0, workers: int = 4) -> float:
     """Mean bytes written per save, over saves each after one report, once ``done`` tasks were done."""
-    job = Job(tasks_per_epoch, workers)
-    for number in range(done):
-        job.step(number % workers)
+    job = small_job(tasks_per_epoch, workers)
+    for _ in range(done):
+        job.report()
     storage = CountingStorage(tmp_path / f"{tasks_per_epoch}-{done}-{workers}")
     store = store_on(storage, job.shards)
     store.save(job.state())  # the first save of a master writes everything
     storage.written.clear()
-    for number in range(20):
-        job.step(number % workers)
+    for _ in range(20):
+        job.report()
         store.save(job.state())
     return sum(storage.written) / len(storage.written)
 
@@ -98,17 +71,17 @@ def test_bytes_per_commit_do_not_grow_with_the_tasks_done_or_the_workers(tmp_pat
 
 def saves_and_loads_back(storage: Storage, saves: int) -> tuple[MasterStateStore, dict[str, Any]]:
     """A store on ``storage`` that saved ``saves`` states of a job; the last state it saved."""
-    job = Job(100)
+    job = small_job(100)
     store = store_on(storage, job.shards)
-    for number in range(saves):
-        job.step(number % job.workers)
+    for _ in range(saves):
+        job.report()
         store.save(job.state())
     return store, job.last
 
 
 def loaded(store: MasterStateStore) -> dict[str, Any]:
-    """What a new master's store reads back from ``store``'s storage (a job of :func:`Job` (100))."""
-    state = store_on(store.storage, Job(100).shards).load()
+    """What a new master's store reads back from ``store``'s storage (a job of :func:`small_job` (100))."""
+    state = store_on(store.storage, small_job(100).shards).load()
     assert state is not None
     return state
 
@@ -135,11 +108,11 @@ def test_a_restart_reads_the_snapshot_and_every_segment_after_it(
 def test_a_restarted_master_starts_with_a_snapshot_numbered_past_every_segment(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     saves_and_loads_back(storage, 5)
-    second = store_on(storage, Job(100).shards)
+    second = store_on(storage, small_job(100).shards)
     restored = second.load()
     assert restored is not None
-    job = Job(100)
-    job.step(0)
+    job = small_job(100)
+    job.report()
     second.save(job.state())  # compacts: the old segments are ignored, then swept
     second.save(job.state())
     assert same_parts(loaded(second), job.last)
@@ -161,14 +134,14 @@ def _segment_numbers(storage: Storage, expected: list[int]) -> list[int]:
 def test_an_unreadable_last_segment_is_a_save_that_never_completed(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     saves_and_loads_back(storage, 6)
-    before_last = store_on(storage, Job(100).shards)
+    before_last = store_on(storage, small_job(100).shards)
     last_key = storage.list(LOG_PREFIX)[-1].key
     complete = storage.read(last_key)
     storage.write(last_key, complete[: len(complete) // 2])  # torn
     state = before_last.load()
     assert state is not None
     storage.write(last_key, complete)
-    full = store_on(storage, Job(100).shards).load()
+    full = store_on(storage, small_job(100).shards).load()
     assert full is not None and state["saved_at"] < full["saved_at"]
 
 
@@ -178,10 +151,10 @@ def test_an_unreadable_or_missing_segment_before_others_is_corrupt(tmp_path: Pat
     keys = [info.key for info in storage.list(LOG_PREFIX)]
     storage.write(keys[1], b'{"segment": 1, "pat')
     with pytest.raises(DataFormatError, match=r"cannot be restored \(segment .*000000000001\.json: "):
-        store_on(storage, Job(100).shards).load()
+        store_on(storage, small_job(100).shards).load()
     storage.delete(keys[1])
     with pytest.raises(DataFormatError, match="segment 1 of its log is missing"):
-        store_on(storage, Job(100).shards).load()
+        store_on(storage, small_job(100).shards).load()
 
 
 def test_a_save_compacts_after_so_many_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -195,14 +168,14 @@ def test_a_save_compacts_after_so_many_segments(tmp_path: Path, monkeypatch: pyt
 
 def test_a_failed_segment_write_is_written_again_with_every_change_since(tmp_path: Path) -> None:
     storage = FlakyStorage(tmp_path)
-    job = Job(100)
+    job = small_job(100)
     store = store_on(storage, job.shards)
     store.save(job.state())
-    job.step(0)
+    job.report()
     storage.fail_next = True
     with pytest.raises(StorageError):
         store.save(job.state())
-    job.step(1)
+    job.report()
     store.save(job.state())  # the same segment number, both changes
     assert same_parts(loaded(store), job.last)
 
@@ -220,15 +193,15 @@ class FlakyStorage(LocalStorage):
 
 
 def test_a_ledger_snapshot_makes_again_only_the_buckets_that_changed() -> None:
-    job = Job(10_000, workers=1)
+    job = small_job(10_000, workers=1)
     for _ in range(3_000):
-        job.step(0)
-    before = job.ledger.snapshot()["task_buckets"]
-    job.step(0)
-    after = job.ledger.snapshot()["task_buckets"]
+        job.report()
+    before = job.parts.ledger.snapshot()["task_buckets"]
+    job.report()
+    after = job.parts.ledger.snapshot()["task_buckets"]
     remade = [bucket for bucket in after if before.get(bucket) is not after[bucket]]
     assert len(before) >= 3 and remade == [max(after, key=int)]
-    restored = TrainingLedger(minibatch_size=RECORDS_PER_TASK)
-    restored.restore(json.loads(json.dumps(job.ledger.snapshot())))
-    assert restored.snapshot() == job.ledger.snapshot()
-    assert restored.records_per_epoch() == job.ledger.records_per_epoch()
+    restored = TrainingLedger(minibatch_size=MINIBATCH_SIZE)
+    restored.restore(json.loads(json.dumps(job.parts.ledger.snapshot())))
+    assert restored.snapshot() == job.parts.ledger.snapshot()
+    assert restored.records_per_epoch() == job.parts.ledger.records_per_epoch()

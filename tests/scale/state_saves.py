@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
@@ -50,7 +51,8 @@ CASES = (
 
 
 class SavingJob:
-    """A job's saved parts, with ``workers`` workers each holding two tasks."""
+    """A job's saved parts, with ``workers`` workers each holding two tasks (shared with
+    ``tests/test_state_log.py``). :attr:`last` is the state :meth:`state` made last."""
 
     def __init__(self, tasks_per_epoch: int, workers: int, epochs: int = 100) -> None:
         self.shards = {shard_name(i): RECORDS_PER_TASK * 10 for i in range(tasks_per_epoch // 10)}
@@ -79,6 +81,7 @@ class SavingJob:
             self.dispatcher.get_task(worker)
             self.dispatcher.get_task(worker)
         self.reports = 0
+        self.last: dict[str, Any] = {}
 
     def report(self) -> None:
         """The next worker reports the older of its tasks and takes another."""
@@ -92,8 +95,9 @@ class SavingJob:
         self.parts.training_loss.add(task.epoch, 0.5, counters["steps"])
         self.dispatcher.get_task(worker)
 
-    def state(self) -> dict[str, object]:
-        return state_to_save(self.parts, self.pods, started_at=0.0, master_port=1, ps_ports=[])
+    def state(self) -> dict[str, Any]:
+        self.last = state_to_save(self.parts, self.pods, started_at=0.0, master_port=1, ps_ports=[])
+        return self.last
 
 
 def measure(url: str, tasks_per_epoch: int, done: int, workers: int) -> tuple[float, float, int]:
