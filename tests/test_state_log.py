@@ -5,6 +5,7 @@ workers, and a restarted master must read back exactly what was saved, on a fold
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from edl_argo.errors import DataFormatError, StorageError
 from edl_argo.master import state_store
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.ledger import TrainingLedger
-from edl_argo.master.state_store import LOG_PREFIX, MasterStateStore, job_fingerprint
+from edl_argo.master.state_store import LOG_PREFIX, STATE_KEY, MasterStateStore, job_fingerprint
 from edl_argo.storage import LocalStorage, Storage, open_storage
 from tests.scale.load_master import MINIBATCH_SIZE
 from tests.scale.state_saves import SavingJob
@@ -69,13 +70,19 @@ def test_bytes_per_commit_do_not_grow_with_the_tasks_done_or_the_workers(tmp_pat
     assert bytes_per_commit(tmp_path, 1_000, workers=400) < fresh * 1.2 + 200
 
 
-def saves_and_loads_back(storage: Storage, saves: int) -> tuple[MasterStateStore, dict[str, Any]]:
-    """A store on ``storage`` that saved ``saves`` states of a job; the last state it saved."""
+def saves_and_loads_back(
+    storage: Storage, saves: int, *, one_at_a_time: bool = False
+) -> tuple[MasterStateStore, dict[str, Any]]:
+    """A store on ``storage`` that saved ``saves`` states of a job; the last state it saved.
+    ``one_at_a_time``: each save waits for the compaction it started, if any (so which saves compact does
+    not depend on how fast a compaction is)."""
     job = small_job(100)
     store = store_on(storage, job.shards)
     for _ in range(saves):
         job.report()
         store.save(job.state())
+        if one_at_a_time:
+            assert store.wait_for_compaction()
     return store, job.last
 
 
@@ -98,7 +105,7 @@ def test_a_restart_reads_the_snapshot_and_every_segment_after_it(
         LocalStorage(tmp_path) if backend == "folder" else open_storage(request.getfixturevalue("s3_env"))
     )
     store, last = saves_and_loads_back(storage, 12)
-    assert store.compactions == 1
+    assert store.wait_for_compaction() and store.compactions == 1
     assert len(storage.list(LOG_PREFIX)) == 11  # the first save is a snapshot, then one segment each
     assert same_parts(loaded(store), last)
     store.remove()
@@ -160,10 +167,11 @@ def test_an_unreadable_or_missing_segment_before_others_is_corrupt(tmp_path: Pat
 def test_a_save_compacts_after_so_many_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(state_store, "COMPACT_SEGMENTS", 4)
     storage = LocalStorage(tmp_path)
-    store, last = saves_and_loads_back(storage, 11)
-    assert store.compactions == 3  # saves 1, 6 and 11
+    store, last = saves_and_loads_back(storage, 11, one_at_a_time=True)
+    # 1 a snapshot; 2-5 segments 0-3, then a compaction of 5; 6-9 segments 4-7, a compaction of 9; 10-11 8-9
+    assert store.compactions == 3
+    assert _segment_numbers(storage, [8, 9]) == [8, 9]
     assert same_parts(loaded(store), last)
-    assert _segment_numbers(storage, []) == []  # the third snapshot replaced every segment
 
 
 def test_a_failed_segment_write_is_written_again_with_every_change_since(tmp_path: Path) -> None:
@@ -205,3 +213,34 @@ def test_a_ledger_snapshot_makes_again_only_the_buckets_that_changed() -> None:
     restored.restore(json.loads(json.dumps(job.parts.ledger.snapshot())))
     assert restored.snapshot() == job.parts.ledger.snapshot()
     assert restored.records_per_epoch() == job.parts.ledger.records_per_epoch()
+
+
+class HeldSnapshots(LocalStorage):
+    """A folder whose snapshot writes wait for :attr:`release` while :attr:`hold` is set."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.hold = False
+        self.release = threading.Event()
+
+    def write(self, key: str, data: bytes) -> None:
+        if key == STATE_KEY and self.hold:
+            assert self.release.wait(10), "the test never released the snapshot"
+        super().write(key, data)
+
+
+def test_no_save_waits_for_a_compaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_store, "COMPACT_SEGMENTS", 2)
+    storage = HeldSnapshots(tmp_path)
+    job = small_job(100)
+    store = store_on(storage, job.shards)
+    store.save(job.state())
+    storage.hold = True
+    started = time.monotonic()
+    for _ in range(6):  # the second starts a compaction, held; the others write segments meanwhile
+        job.report()
+        store.save(job.state())
+    assert time.monotonic() - started < 5 and not store.wait_for_compaction(0.1)
+    storage.release.set()
+    assert store.wait_for_compaction()
+    assert same_parts(loaded(store), job.last)

@@ -10,11 +10,12 @@ first *segment* that follows it. Each later save writes one segment, ``master/st
 (:func:`segment_key`, numbers consecutive): the changes since the save before, as a patch
 (:mod:`edl_argo.master.state_log`), one object written whole (storage writes are atomic; S3 has no append).
 So a save writes what changed, not the whole state: its bytes do not grow with the tasks queued or done,
-the epochs or the workers. A save writes a new snapshot instead (*compaction*) when it is the store's first
-(a new master starts with one, numbered past every segment it found), after :data:`COMPACT_SEGMENTS`
-segments, or once the segments hold more bytes than the snapshot (at least :data:`COMPACT_MIN_BYTES`); the
-segments it replaces are deleted afterwards, in the background: a restore ignores segments numbered below
-its snapshot's ``log.next``, so a compaction is complete the moment its snapshot is written.
+the epochs or the workers. A store's first save writes a snapshot (numbered past every segment it finds,
+which it deletes); after :data:`COMPACT_SEGMENTS` segments, or once they hold more bytes than the snapshot
+(at least :data:`COMPACT_MIN_BYTES`), a *compaction* writes the state of the newest save as a new snapshot,
+on a thread of its own so that no save waits for it, then deletes the segments it replaces. A restore
+ignores segments numbered below its snapshot's ``log.next``, so a compaction is complete the moment its
+snapshot is written, and one that fails or is cut short changes nothing.
 
 **When it is written: group commit.** A :class:`GroupCommit` thread writes the newest state whenever
 something changed, one write at a time, and never from the dispatcher (which stays pure bookkeeping).
@@ -77,8 +78,8 @@ COMPACT_SEGMENTS = 500
 COMPACT_MIN_BYTES = 1 << 20
 #: Where the job's secret lives when the pod backend does not keep it (the local backend), beside the state.
 SECRET_KEY = "master/job-secret"
-#: How long :meth:`MasterStateStore.remove` waits for a sweep of old segments still running, at most.
-SWEEP_JOIN_SECONDS = 60.0
+#: How long :meth:`MasterStateStore.wait_for_compaction` waits by default, at most.
+COMPACTION_JOIN_SECONDS = 60.0
 #: Version of the state file's layout; a file of another version is not restored.
 STATE_FORMAT = 1
 #: The :class:`~edl_argo.master.config.TrainConfig` fields a job cannot change while it runs: how tasks
@@ -167,7 +168,9 @@ class MasterStateStore:
         self._segments_since_snapshot = 0
         self._segment_bytes = 0
         self._snapshot_bytes = 0
-        self._sweeper: threading.Thread | None = None
+        self._compactor: threading.Thread | None = None
+        self._compaction_lock = threading.Lock()
+        self._removed = False
         self.compactions = 0
         """How many snapshots this store wrote (for logs and tests)."""
 
@@ -253,12 +256,8 @@ class MasterStateStore:
             "saved_at": time.time(),
             **parts,
         }
-        if (
-            self._base is None
-            or self._segments_since_snapshot >= COMPACT_SEGMENTS
-            or self._segment_bytes > max(COMPACT_MIN_BYTES, self._snapshot_bytes)
-        ):
-            self._compact(state)
+        if self._base is None:
+            self._first_snapshot(state)
             return
         number = self._next_segment
         data = _dumps({"segment": number, "patch": state_log.diff(self._base, state)})
@@ -267,32 +266,60 @@ class MasterStateStore:
         self._next_segment = number + 1
         self._segments_since_snapshot += 1
         self._segment_bytes += len(data)
+        due = self._segments_since_snapshot >= COMPACT_SEGMENTS or self._segment_bytes > max(
+            COMPACT_MIN_BYTES, self._snapshot_bytes
+        )
+        if due and (self._compactor is None or not self._compactor.is_alive()):
+            self._segments_since_snapshot, self._segment_bytes = 0, 0
+            self._compactor = threading.Thread(
+                target=self._compact, args=(state, number + 1), name="master-state-compaction", daemon=True
+            )
+            self._compactor.start()
 
-    def _compact(self, state: Mapping[str, Any]) -> None:
-        if self._base is None:  # this store's first save: number past any segment an earlier run left
-            numbers = [
-                n for info in self.storage.list(LOG_PREFIX) if (n := _segment_number(info.key)) is not None
-            ]
-            self._next_segment = max([self._next_segment - 1, *numbers]) + 1
+    def _first_snapshot(self, state: Mapping[str, Any]) -> None:
+        """This store's first save: a snapshot numbered past any segment an earlier run left."""
+        numbers = [
+            n for info in self.storage.list(LOG_PREFIX) if (n := _segment_number(info.key)) is not None
+        ]
+        self._next_segment = max([self._next_segment - 1, *numbers]) + 1
         data = _dumps({**state, "log": {"next": self._next_segment}})
-        self.storage.write(STATE_KEY, data)
+        with self._compaction_lock:
+            self._removed = False
+            self.storage.write(STATE_KEY, data)
         self._base = state
-        self._segments_since_snapshot = 0
-        self._segment_bytes = 0
+        self._segments_since_snapshot = self._segment_bytes = 0
         self._snapshot_bytes = len(data)
         self.compactions += 1
-        if self._sweeper is None or not self._sweeper.is_alive():
-            self._sweeper = threading.Thread(
-                target=self._delete_segments,
-                args=(self._next_segment,),
-                name="master-state-sweep",
-                daemon=True,
-            )
-            self._sweeper.start()
+        self._delete_segments(self._next_segment)
+
+    def _compact(self, state: Mapping[str, Any], following: int) -> None:
+        """Write ``state`` (saved up to segment ``following - 1``) as the snapshot, then delete the
+        segments it replaces; on the compaction thread, so that no save waits for it. A failure is logged
+        and changes nothing: the snapshot before and the segments since still hold the state, and the next
+        save that finds a compaction due tries again."""
+        try:
+            data = _dumps({**state, "log": {"next": following}})
+            with self._compaction_lock:
+                if self._removed:
+                    return
+                self.storage.write(STATE_KEY, data)
+        except StorageError as error:
+            log.warning("master_state_compaction_failed", error=str(error))
+            self._segments_since_snapshot = COMPACT_SEGMENTS  # due again at the next save
+            return
+        self._snapshot_bytes = len(data)
+        self.compactions += 1
+        self._delete_segments(following)
+
+    def wait_for_compaction(self, timeout: float = COMPACTION_JOIN_SECONDS) -> bool:
+        """Wait (at most ``timeout`` seconds) for a compaction in progress; whether none is left."""
+        if self._compactor is not None:
+            self._compactor.join(timeout)
+        return self._compactor is None or not self._compactor.is_alive()
 
     def _delete_segments(self, below: int | None) -> None:
         """Delete the log's segments numbered below ``below`` (None: all); a failure is logged, and the
-        next compaction's sweep deletes what this one left."""
+        next compaction deletes what this one left."""
         try:
             for info in self.storage.list(LOG_PREFIX):
                 number = _segment_number(info.key)
@@ -304,8 +331,8 @@ class MasterStateStore:
     def remove(self) -> None:
         """Delete the state (snapshot and segments) and the job's secret (the job is over); deleting none
         is fine."""
-        if self._sweeper is not None:
-            self._sweeper.join(SWEEP_JOIN_SECONDS)
+        with self._compaction_lock:  # a compaction still running writes nothing after this
+            self._removed = True
         self.storage.delete(STATE_KEY)
         self._delete_segments(None)
         self.storage.delete(SECRET_KEY)
