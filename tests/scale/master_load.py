@@ -12,7 +12,8 @@ told to the master, which requeues what it held and starts a replacement) with `
 
 Measured in a window after a warm-up: tasks handed out per second; GetTask and ReportTaskResult latency
 as a worker sees it (p50, p99: each call with its retries); the master process's CPU seconds per task and
-resident memory (``/proc``); the state saves completed in the window (per second, milliseconds each
+resident memory (``/proc``); the machine's load average (1 min) at the end of the window, since other
+work on the machine moves every figure; the state saves completed in the window (per second, milliseconds each
 including the snapshot, bytes written each). Checked after the run (the row says FAIL and the command
 exits 1 if not): no record range of any epoch was accepted twice; the records the workers saw accepted,
 the dispatcher's count and the ledger's agree for every epoch; at least one epoch was completed (so every
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -71,11 +73,12 @@ class Row:
     failed: int
     epochs_checked: int
     problems: list[str]
+    load_average: float
 
     HEADER = (
         "| workers | store | tasks/s | GetTask p50 / p99 ms | Report p50 / p99 ms | master CPU ms/task"
         " | workers' CPU ms/task | master RSS MiB | saves/s | save ms p50 / p99 | bytes/save p50 / max"
-        " | vanished / failed | epochs checked | exactly once |\n|" + "---|" * 14
+        " | vanished / failed | epochs checked | machine load | exactly once |\n|" + "---|" * 15
     )
 
     def markdown(self) -> str:
@@ -85,6 +88,7 @@ class Row:
             f" | {self.rss_mib:,.0f}"
             f" | {self.saves_per_s:.1f} | {_pair(self.save_ms)} | {self.save_bytes[0]:,.0f} /"
             f" {self.save_bytes[1]:,.0f} | {self.vanished} / {self.failed} | {self.epochs_checked}"
+            f" | {self.load_average:.1f}"
             f" | {'yes' if not self.problems else 'FAIL: ' + '; '.join(self.problems)} |"
         )
 
@@ -235,7 +239,7 @@ def run(workers: int, args: argparse.Namespace, folder: Path) -> Row:
             time.sleep(max(0.0, stop_at - 1.0 - time.time()))
             window_end, cpu_end = time.time(), process_cpu_seconds(master.pid)
             clients_cpu = sum(process_cpu_seconds(process.pid) for process in clients) - clients_start
-            rss = process_rss_bytes(master.pid)
+            rss, load_average = process_rss_bytes(master.pid), os.getloadavg()[0]
             for process in clients:
                 process.wait(timeout=args.seconds + 120)
             with grpc.insecure_channel(control_address) as channel:
@@ -274,6 +278,7 @@ def run(workers: int, args: argparse.Namespace, folder: Path) -> Row:
         failed=seen["failed_reports"],
         epochs_checked=complete,
         problems=problems,
+        load_average=load_average,
     )
 
 
