@@ -103,6 +103,7 @@ scale: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.scale.state_saves --store folder
 	$(BIN)/python -m tests.scale.state_saves --store s3
 	$(BIN)/python -m tests.scale.many_shards
+	$(BIN)/python -m tests.scale.rendezvous_rounds
 
 chaos: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.chaos.run --trials $(TRIALS) --output docs/reliability.md $(if $(SCENARIOS),--scenarios $(SCENARIOS))
