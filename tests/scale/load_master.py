@@ -273,6 +273,8 @@ def serve(args: argparse.Namespace) -> None:
                 writer.changed()
             if dispatcher.reclaim_timed_out_tasks():
                 writer.changed()
+            if parts.ledger.fold_complete_epochs(dispatcher.accounting(), time.monotonic()):
+                writer.changed()
 
 
 def _json_method(function: Callable[[dict[str, Any]], dict[str, Any]]) -> grpc.RpcMethodHandler:
