@@ -23,7 +23,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 #: Bytecode is cached (__pycache__/, ignored by git): every pod process of a test or demo imports edl_argo,
 #: and compiling it again each time cost 0.7 s of a core per process.
 
-.PHONY: help venv test-servers test test-slow lint format demo demo-sql templates image lock scheduling bench chaos fuzz proto clean
+.PHONY: help venv test-servers test test-slow lint format demo demo-sql templates image lock scheduling bench scale chaos fuzz proto clean
 
 help:
 	@echo "make demo   - run the digits pipeline here: prepare the dataset, train, evaluate, predict"
@@ -35,6 +35,7 @@ help:
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make test-slow - the repeated trials and soak runs make test leaves out (marked slow)"
 	@echo "make bench  - run the benchmarks (figures go to docs/benchmarks.md)"
+	@echo "make scale  - the master under 10 to 5,000 simulated workers and its state saves (tables for docs/scale.md)"
 	@echo "make chaos  - run the chaos suite: training jobs with injected faults (docs/reliability.md);"
 	@echo "             TRIALS=N (default 20) trials of each, SCENARIOS=a,b to split a run"
 	@echo "make fuzz   - fuzz every gRPC method of a live job and the decoders (FUZZ_SECONDS, default 900)"
@@ -93,6 +94,16 @@ scheduling: $(STAMP)
 
 bench: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.bench.run --output docs/benchmarks.md
+
+# Prints markdown tables (about 10 minutes on 2 cores): paste them into docs/scale.md. A load run whose checks
+# fail exits 1 (its row says why); the others still run.
+scale: $(STAMP) $(S3SERVER_STAMP)
+	-$(BIN)/python -m tests.scale.master_load --workers 10 100 1000 5000 --store folder
+	-$(BIN)/python -m tests.scale.master_load --workers 1000 --store s3
+	$(BIN)/python -m tests.scale.state_saves --store folder
+	$(BIN)/python -m tests.scale.state_saves --store s3
+	$(BIN)/python -m tests.scale.many_shards
+	$(BIN)/python -m tests.scale.rendezvous_rounds
 
 chaos: $(STAMP) $(S3SERVER_STAMP)
 	$(BIN)/python -m tests.chaos.run --trials $(TRIALS) --output docs/reliability.md $(if $(SCENARIOS),--scenarios $(SCENARIOS))

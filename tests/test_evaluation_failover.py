@@ -22,7 +22,7 @@ import pytest
 
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.state_store import DurableMasterServicer
-from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType, held_tasks
 from edl_argo.proto import master_pb2
 from edl_argo.rpc.tensors import to_tensor
 
@@ -213,7 +213,7 @@ def record_a_job() -> list[tuple[dict[str, Any], dict[str, Any], int]]:
 def surviving_workers(master: Master, dispatcher_state: dict[str, Any], survivors: set[int]) -> list[Worker]:
     """The workers after the restart: the survivors, each going on with the task it held (all of it:
     its last reply may have been lost), or two new workers when none survived."""
-    held = {int(entry["worker_id"]): int(entry["task"]["task_id"]) for entry in dispatcher_state["doing"]}
+    held = {int(entry["worker_id"]): int(entry["task"]["task_id"]) for entry in held_tasks(dispatcher_state)}
     workers = [Worker(w) for w in sorted(survivors)] or [Worker(3), Worker(4)]
     for worker in workers:
         if worker.worker_id in held:

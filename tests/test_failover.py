@@ -18,7 +18,7 @@ from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.state_store import DurableMasterServicer, MasterStateStore, job_fingerprint
-from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType, held_tasks
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.pods import PodPhase, PodRole, PodStatus
 from edl_argo.proto import master_pb2
@@ -201,7 +201,9 @@ def test_a_restarted_master_keeps_the_tasks_of_adopted_workers_and_requeues_the_
     config = job_config(tmp_path, num_ps=1)
     store = MasterStateStore(LocalStorage(tmp_path), "job", job_fingerprint(config, SHARDS, {}))
     saved = saved_by_a_first_master(config, store)
-    held = {int(entry["worker_id"]): int(entry["task"]["task_id"]) for entry in saved["dispatcher"]["doing"]}
+    held = {
+        int(entry["worker_id"]): int(entry["task"]["task_id"]) for entry in held_tasks(saved["dispatcher"])
+    }
     backend = AdoptingBackend([(PodRole.PS, 0), (PodRole.WORKER, 0)])  # worker 1 died with the master
     parts = new_parts(config)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edl_argo.master.ledger import PsReport, TrainingLedger
+from edl_argo.master.ledger import FOLD_AFTER_SECONDS, PsReport, TrainingLedger
 from edl_argo.master.task_dispatcher import Accounting, Task, TaskType
 
 
@@ -117,3 +117,23 @@ def test_pushes_accepted_see_a_duplicate_that_the_version_count_cannot() -> None
     too_many = [report(0, 5, accepted=15), report(1, 5, restored=2, accepted=15)]
     _, problems = ledger.ps_updates(twice, too_many)
     assert len(problems) == 2 and all("took some twice" in problem for problem in problems)
+
+
+def test_an_epoch_done_long_enough_ago_keeps_only_its_totals() -> None:
+    ledger = TrainingLedger(minibatch_size=4)
+    tasks = [Task(i, TaskType.TRAINING, "s", 8 * (i % 3), 8 * (i % 3) + 8, epoch=i // 3) for i in range(6)]
+    for task in tasks:
+        ledger.add(task, {"records": 8, "steps": 2}, worker_id=1)
+    accounting = Accounting(24, {0: 24, 1: 16}, 0, {}, 5, 6)  # epoch 0 done, epoch 1 not
+    before = (ledger.records_per_epoch(), ledger.minibatches)
+    assert ledger.fold_complete_epochs(accounting, now=100.0) == []  # first seen complete now
+    assert ledger.fold_complete_epochs(accounting, now=100.0 + FOLD_AFTER_SECONDS) == [0]
+    assert (ledger.records_per_epoch(), ledger.minibatches) == before
+    saved = ledger.snapshot()
+    assert sum(len(bucket) for bucket in saved["task_buckets"].values()) == 3  # epoch 1's tasks only
+    ledger.add(tasks[0], {"records": 8, "steps": 2}, worker_id=2)  # a late report of a folded task
+    ledger.remove(tasks[0])
+    assert (ledger.records_per_epoch(), ledger.minibatches) == before
+    restored = TrainingLedger(minibatch_size=4)
+    restored.restore(saved)
+    assert (restored.records_per_epoch(), restored.minibatches) == before

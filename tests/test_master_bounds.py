@@ -347,3 +347,10 @@ def test_calls_that_send_only_headers_hold_no_progress_thread_and_end_within_the
         hostile.close()
         real.close()
         server.stop(None)
+
+
+def test_the_call_cap_admits_every_call_of_the_jobs_own_workers() -> None:
+    # 1,000 workers each asking for a task while reporting one: a cap of 64 refused them (RESOURCE_EXHAUSTED,
+    # which a worker does not retry), found by tests/scale/master_load.py.
+    assert serving.master_server_limits(30).max_concurrent_calls == serving.MAX_CONCURRENT_CALLS
+    assert serving.master_server_limits(30, max_workers=1000).max_concurrent_calls == 3000

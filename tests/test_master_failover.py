@@ -23,7 +23,7 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.failover import STATE_PARTS
 from edl_argo.master.job import TrainingJob, dataset_shards
 from edl_argo.master.state_store import STATE_KEY, GroupCommit, MasterStateStore, job_fingerprint
-from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
+from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType, held_tasks
 from edl_argo.model.outputs import named_arrays
 from edl_argo.pods import find_free_port
 from edl_argo.pods.manifests import MASTER_AUTH_VOLUME
@@ -244,7 +244,7 @@ def test_a_report_asking_for_the_next_task_is_answered_once_both_changes_are_sav
     assert response.accepted and response.next_task.kind == master_pb2.GetTaskResponse.TASK
     assert response.next_task.task.task_id != first.task.task_id
     assert before < len(saved) <= before + 2  # one wait: a save of both (two if one had just started)
-    doing = saved[-1]["doing"]
+    doing = held_tasks(saved[-1])
     assert [(d["task"]["task_id"], d["worker_id"]) for d in doing] == [(response.next_task.task.task_id, 0)]
     assert saved[-1]["tasks_done"]["training"] == 1
 
@@ -433,7 +433,7 @@ def kill_the_master_and_start_it_again(
             first.wait()
     at_kill = saved_state(output)
     assert at_kill is not None
-    in_flight = [entry["task"] for entry in at_kill["dispatcher"]["doing"]]
+    in_flight = [entry["task"] for entry in held_tasks(at_kill["dispatcher"])]
     pod_starts("second")
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]

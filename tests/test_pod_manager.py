@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edl_argo.master.pod_manager import SCALED_DOWN, PodManager, PodPolicy
-from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher
+from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, held_tasks
 from edl_argo.pods import PodEvent, PodPhase, PodReason, PodRole, PodSpec
 
 
@@ -30,7 +30,7 @@ def worker_spec(worker_id: int) -> PodSpec:
 def held_by(dispatcher: TaskDispatcher, worker_id: int) -> list[int]:
     return [
         entry["task"]["task_id"]
-        for entry in dispatcher.snapshot()["doing"]
+        for entry in held_tasks(dispatcher.snapshot())
         if entry["worker_id"] == worker_id
     ]
 

@@ -20,6 +20,7 @@ from edl_argo.master.task_dispatcher import (
     TaskAssignment,
     TaskDispatcher,
     TaskType,
+    held_tasks,
 )
 
 
@@ -701,7 +702,7 @@ def test_restore_puts_held_tasks_back_at_the_front_and_keeps_everything_else() -
     clock.advance(7.0)
 
     snapshot = json.loads(json.dumps(dispatcher.snapshot()))
-    assert [entry["age"] for entry in snapshot["doing"]] == [7.0, 7.0]
+    assert [entry["age"] for entry in held_tasks(snapshot)] == [7.0, 7.0]
     restored = TaskDispatcher.restore(snapshot, clock=FakeClock())
     assert restored.evaluation_pending(9)
     assert take(restored, 5).type is TaskType.EVALUATION
@@ -724,7 +725,7 @@ def test_restore_keeps_the_tasks_of_surviving_workers_held_by_them() -> None:
     restored = TaskDispatcher.restore(snapshot, clock=clock, live_workers={1})
     assert restored.accounting().requeues["master_restarted"] == 1
     assert restored.accounting().records_trained_twice == lost_task.num_records
-    assert [(e["worker_id"], e["age"]) for e in restored.snapshot()["doing"]] == [(1, 5.0)]
+    assert [(e["worker_id"], e["age"]) for e in held_tasks(restored.snapshot())] == [(1, 5.0)]
     assert take(restored, 3) == lost_task  # only the lost worker's task went back to the front
     assert restored.report(survivor_task.task_id, 1, success=True)  # the survivor's report counts
     assert not restored.report(lost_task.task_id, 2, success=True)  # the lost worker's does not

@@ -26,7 +26,7 @@ from edl_argo import cli, log
 from edl_argo.hera import elastic_train
 from edl_argo.hera.elastic_train import JOB_DIR, MASTER_PORT, METRICS_PORT
 from edl_argo.master.job import TrainingJob
-from edl_argo.master.task_dispatcher import TaskAssignment
+from edl_argo.master.task_dispatcher import TaskAssignment, held_tasks
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.manifests import (
@@ -253,7 +253,7 @@ def test_below_min_workers_training_pauses_without_failing_and_resumes_when_capa
         thread.wait_until(lambda: job.scaler is not None and job.scaler.paused, 60, "training to pause")
         done_at_pause = job.dispatcher.progress()[0]
         held_at_pause = sum(
-            1 for entry in job.dispatcher.snapshot()["doing"] if entry["task"]["type"] == "training"
+            1 for entry in held_tasks(job.dispatcher.snapshot()) if entry["task"]["type"] == "training"
         )
         thread.wait_until(lambda: cluster.pod(f"{name}-worker-2") is not None, 60, "the replacement pod")
         time.sleep(5)  # the survivor asks for tasks in vain meanwhile

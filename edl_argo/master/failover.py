@@ -5,9 +5,9 @@ whose reply was lost with the old master gets.
 as :func:`state_to_save` makes it: the parts of :data:`STATE_PARTS` (each part's own ``snapshot()``; the
 dispatcher's is taken before the evaluation's, as :meth:`~edl_argo.master.evaluation.EvaluationService.
 snapshot` requires) and those of :data:`LATER_PARTS`. :mod:`edl_argo.master.state_store` keeps it in the
-job's storage as one file (with the job name and the settings a job cannot change), saves it as it goes
-(group commit) and answers a worker's report only once the change it made is saved, so an accepted report
-is never repeated, and a restart repeats at most the tasks in flight.
+job's storage as a snapshot and a log of changes (with the job name and the settings a job cannot change),
+saves it as it goes (group commit) and answers a worker's report only once the change it made is saved, so
+an accepted report is never repeated, and a restart repeats at most the tasks in flight.
 
 **How a restarted master continues.** :func:`take_over`, before the master serves: it adopts the pods the
 old master left running (:meth:`~edl_argo.pods.PodBackend.adopt`) and restores every part: the dispatcher
@@ -53,7 +53,7 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.pod_manager import PodManager
 from edl_argo.master.rendezvous import RendezvousManager
-from edl_argo.master.task_dispatcher import Task, TaskDispatcher
+from edl_argo.master.task_dispatcher import Task, TaskDispatcher, held_tasks
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.pods import PodBackend, PodRole, PodStatus
 from edl_argo.storage import open_storage
@@ -194,7 +194,7 @@ def take_over(
         workers_adopted=len(workers),
         ps_adopted=len(surviving_ps),
         workers_holding_tasks=len(
-            {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]} & workers
+            {int(entry["worker_id"]) for entry in held_tasks(saved["dispatcher"])} & workers
         ),
         model_version=parts.versions.version,
         evaluations=len(parts.evaluation.history),
@@ -233,7 +233,7 @@ def restored_dispatcher(
 def check_saved_dispatcher(saved: dict[str, Any], store: MasterStateStore) -> None:
     """The state's DataFormatError if its dispatcher cannot be restored (checked before any pod starts)."""
     try:
-        live_workers = {int(entry["worker_id"]) for entry in saved["dispatcher"]["doing"]}
+        live_workers = {int(entry["worker_id"]) for entry in held_tasks(saved["dispatcher"])}
     except (KeyError, TypeError, ValueError) as error:
         raise store.corrupt(f"dispatcher: {error}") from None
     restored_dispatcher(saved, store, lambda *_: None, live_workers)

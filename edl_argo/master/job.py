@@ -262,7 +262,7 @@ class TrainingJob:
     def _start_master_service(self, wanted: int) -> None:
         """Serve the master's service on port ``wanted`` (0: any free port)."""
         self._server = make_server(
-            limits=master_server_limits(self.config.rpc_timeout_seconds),
+            limits=master_server_limits(self.config.rpc_timeout_seconds, self.config.worker_limit),
             interceptors=[server_interceptor(self.job_secret, "master")],
         )
         servicer = DurableMasterServicer(
@@ -507,6 +507,8 @@ class TrainingJob:
                         self.rendezvous.remove(event.pod_id, event.reason)
             for _task, worker_id in self.dispatcher.reclaim_timed_out_tasks():
                 self.pods.restart_stuck_worker(worker_id)
+                self._state_writer.changed()
+            if self.ledger.fold_complete_epochs(self.dispatcher.accounting(), time.monotonic()):
                 self._state_writer.changed()
             stuck_members = (
                 self.rendezvous.stuck(self.config.collective_timeout_seconds) if self.rendezvous else []

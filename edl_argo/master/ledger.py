@@ -28,6 +28,14 @@ minibatches it trained before it failed. The master checks:
   restarted one gave its records out again) was trained too: its minibatches count (:meth:`add_ignored`),
   except those of a report sent again after its reply was lost, which counted the first time.
 
+**Folding.** Per task, the ledger keeps what it needs to count a resent report once: memory and saved state
+grow with the tasks of the job (100 epochs of 100,000 tasks: gigabytes). :meth:`fold_complete_epochs`, called
+from the master's loop, keeps only the totals of an epoch whose every task was done
+:data:`FOLD_AFTER_SECONDS` ago or more: by then no report of its tasks can still be accepted (they are all
+done), and none can still be resent after a lost reply (a worker gives a call up after its retry budget,
+300 s). A report of a folded epoch's task that does come is not counted again; its minibatches would be
+counted as an ignored report's (:meth:`add_ignored` no longer knows who reported the task).
+
 Thread-safe; :meth:`snapshot` and :meth:`restore` carry it across a master restart.
 """
 
@@ -40,6 +48,11 @@ from typing import Any
 
 from edl_argo.master.task_dispatcher import Accounting, Task
 
+#: How long after an epoch's last task was done the ledger keeps only the epoch's totals (see the module
+#: docstring): twice the worker's retry budget for one call.
+FOLD_AFTER_SECONDS = 600.0
+#: Task ids per bucket of the ledger's snapshot (:meth:`TrainingLedger.snapshot`).
+TASK_BUCKET = 1024
 #: The counters of a task report that count minibatches trained but not pushed (nothing of them applied).
 SKIPPED_COUNTERS = ("nan_batches_skipped", "nan_gradients_skipped", "loss_scale_skipped")
 
@@ -93,6 +106,11 @@ class TrainingLedger:
         self._ignored: dict[
             tuple[int, int], int
         ] = {}  # (task id, worker id) -> minibatches, of ignored reports
+        # The snapshot's tasks in buckets of TASK_BUCKET ids, each made again only once it changed.
+        self._saved_buckets: dict[int, dict[str, list[int | None]]] = {}
+        self._changed_tasks: set[int] = set()
+        self._folded: dict[int, tuple[int, int]] = {}  # epoch -> (records, minibatches), tasks forgotten
+        self._complete_since: dict[int, float] = {}  # epoch -> when it was first seen complete
 
     def check(self, task: Task, counters: Mapping[str, int]) -> str | None:
         """Why the report of ``task`` done with ``counters`` is wrong, or None if it adds up."""
@@ -115,14 +133,20 @@ class TrainingLedger:
         """Count a task reported done by ``worker_id`` (after :meth:`check`; before the dispatcher marks it
         done)."""
         with self._lock:
+            if task.epoch in self._folded:
+                return  # counted in its epoch's totals
             self._tasks[task.task_id] = (task.epoch, counters.get("records", 0), counters.get("steps", 0))
             self._reporters[task.task_id] = worker_id
+            self._changed_tasks.add(task.task_id)
 
     def remove(self, task: Task) -> None:
         """Forget a task :meth:`add` counted whose report the dispatcher then refused."""
         with self._lock:
+            if task.epoch in self._folded:
+                return
             self._tasks.pop(task.task_id, None)
             self._reporters.pop(task.task_id, None)
+            self._changed_tasks.add(task.task_id)
 
     def add_ignored(self, task_id: int, worker_id: int, counters: Mapping[str, int]) -> None:
         """Count the minibatches (``steps``) of a report of task ``task_id`` done that the master ignored:
@@ -145,12 +169,13 @@ class TrainingLedger:
     def minibatches(self) -> int:
         """Minibatches of the training tasks reported done."""
         with self._lock:
-            return sum(steps for _, _, steps in self._tasks.values())
+            folded = sum(steps for _, steps in self._folded.values())
+            return folded + sum(steps for _, _, steps in self._tasks.values())
 
     def records_per_epoch(self) -> dict[int, int]:
         """Epoch -> records of its training tasks reported done."""
         with self._lock:
-            records: dict[int, int] = {}
+            records = {epoch: count for epoch, (count, _) in self._folded.items()}
             for epoch, count, _ in self._tasks.values():
                 records[epoch] = records.get(epoch, 0) + count
             return records
@@ -220,25 +245,88 @@ class TrainingLedger:
         }
         return section, problems
 
-    def snapshot(self) -> dict[str, Any]:
-        """The counts as JSON data; :meth:`restore` is its inverse."""
+    def fold_complete_epochs(self, accounting: Accounting, now: float) -> list[int]:
+        """Keep only the totals of the epochs ``accounting`` shows complete since :data:`FOLD_AFTER_SECONDS`
+        before ``now`` (a monotonic clock; an epoch is first seen complete by the call that sees it so);
+        returns the epochs folded. Cost: O(tasks kept) when it folds, O(epochs) otherwise."""
         with self._lock:
+            due = []
+            for epoch, done in accounting.records_done_per_epoch.items():
+                if epoch in self._folded or done != accounting.records_per_epoch:
+                    continue
+                if now - self._complete_since.setdefault(epoch, now) >= FOLD_AFTER_SECONDS:
+                    due.append(epoch)
+            if not due:
+                return []
+            folding = set(due)
+            for epoch in due:
+                self._folded[epoch] = (0, 0)
+                self._complete_since.pop(epoch, None)
+            for task_id, (epoch, records, steps) in list(self._tasks.items()):
+                if epoch in folding:
+                    total_records, total_steps = self._folded[epoch]
+                    self._folded[epoch] = (total_records + records, total_steps + steps)
+                    del self._tasks[task_id]
+                    self._reporters.pop(task_id, None)
+                    self._changed_tasks.add(task_id)
+        return due
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counts as JSON data; :meth:`restore` is its inverse.
+
+        The tasks (``task_buckets``: bucket -> task id -> ``[epoch, records, minibatches, reporter]``) are
+        in buckets of :data:`TASK_BUCKET` ids, and a bucket no task of which changed since the last
+        snapshot is the same object as in it (shared: not to be changed), so that a snapshot costs, and a
+        state log saves (:mod:`edl_argo.master.state_log`), what changed, not every task the job did."""
+        with self._lock:
+            remade: dict[int, dict[str, list[int | None]]] = {}
+            for task_id in self._changed_tasks:
+                bucket = task_id // TASK_BUCKET
+                if bucket not in remade:  # a new object: the one the last snapshot has is not changed
+                    remade[bucket] = dict(self._saved_buckets.get(bucket, {}))
+                if task_id in self._tasks:
+                    remade[bucket][str(task_id)] = [*self._tasks[task_id], self._reporters.get(task_id)]
+                else:
+                    remade[bucket].pop(str(task_id), None)
+            for bucket, saved in remade.items():
+                if saved:
+                    self._saved_buckets[bucket] = saved
+                else:
+                    self._saved_buckets.pop(bucket, None)
+            self._changed_tasks.clear()
             return {
-                "tasks": {str(task_id): list(entry) for task_id, entry in self._tasks.items()},
+                "task_buckets": {str(bucket): saved for bucket, saved in self._saved_buckets.items()},
                 "failed_steps": self._failed_steps,
-                "reporters": {str(task_id): worker for task_id, worker in self._reporters.items()},
+                "folded_epochs": {str(epoch): list(totals) for epoch, totals in self._folded.items()},
                 "ignored": [[task_id, worker, steps] for (task_id, worker), steps in self._ignored.items()],
             }
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
         with self._lock:
-            self._tasks = {
-                int(task_id): (int(epoch), int(records), int(steps))
-                for task_id, (epoch, records, steps) in snapshot["tasks"].items()
-            }
+            if "task_buckets" in snapshot:
+                entries = {
+                    int(i): e for bucket in snapshot["task_buckets"].values() for i, e in bucket.items()
+                }
+                self._tasks = {
+                    i: (int(epoch), int(records), int(steps))
+                    for i, (epoch, records, steps, _) in entries.items()
+                }
+                self._reporters = {i: int(entry[3]) for i, entry in entries.items() if entry[3] is not None}
+            else:  # saved before the buckets
+                self._tasks = {
+                    int(task_id): (int(epoch), int(records), int(steps))
+                    for task_id, (epoch, records, steps) in snapshot["tasks"].items()
+                }
+                # Not in a state saved before they were: no reporter known.
+                self._reporters = {
+                    int(task_id): int(worker) for task_id, worker in snapshot.get("reporters", {}).items()
+                }
             self._failed_steps = int(snapshot["failed_steps"])
-            # Not in a state saved before they were: no reporter known, no ignored report counted.
-            self._reporters = {
-                int(task_id): int(worker) for task_id, worker in snapshot.get("reporters", {}).items()
+            self._folded = {
+                int(epoch): (int(records), int(steps))
+                for epoch, (records, steps) in snapshot.get("folded_epochs", {}).items()
             }
+            self._complete_since.clear()
             self._ignored = {(int(t), int(w)): int(steps) for t, w, steps in snapshot.get("ignored", [])}
+            self._saved_buckets.clear()
+            self._changed_tasks = set(self._tasks)

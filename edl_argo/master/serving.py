@@ -12,9 +12,13 @@ PROGRESS_METHODS = tuple(
     f"/edl_argo.Master/{name}"
     for name in ("GetTask", "ReportTaskResult", "ReportVersion", "Rendezvous", "ReportCollectiveFailure")
 )
-#: Threads of the master's other calls (evaluation outputs, scaling), and calls in progress at most.
+#: Threads of the master's other calls (evaluation outputs, scaling), and calls in progress at most: the
+#: larger of :data:`MAX_CONCURRENT_CALLS` and :data:`CALLS_PER_WORKER` per worker the job may have (a worker
+#: asks for its next task while its reporter reports the last, and may report a version meanwhile; a cap
+#: below the job's own workers' calls refuses them, RESOURCE_EXHAUSTED, once the job has a few hundred).
 OTHER_THREADS = 8
 MAX_CONCURRENT_CALLS = 64
+CALLS_PER_WORKER = 3
 #: A connection is asked to go away after this long (its client opens a new one).
 CONNECTION_SECONDS = 60.0
 #: The longest a call's handler may legitimately run beyond the caller's deadline (the final GetTask asks the
@@ -22,16 +26,17 @@ CONNECTION_SECONDS = 60.0
 HANDLER_SLACK_SECONDS = 60.0
 
 
-def master_server_limits(rpc_timeout_seconds: float) -> ServerLimits:
+def master_server_limits(rpc_timeout_seconds: float, max_workers: int = 0) -> ServerLimits:
     """The master server's bounds (:mod:`edl_argo.rpc.server_limits`): :data:`PROGRESS_METHODS` on
-    ``MASTER_THREADS`` threads of their own, at most :data:`MAX_CONCURRENT_CALLS` calls at once, and no
+    ``MASTER_THREADS`` threads of their own, at most :data:`MAX_CONCURRENT_CALLS` calls at once or
+    :data:`CALLS_PER_WORKER` per worker of ``max_workers`` (the most the job may have) if more, and no
     call lasting longer than the callers' deadline (``--rpc-timeout-seconds``) plus the handlers' slack
     (a client that sends a call's headers and never its body holds a thread that long at most)."""
     return ServerLimits(
         threads=OTHER_THREADS,
         priority_methods=PROGRESS_METHODS,
         priority_threads=MASTER_THREADS,
-        max_concurrent_calls=MAX_CONCURRENT_CALLS,
+        max_concurrent_calls=max(MAX_CONCURRENT_CALLS, CALLS_PER_WORKER * max_workers),
         connection_seconds=CONNECTION_SECONDS,
         max_call_seconds=rpc_timeout_seconds + HANDLER_SLACK_SECONDS,
     )

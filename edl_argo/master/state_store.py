@@ -1,11 +1,21 @@
-"""The master's state file, and when it is written: what a restarted master continues from is kept in the
-job's storage. What the state holds and how a restarted master uses it: :mod:`edl_argo.master.failover`.
+"""The master's state in the job's storage, and when it is written: what a restarted master continues from.
+What the state holds and how a restarted master uses it: :mod:`edl_argo.master.failover`.
 
-**Where.** ``<output>/master/state.json`` (:data:`STATE_KEY`, written through the ``--master-state``
-storage, default ``--output``, so on S3 too): the parts of
+**Where: a snapshot and a log of changes.** ``<output>/master/state.json`` (:data:`STATE_KEY`, written
+through the ``--master-state`` storage, default ``--output``, so on S3 too) is a *snapshot*: the parts of
 :data:`~edl_argo.master.failover.STATE_PARTS` (those of :data:`~edl_argo.master.failover.LATER_PARTS` may be
 missing from a file saved before they existed), the job name and a :func:`job_fingerprint` of the settings
-a job cannot change while it runs, and the layout's :data:`STATE_FORMAT`.
+a job cannot change while it runs, the layout's :data:`STATE_FORMAT`, and ``log.next``: the number of the
+first *segment* that follows it. Each later save writes one segment, ``master/state-log/<number>.json``
+(:func:`segment_key`, numbers consecutive): the changes since the save before, as a patch
+(:mod:`edl_argo.master.state_log`), one object written whole (storage writes are atomic; S3 has no append).
+So a save writes what changed, not the whole state: its bytes do not grow with the tasks queued or done,
+the epochs or the workers. A store's first save writes a snapshot (numbered past every segment it finds,
+which it deletes); after :data:`COMPACT_SEGMENTS` segments, or once they hold more bytes than the snapshot
+(at least :data:`COMPACT_MIN_BYTES`), a *compaction* writes the state of the newest save as a new snapshot,
+on a thread of its own so that no save waits for it, then deletes the segments it replaces. A restore
+ignores segments numbered below its snapshot's ``log.next``, so a compaction is complete the moment its
+snapshot is written, and one that fails or is cut short changes nothing.
 
 **When it is written: group commit.** A :class:`GroupCommit` thread writes the newest state whenever
 something changed, one write at a time, and never from the dispatcher (which stays pure bookkeeping).
@@ -17,13 +27,17 @@ its tasks requeued, a replacement started) ask for a write without waiting. Henc
 never repeated, and a restart repeats at most the tasks that were in flight: a task a worker holds is
 usually held by it in the saved state (and stays its task if the worker survives; if the worker never got
 the reply that gave it, it gets it again: :func:`~edl_argo.master.failover.lost_reply`); one handed out
-just before the master died goes back to the queue.
+just before the master died goes back to the queue. A segment whose write failed is written again, under
+the same number, with every change since the last completed save: the log never has a gap.
 
-**Restore.** :meth:`MasterStateStore.load` returns the saved state, or None when there is none (a new
-job). State of another job name, or of settings that differ from this run's, is a
-:class:`~edl_argo.errors.ConfigError` naming the file and what differs; an unreadable file a
-:class:`~edl_argo.errors.DataFormatError` naming it. The master removes the file once the model is
-published (or the job failed for good), so a finished job never restores.
+**Restore.** :meth:`MasterStateStore.load` returns the saved state (the snapshot with its segments applied
+in order), or None when there is none (a new job). State of another job name, or of settings that differ
+from this run's, is a :class:`~edl_argo.errors.ConfigError` naming the file and what differs; an unreadable
+snapshot, a missing segment, or an unreadable segment followed by others a
+:class:`~edl_argo.errors.DataFormatError` naming it. An unreadable *last* segment is a save that never
+completed (no worker was answered on it): it is left out, logged as ``master_state_segment_ignored``. The
+master removes the state once the model is published (or the job failed for good), so a finished job never
+restores.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ import grpc
 
 from edl_argo.errors import ConfigError, DataFormatError, StorageError
 from edl_argo.log import get_logger
+from edl_argo.master import state_log
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.failover import STATE_PARTS
 from edl_argo.master.servicer import MasterServicer
@@ -54,10 +69,17 @@ from edl_argo.storage.local import LocalStorage
 
 log = get_logger(__name__)
 
-#: Where the state lives, relative to the job's ``--output``.
+#: Where the state's snapshot lives, relative to the job's ``--output``; its segments below LOG_PREFIX.
 STATE_KEY = "master/state.json"
+LOG_PREFIX = "master/state-log/"
+#: A save compacts after this many segments (a restore reads at most this many) or once the segments hold
+#: more bytes than the snapshot and at least COMPACT_MIN_BYTES.
+COMPACT_SEGMENTS = 500
+COMPACT_MIN_BYTES = 1 << 20
 #: Where the job's secret lives when the pod backend does not keep it (the local backend), beside the state.
 SECRET_KEY = "master/job-secret"
+#: How long :meth:`MasterStateStore.wait_for_compaction` waits by default, at most.
+COMPACTION_JOIN_SECONDS = 60.0
 #: Version of the state file's layout; a file of another version is not restored.
 STATE_FORMAT = 1
 #: The :class:`~edl_argo.master.config.TrainConfig` fields a job cannot change while it runs: how tasks
@@ -95,6 +117,17 @@ def commit_wait_seconds(rpc_timeout_seconds: float) -> float:
     return min(COMMIT_WAIT_SECONDS, rpc_timeout_seconds / 2)
 
 
+def segment_key(number: int) -> str:
+    """The key of segment ``number`` of the state's log."""
+    return f"{LOG_PREFIX}{number:012d}.json"
+
+
+def _segment_number(key: str) -> int | None:
+    name = key[len(LOG_PREFIX) :]
+    stem = name.removesuffix(".json")
+    return int(stem) if key.startswith(LOG_PREFIX) and stem.isdigit() and name.endswith(".json") else None
+
+
 def job_fingerprint(
     config: TrainConfig, training_shards: Mapping[str, int], validation_shards: Mapping[str, int]
 ) -> dict[str, Any]:
@@ -107,6 +140,10 @@ def job_fingerprint(
     return fingerprint
 
 
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
 def _json(value: Any) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
@@ -117,21 +154,33 @@ def _digest(shards: Mapping[str, int]) -> str:
 
 
 class MasterStateStore:
-    """Reads, writes and removes the state of job ``job_name`` at :data:`STATE_KEY` of ``storage``."""
+    """Reads, writes and removes the state of job ``job_name`` in ``storage``: a snapshot at
+    :data:`STATE_KEY` and the segments that follow it (see the module docstring). :meth:`save` is called
+    from one thread at a time (the :class:`GroupCommit` thread)."""
 
     def __init__(self, storage: Storage, job_name: str, fingerprint: Mapping[str, Any]) -> None:
         self.storage = storage
         self.job_name = job_name
         self.fingerprint = json.loads(json.dumps(fingerprint))  # as it reads back
         self.url = storage.describe(STATE_KEY)
+        self._base: Mapping[str, Any] | None = None  # the state as last saved: what the next segment changes
+        self._next_segment = 0
+        self._segments_since_snapshot = 0
+        self._segment_bytes = 0
+        self._snapshot_bytes = 0
+        self._compactor: threading.Thread | None = None
+        self._compaction_lock = threading.Lock()
+        self._removed = False
+        self.compactions = 0
+        """How many snapshots this store wrote (for logs and tests)."""
 
     def load(self) -> dict[str, Any] | None:
         """The saved state of this job (every part of :data:`STATE_PARTS`), or None if there is none.
 
         Raises:
             ConfigError: the state is of another job name, or of different settings.
-            DataFormatError: the file is not a state this version can read.
-            StorageError: the file cannot be read.
+            DataFormatError: the snapshot or a segment is not a state this version can read.
+            StorageError: the state cannot be read.
         """
         if not self.storage.exists(STATE_KEY):
             return None
@@ -163,10 +212,43 @@ class MasterStateStore:
                 " rerun it with the same settings to continue it, or delete the file (or choose another"
                 " --output) to start it afresh"
             )
+        log_info = state.pop("log", None)
+        if log_info is not None:  # a snapshot saved before the log existed has no segments
+            try:
+                first = int(log_info["next"])
+            except (KeyError, TypeError, ValueError):
+                raise self.corrupt(f"log {log_info!r}") from None
+            self._apply_segments(state, first)
         return state
 
+    def _apply_segments(self, state: dict[str, Any], first: int) -> None:
+        """Apply the segments numbered ``first`` on to ``state``, in order (see the module docstring)."""
+        numbers = sorted(
+            n for info in self.storage.list(LOG_PREFIX) if (n := _segment_number(info.key)) is not None
+        )
+        self._next_segment = max([first - 1, *numbers]) + 1
+        following = [n for n in numbers if n >= first]
+        for position, number in enumerate(following):
+            key = segment_key(number)
+            if number != first + position:
+                raise self.corrupt(f"segment {first + position} of its log is missing ({key} follows)")
+            try:
+                segment = json.loads(self.storage.read(key))
+                if segment.get("segment") != number:
+                    raise ValueError(f"it says it is segment {segment.get('segment')!r}")
+                state_log.apply(state, segment["patch"])
+            except (ValueError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as error:
+                if position == len(following) - 1:  # the last: a save that never completed
+                    log.warning(
+                        "master_state_segment_ignored", segment=self.storage.describe(key), error=str(error)
+                    )
+                    return
+                raise self.corrupt(f"segment {self.storage.describe(key)}: {error}") from None
+
     def save(self, parts: Mapping[str, Any]) -> None:
-        """Atomically replace the state by ``parts`` (every part of :data:`STATE_PARTS`)."""
+        """Save ``parts`` (every part of :data:`STATE_PARTS`): a segment of what changed since the last
+        save, or a new snapshot (see the module docstring). A save that raises left the saved state as it
+        was before it (the next save covers its changes too)."""
         state = {
             "format": STATE_FORMAT,
             "job_name": self.job_name,
@@ -174,12 +256,87 @@ class MasterStateStore:
             "saved_at": time.time(),
             **parts,
         }
-        self.storage.write(STATE_KEY, json.dumps(state, separators=(",", ":")).encode())
+        if self._base is None:
+            self._first_snapshot(state)
+            return
+        number = self._next_segment
+        data = _dumps({"segment": number, "patch": state_log.diff(self._base, state)})
+        self.storage.write(segment_key(number), data)
+        self._base = state
+        self._next_segment = number + 1
+        self._segments_since_snapshot += 1
+        self._segment_bytes += len(data)
+        due = self._segments_since_snapshot >= COMPACT_SEGMENTS or self._segment_bytes > max(
+            COMPACT_MIN_BYTES, self._snapshot_bytes
+        )
+        if due and (self._compactor is None or not self._compactor.is_alive()):
+            self._segments_since_snapshot, self._segment_bytes = 0, 0
+            self._compactor = threading.Thread(
+                target=self._compact, args=(state, number + 1), name="master-state-compaction", daemon=True
+            )
+            self._compactor.start()
+
+    def _first_snapshot(self, state: Mapping[str, Any]) -> None:
+        """This store's first save: a snapshot numbered past any segment an earlier run left."""
+        numbers = [
+            n for info in self.storage.list(LOG_PREFIX) if (n := _segment_number(info.key)) is not None
+        ]
+        self._next_segment = max([self._next_segment - 1, *numbers]) + 1
+        data = _dumps({**state, "log": {"next": self._next_segment}})
+        with self._compaction_lock:
+            self._removed = False
+            self.storage.write(STATE_KEY, data)
+        self._base = state
+        self._segments_since_snapshot = self._segment_bytes = 0
+        self._snapshot_bytes = len(data)
+        self.compactions += 1
+        self._delete_segments(self._next_segment)
+
+    def _compact(self, state: Mapping[str, Any], following: int) -> None:
+        """Write ``state`` (saved up to segment ``following - 1``) as the snapshot, then delete the
+        segments it replaces; on the compaction thread, so that no save waits for it. A failure is logged
+        and changes nothing: the snapshot before and the segments since still hold the state, and the next
+        save that finds a compaction due tries again."""
+        try:
+            data = _dumps({**state, "log": {"next": following}})
+            with self._compaction_lock:
+                if self._removed:
+                    return
+                self.storage.write(STATE_KEY, data)
+        except StorageError as error:
+            log.warning("master_state_compaction_failed", error=str(error))
+            self._segments_since_snapshot = COMPACT_SEGMENTS  # due again at the next save
+            return
+        self._snapshot_bytes = len(data)
+        self.compactions += 1
+        self._delete_segments(following)
+
+    def wait_for_compaction(self, timeout: float = COMPACTION_JOIN_SECONDS) -> bool:
+        """Wait (at most ``timeout`` seconds) for a compaction in progress; whether none is left."""
+        if self._compactor is not None:
+            self._compactor.join(timeout)
+        return self._compactor is None or not self._compactor.is_alive()
+
+    def _delete_segments(self, below: int | None) -> None:
+        """Delete the log's segments numbered below ``below`` (None: all); a failure is logged, and the
+        next compaction deletes what this one left."""
+        try:
+            for info in self.storage.list(LOG_PREFIX):
+                number = _segment_number(info.key)
+                if number is not None and (below is None or number < below):
+                    self.storage.delete(info.key)
+        except StorageError as error:
+            log.warning("master_state_sweep_failed", error=str(error))
 
     def remove(self) -> None:
-        """Delete the state and the job's secret (the job is over); deleting none is fine."""
+        """Delete the state (snapshot and segments) and the job's secret (the job is over); deleting none
+        is fine."""
+        with self._compaction_lock:  # a compaction still running writes nothing after this
+            self._removed = True
         self.storage.delete(STATE_KEY)
+        self._delete_segments(None)
         self.storage.delete(SECRET_KEY)
+        self._base = None
 
     def load_secret(self) -> JobSecret | None:
         """The job secret an earlier master of this job saved with :meth:`save_secret`, or None."""

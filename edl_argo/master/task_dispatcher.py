@@ -223,6 +223,12 @@ class _Running:
     task: Task
     worker_id: int
     started: float
+    saved: dict[str, Any] | None = None  # its snapshot entry, made once (it never changes)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.saved is None:
+            self.saved = {"task": self.task.to_json(), "worker_id": self.worker_id, "started": self.started}
+        return self.saved
 
 
 _Range = tuple[str, int, int, int, int]
@@ -250,6 +256,18 @@ def _cut(shards: Mapping[str, int], records_per_task: int, epoch: int, model_ver
         if len(ranges) > first:
             ranges[-1] = (shard, starts[-1], size, epoch, model_version)
     return ranges
+
+
+def held_tasks(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The held tasks of a :meth:`TaskDispatcher.snapshot`, each ``{"task", "worker_id", "age"}`` (seconds
+    held when it was taken), from a snapshot of this version or of one before ``held`` existed."""
+    if "held" not in snapshot:
+        return list(snapshot["doing"])
+    now = float(snapshot["clock"])
+    return [
+        {"task": entry["task"], "worker_id": entry["worker_id"], "age": now - float(entry["started"])}
+        for entry in snapshot["held"].values()
+    ]
 
 
 class TaskDispatcher:
@@ -298,6 +316,9 @@ class TaskDispatcher:
         self._doing: dict[int, _Running] = {}
         self._doing_by_type: dict[TaskType, dict[int, _Running]] = {t: {} for t in TaskType}
         self._held: dict[int, dict[int, None]] = {}
+        self._saved_doing: dict[
+            str, dict[str, Any]
+        ] = {}  # what snapshot() saves of _doing, kept as it changes
         self._failures: dict[int, int] = {}
         # Task id -> (worker, error) of the last model error reported for it (see report()).
         self._model_errors: dict[int, tuple[int, str]] = {}
@@ -544,26 +565,34 @@ class TaskDispatcher:
     def snapshot(self) -> dict[str, Any]:
         """The whole state as JSON-serialisable data; :meth:`restore` is its inverse.
 
-        Held tasks are saved with their age (seconds held so far) instead of a clock reading, so the
-        snapshot means the same thing to a master with another clock.
+        Its size follows the tasks held, requeued and failing, not the tasks of an epoch or of the job, and
+        what changes between two snapshots is what changed in between (a state saved after every change
+        saves only that: :mod:`edl_argo.master.state_log`): the training tasks not handed out yet are saved
+        as how many of the current epoch's are left (``fresh_training``; the epoch's order is cut again from
+        the shards and the seed on restore; the shard table is shared, not copied: it never changes), held
+        tasks (``held``, by id) with the clock reading of their
+        start and the snapshot's own (``clock``), so that their age means the same to a master with another
+        clock (:func:`held_tasks` reads them back as ages).
         """
         with self._lock:
-            now = self._clock()
             return {
                 "format": SNAPSHOT_FORMAT,
                 "config": dataclasses.asdict(self._config),
-                "training_shards": dict(self._shards),
+                "training_shards": self._shards,
                 "epochs_created": self._epochs_created,
                 "next_task_id": self._next_task_id,
                 "requeued": {t.value: [task.to_json() for task in q] for t, q in self._requeued.items()},
-                "fresh": {t.value: [list(r) for r in q] for t, q in self._fresh.items()},
-                "doing": [
-                    {"task": r.task.to_json(), "worker_id": r.worker_id, "age": now - r.started}
-                    for r in self._doing.values()
-                ],
+                "fresh": {
+                    t.value: [list(r) for r in q]
+                    for t, q in self._fresh.items()
+                    if t is not TaskType.TRAINING
+                },
+                "fresh_training": len(self._fresh[TaskType.TRAINING]),
+                "clock": self._clock(),
+                "held": dict(self._saved_doing),
                 "failures": {str(task_id): n for task_id, n in self._failures.items()},
                 "model_errors": {str(task_id): list(seen) for task_id, seen in self._model_errors.items()},
-                "durations": {t.value: list(d) for t, d in self._durations.items()},
+                "durations": {t.value: self._saved_durations(t) for t in TaskType},
                 "tasks_created": {t.value: n for t, n in self._tasks_created.items()},
                 "tasks_done": {t.value: n for t, n in self._tasks_done.items()},
                 "tasks_failed": {t.value: n for t, n in self._tasks_failed.items()},
@@ -620,11 +649,19 @@ class TaskDispatcher:
             self._next_task_id = int(snapshot["next_task_id"])
             for t in TaskType:
                 self._requeued[t].extend(Task.from_json(data) for data in snapshot["requeued"][t.value])
-                self._fresh[t].extend(
-                    (str(shard), int(start), int(end), int(epoch), int(version))
-                    for shard, start, end, epoch, version in snapshot["fresh"][t.value]
-                )
-                self._durations[t].extend(float(d) for d in snapshot["durations"][t.value])
+                if t is TaskType.TRAINING and "fresh_training" in snapshot:
+                    left = int(snapshot["fresh_training"])
+                    ranges = self._epoch_ranges(self._epochs_created - 1) if left else []
+                    self._fresh[t].extend(ranges[len(ranges) - left :])
+                else:
+                    self._fresh[t].extend(
+                        (str(shard), int(start), int(end), int(epoch), int(version))
+                        for shard, start, end, epoch, version in snapshot["fresh"][t.value]
+                    )
+                durations = snapshot["durations"][t.value]
+                if isinstance(durations, Mapping):  # by success number (see snapshot)
+                    durations = [durations[k] for k in sorted(durations, key=int)]
+                self._durations[t].extend(float(d) for d in durations)
                 self._tasks_created[t] = int(snapshot["tasks_created"][t.value])
                 self._tasks_done[t] = int(snapshot["tasks_done"][t.value])
                 self._tasks_failed[t] = int(snapshot.get("tasks_failed", {}).get(t.value, 0))  # newer than 1
@@ -639,7 +676,7 @@ class TaskDispatcher:
             self._evaluations_pending = {int(k): int(n) for k, n in snapshot["evaluations_pending"].items()}
             if snapshot["failure"] is not None:
                 self._failure = JobFailedError(snapshot["failure"])
-            doing = sorted(snapshot["doing"], key=lambda entry: -float(entry["age"]))  # oldest first
+            doing = sorted(held_tasks(snapshot), key=lambda entry: -float(entry["age"]))  # oldest first
             for entry in doing:
                 self._start(Task.from_json(entry["task"]), int(entry["worker_id"]), now - float(entry["age"]))
             orphans = [r for r in self._doing.values() if r.worker_id not in live_workers]
@@ -652,13 +689,29 @@ class TaskDispatcher:
         self._records_done.setdefault(epoch, 0)
         log.info("epoch_started", epoch=epoch, tasks=created, records=self._records_per_epoch)
 
+    def _saved_durations(self, task_type: TaskType) -> dict[str, float]:
+        """The recent durations of ``task_type`` by the number of the success that took them (milliseconds
+        kept), so that a snapshot after one more success differs from the one before by one added and one
+        dropped."""
+        durations = self._durations[task_type]
+        first = self._tasks_done[task_type] - len(durations)
+        return {str(first + i): round(d, 3) for i, d in enumerate(durations)}
+
+    def _epoch_ranges(self, epoch: int) -> list[_Range]:
+        """The training ranges of ``epoch``, in the order they are handed out (the same every time)."""
+        ranges = _cut(self._shards, self._config.records_per_task, epoch, -1)
+        if self._config.shuffle:
+            random.Random(f"edl-argo/{self._config.seed}/{epoch}").shuffle(ranges)
+        return ranges
+
     def _add_tasks(
         self, task_type: TaskType, shards: Mapping[str, int], epoch: int, model_version: int
     ) -> int:
         """Append the ranges of ``shards`` to the todo queue of ``task_type``; return how many."""
-        ranges = _cut(shards, self._config.records_per_task, epoch, model_version)
-        if task_type is TaskType.TRAINING and self._config.shuffle:
-            random.Random(f"edl-argo/{self._config.seed}/{epoch}").shuffle(ranges)
+        if task_type is TaskType.TRAINING:
+            ranges = self._epoch_ranges(epoch)
+        else:
+            ranges = _cut(shards, self._config.records_per_task, epoch, model_version)
         self._fresh[task_type].extend(ranges)
         if task_type is not TaskType.TRAINING:  # training totals are known up front
             self._tasks_created[task_type] += len(ranges)
@@ -681,11 +734,13 @@ class TaskDispatcher:
     def _start(self, task: Task, worker_id: int, started: float) -> None:
         running = _Running(task, worker_id, started)
         self._doing[task.task_id] = running
+        self._saved_doing[str(task.task_id)] = running.to_json()
         self._doing_by_type[task.type][task.task_id] = running
         self._held.setdefault(worker_id, {})[task.task_id] = None
 
     def _stop(self, task_id: int) -> _Running:
         running = self._doing.pop(task_id)
+        del self._saved_doing[str(task_id)]
         del self._doing_by_type[running.task.type][task_id]
         held = self._held[running.worker_id]
         del held[task_id]

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 #: The repository root (the benchmarks run from there, as ``python -m tests.bench.run``).
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,6 +128,43 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` now, bytes (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def start_announcing_child(
+    module: str, args: Sequence[str], log: IO[bytes], *, what: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], list[str]]:
+    """Run ``python -m module *args`` in a session of its own (its output after the first line to ``log``)
+    and return it with the words of the first line it prints, which must start with ``PORT`` (e.g.
+    ``PORT 4711``); killed, with a RuntimeError naming ``what``, if it does not."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=env or child_env(),
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    words = process.stdout.readline().decode().split()
+    if len(words) < 2 or words[0] != "PORT":
+        kill_group(process)
+        raise RuntimeError(f"the {what} did not start (see {log.name})")
+    return process, words[1:]
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -21,9 +21,7 @@ pair; on two cores, their sum near 2 × 10⁶ / pairs/s means the machine, not w
 from __future__ import annotations
 
 import argparse
-import os
 import resource
-import subprocess
 import sys
 import threading
 import time
@@ -36,7 +34,16 @@ import grpc
 
 from edl_argo.proto import master_pb2, master_pb2_grpc, tensor_pb2
 from edl_argo.rpc.channel import make_channel, make_server
-from tests.bench.common import ROOT, BenchContext, BenchResult, Goal, Stat, child_env, kill_group, ratio_stat
+from tests.bench.common import (
+    BenchContext,
+    BenchResult,
+    Goal,
+    Stat,
+    kill_group,
+    process_cpu_seconds,
+    ratio_stat,
+    start_announcing_child,
+)
 
 GOAL_PAIRS_PER_S = 2000.0
 _TRIVIAL_METHOD = "/edl_bench.Trivial/Call"
@@ -78,26 +85,14 @@ class ServerProcess:
 
     def __init__(self, kind: str, log: IO[bytes]) -> None:
         self.kind = kind
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.dispatch", "--serve", kind],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            cwd=ROOT,
-            env=child_env(),
-            start_new_session=True,
+        self.process, words = start_announcing_child(
+            "tests.bench.dispatch", ["--serve", kind], log, what=f"{kind} server"
         )
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline().decode().split()
-        if len(line) != 2 or line[0] != "PORT":
-            kill_group(self.process)
-            raise RuntimeError(f"the {kind} server did not start (see {log.name})")
-        self.address = f"127.0.0.1:{line[1]}"
+        self.address = f"127.0.0.1:{words[0]}"
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the server process has used so far (Linux ``/proc``)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.process.pid)
 
     def close(self) -> None:
         kill_group(self.process)

@@ -42,6 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from edl_argo import log
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
+from edl_argo.master.task_dispatcher import held_tasks
 from edl_argo.pods import LocalProcessBackend, PodRole
 from edl_argo.storage import open_storage
 from edl_argo.storage.base import join_url
@@ -663,7 +664,7 @@ def hung_worker(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> T
         dispatcher = trial.job.dispatcher
 
         def holds_a_task(worker: int) -> bool:
-            return any(entry["worker_id"] == worker for entry in dispatcher.snapshot()["doing"])
+            return any(entry["worker_id"] == worker for entry in held_tasks(dispatcher.snapshot()))
 
         worker = trial.signal_worker(signal.SIGSTOP, holds_a_task)
         trial.fault(f"SIGSTOP worker-{worker}")
