@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edl_argo.errors import ConfigError, DataFormatError, StorageError
+from edl_argo.errors import ConfigError, DataFormatError, EdlError, StorageError
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.failover import STATE_PARTS
@@ -395,9 +395,13 @@ def train_command(data: Path, output: Path, *flags: str) -> list[str]:
 
 
 def saved_state(output: Path) -> dict[str, Any] | None:
+    """The state the master of the job writing to ``output`` saved (its snapshot with the segments since
+    applied, as a restarted master reads it), or None if there is none or it is being rewritten."""
     try:
-        return json.loads((output / STATE_KEY).read_text())
-    except FileNotFoundError:
+        snapshot = json.loads((output / STATE_KEY).read_text())
+        store = MasterStateStore(LocalStorage(output), snapshot["job_name"], snapshot["fingerprint"])
+        return store.load()
+    except (OSError, ValueError, KeyError, EdlError):  # a compaction replaced what was listed: read again
         return None
 
 
