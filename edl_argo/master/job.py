@@ -207,7 +207,17 @@ class TrainingJob:
         """Read the job's parts (model, datasets, saved state: :func:`load_job_parts`), establish its
         secret (:func:`establish_job_secret`) and build it; ``backend``: where pods run (default:
         ``config.backend``'s)."""
-        parts = load_job_parts(config)  # a corrupt state fails here, before any backend or pod exists
+        # A local backend comes first, so that its pod template (edl_argo.pods.prefork) imports TensorFlow
+        # while this process reads the job's parts; it has no pod yet, and is closed if they fail.
+        early = backend is None and config.backend != "kubernetes"
+        if early:
+            backend = default_backend(config)
+        try:
+            parts = load_job_parts(config)  # a corrupt state fails here, before any pod exists
+        except BaseException:
+            if early and backend is not None:
+                backend.close()
+            raise
         tls = load_tls_dir(config.tls_dir) if config.tls_dir else None
         backend = backend or default_backend(config)
         if config.kubernetes is not None and config.kubernetes.tls_secret:

@@ -135,9 +135,12 @@ def sample_batch(config: TrainConfig, spec: ModelSpec, data: OpenedDataset, mode
 
 
 def default_backend(config: TrainConfig) -> PodBackend:
-    """Local processes, or with ``--backend kubernetes`` pods of the cluster."""
+    """Local processes (whose pod template starts at once, in the background), or with ``--backend
+    kubernetes`` pods of the cluster."""
     if config.backend != "kubernetes":
-        return LocalProcessBackend(config.job_name, host=pod_host())
+        local = LocalProcessBackend(config.job_name, host=pod_host())
+        local.start_pod_template()
+        return local
     if config.kubernetes is None:
         raise ConfigError("--backend kubernetes needs its settings (TrainConfig.kubernetes)")
     from edl_argo.pods.kubernetes import KubernetesBackend  # the client is slow to import: only when used

@@ -77,7 +77,13 @@ from edl_argo.pods.base import (
     pod_name,
 )
 from edl_argo.pods.event_queue import EventQueue
-from edl_argo.pods.prefork import ForkRequest, PodTemplate, prefork_enabled, wait_exit_pipe
+from edl_argo.pods.prefork import (
+    ForkRequest,
+    PodTemplate,
+    prefork_enabled,
+    template_program,
+    wait_exit_pipe,
+)
 from edl_argo.pods.supervisor import EXIT_FILE, SUPERVISOR_FILE
 from edl_argo.rpc.auth import CREDENTIAL_ENV
 from edl_argo.run_dir import run_dir
@@ -281,6 +287,13 @@ class LocalProcessBackend(PodBackend):
         self._queue.close()
         with contextlib.suppress(OSError):  # other backends of the job may still have pods there
             self.pods_dir.rmdir()
+
+    def start_pod_template(self) -> None:
+        """Start the pod template (:mod:`edl_argo.pods.prefork`) now, in the background, rather than with
+        the first pod: it imports TensorFlow while this process does other work (a master reading its
+        job's parts). A no-op when the template is switched off, running, or failed."""
+        if self._template.serves(template_program()):
+            _spawn(self._template.warm_up, "pod-template-start")
 
     # -- tests and chaos ---------------------------------------------------------------------------
 

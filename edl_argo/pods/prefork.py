@@ -175,6 +175,7 @@ class PodTemplate:
         self._process: subprocess.Popen[bytes] | None = None
         self._channel: socket.socket | None = None
         self._stderr: IO[bytes] | None = None
+        self._ready = False
 
     def serves(self, program: str) -> bool:
         """Whether a pod running ``program`` (a path) is offered to the template (it may still answer
@@ -229,9 +230,13 @@ class PodTemplate:
 
     def close(self) -> None:
         """Stop the template (its pods keep running): close its socket, wait at most :data:`STOP_SECONDS`,
-        then kill it."""
+        then kill it. One still importing is killed at once (its start, in another thread, then fails
+        without a word)."""
+        self._usable = False
+        booting = self._process  # set before a start waits for the template to be ready
+        if booting is not None and self._channel is not None and not self._ready:
+            booting.kill()
         with self._lock:
-            self._usable = False
             self._stop()
 
     # -- internals (with the lock held) ----------------------------------------------------------------
@@ -257,10 +262,13 @@ class PodTemplate:
             )
         finally:
             theirs.close()
+        if not self._usable:
+            raise TemplateError("the backend closed")
         started = time.monotonic()
         reply = json.loads(_receive(mine, BOOT_SECONDS, what="the pod template to be ready"))
         if "error" in reply:
             raise TemplateError(str(reply["error"]))
+        self._ready = True
         seconds = round(time.monotonic() - started, 2)
         log.info("pod_template_ready", job=self.job_name, pid=self._process.pid, seconds=seconds)
 
