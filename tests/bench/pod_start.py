@@ -7,12 +7,15 @@ Each trial runs ``edl-argo train`` (a program of its own, as a user runs it) on 
 workers, 1 PS: :data:`tests.engine_helpers.DIGITS_JOB`) with ``EDL_STEP_TRACE`` set, and times from
 starting the program to the first line a worker appends to its step trace (written when its first
 minibatch's update is applied: :mod:`edl_argo.worker.step_trace`); the job is then stopped (SIGTERM). The
-two ways alternate, so both see the same machine. Prints every trial and the median of each way.
+two ways alternate, so both see the same machine. Prints every trial (with when the master had read the
+job's parts, the template was ready, the first pod started, and the machine's load average) and the median
+of each way.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import signal
 import statistics
@@ -51,6 +54,23 @@ def train_command(data: Path, output: Path, job_name: str) -> list[str]:
     return command
 
 
+#: Events of the master's log whose first occurrence :func:`milestones` times.
+MILESTONES = {"job_started": "parts read", "pod_template_ready": "template ready", "pod_started": "first pod"}
+
+
+def milestones(master_log: Path, started: float) -> dict[str, float]:
+    """Seconds from ``started`` (a ``time.time()``) to the first line of each of :data:`MILESTONES` in the
+    master's log (its lines start with an ISO time in UTC)."""
+    found: dict[str, float] = {}
+    for line in master_log.read_text(errors="replace").splitlines():
+        words = line.split()
+        if len(words) < 4 or words[3] not in MILESTONES or MILESTONES[words[3]] in found:
+            continue
+        moment = datetime.datetime.fromisoformat(words[0].replace("Z", "+00:00")).timestamp()
+        found[MILESTONES[words[3]]] = moment - started
+    return found
+
+
 def seconds_to_first_step(data: Path, folder: Path, prefork: bool) -> float:
     """Run the job once (in ``folder``) and time it to its first step (see the module docstring)."""
     trace = folder / "trace"
@@ -60,7 +80,7 @@ def seconds_to_first_step(data: Path, folder: Path, prefork: bool) -> float:
     env[PREFORK_ENV] = "1" if prefork else "0"
     job_name = f"pod-start-{'fork' if prefork else 'exec'}-{folder.name}"
     with open(folder / "master.log", "wb") as log:
-        started = time.monotonic()
+        started, wall_clock = time.monotonic(), time.time()
         master = subprocess.Popen(
             train_command(data, folder / "output", job_name),
             env=env,
@@ -75,7 +95,14 @@ def seconds_to_first_step(data: Path, folder: Path, prefork: bool) -> float:
                 if time.monotonic() - started > FIRST_STEP_DEADLINE_SECONDS:
                     raise RuntimeError(f"no step within {FIRST_STEP_DEADLINE_SECONDS:g} s")
                 time.sleep(0.01)
-            return time.monotonic() - started
+            seconds = time.monotonic() - started
+            shown = ", ".join(
+                f"{name} {at:.2f}" for name, at in milestones(folder / "master.log", wall_clock).items()
+            )
+            print(
+                f"  ({shown}, first step {seconds:.2f} s; load average {os.getloadavg()[0]:.1f})", flush=True
+            )
+            return seconds
         finally:
             master.send_signal(signal.SIGTERM)
             try:
