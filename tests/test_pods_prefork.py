@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -257,7 +258,10 @@ def test_the_template_dies_with_its_master_and_a_new_backend_adopts_its_pods(
     assert not pods_dir.exists()
 
 
-def test_a_dead_template_makes_the_next_pods_start_with_exec(probe: Path, tmp_path: Path) -> None:
+def test_a_dead_template_makes_the_next_pods_start_with_exec(
+    probe: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="edl_argo.pods.prefork")
     sink = io.StringIO()
     others = set(live_children())
     with LocalProcessBackend("dead-template", log_sink=sink, pods_dir=tmp_path / "pods") as backend:
@@ -272,6 +276,8 @@ def test_a_dead_template_makes_the_next_pods_start_with_exec(probe: Path, tmp_pa
         assert [terminal(events, f"worker-{i}").exit_code for i in range(2)] == [0, 0]
         assert not forked(report(tmp_path / "second.json"))
         assert backend._template.pid is None
+    (said,) = [r for r in caplog.records if r.getMessage() == "pod_template_unavailable"]
+    assert said.fields["consequence"] == "pods start with exec"  # type: ignore[attr-defined]
     assert set(live_children()) - others == set()
 
 
