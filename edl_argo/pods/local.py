@@ -80,12 +80,11 @@ from edl_argo.pods.event_queue import EventQueue
 from edl_argo.pods.prefork import (
     ForkRequest,
     PodTemplate,
+    pod_base_environment,
     prefork_enabled,
-    template_program,
     wait_exit_pipe,
 )
 from edl_argo.pods.supervisor import EXIT_FILE, SUPERVISOR_FILE
-from edl_argo.rpc.auth import CREDENTIAL_ENV
 from edl_argo.run_dir import run_dir
 
 log = get_logger(__name__)
@@ -151,6 +150,8 @@ class LocalProcessBackend(PodBackend):
         host: the host part of PS addresses.
         pods_dir: the folder of the job's pod folders (default ``<run dir>/pods/<job_name>``); a
             backend adopts the pods found there.
+        pod_template: the template to fork pods from (default: one started with the first ``edl-argo``
+            pod, unless :data:`~edl_argo.pods.prefork.PREFORK_ENV` switches it off); the backend closes it.
 
     A pod's environment is this process's environment, then ``PYTHONUNBUFFERED=1`` unless already set
     (so Python pods' logs arrive as they are written), then ``spec.env``, then ``EDL_POD_NAME``,
@@ -168,6 +169,7 @@ class LocalProcessBackend(PodBackend):
         log_sink: TextIO | None = None,
         host: str = "127.0.0.1",
         pods_dir: Path | None = None,
+        pod_template: PodTemplate | None = None,
     ) -> None:
         self.job_name = job_name
         self.host = host
@@ -180,7 +182,9 @@ class LocalProcessBackend(PodBackend):
         self._waiters: set[threading.Thread] = set()
         self._queue = EventQueue()
         self._closed = False
-        self._template = PodTemplate(job_name, self._base_environment, enabled=prefork_enabled(os.environ))
+        self._template = pod_template or PodTemplate(
+            job_name, pod_base_environment, enabled=prefork_enabled(os.environ)
+        )
 
     # -- PodBackend ------------------------------------------------------------------------------
 
@@ -288,13 +292,6 @@ class LocalProcessBackend(PodBackend):
         with contextlib.suppress(OSError):  # other backends of the job may still have pods there
             self.pods_dir.rmdir()
 
-    def start_pod_template(self) -> None:
-        """Start the pod template (:mod:`edl_argo.pods.prefork`) now, in the background, rather than with
-        the first pod: it imports TensorFlow while this process does other work (a master reading its
-        job's parts). A no-op when the template is switched off, running, or failed."""
-        if self._template.serves(template_program()):
-            _spawn(self._template.warm_up, "pod-template-start")
-
     # -- tests and chaos ---------------------------------------------------------------------------
 
     def pause(self, role: PodRole, pod_id: int) -> None:
@@ -323,17 +320,11 @@ class LocalProcessBackend(PodBackend):
 
     # -- internals -----------------------------------------------------------------------------------
 
-    def _base_environment(self) -> dict[str, str]:
-        """Every pod's environment before its own variables: this process's, without its credentials."""
-        env = {name: value for name, value in os.environ.items() if name not in CREDENTIAL_ENV}
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
-
     def _launch(self, pod: _LocalPod) -> None:
         """Create the pod's folder and start its supervisor, forked by the template if it takes the pod,
         else with exec; OSError if the command cannot run. Sets ``pgid`` and ``process`` or ``exit_pipe``."""
         spec, folder = pod.spec, pod.folder
-        env = self._base_environment()
+        env = pod_base_environment()
         env.update(spec.env)
         env.update(
             EDL_POD_NAME=spec.name,

@@ -58,6 +58,7 @@ from typing import IO, NoReturn
 
 from edl_argo.log import get_logger
 from edl_argo.pods.supervisor import supervise
+from edl_argo.rpc.auth import CREDENTIAL_ENV
 
 log = get_logger(__name__)
 
@@ -115,6 +116,15 @@ def is_import_time(name: str) -> bool:
 def import_time_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``environ`` that :func:`is_import_time` names."""
     return {name: value for name, value in environ.items() if is_import_time(name)}
+
+
+def pod_base_environment() -> dict[str, str]:
+    """Every local pod's environment before its own variables: this process's without its credentials
+    (:data:`~edl_argo.rpc.auth.CREDENTIAL_ENV`), with ``PYTHONUNBUFFERED=1`` unless it is set (so Python
+    pods' logs arrive as they are written). The template starts with it."""
+    env = {name: value for name, value in os.environ.items() if name not in CREDENTIAL_ENV}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
 
 
 def template_program() -> str:
@@ -192,6 +202,11 @@ class PodTemplate:
                 self._boot()
             except (OSError, TemplateError, ValueError) as error:
                 self._abandon(f"cannot start the pod template: {error}")
+
+    def start_in_background(self) -> None:
+        """:meth:`warm_up` in a thread of its own: the template imports while this process works on."""
+        if self._usable:
+            threading.Thread(target=self.warm_up, name="pod-template-start", daemon=True).start()
 
     def fork(self, request: ForkRequest) -> ForkedSupervisor | None:
         """Have the template start a pod; None if it answers "use exec" or has failed (then abandoned).
