@@ -41,6 +41,7 @@ the template off: every pod is started with ``exec``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -220,6 +221,12 @@ class PodTemplate:
             try:
                 try:
                     socket.send_fds(self._channel, [request.encode()], [write_end])
+                except OSError as error:
+                    if error.errno != errno.EMSGSIZE:
+                        raise
+                    log.debug("pod_template_declined", job=self.job_name, reason="the request is too large")
+                    os.close(read_end)
+                    return None
                 finally:
                     os.close(write_end)
                 reply = json.loads(_receive(self._channel, REQUEST_SECONDS))
@@ -232,7 +239,8 @@ class PodTemplate:
                     raise TemplateError(f"the supervisor it forked (pid {pid}) exited before it was ready")
                 return ForkedSupervisor(pid, read_end)
             except (OSError, TemplateError, ValueError, KeyError, TypeError) as error:
-                self._abandon(f"the pod template failed to start {request.argv[1:2]}: {error}")
+                command = " ".join(request.argv[1:2])
+                self._abandon(f"the pod template failed to start a pod ({command}): {error}")
                 _kill_stray_supervisor(read_end)
                 os.close(read_end)
                 return None
