@@ -4,14 +4,16 @@
 Started by :class:`edl_argo.pods.prefork.PodTemplate` as ``python -c ... FD``, FD being its end of the
 socket pair. It imports TensorFlow as a pod does (:func:`edl_argo.cli.quiet_native_logs`, then
 :func:`edl_argo.cli.import_tensorflow_for_a_pod`), gRPC and the pods' modules, stops OpenBLAS's threads,
-checks that it runs no other thread, says it is ready, and serves. A forked pod's command resets the signal
-dispositions of a new interpreter, takes its own environment, directory, ``sys.argv`` and NumPy random
-state, and runs :func:`edl_argo.cli.run_forked_pod`.
+checks that it runs no other thread, freezes its objects for the collector (``gc.freeze``), says it is
+ready, and serves. A forked pod's command resets the signal dispositions of a new interpreter, takes its
+own environment, directory, ``sys.argv`` and NumPy random state, and runs
+:func:`edl_argo.cli.run_forked_pod`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -54,6 +56,9 @@ def main() -> NoReturn:
         send_ready(channel, f"it runs {threads} threads once its modules are imported")
         os._exit(1)
     template = _Template(imported_with, set_by_imports)
+    # The imported modules' objects out of the collector's reach: a pod's collections then do not write to
+    # (and so copy) the pages it shares with the template.
+    gc.freeze()
     send_ready(channel)
     serve(channel, template.decline, template.run_command)
 
