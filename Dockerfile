@@ -22,6 +22,10 @@ COPY edl_argo /opt/edl-argo/edl_argo
 RUN python -m pip --python /opt/venv/bin/python install --no-deps /opt/edl-argo \
     && python -m pip --python /opt/venv/bin/python check \
     && rm -rf /opt/edl-argo/build /opt/edl-argo/*.egg-info
+# Every module's bytecode, compiled by the venv's own interpreter (pip compiles what it installs; this makes
+# sure of it): the image's processes run with PYTHONDONTWRITEBYTECODE, so a module without its .pyc would
+# be compiled again at every start of every step and pod.
+RUN /opt/venv/bin/python -m compileall -q -j 0 /opt/venv/lib
 
 FROM ${PYTHON_IMAGE}
 # The uid and gid of edl_argo.pods.manifests.RUN_AS_ID (the pods' and steps' runAsUser/runAsGroup).

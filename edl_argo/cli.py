@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Iterable, Sequence
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
 
 from edl_argo import __version__, log
@@ -56,11 +58,20 @@ def quiet_native_logs(log_level: str | None) -> None:
     (set by hand, or inherited from the master by a local pod, whose log level is the master's); it also
     decides which of the notices TensorFlow's import writes are kept (:mod:`edl_argo.native_logs`).
     """
-    level = (log_level or os.environ.get("EDL_LOG_LEVEL") or "INFO").upper()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if level == "DEBUG" else "2")
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = native_min_log_level(log_level, os.environ)
     # The level above does not reach the lines TensorFlow writes before absl's logging starts (on some
     # CPUs: oneDNN's notice, twice, with absl's preamble); those are filtered from the import's output.
     hide_notices_while_importing("tensorflow")
+
+
+def native_min_log_level(log_level: str | None, environ: Mapping[str, str]) -> str:
+    """The ``TF_CPP_MIN_LOG_LEVEL`` that :func:`quiet_native_logs` gives a process with this environment
+    and ``--log-level``: the environment's own, else ``0`` at DEBUG (``log_level``, else ``EDL_LOG_LEVEL``)
+    and ``2`` otherwise."""
+    if "TF_CPP_MIN_LOG_LEVEL" in environ:
+        return environ["TF_CPP_MIN_LOG_LEVEL"]
+    level = (log_level or environ.get("EDL_LOG_LEVEL") or "INFO").upper()
+    return "0" if level == "DEBUG" else "2"
 
 
 def import_tensorflow_for_a_pod() -> None:
@@ -81,7 +92,7 @@ def import_tensorflow_for_a_pod() -> None:
             del sys.modules["sklearn"]
 
 
-def _log_level_in(argv: Sequence[str]) -> str | None:
+def log_level_in(argv: Sequence[str]) -> str | None:
     """The value of ``--log-level`` in ``argv`` (any command's), without parsing the rest."""
     for i, arg in enumerate(argv):
         if arg == "--log-level" and i + 1 < len(argv):
@@ -91,7 +102,7 @@ def _log_level_in(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _command_in(argv: Sequence[str]) -> str | None:
+def command_in(argv: Sequence[str]) -> str | None:
     """The command ``argv`` names (its first word that is not an option), if any."""
     return next((a for a in argv if not a.startswith("-")), None)
 
@@ -121,8 +132,8 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    quiet_native_logs(_log_level_in(argv))
-    chosen = _command_in(argv)
+    quiet_native_logs(log_level_in(argv))
+    chosen = command_in(argv)
     parser = build_parser([chosen] if chosen in COMMANDS else [])
     args = parser.parse_args(argv)
     log.configure(getattr(args, "log_level", None))
@@ -151,9 +162,33 @@ POD_COMMANDS = frozenset({"worker", "ps"})
 def entry_point() -> NoReturn:
     """The ``edl-argo`` program: :func:`main`, then the exit (at once for :data:`POD_COMMANDS`)."""
     code = main()
-    if _command_in(sys.argv[1:]) in POD_COMMANDS:
+    if command_in(sys.argv[1:]) in POD_COMMANDS:
         exit_now(code)
     sys.exit(code)
+
+
+def run_forked_pod(argv: Sequence[str]) -> NoReturn:
+    """A pod command (``argv``: ``worker ...`` or ``ps ...``) in a process forked from the pod template
+    (:mod:`edl_argo.zygote`), ended as :func:`entry_point` ends it when it runs as its own program: the
+    command's status at once; for what escapes :func:`main`, what the interpreter would do (a
+    ``SystemExit``'s status, a traceback and 1, death by SIGINT for a ``KeyboardInterrupt``)."""
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    exit_now(code)
 
 
 if __name__ == "__main__":

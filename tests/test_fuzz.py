@@ -42,6 +42,7 @@ from edl_argo.collective.transport import (
     read_state,
 )
 from edl_argo.master.job import TrainingJob
+from edl_argo.pods import LocalProcessBackend
 from edl_argo.proto import collective_pb2, master_pb2, ps_pb2, tensor_pb2
 from edl_argo.rpc.auth import ADMIN_IDENTITY, JobSecret, pod_identity
 from edl_argo.rpc.channel import make_channel, make_server
@@ -55,7 +56,7 @@ from tests.engine_helpers import (
     read_metrics,
 )
 from tests.fuzz import harness
-from tests.fuzz.harness import FuzzReport, Method, find_processes, fuzz, rss_bytes
+from tests.fuzz.harness import FuzzReport, Method, fuzz, pod_processes, rss_bytes
 from tests.fuzz.messages import MessageFuzzer
 from tests.tcp_proxy import SilentProxy
 
@@ -158,7 +159,8 @@ def test_fuzzing_a_live_job_crashes_and_hangs_no_server_and_changes_nothing_it_t
     job = JobThread(TrainingJob.load(config)).start()
     job.wait_until(lambda: job.job.dispatcher.progress()[0] > 0, 600, "the first task done")
     ps_address = f"127.0.0.1:{job.job.ps_ports[0]}"
-    ps_pids = find_processes("ps", "--port", str(job.job.ps_ports[0]))
+    assert isinstance(job.job.backend, LocalProcessBackend)
+    ps_pids = pod_processes(job.job.backend.pods_dir, "ps-0")
     rss_before = sum(rss_bytes(pid) for pid in ps_pids)
     names = ["dense", "dense/kernel", "conv2d/kernel", "emb", "accuracy", "logits", ps_address]
     stop = threading.Event()

@@ -299,6 +299,18 @@ def test_the_package_goes_into_the_venv_on_the_path_without_build_tools_in_the_f
     assert any(i.keyword == "RUN" and f"venv --without-pip {VENV}" in i.arguments for i in instructions())
 
 
+def test_the_bytecode_of_every_module_is_compiled_in_the_image() -> None:
+    """The image runs with PYTHONDONTWRITEBYTECODE: what is not compiled at build time is compiled at every
+    start of every step and pod."""
+    compiles = [i for i in instructions() if i.keyword == "RUN" and "-m compileall" in i.arguments]
+    assert any(
+        f"{VENV}/bin/python -m compileall" in i.arguments and f"{VENV}/lib" in i.arguments for i in compiles
+    )
+    assert all(i.stage < max(j.stage for j in instructions()) for i in compiles)  # copied with the venv
+    env = " ".join(i.arguments for i in final_stage() if i.keyword == "ENV")
+    assert "PYTHONDONTWRITEBYTECODE=1" in env
+
+
 # -- the dependencies -----------------------------------------------------------------------------------
 
 

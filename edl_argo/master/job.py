@@ -34,7 +34,13 @@ from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.failover import MasterParts, own_checkpoint_series, state_to_save, take_over
-from edl_argo.master.job_parts import JobParts, default_backend, load_job_parts, sample_batch
+from edl_argo.master.job_parts import (
+    JobParts,
+    default_backend,
+    early_pod_template,
+    load_job_parts,
+    sample_batch,
+)
 from edl_argo.master.ledger import PsReport, TrainingLedger
 from edl_argo.master.metrics import (
     THROUGHPUT_WINDOW_SECONDS,
@@ -207,9 +213,17 @@ class TrainingJob:
         """Read the job's parts (model, datasets, saved state: :func:`load_job_parts`), establish its
         secret (:func:`establish_job_secret`) and build it; ``backend``: where pods run (default:
         ``config.backend``'s)."""
-        parts = load_job_parts(config)  # a corrupt state fails here, before any backend or pod exists
+        # A local job's pod template (edl_argo.pods.prefork) imports TensorFlow while this process reads
+        # the job's parts; it is stopped if they fail, and otherwise handed to the backend.
+        template = early_pod_template(config) if backend is None else None
+        try:
+            parts = load_job_parts(config)  # a corrupt state fails here, before any backend or pod exists
+        except BaseException:
+            if template is not None:
+                template.close()
+            raise
         tls = load_tls_dir(config.tls_dir) if config.tls_dir else None
-        backend = backend or default_backend(config)
+        backend = backend or default_backend(config, template)
         if config.kubernetes is not None and config.kubernetes.tls_secret:
             tls = backend.tls_secret(config.kubernetes.tls_secret)
         job_secret = establish_job_secret(config, parts, backend)

@@ -9,6 +9,7 @@ version), that ``--output`` is reachable, and what an earlier master of the job 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from edl_argo.master.state_store import MasterStateStore, job_fingerprint
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
+from edl_argo.pods.prefork import PodTemplate, pod_base_environment, prefork_enabled
 from edl_argo.readers import OpenedDataset, open_data, parse_data_options
 from edl_argo.storage import Storage, open_storage
 
@@ -134,10 +136,21 @@ def sample_batch(config: TrainConfig, spec: ModelSpec, data: OpenedDataset, mode
     return next(iter(make_batches(spec, records, data.schema, mode, num_records(records))))
 
 
-def default_backend(config: TrainConfig) -> PodBackend:
-    """Local processes, or with ``--backend kubernetes`` pods of the cluster."""
+def early_pod_template(config: TrainConfig) -> PodTemplate | None:
+    """For a local job, its backend's pod template, starting in the background now (None if it is
+    switched off, or the job's pods run on Kubernetes)."""
+    if config.backend == "kubernetes" or not prefork_enabled(os.environ):
+        return None
+    template = PodTemplate(config.job_name, pod_base_environment)
+    template.start_in_background()
+    return template
+
+
+def default_backend(config: TrainConfig, pod_template: PodTemplate | None = None) -> PodBackend:
+    """Local processes (with ``pod_template`` if given: :func:`early_pod_template`), or with ``--backend
+    kubernetes`` pods of the cluster."""
     if config.backend != "kubernetes":
-        return LocalProcessBackend(config.job_name, host=pod_host())
+        return LocalProcessBackend(config.job_name, host=pod_host(), pod_template=pod_template)
     if config.kubernetes is None:
         raise ConfigError("--backend kubernetes needs its settings (TrainConfig.kubernetes)")
     from edl_argo.pods.kubernetes import KubernetesBackend  # the client is slow to import: only when used

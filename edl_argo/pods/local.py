@@ -1,11 +1,21 @@
 """Pods as local processes: the backend for ``make demo``, laptops and tests.
 
-**Process groups.** Each pod is its command run under a tiny supervisor (:data:`SUPERVISOR`, a
-``python -I -S -c`` program of a few lines) in a new session, so the pod is a process group -- the
-supervisor, the command, and everything the command starts -- that one signal reaches. The supervisor
-forks and execs the command, waits for it, writes its exit status to a file and exits with it. It
-ignores SIGTERM, SIGINT and SIGHUP itself (they reach the command directly, as members of the group);
-SIGKILL of the group kills it too, which is how a killed pod is told from one that exited.
+**Process groups.** Each pod is its command run under a tiny supervisor (:mod:`edl_argo.pods.supervisor`)
+in a new session, so the pod is a process group -- the supervisor, the command, and everything the command
+starts -- that one signal reaches. The supervisor forks the command, waits for it, writes its exit status
+to a file and exits with it. It ignores SIGTERM, SIGINT and SIGHUP itself (they reach the command directly,
+as members of the group); SIGKILL of the group kills it too, which is how a killed pod is told from one
+that exited.
+
+**Exec or fork.** A pod's supervisor is started one of two ways, with the same result. *exec*: ``python -I
+-S supervisor.py <folder> <program> <args>...`` (only the standard library: it starts in milliseconds),
+which forks and execs the command. *fork*: the pod commands of this installation's ``edl-argo`` (``worker``
+and ``ps``) are forked from the backend's pod template, a process that has already imported TensorFlow
+(:mod:`edl_argo.pods.prefork`): such a pod starts its work within a second instead of after 4.5-6 s of
+importing. The template's supervisors are not this process's children: a pipe that only the supervisor
+holds open tells their end at once. ``EDL_LOCAL_PREFORK=0`` switches the template off; a pod whose
+import-time environment differs from the template's, any other command, and every pod after the template
+failed (one log line) use exec.
 
 **Files, not pipes.** Each incarnation of a pod has a folder ``<pods dir>/<pod>.<token>/``, the pods dir
 being ``<run dir>/pods/<job>`` (run dir: :func:`edl_argo.run_dir.run_dir`). It holds:
@@ -67,7 +77,14 @@ from edl_argo.pods.base import (
     pod_name,
 )
 from edl_argo.pods.event_queue import EventQueue
-from edl_argo.rpc.auth import CREDENTIAL_ENV
+from edl_argo.pods.prefork import (
+    ForkRequest,
+    PodTemplate,
+    pod_base_environment,
+    prefork_enabled,
+    wait_exit_pipe,
+)
+from edl_argo.pods.supervisor import EXIT_FILE, SUPERVISOR_FILE
 from edl_argo.run_dir import run_dir
 
 log = get_logger(__name__)
@@ -85,44 +102,11 @@ _TAIL_POLL_SECONDS = 0.05  # how often a pod's output files are checked for new 
 _STDERR_TAIL_BYTES = 16 * 1024  # how much of an adopted pod's stderr is read back for its tail
 
 #: Names of the files in a pod's folder (see the module docstring).
-RECORD_FILE, SUPERVISOR_FILE, EXIT_FILE = "pod.json", "supervisor", "exit"
-STDOUT_FILE, STDERR_FILE = "stdout", "stderr"
+RECORD_FILE, STDOUT_FILE, STDERR_FILE = "pod.json", "stdout", "stderr"
 
-#: The supervisor of every pod: ``python -I -S -c SUPERVISOR <pod folder> <program> <args>...``. Only the
-#: standard library, no site packages: it starts in milliseconds.
-SUPERVISOR = """
-import json, os, signal, sys
-folder, argv = sys.argv[1], sys.argv[2:]
-def write(name, text):
-    try:
-        temporary = os.path.join(folder, "." + name + ".tmp")
-        with open(temporary, "w") as f:
-            f.write(text)
-        os.replace(temporary, os.path.join(folder, name))
-    except OSError:
-        pass
-try:
-    with open("/proc/self/stat") as f:
-        ticks = f.read().rsplit(")", 1)[1].split()[19]
-except (OSError, IndexError):
-    ticks = ""
-write("supervisor", json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "start_ticks": ticks}))
-child = os.fork()
-if child == 0:
-    for number in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(number, signal.SIG_DFL)
-    try:
-        os.execv(argv[0], argv)
-    except OSError as error:
-        sys.stderr.write(f"cannot start {argv[0]}: {error}\\n")
-        os._exit(127)
-for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(number, lambda *_: None)
-_, status = os.waitpid(child, 0)
-code = os.waitstatus_to_exitcode(status)
-write("exit", str(code))
-os._exit(code if code >= 0 else 128 - code)
-"""
+#: The supervisor program of a pod started with exec: ``python -I -S SUPERVISOR <pod folder> <program>
+#: <args>...`` (:mod:`edl_argo.pods.supervisor`).
+SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 
 _PodKey = tuple[PodRole, int]
 
@@ -134,7 +118,9 @@ class _LocalPod:
     spec: PodSpec
     folder: Path
     process: subprocess.Popen[bytes] | None = None
-    """The supervisor, if this backend started it (None for an adopted pod)."""
+    """The supervisor, if this backend started it with exec (None for an adopted or forked pod)."""
+    exit_pipe: int | None = None
+    """A forked pod's supervisor's pipe, at end-of-file once it exited (:mod:`edl_argo.pods.prefork`)."""
     pgid: int | None = None
     """The supervisor's pid, which is the pod's process group id; None until it started."""
     start_ticks: str = ""
@@ -164,6 +150,8 @@ class LocalProcessBackend(PodBackend):
         host: the host part of PS addresses.
         pods_dir: the folder of the job's pod folders (default ``<run dir>/pods/<job_name>``); a
             backend adopts the pods found there.
+        pod_template: the template to fork pods from (default: one started with the first ``edl-argo``
+            pod, unless :data:`~edl_argo.pods.prefork.PREFORK_ENV` switches it off); the backend closes it.
 
     A pod's environment is this process's environment, then ``PYTHONUNBUFFERED=1`` unless already set
     (so Python pods' logs arrive as they are written), then ``spec.env``, then ``EDL_POD_NAME``,
@@ -181,6 +169,7 @@ class LocalProcessBackend(PodBackend):
         log_sink: TextIO | None = None,
         host: str = "127.0.0.1",
         pods_dir: Path | None = None,
+        pod_template: PodTemplate | None = None,
     ) -> None:
         self.job_name = job_name
         self.host = host
@@ -193,26 +182,32 @@ class LocalProcessBackend(PodBackend):
         self._waiters: set[threading.Thread] = set()
         self._queue = EventQueue()
         self._closed = False
+        self._template = pod_template or PodTemplate(
+            job_name, pod_base_environment, enabled=prefork_enabled(os.environ)
+        )
 
     # -- PodBackend ------------------------------------------------------------------------------
 
     def start(self, spec: PodSpec) -> None:
         key = (spec.role, spec.pod_id)
+        with contextlib.suppress(FileNotFoundError):  # the template's first start: not under the lock
+            if self._template.serves(_resolve_program(spec.command[0], os.environ.get("PATH"))):
+                self._template.warm_up()
         with self._lock:
             admit_start(spec, closed=self._closed, live=self._pods, ports=self._ports)
             folder = self.pods_dir / f"{spec.name}.{uuid.uuid4().hex[:12]}"
             pod = self._pods[key] = _LocalPod(spec, folder)
             try:
-                pod.process = self._launch(spec, folder)
+                self._launch(pod)
             except (OSError, ValueError) as error:
                 log.warning("pod_start_failed", job=self.job_name, pod=spec.name, error=str(error))
                 self._finish(pod, PodPhase.FAILED, PodReason.ERROR, None, f"cannot start: {error}")
                 return
-            pod.pgid = pod.process.pid
             pod.phase = PodPhase.RUNNING
             self._queue.put(_event(spec, PodPhase.RUNNING, PodReason.STARTED))
-            log.info("pod_started", job=self.job_name, pod=spec.name, pid=pod.pgid)
-            self._watch(pod, self._wait_child, (0, 0))
+            forked = pod.exit_pipe is not None
+            log.info("pod_started", job=self.job_name, pod=spec.name, pid=pod.pgid, forked=forked)
+            self._watch(pod, self._wait_forked if forked else self._wait_child, (0, 0))
 
     def adopt(self) -> list[PodStatus]:
         with self._lock:
@@ -288,6 +283,7 @@ class LocalProcessBackend(PodBackend):
             self._closed = True
             keys = list(self._pods)
             waiters = list(self._waiters)
+        self._template.close()
         for role, pod_id in keys:
             self.delete(role, pod_id, grace_seconds=grace_seconds)
         for waiter in waiters:
@@ -324,10 +320,11 @@ class LocalProcessBackend(PodBackend):
 
     # -- internals -----------------------------------------------------------------------------------
 
-    def _launch(self, spec: PodSpec, folder: Path) -> subprocess.Popen[bytes]:
-        """Create the pod's folder and start its supervisor; OSError if the command cannot run."""
-        env = {name: value for name, value in os.environ.items() if name not in CREDENTIAL_ENV}
-        env.setdefault("PYTHONUNBUFFERED", "1")
+    def _launch(self, pod: _LocalPod) -> None:
+        """Create the pod's folder and start its supervisor, forked by the template if it takes the pod,
+        else with exec; OSError if the command cannot run. Sets ``pgid`` and ``process`` or ``exit_pipe``."""
+        spec, folder = pod.spec, pod.folder
+        env = pod_base_environment()
         env.update(spec.env)
         env.update(
             EDL_POD_NAME=spec.name,
@@ -349,10 +346,16 @@ class LocalProcessBackend(PodBackend):
             "started": time.time(),
         }
         _write_atomically(folder / RECORD_FILE, json.dumps(record))
+        if self._template.serves(program):
+            argv = (program, *spec.command[1:])
+            forked = self._template.fork(ForkRequest(argv, env, os.getcwd(), str(folder)))
+            if forked is not None:
+                pod.pgid, pod.exit_pipe = forked.pid, forked.exit_pipe
+                return
         try:
             with open(folder / STDOUT_FILE, "ab") as stdout, open(folder / STDERR_FILE, "ab") as stderr:
-                return subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", SUPERVISOR, str(folder), program, *spec.command[1:]],
+                pod.process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", SUPERVISOR, str(folder), program, *spec.command[1:]],
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=stdout,
@@ -362,6 +365,7 @@ class LocalProcessBackend(PodBackend):
         except OSError:
             shutil.rmtree(folder, ignore_errors=True)
             raise
+        pod.pgid = pod.process.pid
 
     def _adopt(self, spec: PodSpec, folder: Path, pgid: int, start_ticks: str) -> None:
         """Track a running pod of an earlier backend (with the lock held)."""
@@ -422,6 +426,14 @@ class LocalProcessBackend(PodBackend):
         supervisor_status = pod.process.wait()
         code = _read_exit(pod.folder)
         return supervisor_status if code is None else code  # no file: the supervisor was killed
+
+    @staticmethod
+    def _wait_forked(pod: _LocalPod) -> int:
+        """The exit status of a pod the template forked (its supervisor is the template's child)."""
+        assert pod.exit_pipe is not None
+        wait_exit_pipe(pod.exit_pipe)
+        code = _read_exit(pod.folder)
+        return -signal.SIGKILL if code is None else code  # no file: the supervisor was killed
 
     @staticmethod
     def _wait_adopted(pod: _LocalPod) -> int:

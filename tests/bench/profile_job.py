@@ -25,6 +25,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Pods started with exec: pod_processes finds them by their command lines, and the supervisor's parent
+# (a forked pod's are the pod template's: edl_argo.pods.prefork).
+os.environ.setdefault("EDL_LOCAL_PREFORK", "0")
 
 from tests.bench.data import write_records
 from tests.bench.training import CNN, CTR, DIGITS, SUITE, OurJob

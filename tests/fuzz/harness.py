@@ -18,6 +18,7 @@ replaced no server (the job's ``relaunches``).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -206,19 +207,23 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError(f"no VmRSS for process {pid} ({state})")
 
 
-def find_processes(*words: str) -> list[int]:
-    """The pids of the processes whose command line holds every word of ``words`` as an argument (a local
-    pod's command and its supervisor)."""
+def pod_processes(pods_dir: Path, pod: str) -> list[int]:
+    """The pids of the live processes of local pod ``pod`` (``ps-0``): its process group (its supervisor,
+    its command and what that started), whose id the supervisor file of its folder under ``pods_dir``
+    records. Works for pods started with exec and pods forked from the pod template alike (the latter's
+    command lines are the template's)."""
+    (record,) = pods_dir.glob(f"{pod}.*/supervisor")
+    pgid = int(json.loads(record.read_text())["pgid"])
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")]
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if all(word in argv for word in words):
+        if int(fields[2]) == pgid and fields[0] != "Z":
             found.append(int(entry.name))
     if not found:
-        raise AssertionError(f"no process runs {words}")
+        raise AssertionError(f"no process of {pod} runs (group {pgid})")
     return found

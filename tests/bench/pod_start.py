@@ -1,0 +1,137 @@
+"""How long a local job takes to train its first step, with its pods forked from the pod template and with
+each pod importing TensorFlow itself (``EDL_LOCAL_PREFORK=0``): a measurement, not a test.
+
+``python -m tests.bench.pod_start [--trials 3]``
+
+Each trial runs ``edl-argo train`` (a program of its own, as a user runs it) on the tests' digits job (2
+workers, 1 PS: :data:`tests.engine_helpers.DIGITS_JOB`) with ``EDL_STEP_TRACE`` set, and times from
+starting the program to the first line a worker appends to its step trace (written when its first
+minibatch's update is applied: :mod:`edl_argo.worker.step_trace`); the job is then stopped (SIGTERM). The
+two ways alternate, so both see the same machine. Prints every trial (with when the master had read the
+job's parts, the template was ready, the first pod started, and the machine's load average) and the median
+of each way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from edl_argo.pods.prefork import PREFORK_ENV
+from edl_argo.storage.local import LocalStorage
+from tests.engine_helpers import DIGITS_JOB, DIGITS_MODEL, write_digits_dataset
+
+#: How long one trial may take to reach its first step.
+FIRST_STEP_DEADLINE_SECONDS = 120.0
+
+
+def train_command(data: Path, output: Path, job_name: str) -> list[str]:
+    """``edl-argo train`` of the tests' digits job."""
+    command = [
+        str(Path(sys.executable).parent / "edl-argo"),
+        "train",
+        "--model-def",
+        DIGITS_MODEL,
+        "--training-data",
+        str(data / "train"),
+        "--validation-data",
+        str(data / "test"),
+        "--output",
+        str(output),
+        "--job-name",
+        job_name,
+    ]
+    for name, value in DIGITS_JOB.items():
+        command += [f"--{name.replace('_', '-')}", str(value).lower()]
+    return command
+
+
+#: Events of the master's log whose first occurrence :func:`milestones` times.
+MILESTONES = {"job_started": "parts read", "pod_template_ready": "template ready", "pod_started": "first pod"}
+
+
+def milestones(master_log: Path, started: float) -> dict[str, float]:
+    """Seconds from ``started`` (a ``time.time()``) to the first line of each of :data:`MILESTONES` in the
+    master's log (its lines start with an ISO time in UTC)."""
+    found: dict[str, float] = {}
+    for line in master_log.read_text(errors="replace").splitlines():
+        words = line.split()
+        if len(words) < 4 or words[3] not in MILESTONES or MILESTONES[words[3]] in found:
+            continue
+        moment = datetime.datetime.fromisoformat(words[0].replace("Z", "+00:00")).timestamp()
+        found[MILESTONES[words[3]]] = moment - started
+    return found
+
+
+def seconds_to_first_step(data: Path, folder: Path, prefork: bool) -> float:
+    """Run the job once (in ``folder``) and time it to its first step (see the module docstring)."""
+    trace = folder / "trace"
+    env = dict(
+        os.environ, EDL_STEP_TRACE=str(trace), EDL_NO_PROGRESS_BAR="1", EDL_RUN_DIR=str(folder / "run")
+    )
+    env[PREFORK_ENV] = "1" if prefork else "0"
+    job_name = f"pod-start-{'fork' if prefork else 'exec'}-{folder.name}"
+    with open(folder / "master.log", "wb") as log:
+        started, wall_clock = time.monotonic(), time.time()
+        master = subprocess.Popen(
+            train_command(data, folder / "output", job_name),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            while not any(path.stat().st_size for path in trace.glob("worker-*.jsonl")):
+                if master.poll() is not None:
+                    raise RuntimeError(f"the job ended before its first step: see {folder / 'master.log'}")
+                if time.monotonic() - started > FIRST_STEP_DEADLINE_SECONDS:
+                    raise RuntimeError(f"no step within {FIRST_STEP_DEADLINE_SECONDS:g} s")
+                time.sleep(0.01)
+            seconds = time.monotonic() - started
+            shown = ", ".join(
+                f"{name} {at:.2f}" for name, at in milestones(folder / "master.log", wall_clock).items()
+            )
+            print(
+                f"  ({shown}, first step {seconds:.2f} s; load average {os.getloadavg()[0]:.1f})", flush=True
+            )
+            return seconds
+        finally:
+            master.send_signal(signal.SIGTERM)
+            try:
+                master.wait(60)
+            except subprocess.TimeoutExpired:
+                master.kill()
+                master.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=3, help="trials of each way (default 3)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="pod-start-") as root:
+        data = Path(root) / "digits"
+        write_digits_dataset(LocalStorage(data))
+        results: dict[str, list[float]] = {"forked from the template": [], "exec (EDL_LOCAL_PREFORK=0)": []}
+        for trial in range(args.trials):
+            for prefork, label in ((True, "forked from the template"), (False, "exec (EDL_LOCAL_PREFORK=0)")):
+                folder = Path(root) / f"{'fork' if prefork else 'exec'}{trial}"
+                folder.mkdir()
+                seconds = seconds_to_first_step(data, folder, prefork)
+                results[label].append(seconds)
+                print(f"trial {trial + 1}, {label}: first step after {seconds:.2f} s", flush=True)
+        print()
+        for label, values in results.items():
+            median, low, high = statistics.median(values), min(values), max(values)
+            print(f"{label}: median {median:.2f} s (min {low:.2f}, max {high:.2f})")
+
+
+if __name__ == "__main__":
+    main()
