@@ -153,3 +153,37 @@ def test_without_backoff_every_relaunch_starts_at_once() -> None:
     for worker in range(4):
         run_then_stop(manager, worker, at=0.0, ran=1.0)
     assert pods.started == [f"worker-{i}" for i in range(5)]
+
+
+def test_a_scale_request_while_the_ps_start_waits_for_them_and_sets_how_many_workers_start() -> None:
+    """``edl-argo scale`` may come as soon as the master serves, while its PS are still starting (a local
+    pod template still importing): the workers need the PS's addresses, so the request sets the target and
+    the workers start once the PS have, as many as it asked."""
+    started: list[str] = []
+
+    def ps_spec(ps_id: int) -> PodSpec:
+        return PodSpec(PodRole.PS, ps_id, ("true",), port=2000 + ps_id)
+
+    def spec_of_worker(worker_id: int) -> PodSpec:
+        assert "ps-0" in started, "a worker's spec was made before its PS started"
+        return worker_spec(worker_id)
+
+    class SlowPods(RecordingPods):
+        def start(self, spec: PodSpec) -> None:
+            if spec.role == PodRole.PS:  # a scale request arrives while the PS starts
+                manager.request_workers(3)
+            started.append(spec.name)
+            super().start(spec)
+
+    dispatcher = TaskDispatcher({"shard": 100}, DispatcherConfig(records_per_task=10, num_epochs=1))
+    pods = SlowPods()
+    manager = PodManager(
+        pods,  # type: ignore[arg-type]
+        PodPolicy(num_workers=1, num_ps=1),
+        dispatcher,
+        spec_of_worker,
+        ps_spec,
+    )
+    manager.start()
+    assert pods.started == ["ps-0", "worker-0", "worker-1", "worker-2"]
+    assert manager.live_workers == [0, 1, 2]

@@ -134,11 +134,13 @@ class PodManager:
         self._backoff = RelaunchBackoff(self.policy.relaunch_backoff_seconds)
 
     def start(self) -> None:
-        with self._lock:
-            self._started = True
+        """Start the PS, then the workers: as many as the policy says, or as a scale request that came
+        while the PS were starting asked (workers need the PS's addresses)."""
         for ps_id in range(self.policy.num_ps):
             self.backend.start(self.ps_spec(ps_id))
-        self.scale_workers(self.policy.num_workers)
+        with self._lock:
+            self._started = True
+        self.scale_workers(self._requested)
 
     def snapshot(self) -> dict[str, Any]:
         """Worker ids, target and relaunches, as JSON data: what :meth:`resume` continues from."""
@@ -247,6 +249,8 @@ class PodManager:
         opportunistic ones, then the others; newest first within each."""
         with self._lock:
             self._target_workers = count
+            if not self._started:  # the workers start with the job, at the target asked last
+                return count
             staying = self._live_workers - set(self._removing)
             cancelled = self._delayed[max(0, count - len(staying)) :]
             del self._delayed[max(0, count - len(staying)) :]
