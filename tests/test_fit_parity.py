@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from engine_helpers import model_dir, read_metrics
-from parity_replay import ATOL, MODELS, ROWS, RTOL, assert_equals_replay, run_traced_job
+from parity_replay import ATOL, MODELS, ROWS, RTOL, assert_equals_replay, run_mixing_sizes, run_traced_job
 from parity_replay import EPOCHS as TRACED_EPOCHS
 
 from edl_argo.data.commands import write_dataset
@@ -261,7 +261,7 @@ def test_several_workers_equal_a_replay_of_the_steps_the_ps_applied(
     """Synchronous SGD with ``--grads-to-wait`` = workers: each PS step is the example-weighted mean of the
     pushes PS 0 took for it, all computed at the step's parameters, so it equals one step over their
     concatenation; the pushes left when training ends form one last, partial step (:mod:`parity_replay`)."""
-    job = run_traced_job(tmp_path, monkeypatch, workers, num_ps=1, grads_to_wait=workers)
+    job = run_mixing_sizes(tmp_path, monkeypatch, workers, num_ps=1, grads_to_wait=workers)
     pushes = [len(step) for step in job.updates()]
     assert all(count == workers for count in pushes[:-1]), pushes
     assert 0 < pushes[-1] < workers, f"no partial last step: {pushes}"
