@@ -4,11 +4,11 @@ A large message received in chunks (:mod:`edl_argo.rpc.chunked`) is mostly tenso
 copies every byte once, and TensorFlow copies a numpy array once more into a tensor. A :class:`Rope` is the
 chunks' bytes in order, read front to back: :func:`split_rope` takes the occurrences of one field out of a
 message (as :func:`edl_argo.rpc.wire.split_field` does for contiguous bytes), and :func:`read_tensor_rope`
-copies a ``Tensor``'s content straight from the chunks into a new, aligned and writable array, the only
-copy of its bytes, which :func:`as_tf_tensor` then hands to TensorFlow without another
-(``tf.experimental.dlpack``).
+copies a ``Tensor``'s content straight from the chunks into aligned memory of its own, the only copy of its
+bytes, which :func:`as_tf_tensor` then hands to TensorFlow without another (``tf.experimental.dlpack``).
+The reading of contiguous bytes (:func:`edl_argo.rpc.wire.split_field`) is this reading of one piece.
 
-Whatever the bytes, they end in arrays, messages or a :class:`~edl_argo.rpc.wire.WireError`.
+Whatever the bytes, they end in arrays, messages or a :class:`WireError`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import numpy as np
 
 from edl_argo.proto import tensor_pb2
 from edl_argo.rpc.tensors import tensor_array
-from edl_argo.rpc.wire import WireError
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -28,8 +27,25 @@ if TYPE_CHECKING:
 #: Where an array's data starts, in bytes: what TensorFlow's and XLA's CPU kernels assume of a tensor.
 ALIGNMENT = 64
 
-_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
-_CONTENT = tensor_pb2.Tensor.DESCRIPTOR.fields_by_name["content"].number
+#: Protobuf's wire types (those of our messages).
+VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
+#: ``Tensor.content``'s field number.
+CONTENT = tensor_pb2.Tensor.DESCRIPTOR.fields_by_name["content"].number
+
+
+class WireError(ValueError):
+    """Bytes that are not a serialized message."""
+
+
+def varint_bytes(value: int) -> bytes:
+    """``value`` (>= 0) encoded as a protobuf varint."""
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
 
 
 class Rope:
@@ -110,31 +126,21 @@ def split_rope(rope: Rope, field_number: int) -> tuple[bytes, list[Rope]]:
     taken: list[Rope] = []
     while rope.remaining:
         key = rope.varint()
-        head = _varint_bytes(key)
+        head = varint_bytes(key)
         wire_type = key & 7
-        if wire_type == _VARINT:
-            rest += [head, _varint_bytes(rope.varint())]
-        elif wire_type in (_FIXED64, _FIXED32):
-            rest += [head, rope.take(8 if wire_type == _FIXED64 else 4)]
-        elif wire_type == _LENGTH_DELIMITED:
+        if wire_type == VARINT:
+            rest += [head, varint_bytes(rope.varint())]
+        elif wire_type in (FIXED64, FIXED32):
+            rest += [head, rope.take(8 if wire_type == FIXED64 else 4)]
+        elif wire_type == LENGTH_DELIMITED:
             size = rope.varint()
             if key >> 3 == field_number:
                 taken.append(rope.split(size))
             else:
-                rest += [head, _varint_bytes(size), rope.take(size)]
+                rest += [head, varint_bytes(size), rope.take(size)]
         else:
             raise WireError(f"field {key >> 3} has wire type {wire_type}, which no message of ours uses")
     return b"".join(rest), taken
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if not value:
-            out.append(low)
-            return bytes(out)
-        out.append(low | 0x80)
 
 
 def aligned_empty(size: int) -> memoryview:
@@ -144,16 +150,22 @@ def aligned_empty(size: int) -> memoryview:
     return memoryview(raw[start : start + size])
 
 
+def tensor_fields(rest: bytes) -> tensor_pb2.Tensor:
+    """A serialized ``Tensor`` without its ``content`` (name, dtype, shape) as a message; a
+    :class:`WireError` for bytes that are no such message."""
+    try:
+        return tensor_pb2.Tensor.FromString(rest)
+    except Exception as error:  # protobuf's DecodeError
+        raise WireError(f"a tensor message does not parse: {error}") from None
+
+
 def read_tensor_rope(rope: Rope) -> tuple[str, np.ndarray]:
     """The name and read-only array of a serialized ``Tensor``, its content copied once, into aligned
     memory of its own (which :func:`as_tf_tensor` can share with TensorFlow). Raises
-    :class:`~edl_argo.rpc.wire.WireError`, or :class:`~edl_argo.rpc.tensors.TensorDecodeError` for fields
+    :class:`WireError`, or :class:`~edl_argo.rpc.tensors.TensorDecodeError` for fields
     that do not agree."""
-    rest, contents = split_rope(rope, _CONTENT)
-    try:
-        fields = tensor_pb2.Tensor.FromString(rest)
-    except Exception as error:  # protobuf's DecodeError
-        raise WireError(f"a tensor message does not parse: {error}") from None
+    rest, contents = split_rope(rope, CONTENT)
+    fields = tensor_fields(rest)
     content = contents[-1] if contents else Rope([])  # the last occurrence wins, as in protobuf
     buffer = aligned_empty(len(content))
     content.copy_into(buffer)

@@ -20,27 +20,23 @@ import numpy as np
 from google.protobuf.message import Message
 
 from edl_argo.proto import tensor_pb2
+from edl_argo.rpc.rope import (
+    CONTENT,
+    LENGTH_DELIMITED,
+    Rope,
+    WireError,
+    split_rope,
+    tensor_fields,
+    varint_bytes,
+)
 from edl_argo.rpc.tensors import tensor_array, wire_array
 
-_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
-#: ``Tensor.content``'s field number.
-_CONTENT = tensor_pb2.Tensor.DESCRIPTOR.fields_by_name["content"].number
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if value:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
+__all__ = ["Encoding", "WireError", "length_prefix", "read_tensor", "split_field"]
 
 
 def length_prefix(field_number: int, size: int) -> bytes:
     """The key and length of a length-delimited field of ``size`` bytes."""
-    return _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(size)
+    return varint_bytes(field_number << 3 | LENGTH_DELIMITED) + varint_bytes(size)
 
 
 class Encoding:
@@ -79,7 +75,7 @@ class Encoding:
         content = memoryview(value.reshape(-1)).cast("B")  # wire_array is C-ordered: a view
         tensor = Encoding(tensor_pb2.Tensor(name=name, dtype=value.dtype.name, shape=value.shape))
         if len(content):  # proto3 leaves an empty field out
-            tensor._add(length_prefix(_CONTENT, len(content)))
+            tensor._add(length_prefix(CONTENT, len(content)))
             tensor._add(content)
         return self.message(field_number, tensor)
 
@@ -93,52 +89,12 @@ class Encoding:
         return b"".join(self._pieces)
 
 
-class WireError(ValueError):
-    """Bytes that are not a serialized message."""
-
-
-def _varint_at(data: memoryview, position: int) -> tuple[int, int]:
-    """The varint at ``position`` and the position after it."""
-    value = shift = 0
-    while position < len(data) and shift < 70:
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position
-        shift += 7
-    raise WireError("a varint runs past the end of the message or past 10 bytes")
-
-
 def split_field(data: bytes | memoryview, field_number: int) -> tuple[bytes, list[memoryview]]:
     """The serialized message ``data`` without its length-delimited field ``field_number`` (for protobuf to
-    parse), and that field's occurrences in order (views of ``data``)."""
-    data = memoryview(data)
-    rest: list[memoryview] = []
-    taken: list[memoryview] = []
-    position = 0
-    while position < len(data):
-        start = position
-        key, position = _varint_at(data, position)
-        wire_type = key & 7
-        if wire_type == _VARINT:
-            _, position = _varint_at(data, position)
-        elif wire_type == _FIXED64:
-            position += 8
-        elif wire_type == _FIXED32:
-            position += 4
-        elif wire_type == _LENGTH_DELIMITED:
-            size, position = _varint_at(data, position)
-            position += size
-            if position <= len(data) and key >> 3 == field_number:
-                taken.append(data[position - size : position])
-                continue
-        else:
-            raise WireError(f"field {key >> 3} has wire type {wire_type}, which no message of ours uses")
-        if position > len(data):
-            raise WireError(f"field {key >> 3} runs past the end of the message")
-        rest.append(data[start:position])
-    return b"".join(rest), taken
+    parse), and that field's occurrences in order (views of ``data``): :func:`~edl_argo.rpc.rope.split_rope`
+    of one piece."""
+    rest, taken = split_rope(Rope([data]), field_number)
+    return rest, [occurrence.take(len(occurrence)) for occurrence in taken]
 
 
 def read_tensor(data: memoryview) -> tuple[str, np.ndarray]:
@@ -146,10 +102,7 @@ def read_tensor(data: memoryview) -> tuple[str, np.ndarray]:
 
     Raises :class:`WireError`, or :class:`~edl_argo.rpc.tensors.TensorDecodeError` for fields that do not
     agree (as :func:`~edl_argo.rpc.tensors.from_tensor` does)."""
-    rest, contents = split_field(data, _CONTENT)
-    try:
-        fields = tensor_pb2.Tensor.FromString(rest)
-    except Exception as error:  # protobuf's DecodeError
-        raise WireError(f"a tensor message does not parse: {error}") from None
+    rest, contents = split_field(data, CONTENT)
+    fields = tensor_fields(rest)
     content = contents[-1] if contents else memoryview(b"")  # the last occurrence wins, as in protobuf
     return fields.name, tensor_array(fields.name, fields.dtype, tuple(fields.shape), content)
