@@ -17,7 +17,7 @@ import numpy as np
 
 from edl_argo.proto import ps_pb2, tensor_pb2
 from edl_argo.rpc import ps_layout
-from edl_argo.rpc.rope import Rope, read_tensor_rope, split_rope
+from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope
 from edl_argo.rpc.tensors import from_tensor
 from edl_argo.rpc.wire import read_tensor, split_field
 
@@ -71,9 +71,7 @@ class PushedGradients:
     def parse(cls, data: Rope) -> PushedGradients:
         """Read a serialized ``PushGradientsRequest`` (errors as :meth:`PushedModel.parse`)."""
         rest, models = split_rope(data, ps_layout.PUSH_GRADIENTS)
-        # Occurrences of a message field merge, as their concatenation parses.
-        model = models[0] if len(models) == 1 else Rope([rope.joined() for rope in models])
-        return cls(ps_pb2.PushGradientsRequest.FromString(rest), PushedModel.parse(model))
+        return cls(ps_pb2.PushGradientsRequest.FromString(rest), PushedModel.parse(merged(models)))
 
     @classmethod
     def of_message(cls, request: ps_pb2.PushGradientsRequest) -> PushedGradients:

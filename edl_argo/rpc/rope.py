@@ -119,6 +119,12 @@ class Rope:
             filled += len(piece)
 
 
+def merged(occurrences: Sequence[Rope]) -> Rope:
+    """The occurrences of one message field as the one message protobuf reads them as (their
+    concatenation: occurrences of a message field merge)."""
+    return occurrences[0] if len(occurrences) == 1 else Rope([rope.joined() for rope in occurrences])
+
+
 def split_rope(rope: Rope, field_number: int) -> tuple[bytes, list[Rope]]:
     """The message ``rope`` holds without its length-delimited field ``field_number`` (for protobuf to
     parse), and that field's occurrences in order; reads all of ``rope``."""

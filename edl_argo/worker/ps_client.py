@@ -33,7 +33,7 @@ from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.chunked import ChunkedCall
-from edl_argo.rpc.rope import Rope, read_tensor_rope, split_rope
+from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
 from edl_argo.rpc.tls import TlsFiles
 from edl_argo.rpc.wire import Encoding
@@ -109,10 +109,7 @@ class PushReply:
         """Decode a serialized ``PushGradientsResponse`` (the parameters as :meth:`DenseAnswer.parse`)."""
         rest, carried = split_rope(data, ps_layout.REPLY_PARAMETERS)
         fields = ps_pb2.PushGradientsResponse.FromString(rest)
-        # Occurrences of a message field merge, as their concatenation parses.
-        parameters = DenseAnswer.parse(
-            carried[0] if len(carried) == 1 else Rope([c.joined() for c in carried])
-        )
+        parameters = DenseAnswer.parse(merged(carried))
         return cls(fields.accepted, fields.version, fields.step, parameters)
 
 
@@ -160,7 +157,7 @@ class ParameterServerClient:
         self._stubs = [ps_pb2_grpc.ParameterServerStub(channel) for channel in channels]
         # Pushes and dense pulls, whose messages scale with the model, travel as streams of chunks
         # (edl_argo.rpc.chunked); pushes pre-encoded, and the parameters of replies and pulls read from the
-        # joined answer without a further copy (edl_argo.rpc.wire).
+        # answer's chunks, each copied once into memory the variables then share (edl_argo.rpc.rope).
         self._pushes = [
             ChunkedCall(channel, _chunked("PushGradients"), PushReply.parse, MAX_MESSAGE_BYTES)
             for channel in channels
