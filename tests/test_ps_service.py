@@ -21,8 +21,8 @@ from edl_argo.cli import build_parser
 from edl_argo.errors import ConfigError
 from edl_argo.pods import find_free_port
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
-from edl_argo.ps.checkpoint import ps_checkpointer, ps_checkpoints, restore_latest
-from edl_argo.ps.parameters import ParametersState
+from edl_argo.ps.checkpoint import decode_state, encode_state, ps_checkpointer, ps_checkpoints, restore_latest
+from edl_argo.ps.parameters import Parameters, ParametersState
 from edl_argo.ps.server import PSConfig, create_servicer, serve, start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.auth import SECRET_ENV, JobSecret
@@ -255,8 +255,9 @@ def test_a_push_reply_carries_what_a_pull_right_after_it_gets(connect: Any) -> N
 
 
 def test_invalid_requests_are_rejected_with_a_reason_and_the_server_keeps_serving(connect: Any) -> None:
+    layout = {"w": W.nbytes, "b": B.nbytes}  # on 2 PS, "w" (the larger) is PS 0's, "b" PS 1's
     stub = connect(servicer(ps_id=0, num_ps=2, use_async=True))
-    assert stub.PushModel(ps_pb2.Model(dense_parameters=[to_tensor(W, "w")])).accepted  # "w" is PS 0's
+    assert stub.PushModel(ps_pb2.Model(dense_parameters=[to_tensor(W, "w")], dense_layout=layout)).accepted
     other = connect(servicer(ps_id=0, num_ps=2))
     bad_bytes = tensor_pb2.Tensor(name="w", dtype="float32", shape=[2, 3], content=b"\0" * 5)
     float_ids = tensor_pb2.Tensor(name="ids", dtype="float32", shape=[1], content=b"\0" * 4)
@@ -273,8 +274,19 @@ def test_invalid_requests_are_rejected_with_a_reason_and_the_server_keeps_servin
             "'w'",
         ),
         (lambda: pull_rows(stub, [1]), "'emb'"),
-        (lambda: other.PushModel(ps_pb2.Model(dense_parameters=[to_tensor(B, "b")])), "'b' belongs to PS 1"),
-        (lambda: other.PushModel(model()), "'b'"),
+        (
+            lambda: other.PushModel(ps_pb2.Model(dense_parameters=[to_tensor(B, "b")], dense_layout=layout)),
+            "'b' belongs to PS 1",
+        ),
+        (lambda: other.PushModel(ps_pb2.Model(dense_layout=layout)), "'w' of PS 0 is missing"),
+        (
+            lambda: other.PushModel(
+                ps_pb2.Model(dense_parameters=[to_tensor(W, "w")], dense_layout={**layout, "w": 4})
+            ),
+            "'w' has 24 bytes, its dense_layout 4",
+        ),
+        (lambda: other.PushModel(ps_pb2.Model(dense_layout={"w": -1})), "'w' has a negative size"),
+        (lambda: other.PushModel(model()), "'b' is not in the model's dense_layout"),
     ]
     for call, reason in calls:
         with pytest.raises(grpc.RpcError) as error:
@@ -371,6 +383,32 @@ def test_checkpoints_restore_identical_state_that_continues_identically(connect:
         create_servicer(
             config, optimizer_factory=lambda: keras.optimizers.SGD(0.1, momentum=0.9), storage=storage
         )
+
+
+def test_a_checkpoint_keeps_the_model_layout_and_restores_only_where_it_places_the_same_variables() -> None:
+    layout = {"w": W.nbytes, "b": B.nbytes}  # on 2 PS, "w" is PS 0's and "b" PS 1's
+    first = Parameters(sgd, ps_id=1, num_ps=2, jit_compile=False)
+    assert first.init_from_model(ps_pb2.Model(dense_parameters=[to_tensor(B, "b")], dense_layout=layout))
+    state = decode_state(encode_state(first.snapshot()))
+    assert state.layout == layout and list(state.dense) == ["b"]
+
+    Parameters(sgd, ps_id=1, num_ps=2, jit_compile=False).restore(state)  # the relaunched PS 1
+    with pytest.raises(
+        ConfigError, match=r"does not fit --num-ps 3 \(dense variable 'b' belongs to PS 1 of 3, not to PS 2\)"
+    ):
+        Parameters(sgd, ps_id=2, num_ps=3, jit_compile=False).restore(state)
+    with pytest.raises(
+        ConfigError, match=r"does not fit --num-ps 2 \(dense variable 'b' belongs to PS 1 of 2, not to PS 0\)"
+    ):
+        Parameters(sgd, ps_id=0, num_ps=2, jit_compile=False).restore(state)
+    # Written before dense variables were placed by size: only a single PS knows it holds them all.
+    legacy = decode_state(encode_state(ParametersState(**{**state.__dict__, "layout": {}})))
+    assert legacy.layout == {}
+    with pytest.raises(ConfigError, match="placed dense variables by name"):
+        Parameters(sgd, ps_id=1, num_ps=2, jit_compile=False).restore(legacy)
+    alone = Parameters(sgd, jit_compile=False)
+    alone.restore(legacy)
+    assert alone.layout == {"b": B.nbytes}
 
 
 def test_unreadable_checkpoints_are_skipped_and_saves_are_spaced() -> None:

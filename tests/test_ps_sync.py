@@ -20,7 +20,7 @@ import pytest
 
 from edl_argo import log
 from edl_argo.model import ModelSpec, load_model_spec
-from edl_argo.ps.partition import dense_owner
+from edl_argo.ps.partition import DensePlacement
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.worker.ps_client import ParameterServerClient
@@ -264,9 +264,9 @@ def test_the_linear_model_is_spread_over_two_ps(linear_spec: ModelSpec) -> None:
     from edl_argo.worker.replica import build_model
 
     model = build_model(linear_spec, np.zeros((1, FEATURES), np.float32))
-    names = [v.path for v in ModelInventory.of(model).held_by_ps]
-    assert len(names) == PARTS + 1
-    assert {dense_owner(name, 2) for name in names} == {0, 1}
+    layout = {v.path: v.numpy().nbytes for v in ModelInventory.of(model).held_by_ps}
+    assert len(layout) == PARTS + 1
+    assert set(DensePlacement.of(layout, 2).owners.values()) == {0, 1}
 
 
 def test_sync_sgd_over_two_ps_applies_every_minibatch_once_on_every_ps(

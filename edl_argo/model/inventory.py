@@ -1,10 +1,10 @@
 """The inventory of a Keras model's state and where each part lives in a ParameterServerStrategy job.
 
-* ``trainable`` (dense variables): on the PS that owns the name
-  (:func:`~edl_argo.ps.partition.dense_owner`). Gradients are pushed; the PS's Keras optimizer applies
+* ``trainable`` (dense variables): on the PS the model's dense layout places them on
+  (:class:`~edl_argo.ps.partition.DensePlacement`). Gradients are pushed; the PS's Keras optimizer applies
   them, then the variable's constraint; workers pull the values.
-* ``non_trainable`` (BatchNormalization statistics, any float variable a layer updates): on the PS that
-  owns the name. Every push carries how the worker's forward pass changed them; the PS adds the change
+* ``non_trainable`` (BatchNormalization statistics, any float variable a layer updates): placed with the
+  trainable ones. Every push carries how the worker's forward pass changed them; the PS adds the change
   (the mean over the pushes of a synchronous step, weighted by examples), so no push's change is lost to
   another computed from the same values. The worker undoes its forward pass's
   assignments and pulls the PS's values, so evaluation during training sees what gets exported.

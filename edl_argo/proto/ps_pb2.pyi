@@ -28,7 +28,7 @@ class EmbeddingTableInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ..., constraint: _Optional[str] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("version", "dense_parameters", "embedding_table_infos", "embedding_tables", "non_trainable_parameters", "constraints")
+    __slots__ = ("version", "dense_parameters", "embedding_table_infos", "embedding_tables", "non_trainable_parameters", "constraints", "dense_layout")
     class EmbeddingTablesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,19 +43,28 @@ class Model(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class DenseLayoutEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DENSE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TABLE_INFOS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TABLES_FIELD_NUMBER: _ClassVar[int]
     NON_TRAINABLE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    DENSE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     version: int
     dense_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     embedding_table_infos: _containers.RepeatedCompositeFieldContainer[EmbeddingTableInfo]
     embedding_tables: _containers.MessageMap[str, _tensor_pb2.IndexedSlices]
     non_trainable_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     constraints: _containers.ScalarMap[str, str]
-    def __init__(self, version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embedding_table_infos: _Optional[_Iterable[_Union[EmbeddingTableInfo, _Mapping]]] = ..., embedding_tables: _Optional[_Mapping[str, _tensor_pb2.IndexedSlices]] = ..., non_trainable_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., constraints: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    dense_layout: _containers.ScalarMap[str, int]
+    def __init__(self, version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embedding_table_infos: _Optional[_Iterable[_Union[EmbeddingTableInfo, _Mapping]]] = ..., embedding_tables: _Optional[_Mapping[str, _tensor_pb2.IndexedSlices]] = ..., non_trainable_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., constraints: _Optional[_Mapping[str, str]] = ..., dense_layout: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PushModelResponse(_message.Message):
     __slots__ = ("accepted", "version")

@@ -5,7 +5,8 @@ Parameter server ``ps_id`` keeps the :class:`~edl_argo.checkpoint.CheckpointSeri
 uncompressed ``.npz`` archive whose entry ``manifest`` (JSON as uint8) names the model version and, for
 every dense variable, optimizer variable (slots and EMA averages included), non-trainable variable and
 embedding table (ids, rows, slot rows, per-table optimizer scalars, initializer seed state), the entry
-``a<N>`` that holds its array, and the dense variables' constraints (JSON).
+``a<N>`` that holds its array, the dense variables' constraints (JSON) and the model's dense layout (the
+bytes of every dense variable of the model, which places them on the PS).
 
 :func:`ps_checkpointer` writes in a background thread, so that a parameter server only holds its lock
 while it copies its arrays (:meth:`Parameters.snapshot <edl_argo.ps.parameters.Parameters.snapshot>`),
@@ -59,6 +60,7 @@ def encode_state(state: ParametersState) -> bytes:
         "dense_optimizer": [ref(value) for value in state.dense_optimizer],
         "non_trainable": {name: ref(value) for name, value in state.non_trainable.items()},
         "constraints": state.constraints,
+        "layout": state.layout,
         "tables": {
             name: {
                 "dim": table.dim,
@@ -99,6 +101,8 @@ def decode_state(data: bytes, source: str = "checkpoint") -> ParametersState:
                 # Absent from checkpoints written before non-trainable state and constraints lived on the PS.
                 non_trainable={name: get(i) for name, i in manifest.get("non_trainable", {}).items()},
                 constraints={str(k): str(v) for k, v in manifest.get("constraints", {}).items()},
+                # Absent from checkpoints written while dense variables were placed by name.
+                layout={str(k): int(v) for k, v in manifest.get("layout", {}).items()},
             )
     except (ValueError, KeyError, TypeError, OSError, EOFError) as error:
         raise DataFormatError(f"{source} is not a parameter-server checkpoint: {error}") from None

@@ -12,7 +12,7 @@ It is not thread-safe: :class:`~edl_argo.ps.servicer.ParameterServerServicer` se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +26,7 @@ from edl_argo.ps import bounds
 from edl_argo.ps.embedding_table import FLOAT_DTYPES, EmbeddingTable, TableArrays
 from edl_argo.ps.errors import InvalidRequestError, NotInitializedError
 from edl_argo.ps.optimizer import DenseOptimizer, LearningRateScaleError, SparseOptimizer
-from edl_argo.ps.partition import dense_owner, embedding_owner
+from edl_argo.ps.partition import DensePlacement, embedding_owner
 from edl_argo.ps.pushed import NamedArrays, PushedModel
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor
 
@@ -71,6 +71,10 @@ class ParametersState:
     non_trainable: dict[str, np.ndarray] = field(default_factory=dict)
     #: The constraint of each dense variable that has one (JSON, see :mod:`edl_argo.model.inventory`).
     constraints: dict[str, str] = field(default_factory=dict)
+    #: The bytes of every dense variable of the whole model, on every PS (the ``dense_layout`` of the
+    #: ``PushModel`` that initialised the server): where each one lives follows from it
+    #: (:class:`~edl_argo.ps.partition.DensePlacement`).
+    layout: dict[str, int] = field(default_factory=dict)
 
 
 class Parameters:
@@ -115,7 +119,8 @@ class Parameters:
     def init_from_model(self, model: ps_pb2.Model) -> bool:
         """Create the parameters from a worker's model; False (and no change) if already initialised.
 
-        Dense tensors must be float, named, distinct and owned by this server (:func:`dense_owner`).
+        Dense tensors must be float, named, distinct and exactly this server's share of the model's
+        ``dense_layout`` (:class:`DensePlacement`; a model without one, with one PS, is all its own).
         Tables must have a name, a positive dim, a float dtype and an initializer Keras knows. The model
         must not carry embedding rows (tables start empty). The model's version becomes this server's.
         """
@@ -143,6 +148,12 @@ class Parameters:
                     f"non-trainable variable {tensor.name!r}: dtype {value.dtype} is not float"
                 )
             non_trainable[tensor.name] = np.array(value)
+        layout = dict(model.dense_layout)
+        if not layout and self.num_ps == 1:
+            layout = {name: value.nbytes for name, value in [*dense.items(), *non_trainable.items()]}
+        problem = self._share_problem(layout, {**dense, **non_trainable})
+        if problem is not None:
+            raise InvalidRequestError(f"PushModel: {problem}")
         for name, serialized in model.constraints.items():
             if name not in dense:
                 raise InvalidRequestError(f"constraint for unknown dense variable {name!r}")
@@ -164,7 +175,7 @@ class Parameters:
                 )
             except ValueError as error:
                 raise InvalidRequestError(str(error)) from None
-        self._create(dense, tables, non_trainable, dict(model.constraints))
+        self._create(dense, tables, non_trainable, dict(model.constraints), layout)
         self.version = max(0, model.version)
         return True
 
@@ -172,19 +183,27 @@ class Parameters:
         """Become exactly the server that produced ``state`` (before it serves any request)."""
         if self.initialized:
             raise RuntimeError("restore() on parameters that are initialised already")
-        for name in [*state.dense, *state.non_trainable]:
-            if dense_owner(name, self.num_ps) != self.ps_id:
-                raise ConfigError(
-                    f"the checkpoint of PS {self.ps_id} holds dense variable {name!r}, which belongs to "
-                    f"PS {dense_owner(name, self.num_ps)} of {self.num_ps}: it was written with another "
-                    "--num-ps"
-                )
+        held = {**state.dense, **state.non_trainable}
+        layout = state.layout
+        if not layout and self.num_ps == 1:
+            layout = {name: np.asarray(value).nbytes for name, value in held.items()}
+        if not layout:
+            raise ConfigError(
+                f"the checkpoint of PS {self.ps_id} was written by an edl-argo that placed dense variables "
+                "by name; with several PS it cannot be restored: start the job without it"
+            )
+        problem = self._share_problem(layout, held)
+        if problem is not None:
+            raise ConfigError(
+                f"the checkpoint of PS {self.ps_id} does not fit --num-ps {self.num_ps} ({problem}): it was "
+                "written with another --num-ps"
+            )
         try:
             tables = {
                 name: EmbeddingTable(name, t.dim, t.initializer, t.dtype, constraint=t.constraint)
                 for name, t in state.tables.items()
             }
-            self._create(state.dense, tables, state.non_trainable, state.constraints)
+            self._create(state.dense, tables, state.non_trainable, state.constraints, layout)
             if self._dense_optimizer is not None:
                 self._dense_optimizer.set_state(state.dense_optimizer)
             for name, table_state in state.tables.items():
@@ -219,6 +238,7 @@ class Parameters:
             },
             non_trainable={name: np.array(value) for name, value in self.non_trainable.items()},
             constraints=dict(self.constraints),
+            layout=dict(self.layout),
         )
 
     # -- pulls ----------------------------------------------------------------------------------------
@@ -324,6 +344,7 @@ class Parameters:
         self.dense: dict[str, tf.Variable] = {}
         self.non_trainable: dict[str, np.ndarray] = {}
         self.constraints: dict[str, str] = {}
+        self.layout: dict[str, int] = {}
         self.tables: dict[str, EmbeddingTable] = {}
         self._dense_optimizer: DenseOptimizer | None = None
         self._table_optimizers: dict[str, SparseOptimizer] = {}
@@ -336,6 +357,7 @@ class Parameters:
         tables: dict[str, EmbeddingTable],
         non_trainable: dict[str, np.ndarray],
         constraints: dict[str, str],
+        layout: dict[str, int],
     ) -> None:
         # The Keras optimizer applies a variable's constraint after each update, as in fit.
         variables = {
@@ -359,17 +381,39 @@ class Parameters:
         self.dense, self.tables = variables, tables
         self.non_trainable = {name: np.array(value) for name, value in non_trainable.items()}
         self.constraints = dict(constraints)
+        self.layout = dict(layout)
         self._dense_optimizer, self._table_optimizers = dense_optimizer, optimizers
         self.initialized = True
 
     def _check_dense_name(self, name: str, seen: Iterable[str]) -> None:
         if not name or name in seen:
             raise InvalidRequestError(f"dense variable name {name!r} is empty or repeated")
-        owner = dense_owner(name, self.num_ps)
-        if owner != self.ps_id:
-            raise InvalidRequestError(
-                f"dense variable {name!r} belongs to PS {owner} of {self.num_ps}, not to PS {self.ps_id}"
-            )
+
+    def _share_problem(self, layout: Mapping[str, int], held: Mapping[str, np.ndarray]) -> str | None:
+        """Why the dense variables ``held`` are not exactly this server's share of the model whose
+        ``layout`` (name: bytes) is given, or None when they are."""
+        unknown = sorted(set(held) - set(layout))
+        if unknown:
+            return f"dense variable {unknown[0]!r} is not in the model's dense_layout"
+        resized = sorted(name for name, value in held.items() if np.asarray(value).nbytes != layout[name])
+        if resized:
+            name = resized[0]
+            size = np.asarray(held[name]).nbytes
+            return f"dense variable {name!r} has {size} bytes, its dense_layout {layout[name]}"
+        try:
+            placement = DensePlacement.of(layout, self.num_ps)
+        except ValueError as error:
+            return str(error)
+        ours = placement.held_by(self.ps_id)
+        foreign = sorted(set(held) - ours)
+        if foreign:
+            name = foreign[0]
+            owner = placement.owner(name)
+            return f"dense variable {name!r} belongs to PS {owner} of {self.num_ps}, not to PS {self.ps_id}"
+        absent = sorted(ours - set(held))
+        if absent:
+            return f"dense variable {absent[0]!r} of PS {self.ps_id} is missing ({len(absent)} in all)"
+        return None
 
     def _check_new_rows(self, table: EmbeddingTable, ids: np.ndarray) -> None:
         """Refuse ids that would grow ``table`` beyond ``max_embedding_rows`` (nothing is created)."""

@@ -1,16 +1,25 @@
 """Which parameter server owns which parameter.
 
-Workers and parameter servers both import these functions, so the placement they compute must not depend
-on the process: dense variables are placed by a CRC-32 of their name (Python's ``hash()`` is salted per
-process and must never be used here), embedding rows by their id modulo the number of parameter servers.
+Workers and parameter servers both import these rules, so the placement they compute must not depend on
+the process, the machine or the order in which a model lists its variables:
+
+* dense variables (trainable and non-trainable) by their sizes (:class:`DensePlacement`): each PS holds
+  about as many bytes as the others;
+* embedding rows by their id modulo the number of parameter servers.
+
 Changing either rule changes where every existing checkpoint's parameters live.
 """
 
 from __future__ import annotations
 
-import zlib
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 def _check_num_ps(num_ps: int) -> None:
@@ -18,13 +27,60 @@ def _check_num_ps(num_ps: int) -> None:
         raise ValueError(f"num_ps must be at least 1, got {num_ps}")
 
 
-def dense_owner(name: str, num_ps: int) -> int:
-    """The id (``0 <= id < num_ps``) of the parameter server that owns the dense variable ``name``.
+@dataclass(frozen=True)
+class DensePlacement:
+    """Which parameter server holds each dense variable of a model.
 
-    Stable across processes, machines and Python versions: ``zlib.crc32(name.encode("utf-8")) % num_ps``.
+    Built by :meth:`of` from the model's *layout*, the bytes of each of its dense variables by name: the
+    variables, largest first (equal sizes by name), each go to the PS that holds the fewest bytes so far
+    (the lowest id among equals), a greedy bin packing. The placement is a function of the layout and the
+    number of PS alone, so every worker and PS that knows the layout computes the same one, in any
+    process and after any relaunch or restore of the same model with the same ``--num-ps``. Whole
+    variables are placed: a variable larger than a PS's fair share leaves the others less to balance.
     """
-    _check_num_ps(num_ps)
-    return zlib.crc32(name.encode("utf-8")) % num_ps
+
+    num_ps: int
+    #: Bytes of every dense variable, by name.
+    layout: Mapping[str, int]
+    #: The PS id of every dense variable, by name.
+    owners: Mapping[str, int]
+
+    @classmethod
+    def of(cls, layout: Mapping[str, int], num_ps: int) -> DensePlacement:
+        """The placement of the variables of ``layout`` (name: bytes, each ``>= 0``) on ``num_ps`` PS."""
+        _check_num_ps(num_ps)
+        for name, size in layout.items():
+            if size < 0:
+                raise ValueError(f"dense variable {name!r} has a negative size, {size} bytes")
+        loads = [(0, ps_id) for ps_id in range(num_ps)]  # a heap of (bytes held, PS id)
+        owners: dict[str, int] = {}
+        for name, size in sorted(layout.items(), key=lambda item: (-item[1], item[0])):
+            held, ps_id = heapq.heappop(loads)
+            owners[name] = ps_id
+            heapq.heappush(loads, (held + size, ps_id))
+        return cls(num_ps, dict(layout), owners)
+
+    def owner(self, name: str) -> int:
+        """The id of the PS that holds ``name``; KeyError for a name the layout does not have."""
+        return self.owners[name]
+
+    def held_by(self, ps_id: int) -> set[str]:
+        """The names of the variables PS ``ps_id`` holds."""
+        return {name for name, owner in self.owners.items() if owner == ps_id}
+
+    def bytes_per_ps(self) -> list[int]:
+        """The bytes each PS holds, in id order."""
+        loads = [0] * self.num_ps
+        for name, owner in self.owners.items():
+            loads[owner] += self.layout[name]
+        return loads
+
+    def split(self, values: Mapping[str, T]) -> list[dict[str, T]]:
+        """``values`` (by variable name) cut into one mapping per PS, in id order."""
+        by_owner: list[dict[str, T]] = [{} for _ in range(self.num_ps)]
+        for name, value in values.items():
+            by_owner[self.owners[name]][name] = value
+        return by_owner
 
 
 def embedding_owner(ids: np.ndarray, num_ps: int) -> np.ndarray:

@@ -1,9 +1,10 @@
 """A worker's view of all parameter servers as one model store.
 
-Dense variables go to the PS that owns their name (:func:`edl_argo.ps.partition.dense_owner`), embedding
-rows to the PS that owns their id (:func:`edl_argo.ps.partition.embedding_owner`). Calls to several PS run
-in parallel. Every push goes to every PS (with an empty partition where it owns nothing), so all PS count
-versions in step.
+Dense variables go to the PS the model's layout places them on
+(:class:`edl_argo.ps.partition.DensePlacement`, learnt in :meth:`ParameterServerClient.push_model`),
+embedding rows to the PS that owns their id (:func:`edl_argo.ps.partition.embedding_owner`). Calls to
+several PS run in parallel. Every push goes to every PS (with an empty partition where it owns nothing),
+so all PS count versions in step.
 
 Synchronous SGD with several PS: PS 0 decides whether a minibatch is applied (see
 :mod:`edl_argo.ps.servicer`). A push goes to PS 0 first and, only when PS 0 accepted it, to the others
@@ -28,7 +29,7 @@ from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model.embedding_tables import EmbeddingTableSpec
 from edl_argo.proto import ps_pb2, ps_pb2_grpc
-from edl_argo.ps.partition import dense_owner, embedding_owner
+from edl_argo.ps.partition import DensePlacement, embedding_owner
 from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
@@ -174,6 +175,8 @@ class ParameterServerClient:
         self._push_numbers = itertools.count(1)
         #: Whether the PS run synchronous SGD (learnt from every pull).
         self.synchronous = False
+        #: Which PS holds each dense variable (from :meth:`push_model`; pushes need it with several PS).
+        self._placement: DensePlacement | None = None
 
     @property
     def num_ps(self) -> int:
@@ -210,13 +213,18 @@ class ParameterServerClient:
         constraints: Mapping[str, str] | None = None,
     ) -> bool:
         """Offer initial parameters (trainable and non-trainable, with the trainable variables' constraints);
-        each PS keeps the first model it is offered. True if any took ours."""
+        each PS keeps the first model it is offered. True if any took ours.
+
+        Every PS is told the model's whole dense layout, and this client places dense values by it from
+        now on (:class:`DensePlacement`): call this before pushing to several PS."""
         infos = [
             ps_pb2.EmbeddingTableInfo(
                 name=t.name, dim=t.dim, dtype=t.dtype, initializer=t.initializer, constraint=t.constraint
             )
             for t in tables
         ]
+        layout = {name: value.nbytes for name, value in [*dense.items(), *(non_trainable or {}).items()]}
+        self._placement = DensePlacement.of(layout, self.num_ps)
         by_owner = self._split_dense(dense)
         state_by_owner = self._split_dense(non_trainable or {})
         constraints_by_owner = self._split_dense(constraints or {})
@@ -227,6 +235,7 @@ class ParameterServerClient:
                 non_trainable_parameters=[to_tensor(v, n) for n, v in state_by_owner[ps_id].items()],
                 constraints=constraints_by_owner[ps_id],
                 embedding_table_infos=infos,
+                dense_layout=layout,
             )
             return bool(self._call(ps_id, "PushModel", model).accepted)
 
@@ -409,10 +418,11 @@ class ParameterServerClient:
         return self._each(lambda ps_id: self._call(ps_id, "GetStatus", request))
 
     def _split_dense(self, values: Mapping[str, T]) -> list[dict[str, T]]:
-        by_owner: list[dict[str, T]] = [{} for _ in range(self.num_ps)]
-        for name, value in values.items():
-            by_owner[dense_owner(name, self.num_ps)][name] = value
-        return by_owner
+        if self.num_ps == 1:
+            return [dict(values)]
+        if self._placement is None:
+            raise RuntimeError("push_model() places the dense variables on the PS: call it before pushing")
+        return self._placement.split(values)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -168,6 +168,9 @@ def fuzz(
 
 #: The chunk sizes a streaming twin's requests are cut into (bytes of the request per chunk).
 CHUNK_SIZES = (1, 64, 4096, CHUNK_BYTES)
+#: The most chunks a request is cut into: a large request in 1-byte chunks would take longer to send than
+#: the server's request-arrival deadline, and each such call would spend the fuzzer's time on one cancel.
+MAX_CHUNKS = 1024
 
 
 def _chunked_call(channel: grpc.Channel, path: str, fuzzer: MessageFuzzer) -> Callable[..., list[bytes]]:
@@ -175,7 +178,7 @@ def _chunked_call(channel: grpc.Channel, path: str, fuzzer: MessageFuzzer) -> Ca
     stream = channel.stream_stream(path)
 
     def call(data: bytes, timeout: float, metadata: Any) -> list[bytes]:
-        chunks = cut(data, size=fuzzer.rng.choice(CHUNK_SIZES))
+        chunks = cut(data, size=max(fuzzer.rng.choice(CHUNK_SIZES), -(-len(data) // MAX_CHUNKS)))
         return list(stream(chunks, timeout=timeout, metadata=metadata))
 
     return call
