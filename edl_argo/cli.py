@@ -27,6 +27,7 @@ from edl_argo import __version__, log
 from edl_argo.errors import EdlError
 from edl_argo.native_logs import hide_notices_while_importing
 from edl_argo.stop import TERMINATED_EXIT_CODE, Terminated, exit_now
+from edl_argo.tensorflow_import import import_tensorflow
 
 #: command -> (module providing ``register``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -72,24 +73,6 @@ def native_min_log_level(log_level: str | None, environ: Mapping[str, str]) -> s
         return environ["TF_CPP_MIN_LOG_LEVEL"]
     level = (log_level or environ.get("EDL_LOG_LEVEL") or "INFO").upper()
     return "0" if level == "DEBUG" else "2"
-
-
-def import_tensorflow_for_a_pod() -> None:
-    """Import TensorFlow with scikit-learn hidden from it, then visible again.
-
-    Keras (loaded with TensorFlow) imports scikit-learn, and through it SciPy's statistics, for its
-    scikit-learn wrappers (``keras.wrappers``): 1.2 s of a core, a fifth of TensorFlow's import, in every pod
-    process, though no pod uses those wrappers. Hidden, Keras defines them without scikit-learn (using one
-    then says scikit-learn is missing); a model file that imports scikit-learn itself still gets it.
-    """
-    hidden = "sklearn" not in sys.modules
-    if hidden:
-        sys.modules["sklearn"] = None  # type: ignore[assignment]  # the import system's "not installed"
-    try:
-        import tensorflow  # noqa: F401
-    finally:
-        if hidden and sys.modules.get("sklearn", ...) is None:
-            del sys.modules["sklearn"]
 
 
 def log_level_in(argv: Sequence[str]) -> str | None:
@@ -138,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log.configure(getattr(args, "log_level", None))
     if args.command in POD_COMMANDS:
-        import_tensorflow_for_a_pod()
+        import_tensorflow()
     try:
         return int(args.run(args) or 0)
     except EdlError as error:

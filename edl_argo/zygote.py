@@ -3,7 +3,7 @@
 
 Started by :class:`edl_argo.pods.prefork.PodTemplate` as ``python -c ... FD``, FD being its end of the
 socket pair. It imports TensorFlow as a pod does (:func:`edl_argo.cli.quiet_native_logs`, then
-:func:`edl_argo.cli.import_tensorflow_for_a_pod`), gRPC and the pods' modules, stops OpenBLAS's threads,
+:func:`edl_argo.tensorflow_import.import_tensorflow`), gRPC and the pods' modules, stops OpenBLAS's threads,
 checks that it runs no other thread, freezes its objects for the collector (``gc.freeze``), says it is
 ready, and serves. A forked pod's command resets the signal dispositions of a new interpreter, takes its
 own environment, directory, ``sys.argv`` and NumPy random state, and runs
@@ -28,6 +28,7 @@ from edl_argo.pods.prefork import (
     send_ready,
     serve,
 )
+from edl_argo.tensorflow_import import import_tensorflow
 
 
 def main() -> NoReturn:
@@ -37,7 +38,7 @@ def main() -> NoReturn:
     try:
         cli.quiet_native_logs(None)
         imported_with = import_time_environment(os.environ)
-        cli.import_tensorflow_for_a_pod()
+        import_tensorflow()
         import grpc  # noqa: F401
         import numpy  # noqa: F401
 

@@ -24,6 +24,7 @@ from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
 from edl_argo.pods.prefork import PodTemplate, pod_base_environment, prefork_enabled
 from edl_argo.readers import OpenedDataset, open_data, parse_data_options
 from edl_argo.storage import Storage, open_storage
+from edl_argo.tensorflow_import import import_tensorflow
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ def load_job_parts(config: TrainConfig) -> JobParts:
     """
     state_url = config.master_state or config.output
     model = stage_model_def(config.model_def, state_url, shared=config.kubernetes is not None)
+    import_tensorflow()  # the model file's import of it, without what no master uses
     spec = load_model_spec(model.pod_model_def if model else config.model_def, config.model_options)
     if config.scale_lr_by_world_size:
         from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
