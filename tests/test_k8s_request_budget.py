@@ -4,6 +4,7 @@ version of the scale scenario (``tests/scale/k8s_backend.py``) against the stand
 from __future__ import annotations
 
 import argparse
+import base64
 import itertools
 import random
 import threading
@@ -246,3 +247,31 @@ def test_a_preemption_storm_is_replaced_within_the_budget_and_a_quiet_job_sends_
     assert replaced.seconds <= storm / qps + 5, replaced
     assert outage.seconds <= 2 + storm / qps + 5, outage
     assert not stand_in.objects("pods", job_selector(scenario.job)), "close left pods behind"
+
+
+def test_workers_created_together_share_the_patches_that_put_their_tokens_in_the_jobs_secret(
+    stand_in: KubernetesStandIn,
+) -> None:
+    """Each worker's token must be in the job's Secret before its pod exists; one patch per worker would
+    double the requests of a start or a storm (80 + 80 here, at 40 a second: 4 s instead of 2)."""
+    qps, burst, workers, storm = 40.0, 10, 80, 30
+    scenario = Scenario(stand_in, workers, qps, burst, job_secret=True)
+    try:
+        scenario.start(timeout=30)
+        scenario.storm(storm, timeout=30)
+        calls = [c for c in stand_in.calls if c.user_agent.startswith(MASTER_USER_AGENT)]
+        patches = sum(1 for c in calls if c.resource == "secrets" and c.verb == "patch")
+        created = sum(1 for c in calls if c.resource == "pods" and c.verb == "create")
+        secret = stand_in.cluster.read("secrets", "default", scenario.backend.auth_secret)
+    finally:
+        scenario.close()
+    assert created == workers + storm
+    assert 1 <= patches <= (workers + storm) // 5, patches
+    assert scenario.secret is not None
+    ids = [*range(workers), *range(workers, workers + storm)]
+    expected = {f"worker-{i}": scenario.secret.token(f"worker-{i}") for i in ids}
+    stored = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+    assert {key: stored.get(key) for key in expected} == expected
+    for report in scenario.reports:
+        assert not report.budget_exceeded, report
+        assert report.seconds <= report.goal_seconds, report

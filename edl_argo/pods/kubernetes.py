@@ -40,8 +40,9 @@ them and deletes the finished pods of earlier incarnations (until then they stay
 **Credentials.** The job's secret is kept in the Secret ``<requested job name>-auth``
 (:func:`~edl_argo.pods.manifests.job_auth_secret`, :func:`~edl_argo.pods.manifests.auth_secret_manifest`,
 owned like the pods, so garbage-collected with its Workflow): :meth:`use_job_secret` creates it, and before a
-worker's pod is created its own token is added to it under ``worker-<id>`` (a JSON merge patch), which the
-pod reads through ``secretKeyRef``. :meth:`close` deletes it with the NetworkPolicy. The master never reads
+worker's pod is created its own token is added to it under ``worker-<id>`` (a JSON merge patch carrying the
+tokens of all the workers being created then: :mod:`~edl_argo.pods.secret_tokens`), which the pod reads
+through ``secretKeyRef``. :meth:`close` deletes it with the NetworkPolicy. The master never reads
 a Secret through the API: the elastic-train step mounts that Secret into the master's pod as an optional
 volume (``$EDL_MASTER_SECRETS_DIR/job-auth``, :attr:`KubernetesConfig.secrets_dir`), empty for the first
 master, which creates the Secret, and filled by the kubelet for a restarted master's new pod, from which

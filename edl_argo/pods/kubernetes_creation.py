@@ -9,7 +9,8 @@ FAILED/``Error``. Other refusals (400, 401, 404, 422, an RBAC denial) are FAILED
 retrying cannot help. A 409 Conflict means a pod of that name still exists: one being deleted is waited
 for, a finished one (a PS's previous incarnation) is deleted with a uid precondition, then creation is
 retried; one the job created whose answer was lost is taken as the creation's. A worker's own token is
-added to the job's Secret before its pod is created. A pod deleted while it was being created is deleted
+added to the job's Secret before its pod is created, with the tokens of the other workers being created
+then (:mod:`edl_argo.pods.secret_tokens`). A pod deleted while it was being created is deleted
 once created, or never created. Services (a PS's, the master's) are created like pods for at most a
 minute, one of the same name that an earlier master created being kept. Deleting a pod is tried three
 times; deleting the whole job waits, within a deadline, until its pods and Services are gone (told by the
@@ -53,6 +54,7 @@ from edl_argo.pods.kubernetes_api import (
 from edl_argo.pods.kubernetes_config import KubernetesConfig
 from edl_argo.pods.kubernetes_pods import Incarnation, JobPods, log
 from edl_argo.pods.kubernetes_status import has_finished
+from edl_argo.pods.secret_tokens import SecretTokens
 from edl_argo.rpc.auth import JobSecret, pod_identity
 
 #: How long a backend's start-up retries transient API failures (429, 5xx, no connection) before giving up.
@@ -110,6 +112,7 @@ class JobObjects:
         self.job_name = pods.job_name
         self._creators: set[threading.Thread] = set()  # guarded by pods.lock
         self._closing = threading.Event()
+        self._tokens: SecretTokens | None = None  # the workers' tokens in the job's Secret, once there is one
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -174,9 +177,17 @@ class JobObjects:
         (waiting for the request budget until ``deadline``)."""
         if pod.role is not PodRole.WORKER or job_secret is None:
             return
+        with self._pods.lock:
+            if self._tokens is None:
+                secret = manifests.job_auth_secret(self.job_name, config)
+                self._tokens = SecretTokens(
+                    lambda tokens, until: self._api.add_secret_data(
+                        secret, manifests.auth_secret_data(tokens), until
+                    )
+                )
+            tokens = self._tokens
         identity = pod_identity(pod.role.value, pod.pod_id)
-        data = manifests.auth_secret_data({identity: job_secret.token(identity)})
-        self._api.add_secret_data(manifests.job_auth_secret(self.job_name, config), data, deadline)
+        tokens.add(identity, job_secret.token(identity), deadline)
 
     def _creation_refused(self, pod: Incarnation, error: ApiException) -> tuple[bool, str]:
         """``(retry, problem)`` after a refused creation; ``(True, "")``: retry, nothing to report;

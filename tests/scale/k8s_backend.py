@@ -6,8 +6,10 @@ Runs the real :class:`~edl_argo.pods.kubernetes.KubernetesBackend`, driven by th
 :class:`~edl_argo.master.task_dispatcher.TaskDispatcher` that hands out no task: no worker trains), against
 the Kubernetes stand-in (``tests/k8s_stand_in``) holding its pods cheaply (``run_processes=False``: a
 pod is reported running and runs nothing). The master's loop is :meth:`Scenario.step`, as
-``edl_argo.master.job`` does it: the backend's events handed to the pod manager. The job has no job
-secret (``use_job_secret`` is not called), so a worker costs one request (its creation), not two. Phases:
+``edl_argo.master.job`` does it: the backend's events handed to the pod manager. With ``--job-secret`` the
+job has a job secret (as every real job), so each worker's token goes into the job's Secret before its pod
+is created: the tokens of the workers created together share a patch (:mod:`edl_argo.pods.secret_tokens`).
+Phases:
 
 1. **start**: the job starts ``--workers`` workers; until all run.
 2. **storm**: the cluster preempts ``--storm`` of them at once (DisruptionTarget, then deletion); the
@@ -38,6 +40,7 @@ from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher
 from edl_argo.pods import PodRole, PodSpec
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend
 from edl_argo.pods.kubernetes_config import KubernetesConfig
+from edl_argo.rpc.auth import JobSecret
 from tests.k8s_helpers import MASTER_USER_AGENT, job_selector
 from tests.k8s_stand_in import KubernetesStandIn
 
@@ -98,9 +101,12 @@ TABLE_HEAD = (
 
 
 class Scenario:
-    """A job of ``workers`` workers on ``stand_in``, its backend paced by ``qps`` and ``burst``."""
+    """A job of ``workers`` workers on ``stand_in``, its backend paced by ``qps`` and ``burst``, with a
+    job secret if ``job_secret``."""
 
-    def __init__(self, stand_in: KubernetesStandIn, workers: int, qps: float, burst: int) -> None:
+    def __init__(
+        self, stand_in: KubernetesStandIn, workers: int, qps: float, burst: int, job_secret: bool = False
+    ) -> None:
         self.stand_in = stand_in
         self.workers = workers
         self.qps, self.burst = qps, burst
@@ -108,6 +114,9 @@ class Scenario:
         os.environ[API_URL_ENV] = stand_in.url
         config = KubernetesConfig(image="edl-argo:scale", k8s_qps=qps, k8s_burst=burst)
         self.backend = KubernetesBackend(self.job, config)
+        self.secret = JobSecret.generate() if job_secret else None
+        if self.secret is not None:
+            self.backend.use_job_secret(self.secret)
         dispatcher = TaskDispatcher({"shard": 1}, DispatcherConfig(records_per_task=1, num_epochs=1))
         self.manager = PodManager(
             self.backend,
@@ -186,12 +195,14 @@ class Scenario:
         self.backend.close(grace_seconds=1)
 
 
-def run(workers: int, storm: int, qps: float, burst: int, outage: float) -> tuple[list[PhaseReport], bool]:
+def run(
+    workers: int, storm: int, qps: float, burst: int, outage: float, job_secret: bool = False
+) -> tuple[list[PhaseReport], bool]:
     """Run the three phases (see the module docstring); returns their reports and whether the budget was
     exceeded over the whole run."""
     timeout = 120 + 3 * workers / qps
     with KubernetesStandIn(echo_logs=False, history=HISTORY, run_processes=False) as stand_in:
-        scenario = Scenario(stand_in, workers, qps, burst)
+        scenario = Scenario(stand_in, workers, qps, burst, job_secret)
         try:
             scenario.start(timeout)
             scenario.storm(storm, timeout)
@@ -213,11 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--qps", type=float, default=50.0)
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--outage", type=float, default=5.0, help="seconds the API fails (0: no such phase)")
+    parser.add_argument("--job-secret", action="store_true", help="workers' tokens in the job's Secret")
     args = parser.parse_args(argv)
     configure("ERROR")
     began = time.monotonic()
-    reports, exceeded = run(args.workers, args.storm, args.qps, args.burst, args.outage)
-    print(f"{args.workers} workers, --k8s-qps {args.qps:g} --k8s-burst {args.burst}:\n")
+    reports, exceeded = run(args.workers, args.storm, args.qps, args.burst, args.outage, args.job_secret)
+    secret = ", with a job secret" if args.job_secret else ""
+    print(f"{args.workers} workers, --k8s-qps {args.qps:g} --k8s-burst {args.burst}{secret}:\n")
     print(TABLE_HEAD)
     for report in reports:
         print(report.row())
