@@ -354,3 +354,11 @@ def test_the_call_cap_admits_every_call_of_the_jobs_own_workers() -> None:
     # which a worker does not retry), found by tests/scale/master_load.py.
     assert serving.master_server_limits(30).max_concurrent_calls == serving.MAX_CONCURRENT_CALLS
     assert serving.master_server_limits(30, max_workers=1000).max_concurrent_calls == 3000
+
+
+def test_a_parameter_servers_call_cap_admits_every_call_of_the_jobs_own_workers() -> None:
+    # As the master's: 1,000 workers pushing to and pulling from one PS met its cap of 64.
+    from edl_argo.ps import serving as ps_serving
+
+    assert ps_serving.ps_server_limits(30).max_concurrent_calls == ps_serving.MAX_CONCURRENT_CALLS
+    assert ps_serving.ps_server_limits(30, max_workers=1000).max_concurrent_calls == 3000

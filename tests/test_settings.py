@@ -152,6 +152,7 @@ def test_what_the_master_gives_its_pods_they_parse_back(strategy: str) -> None:
             "master_addr": "m:1",
             "host": "",
             "checkpoint_dir": config.checkpoints_url,
+            "max_workers": config.worker_limit,  # the job's resolved limit, not its flag
         },
         "worker": {
             "worker_id": 4,

@@ -45,6 +45,8 @@ def ps_command(config: Any, ps_id: int, *, port: int, master_address: str, model
         "master_addr": master_address,
         "model_def": model_def,
         "tls_dir": pod_tls_dir(config),
+        # Its calls admitted at once follow the most workers the job may have (edl_argo.ps.serving).
+        "max_workers": config.worker_limit,
         # Without checkpoints a PS restores none: it gets no --checkpoint-dir at all.
         "checkpoint_dir": config.checkpoints_url if config.checkpoint_steps else None,
     }

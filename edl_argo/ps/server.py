@@ -64,6 +64,8 @@ class PSConfig:
     checkpoint_dir: str | None = None
     checkpoint_steps: int = 0
     rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS
+    #: The most workers the job may have (0: unknown): the calls admitted at once follow it.
+    max_workers: int = 0
 
 
 def create_servicer(
@@ -123,13 +125,14 @@ def start_server(
     service: str = "ps",
     rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS,
     tls: TlsFiles | None = None,
+    max_workers: int = 0,
 ) -> tuple[grpc.Server, int]:
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port.
     With the job's ``secret``, only calls with a credential of that job are served
     (:mod:`edl_argo.rpc.auth`); with ``tls``, over TLS only (:mod:`edl_argo.rpc.tls`). The server bounds its
     clients as :func:`~edl_argo.ps.serving.ps_server_limits` says for callers whose deadline is
-    ``rpc_timeout_seconds``."""
-    limits = ps_server_limits(rpc_timeout_seconds)
+    ``rpc_timeout_seconds``, of a job of ``max_workers`` workers at most."""
+    limits = ps_server_limits(rpc_timeout_seconds, max_workers)
     server = make_server(
         limits=limits, interceptors=[server_interceptor(secret, service)] if secret is not None else []
     )
@@ -156,7 +159,11 @@ def serve(
     """Start the parameter server of ``config`` (see :func:`create_servicer`); returns the started server."""
     servicer = create_servicer(config, optimizer_factory, storage)
     server, _ = start_server(
-        servicer, config.host, config.port, rpc_timeout_seconds=config.rpc_timeout_seconds
+        servicer,
+        config.host,
+        config.port,
+        rpc_timeout_seconds=config.rpc_timeout_seconds,
+        max_workers=config.max_workers,
     )
     return server
 
@@ -190,6 +197,7 @@ def run_ps(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_steps=args.checkpoint_steps,
         rpc_timeout_seconds=args.rpc_timeout_seconds,
+        max_workers=args.max_workers,
     )
     secret = secret_from_env()
     if secret is None:
@@ -200,7 +208,14 @@ def run_ps(args: argparse.Namespace) -> int:
     tls = load_tls_dir(args.tls_dir) if args.tls_dir else None
     servicer = create_servicer(config)
     server, _ = start_server(
-        servicer, config.host, config.port, secret, f"ps-{config.ps_id}", config.rpc_timeout_seconds, tls
+        servicer,
+        config.host,
+        config.port,
+        secret,
+        f"ps-{config.ps_id}",
+        config.rpc_timeout_seconds,
+        tls,
+        config.max_workers,
     )
     stop = threading.Event()
 

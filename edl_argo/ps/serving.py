@@ -38,9 +38,12 @@ PROGRESS_METHODS = (
     PING_METHOD,
 )
 PROGRESS_THREADS = 8
-#: Threads of the other calls, and calls in progress at most (beyond: RESOURCE_EXHAUSTED at once).
+#: Threads of the other calls, and calls in progress at most (beyond: RESOURCE_EXHAUSTED at once, a status
+#: workers do not retry): the larger of :data:`MAX_CONCURRENT_CALLS` and :data:`CALLS_PER_WORKER` per worker
+#: the job may have (a worker's step, its prefetching pull and an embedding pull).
 OTHER_THREADS = 4
 MAX_CONCURRENT_CALLS = 64
+CALLS_PER_WORKER = 3
 #: A connection is asked to go away after this long (its client opens a new one).
 CONNECTION_SECONDS = 60.0
 #: The longest a handler may legitimately run beyond its caller's deadline: none waits for another peer,
@@ -48,16 +51,17 @@ CONNECTION_SECONDS = 60.0
 HANDLER_SLACK_SECONDS = 10.0
 
 
-def ps_server_limits(rpc_timeout_seconds: float) -> ServerLimits:
+def ps_server_limits(rpc_timeout_seconds: float, max_workers: int = 0) -> ServerLimits:
     """A parameter server's bounds: :data:`PROGRESS_METHODS` on :data:`PROGRESS_THREADS` threads of their
-    own, at most :data:`MAX_CONCURRENT_CALLS` calls at once, and no call lasting longer than the callers'
+    own, at most :data:`MAX_CONCURRENT_CALLS` calls at once or :data:`CALLS_PER_WORKER` per worker of
+    ``max_workers`` (the most the job may have) if more, and no call lasting longer than the callers'
     deadline (``--rpc-timeout-seconds``) plus the handlers' slack (a client that sends a call's headers
     and never its body holds a thread that long at most, and its request's arrival 10 s at most)."""
     return ServerLimits(
         threads=OTHER_THREADS,
         priority_methods=PROGRESS_METHODS,
         priority_threads=PROGRESS_THREADS,
-        max_concurrent_calls=MAX_CONCURRENT_CALLS,
+        max_concurrent_calls=max(MAX_CONCURRENT_CALLS, CALLS_PER_WORKER * max_workers),
         connection_seconds=CONNECTION_SECONDS,
         max_call_seconds=rpc_timeout_seconds + HANDLER_SLACK_SECONDS,
     )

@@ -507,7 +507,9 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         "the most workers: the job grows to it, one worker at a time, while capacity frees up and each worker"
         " added raises the throughput (see --scale-up-min-gain); `edl-argo scale` may ask for at most it (0:"
-        " no growth, and scale asks for at most 64, or --num-workers if more)",
+        " no growth, and scale asks for at most 64, or --num-workers if more); a PS is given the job's"
+        " resolved limit and admits as many calls at once as that many workers make",
+        roles=("train", "ps"),
         group=CLUSTER,
         parse=non_negative_int,
         argo=Argo(),
