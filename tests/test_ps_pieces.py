@@ -9,15 +9,20 @@ import keras
 import numpy as np
 import pytest
 
+from edl_argo.errors import ConfigError
 from edl_argo.model import ModelSpec, load_model_spec
 from edl_argo.model.optimizer import updates_elementwise
 from edl_argo.model.train_step import ps_optimizer_factory
+from edl_argo.proto import ps_pb2
+from edl_argo.ps.checkpoint import decode_state, encode_state
+from edl_argo.ps.parameters import Parameters
 from edl_argo.ps.pieces import MIN_PIECE_BYTES, DensePieces, MissingPieceError, Piece, join
 from edl_argo.rpc.rope import ALIGNMENT
+from edl_argo.rpc.tensors import to_tensor
 from edl_argo.worker.ps_client import DenseAnswer, ParameterServerClient
 
 F32 = np.dtype(np.float32)
-ROW = MIN_PIECE_BYTES // 16 // 4  # float32 columns of a row of 1/16 MiB
+ROW = MIN_PIECE_BYTES // 16 // 4  # float32 columns of a row of 1/16 MiB (16,384)
 
 # -- the rule ----------------------------------------------------------------------------------------
 
@@ -33,10 +38,10 @@ def test_a_variable_far_above_a_ps_share_is_cut_into_row_ranges_of_about_a_quart
     shapes = shapes_of(big=64, mid=16, bias=0)
     pieces = DensePieces.of(shapes, {"big", "mid", "bias"}, 2)
     assert [p.name for p in pieces.pieces["big"]] == [
-        "big#rows0-16of64",
-        "big#rows16-32of64",
-        "big#rows32-48of64",
-        "big#rows48-64of64",
+        f"big#rows0-16of64x{ROW}",
+        f"big#rows16-32of64x{ROW}",
+        f"big#rows32-48of64x{ROW}",
+        f"big#rows48-64of64x{ROW}",
     ]
     assert set(pieces.pieces) == {"big"}  # mid is 1 MiB, no more than a piece
     assert sum(pieces.layout.values()) == 80 * MIN_PIECE_BYTES // 16 + 64
@@ -45,12 +50,19 @@ def test_a_variable_far_above_a_ps_share_is_cut_into_row_ranges_of_about_a_quart
     # Uneven rows: equal give or take one, and never more pieces than rows.
     uneven = DensePieces.of(shapes_of(big=63, mid=16), {"big"}, 2).pieces["big"]
     assert [(p.start, p.stop) for p in uneven] == [(0, 15), (15, 31), (31, 47), (47, 63)]
-    few_rows = {"conv": ((3, 4 * ROW * 16), F32), "bias": ((16,), F32)}  # 3 rows of 4 MiB
-    assert [p.name for p in DensePieces.of(few_rows, {"conv"}, 8).pieces["conv"]] == [
-        "conv#rows0-1of3",
-        "conv#rows1-2of3",
-        "conv#rows2-3of3",
+    few_rows = {"wide": ((3, 4 * ROW * 16), F32), "bias": ((16,), F32)}  # 3 rows of 4 MiB
+    assert [p.name for p in DensePieces.of(few_rows, {"wide"}, 8).pieces["wide"]] == [
+        f"wide#rows0-1of3x{64 * ROW}",
+        f"wide#rows1-2of3x{64 * ROW}",
+        f"wide#rows2-3of3x{64 * ROW}",
     ]
+    # A convolution's kernel: rows of its last axis's width (here a 1x1 convolution's 64 rows, 4 MiB).
+    conv = {"conv": ((1, 1, 64, ROW), F32), "bias": ((16,), F32)}
+    assert [p.name for p in DensePieces.of(conv, {"conv"}, 2).pieces["conv"]] == [
+        f"conv#rows{a}-{a + 16}of1x1x64x{ROW}" for a in range(0, 64, 16)
+    ]
+    vector = {"v": ((64 * ROW,), F32), "bias": ((16,), F32)}  # a vector's rows are its elements
+    assert [p.piece_shape for p in DensePieces.of(vector, {"v"}, 2).pieces["v"]] == [(16 * ROW,)] * 4
 
 
 def test_the_pieces_are_a_function_of_names_shapes_dtypes_and_num_ps_alone() -> None:
@@ -73,13 +85,13 @@ def test_nothing_is_cut_on_one_ps_unless_allowed_when_balanced_or_below_the_floo
     # A small model is never shredded: pieces are at least MIN_PIECE_BYTES (here 15/16 MiB on one PS).
     assert DensePieces.of(shapes_of(a=15, b=1), {"a", "b"}, 2).pieces == {}
     # One row (a 1x1 convolution's kernel) or a scalar cannot be cut.
-    flat = {"k": ((1, 64 * ROW), F32), "s": ((), F32), "b": ((16,), F32)}
+    flat = {"k": ((1, 64 * ROW), F32), "s": ((), F32), "b": ((16,), F32)}  # 4 MiB in a row
     assert DensePieces.of(flat, {"k", "s"}, 2).pieces == {}
 
 
 def test_a_variable_named_like_a_piece_is_refused() -> None:
     with pytest.raises(ValueError, match="named like a piece"):
-        DensePieces.of({"w#rows0-1of2": ((2,), F32)}, set(), 2)
+        DensePieces.of({"w#rows0-1of2x3": ((2,), F32)}, set(), 2)
 
 
 def test_the_benchmarks_big_mlp_spreads_within_1_2_of_the_mean_on_2_and_4_ps() -> None:
@@ -97,13 +109,15 @@ def test_the_benchmarks_big_mlp_spreads_within_1_2_of_the_mean_on_2_and_4_ps() -
 
 
 def test_pieces_cut_as_views_join_back_in_aligned_read_only_memory() -> None:
-    shapes = {**shapes_of(big=64, bias=0), "small": ((2, 3), F32)}
-    pieces = DensePieces.of({**shapes, "mid": ((16, ROW), F32)}, {"big"}, 2)
+    shapes = {**shapes_of(big=64, bias=0), "small": ((2, 3), F32), "conv": ((3, 3, 8, ROW // 4), F32)}
+    pieces = DensePieces.of({**shapes, "mid": ((16, ROW), F32)}, {"big", "conv"}, 2)
+    assert len(pieces.pieces["conv"]) == 2  # 72 rows of 1/64 MiB (1.125 MiB), cut at 1 MiB
     rng = np.random.default_rng(0)
     values = {name: rng.normal(size=shape).astype(dtype) for name, (shape, dtype) in shapes.items()}
     held = pieces.split(values)
-    assert sorted(held) == sorted([*(p.name for p in pieces.pieces["big"]), "bias", "small"])
-    assert all(np.shares_memory(held[p.name], values["big"]) for p in pieces.pieces["big"])
+    cut = [piece for name in ("big", "conv") for piece in pieces.pieces[name]]
+    assert sorted(held) == sorted([*(p.name for p in cut), "bias", "small"])
+    assert all(np.shares_memory(held[p.name], values[p.variable]) for p in cut)
     assert held["small"] is values["small"]
     joined = join(dict(reversed(list(held.items()))))  # in any order
     assert sorted(joined) == sorted(values)
@@ -116,18 +130,23 @@ def test_pieces_cut_as_views_join_back_in_aligned_read_only_memory() -> None:
 
 
 def test_join_names_what_is_missing_overlapping_or_mismatched() -> None:
-    parts = {Piece("w", a, b, 6).name: np.full((b - a, 2), a, F32) for a, b in [(0, 2), (2, 4), (4, 6)]}
-    del parts["w#rows2-4of6"]
+    parts = {Piece("w", a, b, (6, 2)).name: np.full((b - a, 2), a, F32) for a, b in [(0, 2), (2, 4), (4, 6)]}
+    assert np.array_equal(join(parts)["w"], [[0, 0], [0, 0], [2, 2], [2, 2], [4, 4], [4, 4]])
+    del parts["w#rows2-4of6x2"]
     with pytest.raises(MissingPieceError, match="'w': pieces do not cover rows 2-4 of 6"):
         join(parts)
     with pytest.raises(MissingPieceError, match="rows 4-6 of 6"):
-        join({"w#rows0-2of6": np.zeros((2, 2), F32), "w#rows2-4of6": np.zeros((2, 2), F32)})
+        join({"w#rows0-2of6x2": np.zeros((2, 2), F32), "w#rows2-4of6x2": np.zeros((2, 2), F32)})
     with pytest.raises(MissingPieceError, match="rows 1-2 twice"):
-        join({"w#rows0-2of3": np.zeros((2, 2), F32), "w#rows1-3of3": np.zeros((2, 2), F32)})
-    with pytest.raises(MissingPieceError, match="piece 'w#rows1-2of2' is float64"):
-        join({"w#rows0-1of2": np.zeros((1, 2), F32), "w#rows1-2of2": np.zeros((1, 2))})
+        join({"w#rows0-2of3x2": np.zeros((2, 2), F32), "w#rows1-3of3x2": np.zeros((2, 2), F32)})
+    with pytest.raises(MissingPieceError, match=r"piece 'w#rows1-2of2x2' is float64\[1, 2\], not float32"):
+        join({"w#rows0-1of2x2": np.zeros((1, 2), F32), "w#rows1-2of2x2": np.zeros((1, 2))})
+    with pytest.raises(MissingPieceError, match=r"'w#rows1-2of2x2' is float32\[1, 3\], not float32\[1, 2\]"):
+        join({"w#rows0-1of2x2": np.zeros((1, 2), F32), "w#rows1-2of2x2": np.zeros((1, 3), F32)})
+    with pytest.raises(MissingPieceError, match=r"pieces of shapes \[2, 2\] and \[2, 3\]"):
+        join({"w#rows0-1of2x2": np.zeros((1, 2), F32), "w#rows1-2of2x3": np.zeros((1, 3), F32)})
     with pytest.raises(MissingPieceError, match="both whole and in pieces"):
-        join({"w": np.zeros((2, 2), F32), "w#rows0-2of2": np.zeros((2, 2), F32)})
+        join({"w": np.zeros((2, 2), F32), "w#rows0-2of2x2": np.zeros((2, 2), F32)})
 
 
 def answer(version: int, values: dict[str, np.ndarray]) -> DenseAnswer:
@@ -144,9 +163,9 @@ def test_a_pull_asks_a_ps_that_answered_nothing_again_when_its_pieces_are_missin
 
         def pull_all(ps_id: int) -> DenseAnswer:
             asked.append(ps_id)
-            return answer(4, {"w#rows1-2of2": second, "b": np.zeros(2, F32)})
+            return answer(4, {"w#rows1-2of2x2": second, "b": np.zeros(2, F32)})
 
-        values, answers = client._completed([answer(5, {"w#rows0-1of2": first}), answer(4, {})], pull_all)
+        values, answers = client._completed([answer(5, {"w#rows0-1of2x2": first}), answer(4, {})], pull_all)
         assert asked == [1]
         assert [a.version for a in answers] == [5, 4]
         assert np.array_equal(values["w"], [[0, 0], [1, 1]]) and sorted(values) == ["b", "w"]
@@ -154,9 +173,28 @@ def test_a_pull_asks_a_ps_that_answered_nothing_again_when_its_pieces_are_missin
         assert client._completed([answer(5, {}), answer(4, {})], pull_all)[0] == {}
         assert asked == [1]
         with pytest.raises(MissingPieceError):  # still missing after asking again
-            client._completed([answer(5, {"w#rows0-1of2": first}), answer(4, {})], lambda _: answer(4, {}))
+            client._completed([answer(5, {"w#rows0-1of2x2": first}), answer(4, {})], lambda _: answer(4, {}))
     finally:
         client.close()
+
+
+def test_a_checkpoint_of_pieces_restores_with_the_same_num_ps_only() -> None:
+    """Pieces are variables like others in a PS's checkpoint: the relaunched PS restores them with the same
+    --num-ps, and another --num-ps is the existing clear error, naming a piece."""
+    shapes = shapes_of(big=64, bias=0)
+    pieces = DensePieces.of(shapes, {"big"}, 2)
+    values = pieces.split({name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()})
+    for ps_id, held in enumerate(pieces.placement.split(values)):
+        first = Parameters(lambda: keras.optimizers.SGD(0.1), ps_id=ps_id, num_ps=2, jit_compile=False)
+        tensors = [to_tensor(value, name) for name, value in held.items()]
+        assert first.init_from_model(ps_pb2.Model(dense_parameters=tensors, dense_layout=pieces.layout))
+        state = decode_state(encode_state(first.snapshot()))
+        assert sorted(state.dense) == sorted(held)
+        Parameters(lambda: keras.optimizers.SGD(0.1), ps_id=ps_id, num_ps=2, jit_compile=False).restore(state)
+        with pytest.raises(ConfigError, match=r"does not fit --num-ps 3 \(dense variable '(big#rows|bias)"):
+            Parameters(lambda: keras.optimizers.SGD(0.1), ps_id=ps_id, num_ps=3, jit_compile=False).restore(
+                state
+            )
 
 
 # -- which optimizers allow it -----------------------------------------------------------------------
@@ -259,7 +297,7 @@ def test_a_kernel_in_pieces_trains_as_model_fit_and_exports_whole(wide_spec: Mod
             assert kernel in held
         else:
             assert [n for n in held if n.startswith(kernel)] == [
-                f"{kernel}#rows{a}-{a + 256}of{WIDE}" for a in range(0, WIDE, 256)
+                f"{kernel}#rows{a}-{a + 256}of{WIDE}x{WIDE}" for a in range(0, WIDE, 256)
             ]
         initial, _, _ = ps.client().pull_dense([-1] * num_ps)
         assert initial[kernel].shape == (WIDE, WIDE)

@@ -19,14 +19,20 @@ number of PS alone, so every worker, the master and every PS (after a relaunch o
   (at most one per row) of equal rows, give or take one: pieces of at most a quarter of a PS's fair share
   pack within about a quarter of it (largest first), and a small model is never shredded.
 
+The *rows* of a variable are those of its value viewed as a matrix of its last axis's width (``value.reshape(
+-1, shape[-1])``; a vector's rows are its elements): a matrix's rows along axis 0, and for a convolution's
+kernel ``(height, width, in, out)`` its ``height * width * in`` rows of ``out``, so that a 1x1 convolution
+can be cut too. A piece is a contiguous range of the variable's memory (a view) and has that matrix's
+width.
+
 Which variables may be cut is the caller's: only those whose update is elementwise, so that updating
 each piece on its own is updating the variable
 (:func:`edl_argo.model.optimizer.updates_elementwise`; never a variable with a constraint, which may
 take a norm over axis 0).
 
-A piece of variable ``NAME`` holding rows ``[start, stop)`` of its ``rows`` is named
-``NAME#rows<start>-<stop>of<rows>`` (:attr:`Piece.name`): a client that pulls (the master's, for export)
-joins pieces by their names alone.
+A piece of variable ``NAME`` of shape ``(d0, ..., dn)`` holding rows ``[start, stop)`` is named
+``NAME#rows<start>-<stop>of<d0>x...x<dn>`` (:attr:`Piece.name`): a client that pulls (the master's, for
+export) joins pieces by their names alone.
 """
 
 from __future__ import annotations
@@ -52,26 +58,47 @@ BALANCED_ENOUGH = 1.1
 #: A variable's shape and dtype, all the rule looks at.
 Shapes = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 
-_PIECE_NAME = re.compile(r"^(?P<variable>.+)#rows(?P<start>\d+)-(?P<stop>\d+)of(?P<rows>\d+)$")
+_PIECE_NAME = re.compile(r"^(?P<variable>.+)#rows(?P<start>\d+)-(?P<stop>\d+)of(?P<shape>\d+(?:x\d+)*)$")
 
 
 class MissingPieceError(ValueError):
     """Pieces of a variable that do not make it whole (one is missing, or they overlap)."""
 
 
+def _rows(shape: tuple[int, ...]) -> int:
+    """How many rows a variable of ``shape`` (rank >= 1) has (see the module)."""
+    return math.prod(shape[:-1]) if len(shape) > 1 else shape[0]
+
+
+def _as_rows(value: np.ndarray) -> np.ndarray:
+    """``value`` (C-contiguous, rank >= 1) as its rows: a view."""
+    return value.reshape(-1, value.shape[-1]) if value.ndim > 1 else value
+
+
 @dataclass(frozen=True)
 class Piece:
-    """Rows ``[start, stop)`` of the ``rows`` (axis 0) of dense variable ``variable``."""
+    """Rows ``[start, stop)`` of dense variable ``variable`` of shape ``shape`` (see the module)."""
 
     variable: str
     start: int
     stop: int
-    rows: int
+    shape: tuple[int, ...]
 
     @property
     def name(self) -> str:
         """The name the PS hold this piece by."""
-        return f"{self.variable}#rows{self.start}-{self.stop}of{self.rows}"
+        return f"{self.variable}#rows{self.start}-{self.stop}of{'x'.join(map(str, self.shape))}"
+
+    @property
+    def rows(self) -> int:
+        """The rows of the whole variable."""
+        return _rows(self.shape)
+
+    @property
+    def piece_shape(self) -> tuple[int, ...]:
+        """The shape of this piece's value."""
+        rows = self.stop - self.start
+        return (rows,) if len(self.shape) == 1 else (rows, self.shape[-1])
 
     @classmethod
     def parse(cls, name: str) -> Piece | None:
@@ -79,7 +106,8 @@ class Piece:
         match = _PIECE_NAME.match(name)
         if match is None:
             return None
-        return cls(match["variable"], int(match["start"]), int(match["stop"]), int(match["rows"]))
+        shape = tuple(int(size) for size in match["shape"].split("x"))
+        return cls(match["variable"], int(match["start"]), int(match["stop"]), shape)
 
 
 def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
@@ -114,15 +142,15 @@ class DensePieces:
             shape, _ = shapes[name]
             if not shape or whole[name] <= target:
                 continue
-            rows = shape[0]
+            rows = _rows(shape)
             count = min(rows, math.ceil(whole[name] / target))
             if count < 2:
                 continue
             bounds = [index * rows // count for index in range(count + 1)]
-            pieces[name] = tuple(Piece(name, a, b, rows) for a, b in itertools.pairwise(bounds))
+            pieces[name] = tuple(Piece(name, a, b, tuple(shape)) for a, b in itertools.pairwise(bounds))
         layout = {name: size for name, size in whole.items() if name not in pieces}
         for name, cut in pieces.items():
-            row_bytes = whole[name] // shapes[name][0][0]
+            row_bytes = whole[name] // cut[0].rows
             layout.update({piece.name: (piece.stop - piece.start) * row_bytes for piece in cut})
         return cls(pieces, DensePlacement.of(layout, num_ps))
 
@@ -140,12 +168,13 @@ class DensePieces:
             if cut is None:
                 held[name] = value
                 continue
-            if np.shape(value)[:1] != (cut[0].rows,):
+            if np.shape(value) != cut[0].shape:
                 raise ValueError(
                     f"dense variable {name!r} has shape {list(np.shape(value))}, "
-                    f"its pieces {cut[0].rows} rows"
+                    f"its pieces {list(cut[0].shape)}"
                 )
-            held.update({piece.name: value[piece.start : piece.stop] for piece in cut})
+            rows = _as_rows(value)
+            held.update({piece.name: rows[piece.start : piece.stop] for piece in cut})
         return held
 
 
@@ -155,7 +184,7 @@ def join(values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     :func:`~edl_argo.rpc.rope.read_tensor_rope`'s arrays); the other arrays as they are.
 
     :class:`MissingPieceError` when the pieces of a variable do not cover its rows exactly once, do not
-    agree in their other dimensions or dtype, or come with a whole value of that variable.
+    agree in its shape or dtype, or come with a whole value of that variable.
     """
     joined: dict[str, np.ndarray] = {}
     cut: dict[str, list[tuple[Piece, np.ndarray]]] = {}
@@ -174,12 +203,14 @@ def join(values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def _joined(variable: str, parts: list[tuple[Piece, np.ndarray]]) -> np.ndarray:
     parts = sorted(parts, key=lambda part: part[0].start)
-    rows = parts[0][0].rows
-    first = parts[0][1]
+    shape, dtype = parts[0][0].shape, parts[0][1].dtype
+    rows = _rows(shape)
     covered = 0
     for piece, value in parts:
-        if piece.rows != rows:
-            raise MissingPieceError(f"dense variable {variable!r}: pieces of {rows} and of {piece.rows} rows")
+        if piece.shape != shape:
+            raise MissingPieceError(
+                f"dense variable {variable!r}: pieces of shapes {list(shape)} and {list(piece.shape)}"
+            )
         if piece.start != covered:
             gap = (
                 f"rows {covered}-{piece.start}"
@@ -187,20 +218,19 @@ def _joined(variable: str, parts: list[tuple[Piece, np.ndarray]]) -> np.ndarray:
                 else f"rows {piece.start}-{covered} twice"
             )
             raise MissingPieceError(f"dense variable {variable!r}: pieces do not cover {gap} of {rows}")
-        if value.shape != (piece.stop - piece.start, *first.shape[1:]) or value.dtype != first.dtype:
+        if value.shape != piece.piece_shape or value.dtype != dtype:
             raise MissingPieceError(
                 f"dense variable {variable!r}: piece {piece.name!r} is "
-                f"{value.dtype.name}{list(value.shape)}, not {piece.stop - piece.start} rows of "
-                f"{first.dtype.name}{list(first.shape[1:])}"
+                f"{value.dtype.name}{list(value.shape)}, not {dtype.name}{list(piece.piece_shape)}"
             )
         covered = piece.stop
     if covered != rows:
         raise MissingPieceError(
             f"dense variable {variable!r}: pieces do not cover rows {covered}-{rows} of {rows}"
         )
-    shape = (rows, *first.shape[1:])
-    whole = np.frombuffer(aligned_empty(_nbytes(shape, first.dtype)), dtype=first.dtype).reshape(shape)
+    whole = np.frombuffer(aligned_empty(_nbytes(shape, dtype)), dtype=dtype).reshape(shape)
+    as_rows = _as_rows(whole)
     for piece, value in parts:
-        whole[piece.start : piece.stop] = value
+        as_rows[piece.start : piece.stop] = value
     whole.flags.writeable = False
     return whole
