@@ -172,6 +172,13 @@ def test_a_pull_asks_a_ps_that_answered_nothing_again_when_its_pieces_are_missin
         # Nothing asked again when every PS answered nothing or whole variables.
         assert client._completed([answer(5, {}), answer(4, {})], pull_all)[0] == {}
         assert asked == [1]
+        # A PS that lost its model (restarted without a checkpoint): the caller offers the model again.
+        lost = DenseAnswer(False, 0, 0, False, {})
+        assert client._completed([answer(5, {"w#rows0-1of2x2": first}), lost], pull_all) == (
+            {},
+            [answer(5, {"w#rows0-1of2x2": first}), lost],
+        )
+        assert asked == [1]
         with pytest.raises(MissingPieceError):  # still missing after asking again
             client._completed([answer(5, {"w#rows0-1of2x2": first}), answer(4, {})], lambda _: answer(4, {}))
     finally:

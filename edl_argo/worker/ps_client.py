@@ -306,10 +306,14 @@ class ParameterServerClient:
         A PS answers all its variables or none (the caller held its current version). When one answered
         pieces of a variable whose other pieces are on one that answered none (it had not applied a push
         the first had), every PS that answered none is asked again for all its variables
-        (``pull_all(ps_id)``), once; pieces then still missing are a :class:`MissingPieceError`."""
+        (``pull_all(ps_id)``), once; pieces then still missing are a :class:`MissingPieceError`. When pieces
+        are missing because a PS is not initialised, no parameter is returned (the caller offers the model
+        again)."""
         try:
             return join(self._values_of(answers)), answers
         except MissingPieceError:
+            if not all(answer.initialized for answer in answers):
+                return {}, answers
             silent = [ps_id for ps_id, answer in enumerate(answers) if not answer.values]
             if not silent:
                 raise
