@@ -1,7 +1,8 @@
 """The inventory of a Keras model's state and where each part lives in a ParameterServerStrategy job.
 
 * ``trainable`` (dense variables): on the PS the model's dense layout places them on
-  (:class:`~edl_argo.ps.partition.DensePlacement`). Gradients are pushed; the PS's Keras optimizer applies
+  (:class:`~edl_argo.ps.partition.DensePlacement`), big ones in pieces of rows when the optimizer updates
+  elementwise (:mod:`edl_argo.ps.pieces`). Gradients are pushed; the PS's Keras optimizer applies
   them, then the variable's constraint; workers pull the values.
 * ``non_trainable`` (BatchNormalization statistics, any float variable a layer updates): placed with the
   trainable ones. Every push carries how the worker's forward pass changed them; the PS adds the change

@@ -2,6 +2,8 @@
 
 * :mod:`.partition` -- which server owns which dense variable and embedding id (workers import it too;
   it imports only numpy and zlib).
+* :mod:`.pieces` -- big dense variables cut into row ranges held as variables of their own (the workers'
+  client cuts and joins them; a PS sees only names).
 * :mod:`.embedding_table` -- lazily created embedding rows and their optimizer slot rows.
 * :mod:`.optimizer` -- dense and row-wise sparse updates with the model's own Keras optimizer.
 * :mod:`.parameters` -- this server's variables, tables, optimizers and model version.

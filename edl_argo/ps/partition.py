@@ -36,7 +36,8 @@ class DensePlacement:
     (the lowest id among equals), a greedy bin packing. The placement is a function of the layout and the
     number of PS alone, so every worker and PS that knows the layout computes the same one, in any
     process and after any relaunch or restore of the same model with the same ``--num-ps``. Whole
-    variables are placed: a variable larger than a PS's fair share leaves the others less to balance.
+    variables are placed: a variable larger than a PS's fair share leaves the others less to balance,
+    unless the workers cut it into pieces first (:mod:`edl_argo.ps.pieces`), which the layout then names.
     """
 
     num_ps: int

@@ -2,9 +2,11 @@
 
 Dense variables go to the PS the model's layout places them on
 (:class:`edl_argo.ps.partition.DensePlacement`, learnt in :meth:`ParameterServerClient.push_model`),
-embedding rows to the PS that owns their id (:func:`edl_argo.ps.partition.embedding_owner`). Calls to
-several PS run in parallel. Every push goes to every PS (with an empty partition where it owns nothing),
-so all PS count versions in step.
+big ones cut into pieces first when the optimizer allows it (:mod:`edl_argo.ps.pieces`): values and
+gradients are cut as they are pushed, and the pieces of every pull and push reply are joined, so callers
+see whole variables by their model names only. Embedding rows go to the PS that owns their id
+(:func:`edl_argo.ps.partition.embedding_owner`). Calls to several PS run in parallel. Every push goes to
+every PS (with an empty partition where it owns nothing), so all PS count versions in step.
 
 Synchronous SGD with several PS: PS 0 decides whether a minibatch is applied (see
 :mod:`edl_argo.ps.servicer`). A push goes to PS 0 first and, only when PS 0 accepted it, to the others
@@ -29,7 +31,8 @@ from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model.embedding_tables import EmbeddingTableSpec
 from edl_argo.proto import ps_pb2, ps_pb2_grpc
-from edl_argo.ps.partition import DensePlacement, embedding_owner
+from edl_argo.ps.partition import embedding_owner
+from edl_argo.ps.pieces import DensePieces, MissingPieceError, join
 from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
@@ -50,8 +53,8 @@ T = TypeVar("T")
 CONSISTENT_PULL_SECONDS = 10.0
 
 
-#: Dense parameters pulled (by name; only those newer than the versions the caller held) and the versions
-#: of every PS they are at.
+#: Dense parameters pulled (by model name; only those newer than the versions the caller held) and the
+#: versions of every PS they are at.
 Pulled = tuple[dict[str, np.ndarray], list[int]]
 
 
@@ -175,8 +178,9 @@ class ParameterServerClient:
         self._push_numbers = itertools.count(1)
         #: Whether the PS run synchronous SGD (learnt from every pull).
         self.synchronous = False
-        #: Which PS holds each dense variable (from :meth:`push_model`; pushes need it with several PS).
-        self._placement: DensePlacement | None = None
+        #: The pieces of the dense variables and which PS holds each (from :meth:`push_model`; pushes need
+        #: them with several PS).
+        self._pieces: DensePieces | None = None
 
     @property
     def num_ps(self) -> int:
@@ -211,21 +215,27 @@ class ParameterServerClient:
         tables: Iterable[EmbeddingTableSpec],
         non_trainable: Mapping[str, np.ndarray] | None = None,
         constraints: Mapping[str, str] | None = None,
+        elementwise: bool = False,
     ) -> bool:
         """Offer initial parameters (trainable and non-trainable, with the trainable variables' constraints);
         each PS keeps the first model it is offered. True if any took ours.
 
-        Every PS is told the model's whole dense layout, and this client places dense values by it from
-        now on (:class:`DensePlacement`): call this before pushing to several PS."""
+        ``elementwise``: the model's optimizer updates elementwise
+        (:func:`edl_argo.model.optimizer.updates_elementwise`), so big trainable variables without a
+        constraint may be cut into pieces (:class:`DensePieces`). Every PS is told the model's whole dense
+        layout, and this client cuts and places dense values by it from now on: call this before pushing
+        to several PS."""
         infos = [
             ps_pb2.EmbeddingTableInfo(
                 name=t.name, dim=t.dim, dtype=t.dtype, initializer=t.initializer, constraint=t.constraint
             )
             for t in tables
         ]
-        layout = {name: value.nbytes for name, value in [*dense.items(), *(non_trainable or {}).items()]}
-        self._placement = DensePlacement.of(layout, self.num_ps)
-        by_owner = self._split_dense(dense)
+        shapes = {name: (v.shape, v.dtype) for name, v in [*dense.items(), *(non_trainable or {}).items()]}
+        splittable = set(dense) - set(constraints or {}) if elementwise else set()
+        self._pieces = DensePieces.of(shapes, splittable, self.num_ps)
+        layout = dict(self._pieces.layout)
+        by_owner = self._split_dense(self._pieces.split(dense))
         state_by_owner = self._split_dense(non_trainable or {})
         constraints_by_owner = self._split_dense(constraints or {})
 
@@ -260,12 +270,16 @@ class ParameterServerClient:
             request = ps_pb2.PullDenseParametersRequest(version=held[ps_id], finalized=finalized)
             return self._call(ps_id, "PullDenseParameters", request)
 
+        def pull_all(ps_id: int) -> DenseAnswer:
+            request = ps_pb2.PullDenseParametersRequest(version=-1, finalized=finalized)
+            return self._call(ps_id, "PullDenseParameters", request)
+
         deadline = time.monotonic() + consistent_within
         pause = 0.005
         values: dict[str, np.ndarray] = {}
         while True:
-            responses = self._each(pull)
-            values.update(self._values_of(responses))
+            joined, responses = self._completed(self._each(pull), pull_all)
+            values.update(joined)
             held = [r.version for r in responses]
             initialized = all(r.initialized for r in responses)
             lagging = self._lagging(responses)
@@ -283,9 +297,35 @@ class ParameterServerClient:
             time.sleep(pause)
             pause = min(0.1, pause * 2)
 
+    def _completed(
+        self, answers: list[DenseAnswer], pull_all: Callable[[int], DenseAnswer]
+    ) -> tuple[dict[str, np.ndarray], list[DenseAnswer]]:
+        """The parameters of pull answers (one per PS, in id order) by model name, pieces joined
+        (:func:`join`), and the answers they are of.
+
+        A PS answers all its variables or none (the caller held its current version). When one answered
+        pieces of a variable whose other pieces are on one that answered none (it had not applied a push
+        the first had), every PS that answered none is asked again for all its variables
+        (``pull_all(ps_id)``), once; pieces then still missing are a :class:`MissingPieceError`. When pieces
+        are missing because a PS is not initialised, no parameter is returned (the caller offers the model
+        again)."""
+        try:
+            return join(self._values_of(answers)), answers
+        except MissingPieceError:
+            if not all(answer.initialized for answer in answers):
+                return {}, answers
+            silent = [ps_id for ps_id, answer in enumerate(answers) if not answer.values]
+            if not silent:
+                raise
+        answers = list(answers)
+        for ps_id, answer in zip(silent, self._each(pull_all, silent), strict=True):
+            answers[ps_id] = answer
+        return join(self._values_of(answers)), answers
+
     @staticmethod
     def _values_of(responses: Sequence[DenseAnswer]) -> dict[str, np.ndarray]:
-        """The parameters of pull answers by name (read-only views of the replies' bytes)."""
+        """The parameters of pull answers by the names the PS hold them by (pieces apart; read-only views
+        of the replies' bytes)."""
         return {name: value for r in responses for name, value in r.values.items()}
 
     def _lagging(self, responses: Sequence[DenseAnswer]) -> list[int]:
@@ -299,12 +339,16 @@ class ParameterServerClient:
         ]
 
     def _carried(self, responses: Sequence[PushReply]) -> Pulled | None:
-        """The parameters the push replies of every PS (in id order) carry, if they are of one step and
-        every PS is initialised; else None (the caller pulls)."""
+        """The parameters the push replies of every PS (in id order) carry, by model name (pieces joined),
+        if they are of one step, every PS is initialised and no piece is missing; else None (the caller
+        pulls)."""
         answers = [r.parameters for r in responses]
         if not all(a.initialized for a in answers) or self._lagging(answers):
             return None
-        return self._values_of(answers), [a.version for a in answers]
+        try:
+            return join(self._values_of(answers)), [a.version for a in answers]
+        except MissingPieceError:
+            return None
 
     def pull_embeddings(
         self, lookups: Sequence[tuple[str, np.ndarray]], tables: Mapping[str, EmbeddingTableSpec]
@@ -365,7 +409,7 @@ class ParameterServerClient:
         right after the push would get them (:attr:`PushResult.parameters`), so the caller skips that pull.
         With several synchronous PS, a refused push carries none (PS 0 alone answered)."""
         sequence = next(self._push_numbers)
-        dense_by_owner = self._split_dense(dense)
+        dense_by_owner = self._split_dense(dense if self._pieces is None else self._pieces.split(dense))
         state_by_owner = self._split_dense(state_changes or {})
         sparse_by_owner: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(self.num_ps)]
         for table, (values, ids) in sparse.items():
@@ -418,11 +462,12 @@ class ParameterServerClient:
         return self._each(lambda ps_id: self._call(ps_id, "GetStatus", request))
 
     def _split_dense(self, values: Mapping[str, T]) -> list[dict[str, T]]:
+        """``values`` by the names the PS hold them by (pieces cut already), one mapping per PS."""
         if self.num_ps == 1:
             return [dict(values)]
-        if self._placement is None:
+        if self._pieces is None:
             raise RuntimeError("push_model() places the dense variables on the PS: call it before pushing")
-        return self._placement.split(values)
+        return self._pieces.placement.split(values)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -25,8 +25,9 @@ from edl_argo.errors import JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
 from edl_argo.model.inventory import ModelInventory
+from edl_argo.model.optimizer import updates_elementwise
 from edl_argo.model.outputs import num_records
-from edl_argo.model.train_step import WorkerSteps, fit_loss
+from edl_argo.model.train_step import WorkerSteps, fit_loss, ps_optimizer_factory
 from edl_argo.worker.embedding import EmbeddingLookups, bind_embeddings
 from edl_argo.worker.gradient_check import check_finite_gradients
 from edl_argo.worker.ps_client import ParameterServerClient, PushResult
@@ -105,6 +106,9 @@ class ModelReplica:
         self._inventory = ModelInventory((), (), ())
         self._dense: list[keras.Variable] = []
         self._steps = WorkerSteps(spec.optimizer())
+        # Whether the PS may hold big variables in pieces (edl_argo.ps.pieces): the PS's optimizer updates
+        # elementwise.
+        self._elementwise = updates_elementwise(ps_optimizer_factory(spec.optimizer)())
         self._lookups = EmbeddingLookups()
         self._tables: dict[str, Any] = {}
         # Versions of the parameters this replica holds (as pulled), and the newest version a push saw.
@@ -151,6 +155,7 @@ class ModelReplica:
             inventory.tables,
             inventory.values(inventory.non_trainable),
             inventory.constraints(),
+            elementwise=self._elementwise,
         )
 
     def sync(self) -> None:

@@ -142,8 +142,20 @@ ALLREDUCE_ONE_WORKER = (
 DENSE_SUITE = MODELS / "dense_suite.py"
 
 
-def _suite_case(factory: str, title: str, ps_goal: float, **extra: Any) -> ModelCase:
-    """A model of the dense suite (``dense_suite.py:FACTORY``), both strategies against ``fit``."""
+#: The same job with 2 PS: with Adam, the big MLP's kernels in pieces spread over both
+#: (:mod:`edl_argo.ps.pieces`).
+TWO_PS = ("ours: local job, 1 worker + 2 PS, sync (big kernels in pieces)", {"num_ps": 2})
+
+
+def _suite_case(
+    factory: str,
+    title: str,
+    ps_goal: float,
+    more_variants: tuple[tuple[str, dict[str, Any]], ...] = (),
+    **extra: Any,
+) -> ModelCase:
+    """A model of the dense suite (``dense_suite.py:FACTORY``), both strategies against ``fit``, and
+    ``more_variants`` of our job."""
     return ModelCase(
         name=f"suite_{factory}",
         title=title,
@@ -151,7 +163,7 @@ def _suite_case(factory: str, title: str, ps_goal: float, **extra: Any) -> Model
         num_ps=1,
         records=lambda quick: digits_train_records(),
         goals=(("fit", ps_goal, f"{factory}: ours (1 worker + 1 PS, sync) ≥ {ps_goal}× model.fit"),),
-        variants=(ALLREDUCE_ONE_WORKER,),
+        variants=(ALLREDUCE_ONE_WORKER, *more_variants),
         variant_goals={
             ALLREDUCE_ONE_WORKER[0]: (0.9, f"{factory}: ours (AllreduceStrategy) ≥ 0.9× model.fit")
         },
@@ -159,7 +171,9 @@ def _suite_case(factory: str, title: str, ps_goal: float, **extra: Any) -> Model
     )
 
 
-BIG_MLP = _suite_case("big_mlp", "big dense MLP (64→4096→4096→2048→10, 25.4 M params, Adam)", 0.5)
+BIG_MLP = _suite_case(
+    "big_mlp", "big dense MLP (64→4096→4096→2048→10, 25.4 M params, Adam)", 0.5, more_variants=(TWO_PS,)
+)
 SUITE = (
     BIG_MLP,
     _suite_case(

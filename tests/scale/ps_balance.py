@@ -2,12 +2,14 @@
 tests.scale.ps_balance [--output FILE]``.
 
 Builds Keras applications' ResNet50, a Transformer encoder and the benchmarks' 25 M-parameter MLP without
-weights (nothing downloaded), takes the dense variables the PS hold (trainable and non-trainable, name and
-bytes; an ``Embedding`` table's rows are placed by id instead), and places them on 2 to 100 parameter
-servers as the PS do (:class:`edl_argo.ps.partition.DensePlacement`, by size) and as they did before
-(a CRC-32 of the name). Prints a markdown table per model: the largest PS's bytes over the mean (1.0 is
-perfect balance) under each rule, and the largest single variable over the mean (a floor no placement of
-whole variables can go below).
+weights (nothing downloaded), takes the dense variables the PS hold (trainable and non-trainable, name,
+shape and dtype; an ``Embedding`` table's rows are placed by id instead), and places them on 2 to 100
+parameter servers as the PS do with an elementwise optimizer such as Adam (big trainable variables cut into
+pieces of rows first, :mod:`edl_argo.ps.pieces`), as they do whole (with any other optimizer, and before
+pieces: :class:`edl_argo.ps.partition.DensePlacement`, by size) and as they did before that (a CRC-32 of
+the name). Prints a markdown table per model: the largest PS's bytes over the mean (1.0 is perfect
+balance) under each rule, the largest single variable over the mean (a floor no placement of whole
+variables can go below), and how many variables the first rule cuts into how many pieces.
 """
 
 from __future__ import annotations
@@ -16,15 +18,32 @@ import argparse
 import os
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PS_COUNTS = (2, 4, 8, 10, 16, 32, 64, 100)
 
 
-def variables_of(model: object) -> list[tuple[str, int]]:
-    """``(name, bytes)`` of every dense variable of a built Keras model, by its unique path. ``Embedding``
-    layers are left out: the PS serve them as tables whose rows are placed by id."""
+@dataclass(frozen=True)
+class Variable:
+    """A dense variable as the placement rules see it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    trainable: bool
+
+    @property
+    def nbytes(self) -> int:
+        import numpy as np
+
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def variables_of(model: object) -> list[Variable]:
+    """Every dense variable of a built Keras model, by its unique path. ``Embedding`` layers are left out:
+    the PS serve them as tables whose rows are placed by id."""
     import keras
 
     embedded = {
@@ -34,13 +53,13 @@ def variables_of(model: object) -> list[tuple[str, int]]:
         for v in layer.weights  # type: ignore[attr-defined]
     }
     return [
-        (str(v.path), int(v.numpy().nbytes))
+        Variable(str(v.path), tuple(v.shape), str(v.dtype), bool(v.trainable))
         for v in model.weights  # type: ignore[attr-defined]
         if id(v) not in embedded
     ]
 
 
-def resnet50() -> list[tuple[str, int]]:
+def resnet50() -> list[Variable]:
     import keras
 
     return variables_of(keras.applications.ResNet50(weights=None))
@@ -48,7 +67,7 @@ def resnet50() -> list[tuple[str, int]]:
 
 def transformer_encoder(
     layers: int = 6, width: int = 512, heads: int = 8, vocabulary: int = 32_000
-) -> list[tuple[str, int]]:
+) -> list[Variable]:
     import keras
 
     tokens = keras.Input(shape=(128,), dtype="int32")
@@ -62,25 +81,38 @@ def transformer_encoder(
     return variables_of(keras.Model(tokens, outputs))
 
 
-def big_mlp() -> list[tuple[str, int]]:
+def big_mlp() -> list[Variable]:
     from tests.bench.models.dense_suite import big_mlp as build
 
     return variables_of(build())
 
 
-def by_size(variables: Sequence[tuple[str, int]], num_ps: int) -> list[int]:
-    """Bytes per PS as the PS place dense variables."""
+def in_pieces(variables: Sequence[Variable], num_ps: int) -> tuple[list[int], int, int]:
+    """Bytes per PS as the PS place dense variables with an elementwise optimizer (trainable variables
+    without a constraint may be cut; these models have none), the variables cut and their pieces."""
+    import numpy as np
+
+    from edl_argo.ps.pieces import DensePieces
+
+    shapes = {v.name: (v.shape, np.dtype(v.dtype)) for v in variables}
+    pieces = DensePieces.of(shapes, {v.name for v in variables if v.trainable}, num_ps)
+    cut = sum(len(p) for p in pieces.pieces.values())
+    return pieces.placement.bytes_per_ps(), len(pieces.pieces), cut
+
+
+def by_size(variables: Sequence[Variable], num_ps: int) -> list[int]:
+    """Bytes per PS as the PS place whole dense variables."""
     from edl_argo.ps.partition import DensePlacement
 
-    return DensePlacement.of(dict(variables), num_ps).bytes_per_ps()
+    return DensePlacement.of({v.name: v.nbytes for v in variables}, num_ps).bytes_per_ps()
 
 
-def by_name(variables: Sequence[tuple[str, int]], num_ps: int) -> list[int]:
+def by_name(variables: Sequence[Variable], num_ps: int) -> list[int]:
     """Bytes per PS as the PS placed dense variables before placement by size (commit 37a83bc and
     earlier): by ``zlib.crc32`` of the name, modulo the number of PS."""
     loads = [0] * num_ps
-    for name, size in variables:
-        loads[zlib.crc32(name.encode("utf-8")) % num_ps] += size
+    for v in variables:
+        loads[zlib.crc32(v.name.encode("utf-8")) % num_ps] += v.nbytes
     return loads
 
 
@@ -89,21 +121,25 @@ def imbalance(loads: Sequence[int]) -> float:
     return max(loads) / (sum(loads) / len(loads))
 
 
-def table(name: str, variables: Sequence[tuple[str, int]]) -> str:
-    total = sum(size for _, size in variables)
-    largest = max(size for _, size in variables)
+def table(name: str, variables: Sequence[Variable]) -> str:
+    total = sum(v.nbytes for v in variables)
+    largest = max(v.nbytes for v in variables)
     lines = [
         f"**{name}**: {len(variables)} dense variables, {total / 2**20:.1f} MiB; the largest "
         f"{largest / 2**20:.1f} MiB ({100 * largest / total:.1f}%).",
         "",
-        "| parameter servers | max/mean bytes per PS, by size | before: by a CRC-32 of the name | floor: "
-        "largest variable / mean |",
-        "|---|---|---|---|",
+        "| parameter servers | max/mean bytes per PS: in pieces (Adam, ...) | variables cut (pieces) | "
+        "whole, by size | floor of whole: largest variable / mean | before: by a CRC-32 of the name |",
+        "|---|---|---|---|---|---|",
     ]
     for num_ps in PS_COUNTS:
+        loads, cut, pieces = in_pieces(variables, num_ps)
         sized, named = imbalance(by_size(variables, num_ps)), imbalance(by_name(variables, num_ps))
         floor = max(1.0, largest / (total / num_ps))
-        lines.append(f"| {num_ps} | {sized:.2f} | {named:.2f} | {floor:.2f} |")
+        lines.append(
+            f"| {num_ps} | {imbalance(loads):.2f} | {cut} ({pieces}) | {sized:.2f} | {floor:.2f} "
+            f"| {named:.2f} |"
+        )
     return "\n".join(lines)
 
 
