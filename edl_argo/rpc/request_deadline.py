@@ -22,7 +22,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -91,15 +91,14 @@ def receive_within(
         watch.cancel()
 
 
-@dataclass(order=True)
+@dataclass(eq=False)
 class Watch:
     """One deadline of a :class:`DeadlineWatcher`: ``action`` runs at ``due`` (``time.monotonic()``) unless
     :meth:`cancel` came first."""
 
     due: float
-    number: int
-    action: Callable[[], None] = field(compare=False)
-    cancelled: bool = field(default=False, compare=False)
+    action: Callable[[], None]
+    cancelled: bool = False
 
     def cancel(self) -> None:
         """Do not run the action (it may be running already, or have run: then this does nothing). The
@@ -120,19 +119,19 @@ class DeadlineWatcher:
     def __init__(self, name: str = "request-deadlines") -> None:
         self._name = name
         self._ready = threading.Condition()
-        self._watches: list[Watch] = []
+        self._watches: list[tuple[float, int, Watch]] = []  # (due, order of arrival, watch): a heap
         self._numbers = itertools.count()
         self._thread: threading.Thread | None = None
 
     def call_later(self, seconds: float, action: Callable[[], None]) -> Watch:
         """Run ``action()`` ``seconds`` from now, unless the returned watch is cancelled before."""
-        watch = Watch(time.monotonic() + seconds, next(self._numbers), action)
+        watch = Watch(time.monotonic() + seconds, action)
         with self._ready:
-            heapq.heappush(self._watches, watch)
+            heapq.heappush(self._watches, (watch.due, next(self._numbers), watch))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            elif self._watches[0] is watch:  # earlier than what the thread waits for
+            elif self._watches[0][2] is watch:  # earlier than what the thread waits for
                 self._ready.notify()
         return watch
 
@@ -144,9 +143,9 @@ class DeadlineWatcher:
     def _run(self) -> None:
         while True:
             with self._ready:
-                while not self._watches or self._watches[0].due > time.monotonic():
-                    self._ready.wait(self._watches[0].due - time.monotonic() if self._watches else None)
-                watch = heapq.heappop(self._watches)
+                while not self._watches or self._watches[0][0] > time.monotonic():
+                    self._ready.wait(self._watches[0][0] - time.monotonic() if self._watches else None)
+                _, _, watch = heapq.heappop(self._watches)
             if watch.cancelled:
                 continue
             try:
