@@ -133,7 +133,7 @@ class SimulatedWorker:
     def _connect(self) -> None:
         self._close()
         credential = self._secret.credential(pod_identity("worker", self.worker_id))
-        self._channel = make_channel(self._master, credential)
+        self._channel = make_channel(self._master, credential, own_connection=True)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 
     def _close(self) -> None:
