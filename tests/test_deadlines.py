@@ -26,7 +26,15 @@ from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.ps_watch import PING_INTERVAL_SECONDS
 from edl_argo.master.servicer import MasterServicer
-from edl_argo.master.state_store import MASTER_THREADS, SAVE_WAITERS, DurableMasterServicer, GroupCommit
+from edl_argo.master.serving import master_server_limits
+from edl_argo.master.state_store import (
+    MASTER_THREADS,
+    SAVE_WAITERS,
+    WORKERS_PER_SAVE_WAITER,
+    DurableMasterServicer,
+    GroupCommit,
+    save_waiters,
+)
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.pods import PodRole
 from edl_argo.proto import master_pb2, master_pb2_grpc
@@ -162,14 +170,21 @@ def test_keepalive_drops_an_idle_connection_whose_peer_went_silent(master: str) 
         proxy.close()
 
 
-def test_reports_waiting_for_a_slow_save_leave_threads_for_other_calls() -> None:
+@pytest.mark.parametrize("max_workers", [0, 1000])
+def test_reports_waiting_for_a_slow_save_leave_threads_for_other_calls(max_workers: int) -> None:
+    """As many reports as the job's size allows (SAVE_WAITERS; one per WORKERS_PER_SAVE_WAITER workers in a
+    large job) wait for a stuck save, the next ones are answered UNAVAILABLE, and GetTask is still served."""
+    waiters = save_waiters(max_workers)
+    assert waiters == max(SAVE_WAITERS, max_workers // WORKERS_PER_SAVE_WAITER)
     dispatcher = TaskDispatcher({"s": 1000}, DispatcherConfig(records_per_task=10, num_epochs=1))
     evaluation = EvaluationService(lambda: {}, {}, 0)
     evaluation.dispatcher = dispatcher
     storage_back = threading.Event()
     writer = GroupCommit(dispatcher.snapshot, lambda _state: storage_back.wait(60), wait_seconds=60)
-    servicer = DurableMasterServicer(dispatcher, evaluation, URLS, lambda: 0, commit=writer)
-    server = make_server(MASTER_THREADS)
+    servicer = DurableMasterServicer(
+        dispatcher, evaluation, URLS, lambda: 0, commit=writer, save_waiters=waiters
+    )
+    server = make_server(limits=master_server_limits(30, max_workers))
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -181,7 +196,7 @@ def test_reports_waiting_for_a_slow_save_leave_threads_for_other_calls() -> None
             stub.ReportTaskResult.future(
                 master_pb2.ReportTaskResultRequest(worker_id=w, task_id=1, success=True), timeout=60
             )
-            for w in range(SAVE_WAITERS + 4)
+            for w in range(waiters + 4)
         ]
         time.sleep(1.0)  # every report has reached the master; the save is stuck
         took, response = timed(
@@ -193,7 +208,7 @@ def test_reports_waiting_for_a_slow_save_leave_threads_for_other_calls() -> None
         assert len(refused) == 4 and all(f.code() == grpc.StatusCode.UNAVAILABLE for f in refused)
         storage_back.set()
         answered = [f.result(timeout=20) for f in reports if f not in refused]
-        assert len(answered) == SAVE_WAITERS
+        assert len(answered) == waiters
     finally:
         storage_back.set()
         writer.close()

@@ -7,8 +7,10 @@ Every refusal is INVALID_ARGUMENT or FAILED_PRECONDITION with one line naming th
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -362,3 +364,63 @@ def test_a_parameter_servers_call_cap_admits_every_call_of_the_jobs_own_workers(
 
     assert ps_serving.ps_server_limits(30).max_concurrent_calls == ps_serving.MAX_CONCURRENT_CALLS
     assert ps_serving.ps_server_limits(30, max_workers=1000).max_concurrent_calls == 3000
+class _HoldServing(grpc.ServerInterceptor):
+    """Holds the server's one serving thread (which runs the interceptors of every call it takes) until
+    ``release``: the calls that arrive meanwhile wait in gRPC's core, as they do when a busy server takes
+    them slowly."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self._release = release
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        self._release.wait(60)
+        return continuation(handler_call_details)
+
+
+def _calls_started() -> dict[int, int]:
+    """The calls gRPC's core has received, taken by their server or not, of each server of this process
+    (channelz), by server id."""
+    from grpc._cython import cygrpc
+
+    servers = json.loads(cygrpc.channelz_get_servers(0)).get("server", [])
+    return {int(server["ref"]["serverId"]): int(server["data"].get("callsStarted", 0)) for server in servers}
+
+
+def test_calls_that_arrive_faster_than_the_master_takes_them_wait_and_are_answered() -> None:
+    # 5,000 workers (tests/scale/master_load.py): the master took calls slower than they came, and gRPC's
+    # core cancelled those beyond 1,000 waiting (CANCELLED, which a worker does not retry: its pod ends).
+    calls = 3200
+    release = threading.Event()
+    others = set(_calls_started())
+    server = make_server(
+        limits=serving.master_server_limits(30, max_workers=calls // serving.CALLS_PER_WORKER + 1),
+        interceptors=[_HoldServing(release)],
+    )
+    echo = grpc.unary_unary_rpc_method_handler(lambda request, _context: request)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("edl_argo.Master", {"GetTask": echo}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    (server_id,) = set(_calls_started()) - others
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        method = channel.unary_unary("/edl_argo.Master/GetTask")
+        futures = [method.future(b"", timeout=60) for _ in range(calls)]
+        deadline = time.monotonic() + 30
+        while _calls_started()[server_id] < calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _calls_started()[server_id] == calls, "the calls did not all reach the server"
+        release.set()
+        outcomes = Counter(
+            "answered" if f.exception() is None else f.exception().code().name for f in futures
+        )
+        assert outcomes == {"answered": calls}
+    finally:
+        release.set()
+        channel.close()
+        server.stop(None)

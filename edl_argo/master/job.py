@@ -62,6 +62,7 @@ from edl_argo.master.state_store import (
     DurableMasterServicer,
     GroupCommit,
     commit_wait_seconds,
+    save_waiters,
 )
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.tensorboard_log import EventFileWriter
@@ -301,6 +302,7 @@ class TrainingJob:
             ledger=self.ledger,
             bounds=self._request_bounds(),
             commit=self._state_writer,
+            save_waiters=save_waiters(self.config.worker_limit),
             on_training_report=self._training_reported,
         )
         master_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)

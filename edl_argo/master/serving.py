@@ -4,7 +4,7 @@ callers' deadline by more than the handlers' slack."""
 
 from __future__ import annotations
 
-from edl_argo.master.state_store import MASTER_THREADS
+from edl_argo.master.state_store import master_threads
 from edl_argo.rpc.server_limits import ServerLimits
 
 #: The calls the job's progress depends on: served from a pool of their own (:func:`master_server_limits`).
@@ -28,14 +28,15 @@ HANDLER_SLACK_SECONDS = 60.0
 
 def master_server_limits(rpc_timeout_seconds: float, max_workers: int = 0) -> ServerLimits:
     """The master server's bounds (:mod:`edl_argo.rpc.server_limits`): :data:`PROGRESS_METHODS` on
-    ``MASTER_THREADS`` threads of their own, at most :data:`MAX_CONCURRENT_CALLS` calls at once or
-    :data:`CALLS_PER_WORKER` per worker of ``max_workers`` (the most the job may have) if more, and no
-    call lasting longer than the callers' deadline (``--rpc-timeout-seconds``) plus the handlers' slack
-    (a client that sends a call's headers and never its body holds a thread that long at most)."""
+    threads of their own (:func:`~edl_argo.master.state_store.master_threads` of ``max_workers``, the
+    most workers the job may have), at most :data:`MAX_CONCURRENT_CALLS` calls at once or
+    :data:`CALLS_PER_WORKER` per worker of ``max_workers`` if more, and no call lasting longer than the
+    callers' deadline (``--rpc-timeout-seconds``) plus the handlers' slack (a client that sends a call's
+    headers and never its body holds a thread that long at most)."""
     return ServerLimits(
         threads=OTHER_THREADS,
         priority_methods=PROGRESS_METHODS,
-        priority_threads=MASTER_THREADS,
+        priority_threads=master_threads(max_workers),
         max_concurrent_calls=max(MAX_CONCURRENT_CALLS, CALLS_PER_WORKER * max_workers),
         connection_seconds=CONNECTION_SECONDS,
         max_call_seconds=rpc_timeout_seconds + HANDLER_SLACK_SECONDS,

@@ -105,10 +105,26 @@ FINGERPRINT_FIELDS = (
 COMMIT_WAIT_SECONDS = 60.0
 #: Threads of the master's gRPC server, and how many of them may wait for a state save at once: the
 #: others always serve GetTask, ReportVersion and the AllreduceStrategy rendezvous, however slow a save.
+#: A job of many workers has more of both (:func:`save_waiters`): one more waiter per
+#: :data:`WORKERS_PER_SAVE_WAITER` workers it may have, so that its reports wait for a save rather than be
+#: answered UNAVAILABLE and retried after the worker's backoff (a tail of a second and more on S3).
 MASTER_THREADS = 16
 SAVE_WAITERS = 12
+WORKERS_PER_SAVE_WAITER = 25
 #: Backoff of a failed write: first delay, doubled up to the maximum.
 RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 10.0
+
+
+def save_waiters(max_workers: int) -> int:
+    """How many requests may wait for a save at once in a job of at most ``max_workers`` workers:
+    :data:`SAVE_WAITERS`, or one per :data:`WORKERS_PER_SAVE_WAITER` workers if more."""
+    return max(SAVE_WAITERS, -(-max_workers // WORKERS_PER_SAVE_WAITER))
+
+
+def master_threads(max_workers: int) -> int:
+    """Threads of the master's progress calls in a job of at most ``max_workers`` workers: its
+    :func:`save_waiters`, and as many others as :data:`MASTER_THREADS` leaves beside :data:`SAVE_WAITERS`."""
+    return save_waiters(max_workers) + MASTER_THREADS - SAVE_WAITERS
 
 
 def commit_wait_seconds(rpc_timeout_seconds: float) -> float:

@@ -62,16 +62,23 @@ REASON_CHARS = 300
 
 
 def make_channel(
-    address: str, credential: ClientCredential | None = None, tls: TlsFiles | None = None
+    address: str,
+    credential: ClientCredential | None = None,
+    tls: TlsFiles | None = None,
+    *,
+    own_connection: bool = False,
 ) -> grpc.Channel:
     """A channel to ``host:port`` with keepalive whose calls present ``credential`` (default: this
     process's, :func:`~edl_argo.rpc.auth.credential_from_env`; none if it has none). With ``tls``
     (:mod:`edl_argo.rpc.tls`) the connection is TLS and the server's certificate is checked; without, plain
-    TCP: the credential authenticates, it does not encrypt."""
+    TCP: the credential authenticates, it does not encrypt. gRPC lets the channels of a process to the same
+    address share one connection; ``own_connection``: this one has a connection of its own (the simulated
+    workers of a load test, many in a process, connect as separate pods would)."""
+    options = [*_CHANNEL_OPTIONS, *([("grpc.use_local_subchannel_pool", 1)] if own_connection else [])]
     if tls is None:
-        channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        channel = grpc.insecure_channel(address, options=options)
     else:
-        channel = tls_channel(address, tls, _CHANNEL_OPTIONS)
+        channel = tls_channel(address, tls, options)
     return authenticated(channel, credential if credential is not None else credential_from_env())
 
 

@@ -14,7 +14,14 @@ more (a buggy or hostile one) holds a thread for as long as it keeps the connect
   with whatever calls it still holds, ``max_call_seconds`` later. A real call is bounded by its client's
   deadline well before;
 * cancels a unary call whose request has not arrived ``request_arrival_seconds`` after its headers, and
-  answers bytes that are no valid request ``INVALID_ARGUMENT`` (:mod:`edl_argo.rpc.request_deadline`).
+  answers bytes that are no valid request ``INVALID_ARGUMENT`` (:mod:`edl_argo.rpc.request_deadline`);
+* lets calls that arrive faster than the server takes them wait, instead of having gRPC cancel them. gRPC's
+  core holds a call until the Python server's one serving thread takes it (which needs the GIL: a busy
+  server takes calls slowly), and by default cancels new calls at random once 1,000 wait, all beyond 3,000,
+  and any that waited 30 s, with ``CANCELLED`` (status and details), a status clients do not retry: 5,000
+  workers made their master cancel thousands of calls so. A server with ``max_concurrent_calls`` lets as
+  many wait as it admits (:meth:`ServerLimits.options`), and lets a call wait for as long as a call may
+  last, so that its client's deadline ends it first (``DEADLINE_EXCEEDED``, which clients retry).
 
 The master's and the parameter servers' bounds are declared in ``edl_argo/master/serving.py`` and
 ``edl_argo/ps/serving.py``; :func:`edl_argo.rpc.channel.make_server` applies them.
@@ -22,6 +29,7 @@ The master's and the parameter servers' bounds are declared in ``edl_argo/master
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -31,6 +39,10 @@ import grpc
 from grpc.experimental import wrap_server_method_handler
 
 from edl_argo.rpc.request_deadline import REQUEST_ARRIVAL_SECONDS, RequestDeadlineInterceptor
+
+#: Calls gRPC's core lets wait for the server to take them, at least (its own default: 1,000 before it
+#: cancels some at random, 3,000 before it cancels every new one).
+CORE_WAITING_CALLS = 3000
 
 
 @dataclass(frozen=True)
@@ -47,10 +59,19 @@ class ServerLimits:
     request_arrival_seconds: float = REQUEST_ARRIVAL_SECONDS
 
     def options(self) -> list[tuple[str, int]]:
-        """The channel arguments that bound a connection's (and so every call's) life."""
+        """The channel arguments that bound a connection's (and so every call's) life, and those that let as
+        many calls wait to be taken as the server admits (:data:`CORE_WAITING_CALLS` at least; beyond, gRPC
+        cancels them), for as long as a call may last (see the module docstring)."""
+        waiting = max(CORE_WAITING_CALLS, self.max_concurrent_calls or 0)
         return [
             ("grpc.max_connection_age_ms", int(self.connection_seconds * 1000)),
             ("grpc.max_connection_age_grace_ms", int(self.max_call_seconds * 1000)),
+            ("grpc.server.max_pending_requests", waiting),
+            ("grpc.server.max_pending_requests_hard_limit", waiting),
+            (
+                "grpc.server_max_unrequested_time_in_server",
+                math.ceil(self.connection_seconds + self.max_call_seconds),
+            ),
         ]
 
     def interceptors(self, inner: Sequence[grpc.ServerInterceptor] = ()) -> list[grpc.ServerInterceptor]:

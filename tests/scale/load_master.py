@@ -39,7 +39,13 @@ from edl_argo.master.ledger import TrainingLedger
 from edl_argo.master.pod_manager import PodManager, PodPolicy
 from edl_argo.master.request_checks import RequestBounds
 from edl_argo.master.serving import master_server_limits
-from edl_argo.master.state_store import DurableMasterServicer, GroupCommit, MasterStateStore, job_fingerprint
+from edl_argo.master.state_store import (
+    DurableMasterServicer,
+    GroupCommit,
+    MasterStateStore,
+    job_fingerprint,
+    save_waiters,
+)
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
 from edl_argo.master.training_stats import TrainingLoss
 from edl_argo.pods import PodBackend, PodEvent, PodPhase, PodReason, PodRole, PodSpec, PodStatus
@@ -217,6 +223,7 @@ def serve(args: argparse.Namespace) -> None:
         ledger=parts.ledger,
         bounds=RequestBounds(is_worker=pods.is_worker),
         commit=writer,
+        save_waiters=save_waiters(args.workers),
     )
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -133,7 +133,7 @@ class SimulatedWorker:
     def _connect(self) -> None:
         self._close()
         credential = self._secret.credential(pod_identity("worker", self.worker_id))
-        self._channel = make_channel(self._master, credential)
+        self._channel = make_channel(self._master, credential, own_connection=True)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 
     def _close(self) -> None:
@@ -155,11 +155,12 @@ class SimulatedWorker:
 
     def _call(self, timings: list[float], rpc: Callable[[float], Response]) -> tuple[Response, int]:
         """``rpc`` with the worker's retries: its answer and how many attempts it took."""
-        started, attempts = time.perf_counter(), 0
+        started, attempts, attempt_started = time.perf_counter(), 0, 0.0
 
         def attempt(timeout: float) -> Response:
-            nonlocal attempts
+            nonlocal attempts, attempt_started
             attempts += 1
+            attempt_started = time.perf_counter()
             return rpc(timeout)
 
         try:
@@ -168,7 +169,10 @@ class SimulatedWorker:
             )
         except grpc.RpcError as error:
             with self._lock:
-                self._seen.crashed.append(f"worker {self.worker_id}: {error.code().name} {error.details()}")
+                self._seen.crashed.append(
+                    f"worker {self.worker_id}: {error.code().name} {error.details()} (attempt {attempts},"
+                    f" after {time.perf_counter() - attempt_started:.1f} s of {RPC_TIMEOUT_SECONDS:g})"
+                )
             raise WorkerGone("crashed") from None
         elapsed = time.perf_counter() - started
         with self._lock:
