@@ -364,6 +364,8 @@ def test_a_parameter_servers_call_cap_admits_every_call_of_the_jobs_own_workers(
 
     assert ps_serving.ps_server_limits(30).max_concurrent_calls == ps_serving.MAX_CONCURRENT_CALLS
     assert ps_serving.ps_server_limits(30, max_workers=1000).max_concurrent_calls == 3000
+
+
 class _HoldServing(grpc.ServerInterceptor):
     """Holds the server's one serving thread (which runs the interceptors of every call it takes) until
     ``release``: the calls that arrive meanwhile wait in gRPC's core, as they do when a busy server takes
