@@ -124,9 +124,9 @@ def main() -> None:
             for prefork, label in ((True, "forked from the template"), (False, "exec (EDL_LOCAL_PREFORK=0)")):
                 folder = Path(root) / f"{'fork' if prefork else 'exec'}{trial}"
                 folder.mkdir()
+                print(f"trial {trial + 1}, {label}:", flush=True)
                 seconds = seconds_to_first_step(data, folder, prefork)
                 results[label].append(seconds)
-                print(f"trial {trial + 1}, {label}: first step after {seconds:.2f} s", flush=True)
         print()
         for label, values in results.items():
             median, low, high = statistics.median(values), min(values), max(values)
