@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--output", type=Path, default=None, help="folder for py-spy's raw stacks")
     parser.add_argument("--native", action="store_true", help="also sample native (C/C++) frames")
+    parser.add_argument("--num-ps", type=int, default=0, help="parameter servers (default: the case's)")
     args = parser.parse_args(argv)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = Path(write_records(workdir / "data", case.records(False)))
         with (workdir / "job.log").open("a") as log:
-            job = OurJob(case, data, workdir, log)
+            job = OurJob(case, data, workdir, log, {"num_ps": args.num_ps} if args.num_ps else {})
             job.start()
             try:
                 job.window(3.0, first=True)  # warm-up, then paused
