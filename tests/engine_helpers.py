@@ -170,3 +170,26 @@ def master_port_turn() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def mse_model_file(optimizer: str, custom_model: str) -> str:
+    """A model file of the model contract: mean squared error, the optimizer ``optimizer`` (a Python
+    expression, e.g. ``keras.optimizers.SGD(0.05)``), minibatches given as they are, no metric, and
+    ``custom_model`` (the source of its ``def custom_model():``)."""
+    return f"""
+import keras
+import tensorflow as tf
+
+def feed(dataset, mode, metadata):
+    return dataset
+
+def loss(labels, predictions):
+    return tf.reduce_mean(tf.square(predictions - labels))
+
+def optimizer():
+    return {optimizer}
+
+def eval_metrics_fn():
+    return {{}}
+
+{custom_model}"""

@@ -20,6 +20,7 @@ from edl_argo.ps.pieces import MIN_PIECE_BYTES, DensePieces, MissingPieceError, 
 from edl_argo.rpc.rope import ALIGNMENT
 from edl_argo.rpc.tensors import to_tensor
 from edl_argo.worker.ps_client import DenseAnswer, ParameterServerClient
+from tests.engine_helpers import mse_model_file
 
 F32 = np.dtype(np.float32)
 ROW = MIN_PIECE_BYTES // 16 // 4  # float32 columns of a row of 1/16 MiB (16,384)
@@ -251,27 +252,15 @@ WIDE = 1024
 LEARNING_RATE = 0.01
 
 #: A 4 MiB hidden kernel (1,024 x 1,024 float32) that 2 PS hold in 4 pieces, trained with Adam.
-WIDE_MODEL = f"""
-import keras
-import tensorflow as tf
-
-def feed(dataset, mode, metadata):
-    return dataset
-
-def loss(labels, predictions):
-    return tf.reduce_mean(tf.square(predictions - labels))
-
-def optimizer():
-    return keras.optimizers.Adam({LEARNING_RATE})
-
-def eval_metrics_fn():
-    return {{}}
-
+WIDE_MODEL = mse_model_file(
+    f"keras.optimizers.Adam({LEARNING_RATE})",
+    f"""
 def custom_model():
     x = keras.Input(shape=({WIDE},), name="x")
     hidden = keras.layers.Dense({WIDE}, activation="tanh", name="hidden")(x)
     return keras.Model(x, keras.layers.Dense(1, name="out")(hidden))
-"""
+""",
+)
 
 
 @pytest.fixture

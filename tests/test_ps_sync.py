@@ -25,39 +25,22 @@ from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.worker.ps_client import ParameterServerClient
 from edl_argo.worker.replica import ModelReplica
+from tests.engine_helpers import mse_model_file
 
 LEARNING_RATE = 0.05
 FEATURES = 4
 PARTS = 4
 
-#: The model contract but custom_model(): mean squared error, plain SGD, minibatches given as they are.
-MSE_WITH_PLAIN_SGD = f"""
-import keras
-import tensorflow as tf
-
-def feed(dataset, mode, metadata):
-    return dataset
-
-def loss(labels, predictions):
-    return tf.reduce_mean(tf.square(predictions - labels))
-
-def optimizer():
-    return keras.optimizers.SGD({LEARNING_RATE})
-
-def eval_metrics_fn():
-    return {{}}
-"""
-
 #: A linear model whose prediction is ``x @ (k0 + k1 + k2 + k3) + b`` (the kernels are spread over the
 #: PS by name): its gradients are easy to write in numpy.
-LINEAR_MODEL = (
-    MSE_WITH_PLAIN_SGD
-    + f"""
+LINEAR_MODEL = mse_model_file(
+    f"keras.optimizers.SGD({LEARNING_RATE})",
+    f"""
 def custom_model():
     x = keras.Input(shape=({FEATURES},), name="x")
     parts = [keras.layers.Dense(1, name=f"d{{i}}", use_bias=i == 0)(x) for i in range({PARTS})]
     return keras.Model(x, keras.layers.Add()(parts))
-"""
+""",
 )
 
 
@@ -370,14 +353,14 @@ def test_pipelined_pushes_carry_the_versions_their_gradients_were_computed_from(
 
 
 VOCABULARY = 20
-EMBEDDING_MODEL = (
-    MSE_WITH_PLAIN_SGD
-    + f"""
+EMBEDDING_MODEL = mse_model_file(
+    f"keras.optimizers.SGD({LEARNING_RATE})",
+    f"""
 def custom_model():
     ids = keras.Input(shape=(3,), dtype="int64", name="ids")
     rows = keras.layers.Embedding({VOCABULARY}, 4, name="emb")(ids)
     return keras.Model(ids, keras.layers.Dense(1, name="out")(keras.layers.Flatten()(rows)))
-"""
+""",
 )
 
 

@@ -2,7 +2,7 @@
 
 :class:`~edl_argo.ps.partition.DensePlacement` places whole variables, so a variable larger than a PS's
 fair share leaves that PS with more than the others (the benchmarks' 25 M-parameter MLP on 2 PS: 1.32
-times the mean). :meth:`DensePieces.of` cuts such variables along axis 0 into pieces, each a dense
+times the mean). :meth:`DensePieces.of` cuts such variables into pieces of rows (below), each a dense
 variable of its own to the PS, placed like any other; the PS know nothing of pieces beyond their names.
 The workers' client (:mod:`edl_argo.worker.ps_client`) cuts values and gradients into pieces as it pushes
 them and joins pieces into whole variables as it reads pulls and push replies (:func:`join`), so nothing
