@@ -312,8 +312,11 @@ def test_a_kernel_in_pieces_trains_as_model_fit_and_exports_whole(wide_spec: Mod
         ):
             assert tuple(trained.shape) == tuple(variable.shape)
             assert not np.allclose(trained.numpy(), initial[variable.path], rtol=0, atol=1e-3)
-            np.testing.assert_allclose(
-                trained.numpy(), variable.numpy(), rtol=1e-5, atol=1e-6, err_msg=variable.path
-            )
+            # Adam divides each gradient by its own root mean square, so a gradient within rounding of 0
+            # can come out with either sign in two computations of it: a few elements may differ by up to
+            # twice the steps' learning rates. A piece applied twice, or rows out of order, moves a
+            # quarter of the kernel.
+            off = ~np.isclose(trained.numpy(), variable.numpy(), rtol=1e-5, atol=1e-6)
+            assert off.mean() <= 1e-3, f"{variable.path}: {off.sum()} of {off.size} elements differ"
     finally:
         ps.stop()

@@ -22,6 +22,7 @@ from edl_argo.errors import ConfigError
 from edl_argo.pods import find_free_port
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
 from edl_argo.ps.checkpoint import decode_state, encode_state, ps_checkpointer, ps_checkpoints, restore_latest
+from edl_argo.ps.errors import InvalidRequestError
 from edl_argo.ps.parameters import Parameters, ParametersState
 from edl_argo.ps.server import PSConfig, create_servicer, serve, start_server
 from edl_argo.ps.servicer import ParameterServerServicer
@@ -392,7 +393,14 @@ def test_a_checkpoint_keeps_the_model_layout_and_restores_only_where_it_places_t
     state = decode_state(encode_state(first.snapshot()))
     assert state.layout == layout and list(state.dense) == ["b"]
 
-    Parameters(sgd, ps_id=1, num_ps=2, jit_compile=False).restore(state)  # the relaunched PS 1
+    relaunched = Parameters(sgd, ps_id=1, num_ps=2, jit_compile=False)
+    relaunched.restore(state)
+    # A worker of the same model is told the PS has its model; one of another model, that it differs.
+    assert not relaunched.init_from_model(ps_pb2.Model(dense_layout=layout))
+    with pytest.raises(InvalidRequestError, match=r"dense layout differs .* at dense variable 'b'"):
+        relaunched.init_from_model(ps_pb2.Model(dense_layout={**layout, "b": 2 * B.nbytes}))
+    with pytest.raises(InvalidRequestError, match="at dense variable 'v'"):
+        relaunched.init_from_model(ps_pb2.Model(dense_layout={**layout, "v": 4}))
     with pytest.raises(
         ConfigError, match=r"does not fit --num-ps 3 \(dense variable 'b' belongs to PS 1 of 3, not to PS 2\)"
     ):

@@ -117,7 +117,9 @@ class Parameters:
     # -- initialisation -------------------------------------------------------------------------------
 
     def init_from_model(self, model: ps_pb2.Model) -> bool:
-        """Create the parameters from a worker's model; False (and no change) if already initialised.
+        """Create the parameters from a worker's model; False (and no change) if already initialised, unless
+        the model's ``dense_layout`` differs from the one this server holds: then InvalidRequestError (a
+        worker of another model, or of other pieces, would push variables this server does not have).
 
         Dense tensors must be float, named, distinct and exactly this server's share of the model's
         ``dense_layout`` (:class:`DensePlacement`; a model without one, with one PS, is all its own).
@@ -125,6 +127,16 @@ class Parameters:
         must not carry embedding rows (tables start empty). The model's version becomes this server's.
         """
         if self.initialized:
+            offered = dict(model.dense_layout)
+            if offered and offered != self.layout:
+                name = min(
+                    set(offered) ^ set(self.layout) or {n for n in offered if offered[n] != self.layout[n]}
+                )
+                raise InvalidRequestError(
+                    f"PushModel: the model's dense layout differs from the one PS {self.ps_id} holds (first"
+                    f" at dense variable {name!r}): the worker runs another model, or the PS restored a"
+                    " checkpoint of another one"
+                )
             return False
         bounds.check_version("version", model.version)
         if model.embedding_tables:
