@@ -237,11 +237,17 @@ class MasterStateStore:
             self._apply_segments(state, first)
         return state
 
+    def _segments(self) -> list[tuple[int, str]]:
+        """The number and key of every segment of the log in storage, in order."""
+        return sorted(
+            (n, info.key)
+            for info in self.storage.list(LOG_PREFIX)
+            if (n := _segment_number(info.key)) is not None
+        )
+
     def _apply_segments(self, state: dict[str, Any], first: int) -> None:
         """Apply the segments numbered ``first`` on to ``state``, in order (see the module docstring)."""
-        numbers = sorted(
-            n for info in self.storage.list(LOG_PREFIX) if (n := _segment_number(info.key)) is not None
-        )
+        numbers = [number for number, _ in self._segments()]
         self._next_segment = max([first - 1, *numbers]) + 1
         following = [n for n in numbers if n >= first]
         for position, number in enumerate(following):
@@ -294,10 +300,7 @@ class MasterStateStore:
 
     def _first_snapshot(self, state: Mapping[str, Any]) -> None:
         """This store's first save: a snapshot numbered past any segment an earlier run left."""
-        numbers = [
-            n for info in self.storage.list(LOG_PREFIX) if (n := _segment_number(info.key)) is not None
-        ]
-        self._next_segment = max([self._next_segment - 1, *numbers]) + 1
+        self._next_segment = max([self._next_segment - 1, *(number for number, _ in self._segments())]) + 1
         data = _dumps({**state, "log": {"next": self._next_segment}})
         with self._compaction_lock:
             self._removed = False
@@ -337,10 +340,9 @@ class MasterStateStore:
         """Delete the log's segments numbered below ``below`` (None: all); a failure is logged, and the
         next compaction deletes what this one left."""
         try:
-            for info in self.storage.list(LOG_PREFIX):
-                number = _segment_number(info.key)
-                if number is not None and (below is None or number < below):
-                    self.storage.delete(info.key)
+            for number, key in self._segments():
+                if below is None or number < below:
+                    self.storage.delete(key)
         except StorageError as error:
             log.warning("master_state_sweep_failed", error=str(error))
 
