@@ -1,7 +1,7 @@
 """The parameter server: holds a partition of the model's parameters and applies workers' gradients.
 
-* :mod:`.partition` -- which server owns which dense variable and embedding id (workers import it too;
-  it imports only numpy and zlib).
+* :mod:`.partition` -- which server owns which dense variable (by size) and embedding id (workers import
+  it too; it imports only numpy).
 * :mod:`.pieces` -- big dense variables cut into row ranges held as variables of their own (the workers'
   client cuts and joins them; a PS sees only names).
 * :mod:`.embedding_table` -- lazily created embedding rows and their optimizer slot rows.

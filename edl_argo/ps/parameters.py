@@ -160,10 +160,9 @@ class Parameters:
                     f"non-trainable variable {tensor.name!r}: dtype {value.dtype} is not float"
                 )
             non_trainable[tensor.name] = np.array(value)
-        layout = dict(model.dense_layout)
-        if not layout and self.num_ps == 1:
-            layout = {name: value.nbytes for name, value in [*dense.items(), *non_trainable.items()]}
-        problem = self._share_problem(layout, {**dense, **non_trainable})
+        held = {**dense, **non_trainable}
+        layout = self._layout_or_own(dict(model.dense_layout), held)
+        problem = self._share_problem(layout, held)
         if problem is not None:
             raise InvalidRequestError(f"PushModel: {problem}")
         for name, serialized in model.constraints.items():
@@ -196,9 +195,7 @@ class Parameters:
         if self.initialized:
             raise RuntimeError("restore() on parameters that are initialised already")
         held = {**state.dense, **state.non_trainable}
-        layout = state.layout
-        if not layout and self.num_ps == 1:
-            layout = {name: np.asarray(value).nbytes for name, value in held.items()}
+        layout = self._layout_or_own(state.layout, held)
         if not layout:
             raise ConfigError(
                 f"the checkpoint of PS {self.ps_id} was written by an edl-argo that placed dense variables "
@@ -400,6 +397,13 @@ class Parameters:
     def _check_dense_name(self, name: str, seen: Iterable[str]) -> None:
         if not name or name in seen:
             raise InvalidRequestError(f"dense variable name {name!r} is empty or repeated")
+
+    def _layout_or_own(self, layout: dict[str, int], held: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """``layout``, or when it is empty and this is the only PS, the layout of the variables ``held``
+        (all of the model's: a model or checkpoint from before layouts, or a hand-made one)."""
+        if layout or self.num_ps != 1:
+            return layout
+        return {name: np.asarray(value).nbytes for name, value in held.items()}
 
     def _share_problem(self, layout: Mapping[str, int], held: Mapping[str, np.ndarray]) -> str | None:
         """Why the dense variables ``held`` are not exactly this server's share of the model whose
