@@ -156,15 +156,21 @@ def mixes_sizes(job: TracedJob) -> bool:
     return any(len({m.examples for m in group}) > 1 for group in job.updates())
 
 
-def run_mixing_sizes(
+def mixes_workers(job: TracedJob) -> bool:
+    """Whether an update of ``job`` took pushes of more than one worker (a worker that starts late, on a
+    loaded machine, may leave every step to the other)."""
+    return any(len({m.worker for m in group}) > 1 for group in job.updates())
+
+
+def run_until_mixed(
     root: Path, monkeypatch: pytest.MonkeyPatch, workers: int, attempts: int = 3, **job: Any
 ) -> TracedJob:
-    """:func:`run_traced_job` until a run has an update that :func:`mixes_sizes` (which minibatches share a
-    step depends on the workers' timing: in lockstep, short ones may only meet short ones), ``attempts``
-    runs at most; the last run otherwise."""
+    """:func:`run_traced_job` until a run has an update that :func:`mixes_sizes` and one that
+    :func:`mixes_workers` (which minibatches share a step depends on the workers' timing: in lockstep, short
+    ones may only meet short ones), ``attempts`` runs at most; the last run otherwise."""
     for attempt in range(attempts):
         traced = run_traced_job(root / f"run-{attempt}", monkeypatch, workers, **job)
-        if mixes_sizes(traced):
+        if mixes_sizes(traced) and mixes_workers(traced):
             break
     return traced
 

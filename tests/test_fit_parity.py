@@ -36,7 +36,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from engine_helpers import model_dir, read_metrics
-from parity_replay import ATOL, MODELS, ROWS, RTOL, assert_equals_replay, run_mixing_sizes, run_traced_job
+from parity_replay import (
+    ATOL,
+    MODELS,
+    ROWS,
+    RTOL,
+    assert_equals_replay,
+    mixes_workers,
+    run_traced_job,
+    run_until_mixed,
+)
 from parity_replay import EPOCHS as TRACED_EPOCHS
 
 from edl_argo.data.commands import write_dataset
@@ -261,12 +270,11 @@ def test_several_workers_equal_a_replay_of_the_steps_the_ps_applied(
     """Synchronous SGD with ``--grads-to-wait`` = workers: each PS step is the example-weighted mean of the
     pushes PS 0 took for it, all computed at the step's parameters, so it equals one step over their
     concatenation; the pushes left when training ends form one last, partial step (:mod:`parity_replay`)."""
-    job = run_mixing_sizes(tmp_path, monkeypatch, workers, num_ps=1, grads_to_wait=workers)
+    job = run_until_mixed(tmp_path, monkeypatch, workers, num_ps=1, grads_to_wait=workers)
     pushes = [len(step) for step in job.updates()]
     assert all(count == workers for count in pushes[:-1]), pushes
     assert 0 < pushes[-1] < workers, f"no partial last step: {pushes}"
-    # (A worker that starts late may train few minibatches, or none: the step may hold one worker's pushes.)
-    assert any(len({m.worker for m in step}) > 1 for step in job.updates()), "no step mixed workers' pushes"
+    assert mixes_workers(job), "no step mixed workers' pushes"
     assert_equals_replay(job)
 
 
