@@ -13,7 +13,8 @@ class SilentProxy:
 
     :meth:`go_silent` makes every connection, open or new, swallow what it receives (connections stay
     open, nothing is answered); :meth:`resume` forwards again on connections opened from then on (bytes
-    swallowed on the others are lost, as on a real broken path, so those stay broken).
+    swallowed on the others are lost, as on a real broken path, so those stay broken). :attr:`upstream_bytes`
+    counts the bytes forwarded to ``target``.
     """
 
     def __init__(self, target: str) -> None:
@@ -27,6 +28,7 @@ class SilentProxy:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._closed = False
+        self.upstream_bytes = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def go_silent(self) -> None:
@@ -67,9 +69,10 @@ class SilentProxy:
                 epoch = self._epoch
                 self._sockets += [client, upstream]
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink, epoch), daemon=True).start()
+                args = (source, sink, epoch, sink is upstream)
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, epoch: int) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, epoch: int, towards_target: bool) -> None:
         while True:
             try:
                 data = source.recv(65536)
@@ -83,3 +86,6 @@ class SilentProxy:
                 sink.sendall(data)
             except OSError:
                 return
+            if towards_target:
+                with self._lock:
+                    self.upstream_bytes += len(data)

@@ -21,6 +21,7 @@ from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, make_channel, make_server
 from edl_argo.rpc.chunked import (
     ChunkedCall,
     ChunkedMethod,
+    IncompleteMessageError,
     MessageTooLargeError,
     chunked_service,
     cut,
@@ -68,6 +69,18 @@ def test_an_encoding_is_cut_from_its_pieces_as_protobuf_would_read_it() -> None:
         assert np.frombuffer(tensor.content, np.float32).tobytes() == array.tobytes()
 
 
+def test_only_a_messages_final_chunk_is_marked_last_and_a_join_needs_it_at_the_end() -> None:
+    chunks = list(cut(b"x" * 2500, size=1000))
+    assert [ps_pb2.Chunk.FromString(chunk).last for chunk in chunks] == [False, False, True]
+    assert not any(ps_pb2.Chunk.FromString(chunk).last for chunk in cut(b"x" * 2500, size=1000, last=False))
+    with pytest.raises(IncompleteMessageError, match="ended before"):
+        gather(chunks[:2], limit=2500)  # a stream cut short
+    with pytest.raises(IncompleteMessageError, match="after"):
+        gather([*chunks, *cut(b"y")], limit=5000)
+    body, tail = cut(b"x" * 1500, size=1000, last=False), cut(b"y" * 10)
+    assert gather([*body, *tail], limit=5000).joined() == b"x" * 1500 + b"y" * 10
+
+
 def test_a_join_stops_at_the_limit_and_refuses_what_is_no_chunk() -> None:
     chunks = list(cut(b"x" * 2500, size=1000))
     with pytest.raises(MessageTooLargeError):
@@ -82,7 +95,12 @@ def test_a_join_stops_at_the_limit_and_refuses_what_is_no_chunk() -> None:
 SERVICE = "test.Chunks"
 
 
+#: The requests the toy service's handler read.
+ECHOED: list[bytes] = []
+
+
 def echo(request: ps_pb2.Chunk, _context: grpc.ServicerContext) -> ps_pb2.Chunk:
+    ECHOED.append(request.data)
     return ps_pb2.Chunk(data=request.data[::-1])
 
 
@@ -117,6 +135,35 @@ def test_a_streaming_twin_answers_as_its_method_and_refuses_oversized_and_malfor
     with pytest.raises(grpc.RpcError) as not_a_request:
         list(raw(iter(cut(b"\x0a\x05ab")), timeout=10))  # a Chunk whose data runs past its end
     assert not_a_request.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_request_that_ends_before_its_last_chunk_is_never_read(toy: Any) -> None:
+    ECHOED.clear()
+    raw = toy.stream_stream(f"/{SERVICE}/Echo")
+    with pytest.raises(grpc.RpcError) as cut_short:
+        list(raw(cut(ps_pb2.Chunk(data=b"abc").SerializeToString(), last=False), timeout=10))
+    assert cut_short.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ended before" in cut_short.value.details() and ECHOED == []
+
+
+def test_a_pending_call_is_read_with_its_tail_and_never_once_cancelled(toy: Any) -> None:
+    """A request sent but for its last bytes: :meth:`PendingCall.finish` sends them and the server reads the
+    whole; :meth:`PendingCall.cancel` ends the call, and the server never reads what it had received."""
+    ECHOED.clear()
+    call = ChunkedCall(toy, f"/{SERVICE}/Echo", message_of(ps_pb2.Chunk), limit=MAX_MESSAGE_BYTES)
+    body = ps_pb2.Chunk(data=b"first").SerializeToString()
+    pending = call.start(body, timeout=10)
+    time.sleep(0.2)  # the body has arrived; the server waits for the rest
+    assert ECHOED == []
+    tail = ps_pb2.Chunk(data=b"second").SerializeToString()  # the last occurrence of a field wins
+    assert pending.finish(tail).data == b"dnoces" and ECHOED == [b"second"]
+
+    cancelled = call.start(body, timeout=10)
+    time.sleep(0.2)
+    cancelled.cancel()
+    time.sleep(0.5)  # a request that ended would be read by now
+    assert ECHOED == [b"second"]
+    assert call(ps_pb2.Chunk(data=b"after"), timeout=10).data == b"retfa"  # the channel serves on
 
 
 def test_a_request_that_stops_arriving_is_cancelled_within_the_arrival_time(toy: Any) -> None:

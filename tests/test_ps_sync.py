@@ -23,9 +23,11 @@ from edl_argo.model import ModelSpec, load_model_spec
 from edl_argo.ps.partition import DensePlacement
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
+from edl_argo.rpc.chunked import PendingCall
 from edl_argo.worker.ps_client import ParameterServerClient
 from edl_argo.worker.replica import ModelReplica
 from tests.engine_helpers import mse_model_file
+from tests.tcp_proxy import SilentProxy
 
 LEARNING_RATE = 0.05
 FEATURES = 4
@@ -275,6 +277,112 @@ def test_sync_sgd_over_two_ps_applies_every_minibatch_once_on_every_ps(
     steps = sorted(step for step, _, _ in accepted)
     assert steps == list(range(1, trained + 1)), "PS 0 accepted two pushes for one step"
     assert_parameters(ps, reference_sgd(initial, [[batches[w][i]] for _, w, i in sorted(accepted)]))
+
+
+def test_the_other_ps_receive_their_share_of_a_push_while_ps_0_decides(
+    cluster: Callable[..., Cluster], linear_spec: ModelSpec
+) -> None:
+    """2 PS, synchronous: a push's share for PS 1 travels while PS 0 decides (PS 1 reads it once PS 0's
+    step ends its request). PS 0 here decides each push only once PS 1 has received that share, or after
+    2 s; pushed one PS after the other, PS 1 would receive nothing before PS 0 answered."""
+    ps = cluster(2)
+    proxy_of_ps_1: list[SilentProxy] = []
+    share_arrived: list[bool] = []
+    share = [0, 0]  # bytes of PS 1's dense variables; bytes forwarded to PS 1 when the push started
+    decide = ps.servicers[0].PushGradients
+
+    def received() -> bool:
+        return proxy_of_ps_1[0].upstream_bytes - share[1] >= share[0]
+
+    def deciding_once_ps_1_has_its_share(request: Any, context: Any) -> Any:
+        deadline = time.monotonic() + 2
+        while not received() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        share_arrived.append(received())
+        return decide(request, context)
+
+    ps.servicers[0].PushGradients = deciding_once_ps_1_has_its_share  # type: ignore[method-assign]
+    ps.start()
+    proxy_of_ps_1.append(SilentProxy(ps.addresses[1]))
+    client = ParameterServerClient([ps.addresses[0], proxy_of_ps_1[0].address], retry_budget_seconds=30)
+    push = client.push_gradients
+
+    def pushing(*args: Any, **kwargs: Any) -> Any:
+        share[1] = proxy_of_ps_1[0].upstream_bytes
+        return push(*args, **kwargs)
+
+    client.push_gradients = pushing  # type: ignore[method-assign]
+    try:
+        replica = ModelReplica(linear_spec, client)
+        replica.ensure_built(np.zeros((1, FEATURES), np.float32))
+        initial, _, _ = ps.client().pull_dense([-1, -1])
+        placement = DensePlacement.of({name: value.nbytes for name, value in initial.items()}, 2)
+        share[0] = sum(initial[name].nbytes for name, owner in placement.owners.items() if owner == 1)
+        (batches,) = minibatches(1, per_worker=4)
+        run_workers([replica], [batches])
+    finally:
+        client.close()
+        proxy_of_ps_1[0].close()
+    assert share[0] > 0 and share_arrived == [True] * 4
+    assert ps.applied == [4, 4]
+    assert_parameters(ps, reference_sgd(initial, [[batch] for batch in batches]))
+
+
+def test_a_push_ps_0_refuses_is_never_read_by_the_other_ps(
+    cluster: Callable[..., Cluster], linear_spec: ModelSpec
+) -> None:
+    """PS 0 refuses a stale push: the other PS's call is cancelled before its request ends, so PS 1 never
+    reads it (had its request ended without PS 0's step, PS 1 would have decided on it itself)."""
+    ps = cluster(2)
+    read_by_ps_1: list[int] = []
+    read = ps.servicers[1].PushGradients
+
+    def reading(request: Any, context: Any) -> Any:
+        read_by_ps_1.append(1)
+        return read(request, context)
+
+    ps.servicers[1].PushGradients = reading  # type: ignore[method-assign]
+    ps.start()
+    (replica,) = build_replicas(linear_spec, ps, 1)
+    (batches,) = minibatches(1, per_worker=3)
+    run_workers([replica], [batches])
+    client: ParameterServerClient = replica._ps
+    current, _, _ = client.pull_dense([-1, -1])
+    refused = client.push_gradients({name: np.zeros_like(v) for name, v in current.items()}, {}, [1, 1])
+    assert not refused.accepted and refused.versions == (3, -1)
+    time.sleep(0.5)  # a request that ended would be read by now
+    assert len(read_by_ps_1) == 3
+    assert [s.version for s in ps.servicers] == [3, 3] and ps.applied == [3, 3]
+
+
+class _ConnectionBroke(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_share_whose_call_fails_before_its_answer_is_sent_again_and_applied_once(
+    cluster: Callable[..., Cluster], linear_spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call carrying PS 1's share fails after PS 1 may have applied it: the share is sent again whole,
+    with PS 0's step, and PS 1 (which remembers the pusher's pushes) applies each minibatch once."""
+    failures = [0]
+    finish = PendingCall.finish
+
+    def failing_after_finishing(call: PendingCall, tail: bytes) -> Any:
+        finish(call, tail)
+        failures[0] += 1
+        raise _ConnectionBroke()
+
+    monkeypatch.setattr(PendingCall, "finish", failing_after_finishing)
+    ps = cluster(2)
+    ps.start()
+    (replica,) = build_replicas(linear_spec, ps, 1)
+    initial, _, _ = ps.client().pull_dense([-1, -1])
+    (batches,) = minibatches(1, per_worker=3)
+    run_workers([replica], [batches])
+    assert failures == [3]
+    assert ps.applied == [3, 3] and [s.version for s in ps.servicers] == [3, 3]
+    assert_parameters(ps, reference_sgd(initial, [[batch] for batch in batches]))
 
 
 def test_synchronous_steps_take_their_parameters_from_the_push_replies_without_pulls(

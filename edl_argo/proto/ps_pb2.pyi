@@ -8,10 +8,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Chunk(_message.Message):
-    __slots__ = ("data",)
+    __slots__ = ("data", "last")
     DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
     data: bytes
-    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+    last: bool
+    def __init__(self, data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class EmbeddingTableInfo(_message.Message):
     __slots__ = ("name", "dim", "initializer", "dtype", "constraint")

@@ -20,9 +20,12 @@ the server's request-arrival time is cancelled (:mod:`edl_argo.rpc.request_deadl
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -36,6 +39,8 @@ from edl_argo.rpc.wire import Encoding, WireError, length_prefix, split_field
 CHUNK_BYTES = 4 << 20
 #: ``Chunk.data``'s field number.
 _DATA = ps_pb2.Chunk.DESCRIPTOR.fields_by_name["data"].number
+#: ``Chunk.last`` set, serialized.
+_LAST = ps_pb2.Chunk(last=True).SerializeToString()
 
 Response = TypeVar("Response")
 
@@ -44,10 +49,26 @@ class MessageTooLargeError(ValueError):
     """Chunks that add up to more than the message limit."""
 
 
-def cut(message: bytes | Encoding, size: int = CHUNK_BYTES) -> Iterator[bytes]:
+class IncompleteMessageError(ValueError):
+    """Chunks that end before the one marked last (a stream cut short), or go on after it."""
+
+
+def cut(message: bytes | Encoding, size: int = CHUNK_BYTES, last: bool = True) -> Iterator[bytes]:
     """The serialized ``Chunk`` messages that carry ``message`` in order, each with at most ``size`` of its
-    bytes (one chunk, possibly empty, for an empty message). An :class:`Encoding`'s pieces are read as
+    bytes (one chunk, possibly empty, for an empty message); the final one marked ``last`` unless more of
+    the message follows (``last=False``: :class:`PendingCall`). An :class:`Encoding`'s pieces are read as
     the chunks are made: they must not change before the last one is."""
+    held: list[bytes | memoryview] | None = None  # the parts of the chunk made last, not yet sent
+    for parts in _chunk_parts(message, size):
+        if held is not None:
+            yield _chunk(held, marked=False)
+        held = parts
+    assert held is not None  # _chunk_parts makes one chunk at least
+    yield _chunk(held, marked=last)
+
+
+def _chunk_parts(message: bytes | Encoding, size: int) -> Iterator[list[bytes | memoryview]]:
+    """The views of ``message`` each chunk of :func:`cut` carries."""
     pieces = message.pieces if isinstance(message, Encoding) else (message,)
     parts: list[bytes | memoryview] = []
     filled = 0
@@ -59,28 +80,49 @@ def cut(message: bytes | Encoding, size: int = CHUNK_BYTES) -> Iterator[bytes]:
             filled += len(taken)
             view = view[len(taken) :]
             if filled == size:
-                yield b"".join([length_prefix(_DATA, filled), *parts])
+                yield parts
                 parts, filled = [], 0
     if parts or not any(len(piece) for piece in pieces):
-        yield b"".join([length_prefix(_DATA, filled), *parts])
+        yield parts
+
+
+def _chunk(parts: list[bytes | memoryview], marked: bool) -> bytes:
+    size = sum(len(part) for part in parts)
+    return b"".join([length_prefix(_DATA, size), *parts, _LAST if marked else b""])
 
 
 def gather(chunks: Iterable[bytes], limit: int) -> Rope:
     """The message the serialized ``Chunk`` messages ``chunks`` carry, in order, as a :class:`Rope` of
     views of their bytes (:meth:`Rope.joined` for the bytes).
 
-    Raises :class:`MessageTooLargeError` as soon as they carry more than ``limit`` bytes, and
-    :class:`~edl_argo.rpc.wire.WireError` for a chunk that is no ``Chunk``."""
+    Raises :class:`MessageTooLargeError` as soon as they carry more than ``limit`` bytes,
+    :class:`~edl_argo.rpc.wire.WireError` for a chunk that is no ``Chunk``, and
+    :class:`IncompleteMessageError` when they end without the chunk marked last (the stream was cut short:
+    a cancelled call's may end so on the server) or go on after it."""
     parts: list[memoryview] = []
     total = 0
+    ended = False
     for chunk in chunks:
-        _, data = split_field(chunk, _DATA)
+        if ended:
+            raise IncompleteMessageError("chunks came after the message's last one")
+        rest, data = split_field(chunk, _DATA)
         if data:  # the last occurrence of a field wins, as protobuf reads it
             total += len(data[-1])
             if total > limit:
                 raise MessageTooLargeError(f"the chunks carry more than a message's {limit:,} bytes")
             parts.append(data[-1])
+        ended = bool(rest) and _marked_last(rest)
+    if not ended:
+        raise IncompleteMessageError("the chunks ended before the message's last one")
     return Rope(parts)
+
+
+def _marked_last(fields: bytes) -> bool:
+    """Whether a ``Chunk`` without its data says it is the message's last."""
+    try:
+        return ps_pb2.Chunk.FromString(fields).last
+    except DecodeError as error:
+        raise WireError(f"a chunk does not parse: {error}") from None
 
 
 def message_of(message_type: type[Message]) -> Callable[[Rope], Message]:
@@ -127,6 +169,9 @@ def _serve(
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{full_name}: {error}")
         except WireError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{full_name}: a chunk is not a Chunk ({error})")
+        except IncompleteMessageError as error:
+            # Also how a call cancelled before its request ended may end here: never read.
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{full_name}: {error}")
         try:
             request = method.parse(data)
         except (DecodeError, ValueError) as error:  # ValueError: WireError, TensorDecodeError
@@ -141,7 +186,7 @@ def _serve(
 # ---------------------------------------------------------------------------------------------- client
 
 
-class ChunkedCall:
+class ChunkedCall(Generic[Response]):
     """Calls a streaming twin on ``channel``: ``call(request, timeout)`` sends the serialized ``request``
     in chunks and returns ``parse`` of the answer's chunks (a ``grpc.RpcError`` as the unary call's)."""
 
@@ -154,12 +199,66 @@ class ChunkedCall:
 
     def __call__(self, request: bytes | Encoding | Message, timeout: float) -> Response:
         message = request if isinstance(request, bytes | Encoding) else request.SerializeToString()
-        answer = self._rpc(cut(message), timeout=timeout)
+        return self._read(self._rpc(cut(message), timeout=timeout))
+
+    def start(self, body: bytes | Encoding, timeout: float) -> PendingCall[Response]:
+        """Send the serialized request ``body`` now and its last bytes later (:class:`PendingCall`)."""
+        return PendingCall(self, body, timeout)
+
+    def _read(self, answer: Any) -> Response:
         try:
             return self._parse(gather(answer, self._limit))
         except (MessageTooLargeError, ValueError, DecodeError) as error:  # ValueError: WireError, ...
             answer.cancel()
             raise ChunkedAnswerError(str(error)) from None
+
+
+class PendingCall(Generic[Response]):
+    """A call of a streaming twin whose request is sent but for its last bytes, which :meth:`finish`
+    sends, or which :meth:`cancel` never sends. The server reads a request only once it has arrived in
+    full, so it never handles a cancelled one.
+
+    Protobuf reads a message's fields in any order (the last occurrence of a scalar wins): ``body`` and the
+    ``tail`` given to :meth:`finish` are one serialized message when joined. The caller must call
+    :meth:`finish` or :meth:`cancel`; the request waits for its tail at most the call's ``timeout``, then the
+    call is cancelled."""
+
+    def __init__(self, call: ChunkedCall[Response], body: bytes | Encoding, timeout: float) -> None:
+        self._call = call
+        self._timeout = timeout
+        self._tail: queue.Queue[bytes | None] = queue.Queue(maxsize=1)
+        self._started = threading.Event()
+        self._answer = call._rpc(self._chunks(body), timeout=timeout)
+        self._started.set()
+
+    def _chunks(self, body: bytes | Encoding) -> Iterator[bytes]:
+        yield from cut(body, last=False)
+        try:
+            tail = self._tail.get(timeout=self._timeout)
+        except queue.Empty:
+            tail = None
+        if tail is None:
+            # Cancelled before the request ends: gRPC then sends nothing more, not even its end, so the
+            # server never reads a request without its tail.
+            self._started.wait(self._timeout)
+            self._answer.cancel()
+            return
+        yield from cut(tail)
+
+    def finish(self, tail: bytes) -> Response:
+        """Send the request's last bytes and return the parsed answer (errors as :class:`ChunkedCall`'s)."""
+        self._give(tail)
+        return self._call._read(self._answer)
+
+    def cancel(self) -> None:
+        """Cancel the call before its request ends."""
+        self._started.wait(self._timeout)
+        self._answer.cancel()
+        self._give(None)
+
+    def _give(self, tail: bytes | None) -> None:
+        with contextlib.suppress(queue.Full):  # given already: the first word stands
+            self._tail.put_nowait(tail)
 
 
 class ChunkedAnswerError(grpc.RpcError):

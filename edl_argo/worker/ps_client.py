@@ -9,8 +9,10 @@ see whole variables by their model names only. Embedding rows go to the PS that 
 every PS (with an empty partition where it owns nothing), so all PS count versions in step.
 
 Synchronous SGD with several PS: PS 0 decides whether a minibatch is applied (see
-:mod:`edl_argo.ps.servicer`). A push goes to PS 0 first and, only when PS 0 accepted it, to the others
-with the step PS 0 gave it; a refused push changed nothing anywhere. A pull waits (up to
+:mod:`edl_argo.ps.servicer`). A push goes to all PS at once, but the other PS's requests end only
+once PS 0 has accepted it, with the step PS 0 gave it (:class:`~edl_argo.rpc.chunked.PendingCall`): their
+shares travel while PS 0 decides. When PS 0 refuses, their calls are cancelled before their requests end,
+so a refused push changed nothing anywhere. A pull waits (up to
 :data:`CONSISTENT_PULL_SECONDS`) until every other PS has applied PS 0's current step, so the gradients
 of the next minibatch are computed from parameters of one step.
 """
@@ -25,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+import grpc
 import numpy as np
 
 from edl_argo.errors import JobFailedError
@@ -36,7 +39,7 @@ from edl_argo.ps.pieces import DensePieces, MissingPieceError, join
 from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
-from edl_argo.rpc.chunked import ChunkedCall
+from edl_argo.rpc.chunked import ChunkedCall, PendingCall
 from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
 from edl_argo.rpc.tls import TlsFiles
@@ -138,6 +141,11 @@ def push_request(
             ps_layout.MODEL_FIELDS["embedding_tables"], Encoding().string(1, table).message(2, slices)
         )
     return Encoding(fields).message(ps_layout.PUSH_GRADIENTS, model)
+
+
+def _cancel(calls: Iterable[PendingCall[PushReply]]) -> None:
+    for call in calls:
+        call.cancel()
 
 
 class ParameterServerClient:
@@ -419,7 +427,7 @@ class ParameterServerClient:
                 if mask.any():
                     sparse_by_owner[ps_id][table] = (values[mask], ids[mask])
 
-        def push(ps_id: int, authority_step: int = 0) -> PushReply:
+        def request(ps_id: int, authority_step: int = 0) -> Encoding:
             fields = ps_pb2.PushGradientsRequest(
                 version=versions[ps_id],
                 learning_rate_scale=learning_rate_scale,
@@ -429,10 +437,10 @@ class ParameterServerClient:
                 pusher_id=self._pusher_id,
                 sequence=sequence,
             )
-            request = push_request(
-                fields, dense_by_owner[ps_id], state_by_owner[ps_id], sparse_by_owner[ps_id]
-            )
-            return self._call(ps_id, "PushGradients", request)
+            return push_request(fields, dense_by_owner[ps_id], state_by_owner[ps_id], sparse_by_owner[ps_id])
+
+        def push(ps_id: int, authority_step: int = 0) -> PushReply:
+            return self._call(ps_id, "PushGradients", request(ps_id, authority_step))
 
         if not self.synchronous or self.num_ps == 1:
             responses = self._each(push)
@@ -442,17 +450,38 @@ class ParameterServerClient:
                 responses[0].step,
                 self._carried(responses) if return_parameters else None,
             )
-        decision = push(0)  # PS 0 decides for all
+        # PS 0 decides for all. The others receive their share meanwhile, all but the step PS 0 gives it,
+        # which ends their requests once PS 0 accepted; when it refused, their calls are cancelled before
+        # their requests end, and they never read them.
+        with STEP_TIMERS.section("ps"):
+            followers = range(1, self.num_ps)
+            pending = {ps_id: self._pushes[ps_id].start(request(ps_id), self._timeout) for ps_id in followers}
+            try:
+                decision = push(0)
+            except BaseException:
+                _cancel(pending.values())
+                raise
         if not decision.accepted:
+            _cancel(pending.values())
             return PushResult(False, (decision.version,) + (-1,) * (self.num_ps - 1))
-        followers = self._each(lambda ps_id: push(ps_id, decision.step), range(1, self.num_ps))
-        if not all(r.accepted for r in followers):
+        tail = ps_pb2.PushGradientsRequest(authority_step=decision.step).SerializeToString()
+
+        def follow(ps_id: int) -> PushReply:
+            try:
+                return pending[ps_id].finish(tail)
+            except grpc.RpcError as error:
+                # Sent again whole, with its retries: a PS that applied it already answers as it did.
+                log.info("push_sent_again", ps=ps_id, code=str(error.code()), step=decision.step)
+                return push(ps_id, decision.step)
+
+        replies = self._each(follow, followers)
+        if not all(r.accepted for r in replies):
             raise JobFailedError("a PS refused a push PS 0 accepted: do the PS run different settings?")
         return PushResult(
             True,
-            (decision.version, *(r.version for r in followers)),
+            (decision.version, *(r.version for r in replies)),
             decision.step,
-            self._carried([decision, *followers]) if return_parameters else None,
+            self._carried([decision, *replies]) if return_parameters else None,
         )
 
     def status(self, apply_pending: bool = False) -> list[ps_pb2.ParameterServerStatus]:
