@@ -209,9 +209,46 @@ def test_find_free_port_skips_a_port_something_listens_on(monkeypatch: pytest.Mo
         taken.listen()
         busy = taken.getsockname()[1]
         free = find_free_port()
-        monkeypatch.setattr(ports, "_handed_out", set())
+        ports.release_ports("127.0.0.1", [free])
         monkeypatch.setattr(ports, "_candidate_ports", lambda: [busy, busy, free])
         assert ports.find_free_port() == free
+        ports.release_ports("127.0.0.1", [free])
+
+
+def test_a_port_another_process_chose_is_not_chosen_until_it_releases_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two masters on one machine choose their PS ports before the PS bind them: a port one of them chose
+    (claimed machine-wide) is skipped by the other, though nothing listens on it yet, until it is
+    released or its process ends."""
+    from edl_argo.pods import ports
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(ports.tempfile, "tempdir", None)  # read TMPDIR again
+    first, second = find_free_port(), find_free_port()
+    ports.release_ports("127.0.0.1", [first, second])
+    monkeypatch.setattr(ports, "_candidate_ports", lambda: [first, second])
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from edl_argo.pods import ports; "
+            f"ports._candidate_ports = lambda: [{first}]; print(ports.find_free_port(), flush=True); "
+            "sys.stdin.read()",
+        ],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == str(first)
+        assert find_free_port() == second  # nothing listens on the first yet: only its claim is seen
+        ports.release_ports("127.0.0.1", [second])
+    finally:
+        other.communicate("", timeout=30)  # the other process ends: its claim goes with it
+    assert find_free_port() == first
+    ports.release_ports("127.0.0.1", [first])
 
 
 # -- lifecycle and events -----------------------------------------------------------------------------

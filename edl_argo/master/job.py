@@ -70,7 +70,7 @@ from edl_argo.master.throughput import ThroughputMeter
 from edl_argo.master.training_stats import TrainingLoss, TrainingReport
 from edl_argo.master.worker_scaler import WorkerRange, WorkerScaler
 from edl_argo.model import Mode, ModelSpec
-from edl_argo.pods import PodBackend, PodRole, PodSpec
+from edl_argo.pods import PodBackend, PodRole, PodSpec, release_ports
 from edl_argo.progress import ProgressReporter
 from edl_argo.proto import master_pb2_grpc
 from edl_argo.readers import open_data, parse_data_options, worker_spec_json
@@ -424,6 +424,7 @@ class TrainingJob:
                 self._ps_watch.close()
             self._state_writer.close()
             self.backend.close(grace_seconds=2.0)
+            release_ports(self.host, self.ps_ports)
             self._remove_abandoned_checkpoint_writes()
             self._server.stop(grace=1.0)
             unregister_master(self.config.job_name)

@@ -17,7 +17,7 @@ from edl_argo.pods.base import (
 )
 from edl_argo.pods.event_queue import EventQueue
 from edl_argo.pods.local import LocalProcessBackend
-from edl_argo.pods.ports import find_free_port
+from edl_argo.pods.ports import find_free_port, release_ports
 
 __all__ = [
     "BackendClosedError",
@@ -33,4 +33,5 @@ __all__ = [
     "PodStatus",
     "find_free_port",
     "pod_name",
+    "release_ports",
 ]
