@@ -16,12 +16,13 @@ Two ways to apply the gradients workers push:
   ``GetStatus(apply_pending=true)`` (the master, when training ends) applies the pushes still waiting as
   one last step: their mean, weighted by examples as a full step's.
 
-**Several PS, synchronous**: PS 0 is the authority. A worker pushes to PS 0 first; PS 0 decides as above
-and answers the ``step`` (its version + 1 while the step accumulates) the push belongs to. Only an
-accepted push goes on to the other PS, with ``authority_step`` set: they apply it without a staleness
-check of their own, so every PS applies the same minibatches, each at most once, and counts its versions
-in step with PS 0. A follower reports in every pull the authority step it applied last (``synced_step``),
-from which a worker tells whether the parameters it pulled from all PS are of one step.
+**Several PS, synchronous**: PS 0 is the authority. PS 0 decides as above and answers the ``step`` (its
+version + 1 while the step accumulates) the push belongs to. The other PS receive their share meanwhile, but
+its request ends only once PS 0 accepted, with ``authority_step`` set (its last bytes); a request that never
+ends is never read (:mod:`edl_argo.rpc.chunked`). So only an accepted push reaches them, and they apply it
+without a staleness check of their own, so every PS applies the same minibatches, each at most once, and
+counts its versions in step with PS 0. A follower reports in every pull the authority step it applied last
+(``synced_step``), from which a worker tells whether the parameters it pulled from all PS are of one step.
 
 A push also carries how its forward pass changed the non-trainable variables (BatchNormalization's moving
 statistics): the PS adds the change, with the push (asynchronous) or averaged like the gradients over the

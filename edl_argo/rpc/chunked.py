@@ -13,6 +13,10 @@ The chunks are encoded and decoded by hand (:mod:`edl_argo.rpc.wire`) from the p
 once into its chunk, and the receiver reads the message from the chunks as they came (a
 :class:`~edl_argo.rpc.rope.Rope`), copying a tensor's bytes once, into an array of its own.
 
+A message's final chunk is marked ``last``, and a stream of chunks that ends without it is never read: on
+the server, a call its client cancelled may end so. :class:`PendingCall` relies on it: it sends a request
+but for its last bytes, which it sends later, or never (it cancels the call).
+
 Bounds: a joined request or answer larger than :data:`~edl_argo.rpc.channel.MAX_MESSAGE_BYTES` is refused
 as the unary call's would be (``RESOURCE_EXHAUSTED``), and a request that has not arrived in full within
 the server's request-arrival time is cancelled (:mod:`edl_argo.rpc.request_deadline`).
