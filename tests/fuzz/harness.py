@@ -120,10 +120,12 @@ def fuzz(
     stop: threading.Event | None = None,
     timeout: float = 30.0,
     metadata: Callable[[Message], Sequence[tuple[str, str]]] | None = None,
+    enough: Callable[[FuzzReport], bool] | None = None,
 ) -> FuzzReport:
-    """Call random ``methods`` with random requests from ``seed`` until ``seconds`` pass, ``max_requests``
-    are sent or ``stop`` is set; one call at a time, each with ``timeout`` and the ``metadata`` given for
-    its request (a credential of the job, :mod:`edl_argo.rpc.auth`: the fuzzer is an insider)."""
+    """Call random ``methods`` (each as often as the others) with random requests from ``seed`` until
+    ``seconds`` pass, ``max_requests`` are sent, ``stop`` is set or the report is ``enough``; one call at a
+    time, each with ``timeout`` and the ``metadata`` given for its request (a credential of the job,
+    :mod:`edl_argo.rpc.auth`: the fuzzer is an insider)."""
     fuzzer = MessageFuzzer(seed, names)
     calls = {
         m.path: _chunked_call(channel, m.path, fuzzer)
@@ -134,9 +136,11 @@ def fuzz(
     report = FuzzReport()
     started = time.monotonic()
     while report.requests < max_requests and time.monotonic() - started < seconds:
-        if stop is not None and stop.is_set():
+        if (stop is not None and stop.is_set()) or (enough is not None and enough(report)):
             break
-        method = fuzzer.rng.choice(methods)
+        # A random method among those called least so far: every method is called as often as the others.
+        least = min(report.by_method[m.path] for m in methods)
+        method = fuzzer.rng.choice([m for m in methods if report.by_method[m.path] == least])
         request = fuzzer.message(method.request)
         if method.adjust is not None:
             method.adjust(request, fuzzer)
