@@ -1,11 +1,11 @@
 """Port allocation for pods that listen (parameter servers, collective members on a shared host).
 
-A port is chosen by number before the pod that listens on it starts, so two masters on one machine (the
-jobs of a pipeline's parallel steps, or of parallel tests) could choose the same one between the choice and
-the bind. Each chosen port is therefore also *claimed* machine-wide, with an exclusive ``flock`` on a file
-named after it (``<temporary folder>/edl-argo-ports/``), held until :func:`release_ports` or the end of the
-process: a port another process claims is never chosen. The files are never removed (removing a locked
-file lets two processes lock two different files of one name).
+A port is chosen by number before the pod that listens on it starts, so two masters on one machine (the jobs
+of a pipeline's parallel steps, or of parallel tests) could choose the same one between the choice and the
+bind. Each chosen port is therefore also *claimed* machine-wide, with an exclusive ``flock`` on a file named
+after it (``<temporary folder>/edl-argo-ports-<uid>/``), held until :func:`release_ports` or the end of the
+process: a port another process claims is never chosen. The files are never removed (removing a locked file
+lets two processes lock two different files of one name).
 """
 
 from __future__ import annotations
@@ -58,11 +58,6 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
-def claims_folder() -> Path:
-    """The folder of the machine-wide claims (this user's)."""
-    return Path(tempfile.gettempdir()) / f"edl-argo-ports-{os.getuid()}"
-
-
 class _Claimed(Exception):
     """The port is claimed by another process."""
 
@@ -72,7 +67,7 @@ def _claim(host: str, port: int) -> int | None:
     (an unwritable temporary folder: the bind check alone then guards the choice). Raises
     :class:`_Claimed` when another process holds it."""
     try:
-        folder = claims_folder()
+        folder = Path(tempfile.gettempdir()) / f"edl-argo-ports-{os.getuid()}"  # this user's claims
         folder.mkdir(mode=0o700, exist_ok=True)
         descriptor = os.open(folder / f"{host}-{port}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:

@@ -256,7 +256,6 @@ class PendingCall(Generic[Response]):
 
     def cancel(self) -> None:
         """Cancel the call before its request ends."""
-        self._started.wait(self._timeout)
         self._answer.cancel()
         self._give(None)
 
