@@ -57,6 +57,15 @@ def port_number(text: str) -> int:
 port_number.__name__ = "port"
 
 
+def optional_port(text: str) -> int:
+    """argparse ``type=`` for a TCP port that may be turned off: -1 (none), 0 (any free one) to
+    :data:`MAX_PORT`."""
+    return -1 if text.strip() == "-1" else port_number(text)
+
+
+optional_port.__name__ = "port or -1"
+
+
 def fraction(text: str) -> float:
     """argparse ``type=`` for a number from 0 to 1."""
     try:

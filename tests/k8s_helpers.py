@@ -11,7 +11,7 @@ import yaml
 
 from edl_argo.master.config import TrainConfig
 from edl_argo.pods import find_free_port
-from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner, RoleSettings
+from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner, RoleSettings, highest_ps_port
 from edl_argo.pods.manifests import MASTER_AUTH_VOLUME, MASTER_SECRETS_ENV, auth_secret_name
 from tests.engine_helpers import digits_config
 
@@ -30,6 +30,14 @@ MASTER_RULES = (
 ARGO_EXECUTOR_RULES = {("argoproj.io", "workflowtaskresults", verb) for verb in ("create", "patch")}
 #: The User-Agent of the master's API client (``edl_argo.pods.kubernetes.load_api_client``).
 MASTER_USER_AGENT = "edl-argo/"
+#: The most PS a test's Kubernetes job runs (:func:`kubernetes_ps_port` leaves room for their tensor ports).
+MOST_PS_OF_A_TEST_JOB = 4
+
+
+def kubernetes_ps_port() -> int:
+    """A free port for the PS of a test's Kubernetes job (``KubernetesConfig.ps_port``, ``--ps-port``) with
+    room above it for every PS's port and tensor port."""
+    return find_free_port(highest=highest_ps_port(MOST_PS_OF_A_TEST_JOB))
 
 
 def role_rules() -> list[dict[str, Any]]:
@@ -78,7 +86,7 @@ def stand_in_digits_config(
         storage_secret="storage",
         workflow_name=name,
         owner=Owner("argoproj.io/v1alpha1", "Workflow", name, workflow["metadata"]["uid"]),
-        ps_port=find_free_port(),
+        ps_port=kubernetes_ps_port(),
         collective_port=find_free_port(),
     )
     return digits_config(

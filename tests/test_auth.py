@@ -45,7 +45,7 @@ from edl_argo.rpc.auth import ClientCredential, JobSecret, server_interceptor
 from edl_argo.rpc.channel import make_channel, make_server
 from edl_argo.rpc.health import add_health_service, ping
 from edl_argo.storage import LocalStorage
-from tests.k8s_helpers import MASTER_USER_AGENT, role_rules
+from tests.k8s_helpers import MASTER_USER_AGENT, kubernetes_ps_port, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 
 pytestmark = pytest.mark.timeout(120)
@@ -338,7 +338,7 @@ def test_on_kubernetes_the_secret_lives_in_a_secret_the_master_owns_and_a_restar
         stand_in.mount_secret(auth_secret_name(job), tmp_path / folder / MASTER_AUTH_VOLUME)
         return KubernetesConfig(image="img", ps_port=ps_port, secrets_dir=str(tmp_path / folder))
 
-    ps_port = find_free_port()
+    ps_port = kubernetes_ps_port()
     first = KubernetesBackend(job, master_pod("first"))
     assert first.stored_job_secret() is None  # no Secret yet: an empty volume
     first.use_job_secret(SECRET)
@@ -373,7 +373,7 @@ def test_a_master_that_cannot_read_the_existing_secret_of_its_job_is_a_one_line_
     """A master started again outside a pod that mounts ``<job>-auth`` (its volume empty) cannot learn the
     job's secret: making a new one would lock out the pods it adopts, so it stops, naming the Secret."""
     job = f"a-{uuid.uuid4().hex[:6]}"
-    config = KubernetesConfig(image="img", ps_port=find_free_port(), secrets_dir=str(tmp_path / "empty"))
+    config = KubernetesConfig(image="img", ps_port=kubernetes_ps_port(), secrets_dir=str(tmp_path / "empty"))
     first = KubernetesBackend(job, config)
     first.use_job_secret(SECRET)
     second = KubernetesBackend(job, config)

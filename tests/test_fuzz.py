@@ -48,6 +48,7 @@ from edl_argo.proto import collective_pb2, master_pb2, ps_pb2, tensor_pb2
 from edl_argo.rpc.auth import ADMIN_IDENTITY, JobSecret, pod_identity
 from edl_argo.rpc.channel import make_channel, make_server
 from edl_argo.rpc.health import PING_METHOD, add_health_service
+from edl_argo.rpc.ps_layout import TENSOR_PORT_METHODS
 from edl_argo.rpc.tensors import TensorDecodeError, from_tensor
 from tests.engine_helpers import (
     DIGITS_ACCURACY_FLOOR,
@@ -57,7 +58,7 @@ from tests.engine_helpers import (
     read_metrics,
 )
 from tests.fuzz import harness
-from tests.fuzz.harness import FuzzReport, Method, fuzz, pod_processes, rss_bytes
+from tests.fuzz.harness import TENSOR_PORT_PREFIX, FuzzReport, Method, fuzz, pod_processes, rss_bytes
 from tests.fuzz.messages import MessageFuzzer
 from tests.tcp_proxy import SilentProxy
 
@@ -103,6 +104,10 @@ PS_METHODS = [
     Method(
         "/edl_argo.ParameterServerChunks/PullDenseParameters", ps_pb2.PullDenseParametersRequest, chunked=True
     ),
+    Method(
+        f"{TENSOR_PORT_PREFIX}PushGradients", ps_pb2.PushGradientsRequest, _refusable_push, tensor_port=True
+    ),
+    Method(f"{TENSOR_PORT_PREFIX}PullDenseParameters", ps_pb2.PullDenseParametersRequest, tensor_port=True),
 ]
 MASTER_METHODS = [
     Method(f"/edl_argo.Master/{name}", request, _foreign_worker)
@@ -118,7 +123,7 @@ MASTER_METHODS = [
 #: The live run leaves this method out (module docstring): a valid count legitimately scales the job.
 NOT_FUZZED = {"/edl_argo.Master/ScaleWorkers"}
 #: Every fuzzed method is called at least this often in the short run, which stops once each was. Methods
-#: are drawn among the least called so far, so 90 requests to the PS (9 methods) and 60 to the master (6)
+#: are drawn among the least called so far, so 110 requests to the PS (11 methods) and 60 to the master (6)
 #: reach it; a run that ends first (its job done, or EDL_FUZZ_SECONDS passed) fails it.
 MIN_CALLS_PER_METHOD = 10
 
@@ -140,7 +145,8 @@ def test_the_fuzzer_covers_every_method_of_both_services_and_flags_one_called_to
     ps_chunks = ps_pb2.DESCRIPTOR.services_by_name["ParameterServerChunks"]
     fuzzed = [method.path for method in (*PS_METHODS, *MASTER_METHODS)]
     assert len(fuzzed) == len(set(fuzzed))
-    assert set(fuzzed) == service_methods(master, ps, ps_chunks) - NOT_FUZZED
+    on_tensor_port = {f"{TENSOR_PORT_PREFIX}{name}" for name in TENSOR_PORT_METHODS}
+    assert set(fuzzed) == service_methods(master, ps, ps_chunks) - NOT_FUZZED | on_tensor_port
     report = FuzzReport()
     for method in PS_METHODS[1:]:
         for _ in range(MIN_CALLS_PER_METHOD):

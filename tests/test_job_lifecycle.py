@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edl_argo.pods import find_free_port
-from tests.k8s_helpers import job_selector, role_rules
+from tests.k8s_helpers import job_selector, kubernetes_ps_port, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 from tests.test_master_failover import no_pods_left_behind, saved_state, train_command, training_progress
 
@@ -170,7 +169,7 @@ def test_the_exit_hook_of_a_stopped_step_removes_the_job_and_nothing_else(
     with KubernetesStandIn(tmp_path / "k8s", echo_logs=False) as cluster:
         cluster.enforce_rules(role_rules())
         env = kubernetes_env(cluster, tmp_path / "run")
-        flags = (*KUBERNETES_FLAGS, "--ps-port", str(find_free_port()))
+        flags = (*KUBERNETES_FLAGS, "--ps-port", str(kubernetes_ps_port()))
         keep = unrelated_objects(cluster)
         master = start_until_training(
             train_command(digits_data, output, *flags), env, output, tmp_path / "master.log", 0.1
@@ -210,7 +209,7 @@ def test_pods_of_a_sigkilled_master_on_kubernetes_end_after_the_master_timeout(
     with KubernetesStandIn(tmp_path / "k8s", echo_logs=False) as cluster:
         cluster.enforce_rules(role_rules())
         env = kubernetes_env(cluster, tmp_path / "run")
-        flags = (*KUBERNETES_FLAGS, "--ps-port", str(find_free_port()), "--master-timeout", str(timeout))
+        flags = (*KUBERNETES_FLAGS, "--ps-port", str(kubernetes_ps_port()), "--master-timeout", str(timeout))
         master = start_until_training(
             train_command(digits_data, output, *flags), env, output, tmp_path / "master.log", 0.1
         )

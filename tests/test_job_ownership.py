@@ -25,7 +25,7 @@ from edl_argo.pods.manifests import (
     step_identity,
     validate_job_name,
 )
-from tests.k8s_helpers import role_rules
+from tests.k8s_helpers import kubernetes_ps_port, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,7 +92,7 @@ def test_a_master_refuses_pods_labelled_for_another_step(
     stand_in.create("pods", worker_pod(job, "stepa"))
     try:
         with pytest.raises(ConfigError, match=rf"holds pod/{job}-worker-0 of another step") as refused:
-            KubernetesBackend(job, KubernetesConfig(image="img", ps_port=find_free_port(), step="stepb"))
+            KubernetesBackend(job, KubernetesConfig(image="img", ps_port=kubernetes_ps_port(), step="stepb"))
         assert "its own job name" in str(refused.value)
         assert stand_in.pod(f"{job}-worker-0") is not None  # neither adopted nor deleted
         deletes = [c for c in stand_in.calls if c.verb == "delete" and c.name.startswith(job)]
@@ -139,7 +139,7 @@ def test_worker_and_ps_pods_inherit_the_masters_image_pull_secrets_and_keep_thei
     monkeypatch.setenv("EDL_POD_NAME", master_pod)
     config = KubernetesConfig(
         image="registry.example/private:1",
-        ps_port=find_free_port(),
+        ps_port=kubernetes_ps_port(),
         service_account="trainer",
         node_selector={"pool": "gpu"},
         tolerations=(Toleration("gpu", "", "NoSchedule"),),
@@ -177,7 +177,7 @@ def start_backend(url: str, monkeypatch: pytest.MonkeyPatch) -> KubernetesBacken
     monkeypatch.setenv(API_URL_ENV, url)
     monkeypatch.delenv("EDL_POD_NAME", raising=False)
     return KubernetesBackend(
-        f"start-{uuid.uuid4().hex[:6]}", KubernetesConfig(image="img", ps_port=find_free_port())
+        f"start-{uuid.uuid4().hex[:6]}", KubernetesConfig(image="img", ps_port=kubernetes_ps_port())
     )
 
 

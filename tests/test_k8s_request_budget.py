@@ -222,12 +222,18 @@ def test_a_pod_creation_throttled_by_the_server_is_retried_after_its_retry_after
 # ---------------------------------------------------------------------------------------------------
 # A small scale scenario: 100 workers, 30 preempted at once, --k8s-qps 40 --k8s-burst 10
 
+#: The budget is counted where requests arrive, at the stand-in, whose threads ``make test`` (two test
+#: processes on 2 cores, each starting TensorFlow processes) may wake late: 0.1 s of slack was exceeded
+#: once there. A master without its limiter sends a storm's 60 requests within a fraction of a second,
+#: far more than the 42 that 0.8 s allow with this slack.
+LOADED_TRANSIT_SECONDS = 0.5
+
 
 def test_a_preemption_storm_is_replaced_within_the_budget_and_a_quiet_job_sends_nothing(
     stand_in: KubernetesStandIn,
 ) -> None:
     qps, burst, workers, storm = 40.0, 10, 100, 30
-    scenario = Scenario(stand_in, workers, qps, burst)
+    scenario = Scenario(stand_in, workers, qps, burst, transit_seconds=LOADED_TRANSIT_SECONDS)
     try:
         scenario.start(timeout=30)
         quiet_from = time.time()
@@ -237,7 +243,8 @@ def test_a_preemption_storm_is_replaced_within_the_budget_and_a_quiet_job_sends_
         assert stand_in.arrivals(MASTER_USER_AGENT, since=quiet_from) == [], "the backend polls"
         scenario.storm(storm, timeout=30)
         scenario.storm(storm, timeout=30, outage_seconds=2)
-        assert not scenario.whole_run_exceeded(), "the master sent more than its budget allows"
+        excess = scenario.whole_run_excess()
+        assert excess <= 0, f"the master sent {excess:.0f} requests more than its budget allows"
     finally:
         scenario.close()
     _, replaced, outage = scenario.reports

@@ -25,7 +25,6 @@ from edl_argo.master.job import TrainingJob, dataset_shards
 from edl_argo.master.state_store import STATE_KEY, GroupCommit, MasterStateStore, job_fingerprint
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType, held_tasks
 from edl_argo.model.outputs import named_arrays
-from edl_argo.pods import find_free_port
 from edl_argo.pods.manifests import MASTER_AUTH_VOLUME
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import (
@@ -36,7 +35,7 @@ from tests.engine_helpers import (
     digits_config,
     read_metrics,
 )
-from tests.k8s_helpers import job_selector, role_rules, start_master_pod
+from tests.k8s_helpers import job_selector, kubernetes_ps_port, role_rules, start_master_pod
 from tests.k8s_stand_in import KubernetesStandIn
 
 SHARDS = {"a": 100, "b": 60}
@@ -510,7 +509,7 @@ def test_a_killed_master_on_kubernetes_started_again_adopts_its_pods(
             "--image",
             "edl-argo:test",
             "--ps-port",
-            str(find_free_port()),
+            str(kubernetes_ps_port()),
         ]
         # The master's pod mounts the job's auth Secret (the elastic-train step's volume): empty for the
         # first master, which creates it; the restarted master reads the job's secret there (its Role

@@ -28,7 +28,6 @@ from edl_argo.model.source import (
 )
 from edl_argo.pipeline.loader import load_workflow, with_parameters
 from edl_argo.pipeline.runner import LocalRunner
-from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
 from edl_argo.storage import open_storage
@@ -41,7 +40,7 @@ from tests.engine_helpers import (
     master_port_turn,
     model_dir,
 )
-from tests.k8s_helpers import ROOT, job_selector, role_rules
+from tests.k8s_helpers import ROOT, job_selector, kubernetes_ps_port, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 from tests.s3_stand_in import S3StandIn
 
@@ -204,7 +203,7 @@ def test_a_model_only_in_s3_trains_on_kubernetes_pods_that_all_run_the_same_byte
         storage_region=s3_server.region,
         workflow_name=name,
         owner=Owner("argoproj.io/v1alpha1", "Workflow", name, workflow["metadata"]["uid"]),
-        ps_port=find_free_port(),
+        ps_port=kubernetes_ps_port(),
     )
     config = digits_config(
         digits_data,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from edl_argo.master.pod_manager import SCALED_DOWN, PodManager, PodPolicy
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, held_tasks
 from edl_argo.pods import PodEvent, PodPhase, PodReason, PodRole, PodSpec
@@ -187,3 +191,22 @@ def test_a_scale_request_while_the_ps_start_waits_for_them_and_sets_how_many_wor
     manager.start()
     assert pods.started == ["ps-0", "worker-0", "worker-1", "worker-2"]
     assert manager.live_workers == [0, 1, 2]
+
+
+def test_a_worker_lost_once_training_is_over_is_not_replaced_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker lost after the last task is done (a hung group member removed as stuck, whose requeued
+    task its peer finished at once) gets no replacement: there is nothing left to train. The log says so,
+    as for a relaunch that was waiting (a person reading it, and the chaos check, can tell why)."""
+    caplog.set_level(logging.INFO, logger="edl_argo.master.pod_manager")
+    manager, pods, _ = crash_loop_manager()
+    while (task := manager.dispatcher.get_task(0).task) is not None:
+        assert manager.dispatcher.report(task.task_id, 0, success=True)
+    assert manager.dispatcher.finished
+
+    run_then_stop(manager, 0, at=0.0, ran=1.0)
+
+    assert pods.started == ["worker-0"]
+    (dropped,) = [r for r in caplog.records if r.getMessage() == "worker_relaunch_dropped"]
+    assert dropped.fields == {"old_worker": 0, "reason": "training is over"}  # type: ignore[attr-defined]

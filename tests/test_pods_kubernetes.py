@@ -26,6 +26,7 @@ from kubernetes import client as k8s
 
 from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.master.config import add_train_flags, config_from_args
+from edl_argo.master.pod_commands import ps_pod
 from edl_argo.pipeline.variables import substitute
 from edl_argo.pods import (
     PodEvent,
@@ -38,7 +39,7 @@ from edl_argo.pods import (
     kubernetes_creation,
 )
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend, render_job_manifests
-from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
+from edl_argo.pods.kubernetes_config import TENSOR_PORT_OFFSET, KubernetesConfig, Owner
 from edl_argo.pods.kubernetes_status import observe_pod
 from edl_argo.pods.manifests import (
     MASTER_AUTH_VOLUME,
@@ -295,6 +296,25 @@ def test_manifests_are_exactly_as_expected(argo_env: None) -> None:
     everything = render_job_manifests("mnist", config, [PodSpec(PS, 0, ("edl-argo", "ps"), port=3000)])
     assert not [value for value in SECRET_VALUES.values() if value in everything]
     assert config.master.requests == {"cpu": "500m"}  # recorded, not applied: Argo creates the master
+
+
+def test_a_ps_pod_declares_its_tensor_port_its_grpc_port_plus_the_offset(argo_env: None) -> None:
+    """On Kubernetes a PS's tensor port is fixed (the job's NetworkPolicy opens it by name): the pod's
+    command serves it there and its container declares it as ``tensors``."""
+    config = parse_train([*FLAGS, "--ps-port", "3000", "--num-ps", "2"])
+    assert config.kubernetes is not None
+    spec = ps_pod(config, 1, port=config.kubernetes.ps_port_of(1), master_address="m:1", model_def="m.py")
+    assert spec.tensor_port == 3001 + TENSOR_PORT_OFFSET
+    assert spec.command[spec.command.index("--tensor-port") + 1] == str(3001 + TENSOR_PORT_OFFSET)
+    ports = pod_manifest("mnist", config.kubernetes, spec)["spec"]["containers"][0]["ports"]
+    assert ports == [
+        {"name": "grpc", "containerPort": 3001, "protocol": "TCP"},
+        {"name": "tensors", "containerPort": 3001 + TENSOR_PORT_OFFSET, "protocol": "TCP"},
+    ]
+    with pytest.raises(
+        ConfigError, match=re.escape("--ps-port 65440: the last PS's tensor port would be 65541")
+    ):
+        parse_train([*FLAGS, "--ps-port", "65440", "--num-ps", "2"])
 
 
 def test_owner_is_the_workflow_else_the_master_pod(monkeypatch: pytest.MonkeyPatch) -> None:

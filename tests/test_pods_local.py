@@ -210,9 +210,20 @@ def test_find_free_port_skips_a_port_something_listens_on(monkeypatch: pytest.Mo
         busy = taken.getsockname()[1]
         free = find_free_port()
         ports.release_ports("127.0.0.1", [free])
-        monkeypatch.setattr(ports, "_candidate_ports", lambda: [busy, busy, free])
+        monkeypatch.setattr(ports, "_candidate_ports", lambda _highest: [busy, busy, free])
         assert ports.find_free_port() == free
         ports.release_ports("127.0.0.1", [free])
+
+
+def test_find_free_port_chooses_none_above_the_highest_asked() -> None:
+    """A Kubernetes PS's tensor port is its port + 100: a port chosen for it must leave that room. Here the
+    bound leaves 300 of the 27,000-odd candidate ports."""
+    from edl_argo.pods import ports
+
+    highest = 10_299
+    chosen = [find_free_port(highest=highest) for _ in range(40)]
+    ports.release_ports("127.0.0.1", chosen)
+    assert len(set(chosen)) == 40 and max(chosen) <= highest
 
 
 def test_a_port_another_process_chose_is_not_chosen_until_it_releases_it(
@@ -227,13 +238,14 @@ def test_a_port_another_process_chose_is_not_chosen_until_it_releases_it(
     monkeypatch.setattr(ports.tempfile, "tempdir", None)  # read TMPDIR again
     first, second = find_free_port(), find_free_port()
     ports.release_ports("127.0.0.1", [first, second])
-    monkeypatch.setattr(ports, "_candidate_ports", lambda: [first, second])
+    monkeypatch.setattr(ports, "_candidate_ports", lambda _highest: [first, second])
     other = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import sys; from edl_argo.pods import ports; "
-            f"ports._candidate_ports = lambda: [{first}]; print(ports.find_free_port(), flush=True); "
+            f"ports._candidate_ports = lambda _highest: [{first}]; "
+            "print(ports.find_free_port(), flush=True); "
             "sys.stdin.read()",
         ],
         env={**os.environ, "TMPDIR": str(tmp_path)},

@@ -8,6 +8,7 @@ each piece (manifests, backend, servers) is tested with it elsewhere.
 from __future__ import annotations
 
 import io
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ from edl_argo.recordio import Compressor
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, make_server
 from edl_argo.storage import open_storage
 from tests.engine_helpers import DIGITS_MODEL
-from tests.k8s_helpers import ROOT, role_rules
+from tests.k8s_helpers import ROOT, kubernetes_ps_port, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 from tests.manifests import load_documents, validate
 from tests.test_argo_templates import container_templates
@@ -65,7 +66,9 @@ def k8s_config(**settings: Any) -> KubernetesConfig:
 def job_pods(job: str, config: KubernetesConfig) -> list[dict[str, Any]]:
     """A worker and a PS pod of ``job``."""
     worker = PodSpec(PodRole.WORKER, 0, ("edl-argo", "worker"))
-    ps = PodSpec(PodRole.PS, 0, ("edl-argo", "ps"), port=config.ps_port_of(0))
+    ps = PodSpec(
+        PodRole.PS, 0, ("edl-argo", "ps"), port=config.ps_port_of(0), tensor_port=config.tensor_port_of(0)
+    )
     return [pod_manifest(job, config, worker), pod_manifest(job, config, ps)]
 
 
@@ -104,7 +107,7 @@ def test_job_pods_and_every_argo_step_run_as_non_root_without_privileges() -> No
 # NetworkPolicies
 
 
-def test_the_job_policy_admits_the_jobs_own_pods_to_their_grpc_ports_only() -> None:
+def test_the_job_policy_admits_the_jobs_own_pods_to_their_ports_only() -> None:
     config = k8s_config(namespace="ml")
     policy = network_policy_manifest("mnist", config)
     validate(policy)  # a NetworkPolicy as the API knows it, no unknown field
@@ -122,7 +125,8 @@ def test_the_job_policy_admits_the_jobs_own_pods_to_their_grpc_ports_only() -> N
     for pod in theirs:
         labels = pod["metadata"]["labels"]
         assert not selects(spec["podSelector"], labels) and not selects(source["podSelector"], labels)
-    ps_ports = {p["name"] for p in ours[1]["spec"]["containers"][0]["ports"]}
+    ps_ports = [p["name"] for p in ours[1]["spec"]["containers"][0]["ports"]]
+    assert ps_ports == ["grpc", "tensors"]  # its gRPC port and its tensor port
     assert rule["ports"] == [{"protocol": "TCP", "port": port} for port in ps_ports]
 
 
@@ -148,7 +152,7 @@ def test_the_backend_creates_the_job_policy_keeps_it_across_masters_and_deletes_
     monkeypatch.setenv(API_URL_ENV, stand_in.url)
     stand_in.enforce_rules(role_rules())
     job = f"net-{uuid.uuid4().hex[:6]}"
-    config = k8s_config(ps_port=find_free_port(), owner=None, workflow_name="")
+    config = k8s_config(ps_port=kubernetes_ps_port(), owner=None, workflow_name="")
     first = KubernetesBackend(job, config)
     (created,) = stand_in.objects("networkpolicies", f"app.kubernetes.io/instance={job}")
     assert created["spec"] == network_policy_manifest(job, config)["spec"]
@@ -179,10 +183,14 @@ def sgd() -> keras.optimizers.Optimizer:
 
 def test_a_parameter_server_listens_on_the_pod_address_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POD_IP", "127.0.0.2")
-    config = PSConfig(port=find_free_port("127.0.0.2"))
+    config = PSConfig(port=find_free_port("127.0.0.2"), tensor_port=0)
     assert config.host == "127.0.0.2"
     server = serve(config, optimizer_factory=sgd)
     try:
+        assert server.tensor_port is not None
+        socket.create_connection(("127.0.0.2", server.tensor_port.port), timeout=10).close()
+        with pytest.raises(ConnectionRefusedError):  # its tensor port too
+            socket.create_connection(("127.0.0.1", server.tensor_port.port), timeout=10).close()
         request = ps_pb2.PullDenseParametersRequest(version=-1)
 
         def pull(host: str, timeout: float) -> ps_pb2.PullDenseParametersResponse:

@@ -134,7 +134,7 @@ def test_what_the_master_gives_its_pods_they_parse_back(strategy: str) -> None:
     config = sample_config(strategy)
     allreduce = strategy == table.ALLREDUCE
     given = {
-        "ps": ps_command(config, 1, port=2300, master_address="m:1", model_def="staged.py"),
+        "ps": ps_command(config, 1, port=2300, master_address="m:1", model_def="staged.py", tensor_port=2400),
         "worker": worker_command(
             config,
             4,
@@ -149,6 +149,7 @@ def test_what_the_master_gives_its_pods_they_parse_back(strategy: str) -> None:
         "ps": {
             "ps_id": 1,
             "port": 2300,
+            "tensor_port": 2400,
             "master_addr": "m:1",
             "host": "",
             "checkpoint_dir": config.checkpoints_url,

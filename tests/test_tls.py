@@ -6,9 +6,12 @@ read-only volume."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import grpc
 import keras
+import numpy as np
 import pytest
 import yaml
 
@@ -29,7 +33,6 @@ from edl_argo.master.pod_commands import ps_pod, worker_pod
 from edl_argo.master.registry import register_master
 from edl_argo.master.servicer import MasterServicer
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
-from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV, KubernetesBackend
 from edl_argo.pods.kubernetes_config import KubernetesConfig
 from edl_argo.pods.manifests import MASTER_SECRETS_ENV, MASTER_TLS_VOLUME, render_job_manifests
@@ -37,12 +40,14 @@ from edl_argo.proto import master_pb2, master_pb2_grpc
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc import auth, tls
+from edl_argo.rpc import tensor_port as tensor_port_module
 from edl_argo.rpc.auth import JobSecret
 from edl_argo.rpc.channel import call_with_retry, make_channel, make_server
 from edl_argo.rpc.health import ping
 from edl_argo.rpc.master_watch import MasterWatch
+from edl_argo.worker.ps_client import ParameterServerClient
 from tests.engine_helpers import JobThread, assert_no_record_lost, digits_config
-from tests.k8s_helpers import MASTER_USER_AGENT, role_rules
+from tests.k8s_helpers import MASTER_USER_AGENT, kubernetes_ps_port, role_rules
 from tests.k8s_stand_in import KubernetesStandIn
 from tests.test_pods_kubernetes import FLAGS, parse_train
 
@@ -119,6 +124,53 @@ def test_a_tls_server_answers_a_client_that_trusts_its_certificate_by_the_fixed_
 def test_a_plaintext_client_is_refused_by_a_tls_server(ps_over_tls: str) -> None:
     error = refusal(make_channel(ps_over_tls, SECRET.credential("worker-0")))
     assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+
+
+def test_a_tls_parameter_server_speaks_tls_on_its_tensor_port_too(
+    certificates: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker trusting the certificate pushes and pulls over the tensor port, in TLS; a plaintext hello
+    gets no answer; a worker trusting another CA never sends its credential there (it falls back to gRPC,
+    which refuses it in turn)."""
+    files = tls.load_tls_dir(str(certificates["self-signed"]))
+    servicer = ParameterServerServicer(lambda: keras.optimizers.SGD(0.1), jit_compile=False)
+    server, port = start_server(servicer, "127.0.0.1", 0, SECRET, "ps-0", tls=files, tensor_port=0)
+    try:
+        client = ParameterServerClient(
+            [f"127.0.0.1:{port}"], credential=SECRET.credential("worker-0"), tls=files
+        )
+        weights = np.ones((256, 256), np.float32)
+        assert client.push_model({"w": weights}, [])
+        _, versions, _ = client.pull_dense([-1])
+        assert client.push_gradients({"w": weights}, {}, versions).accepted and servicer.version == 1
+        idle = client._tensor_ports[0]._idle  # the connections the calls used, kept for the next ones
+        assert idle and all(isinstance(sock, ssl.SSLSocket) for sock in idle)
+        client.close()
+
+        host, tensor_port = servicer.tensor_port.rsplit(":", 1)
+        with socket.create_connection((host, int(tensor_port)), timeout=10) as plain:
+            plain.sendall(tensor_port_module.hello("worker-0", SECRET.token("worker-0")))
+            plain.settimeout(10)
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := plain.recv(4096):
+                    answer += chunk
+            assert not answer.startswith(tensor_port_module.FRAME_MAGIC), answer[:40]
+
+        warnings: list[dict] = []
+        monkeypatch.setattr(
+            tensor_port_module.log, "warning", lambda event, **f: warnings.append({"event": event, **f})
+        )
+        stranger = tls.load_tls_dir(str(certificates["stranger"]))
+        locate = lambda _timeout: servicer.tensor_port  # noqa: E731
+        port_client = tensor_port_module.TensorPort(
+            "ps-0", locate, SECRET.credential("worker-0"), stranger.client_context()
+        )
+        assert port_client.connection(time.monotonic() + 10) is None
+        assert [w["event"] for w in warnings] == ["ps_tensor_port_unreachable"]
+        assert "CERTIFICATE_VERIFY_FAILED" in warnings[0]["reason"], warnings
+    finally:
+        server.stop(None)
 
 
 def test_a_client_trusting_another_ca_or_a_server_of_another_name_fails_with_a_clear_error(
@@ -374,7 +426,7 @@ def test_the_master_reads_the_tls_secret_from_its_pods_volume_never_through_the_
     )
     stand_in.create("secrets", tls_secret_body(f"{name}-nokey", certificates["signed"], (tls.CERT_FILE,)))
     secrets_dir = tmp_path / "master"
-    config = KubernetesConfig(image="img", ps_port=find_free_port(), secrets_dir=str(secrets_dir))
+    config = KubernetesConfig(image="img", ps_port=kubernetes_ps_port(), secrets_dir=str(secrets_dir))
     backend = KubernetesBackend(f"t-{uuid.uuid4().hex[:8]}", config)
 
     def mounted(secret: str) -> str:
@@ -398,7 +450,7 @@ def test_the_master_reads_the_tls_secret_from_its_pods_volume_never_through_the_
     finally:
         backend.close(grace_seconds=1)
     outside = KubernetesBackend(
-        f"t-{uuid.uuid4().hex[:8]}", KubernetesConfig(image="img", ps_port=find_free_port())
+        f"t-{uuid.uuid4().hex[:8]}", KubernetesConfig(image="img", ps_port=kubernetes_ps_port())
     )
     try:
         with pytest.raises(ConfigError, match=f"^--tls-secret {name}: .*{MASTER_SECRETS_ENV} is not set"):

@@ -54,6 +54,7 @@ from tests.k8s_helpers import (
     MASTER_RULES,
     MASTER_USER_AGENT,
     job_selector,
+    kubernetes_ps_port,
     role_rules,
     stand_in_digits_config,
 )
@@ -423,7 +424,7 @@ def test_a_job_of_argos_longest_workflow_name_trains_with_its_master_in_the_step
             num_epochs=4,
             minibatch_size=32,
             num_minibatches_per_task=4,
-            ps_port=find_free_port(),
+            ps_port=kubernetes_ps_port(),
             storage_secret="storage",
             template_ref=True,
         )

@@ -9,7 +9,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 
 from edl_argo.proto import ps_pb2, tensor_pb2
-from edl_argo.rpc.rope import ALIGNMENT, Rope, as_tf_tensor, read_tensor_rope
+from edl_argo.rpc.rope import ALIGNMENT, Rope, aligned_empty, as_tf_tensor, read_tensor_rope
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor
 from edl_argo.rpc.wire import Encoding, WireError, read_tensor, split_field
 from edl_argo.worker.ps_client import PushReply, push_request
@@ -203,3 +203,26 @@ def test_wire_types_no_message_of_ours_uses_are_refused() -> None:
         split_field(bytes([0x08] + [0xFF] * 11), 2)
     with pytest.raises(WireError, match="past the end"):
         split_field(bytes([2 << 3 | 2, 5, 1]), 2)
+
+
+def test_a_content_received_in_aligned_memory_of_its_own_is_read_in_place_else_copied() -> None:
+    """The tensor port receives a tensor's content into aligned memory of its own: its array is that
+    memory (no copy). Content that is read-only, unaligned or in several parts is copied, aligned."""
+    value = ARRAYS["large"]
+    message = fill_tensor(tensor_pb2.Tensor(), value, "w").SerializeToString()
+    start = len(message) - value.nbytes  # the content is the message's last field
+    own = aligned_empty(value.nbytes)
+    own[:] = message[start:]
+    _, in_place = read_tensor_rope(Rope([message[:start], own]))
+    assert np.array_equal(in_place, value) and np.shares_memory(in_place, np.frombuffer(own, np.uint8))
+    unaligned = memoryview(np.empty(value.nbytes + 1, np.uint8))[1:]
+    unaligned[:] = message[start:]
+    halves = [own[: value.nbytes // 2], own[value.nbytes // 2 :]]
+    for parts in (
+        [message[:start], unaligned],
+        [message[:start], message[start:]],
+        [message[:start], *halves],
+    ):
+        _, copied = read_tensor_rope(Rope(parts))
+        assert np.array_equal(copied, value) and copied.ctypes.data % ALIGNMENT == 0
+        assert not any(np.shares_memory(copied, np.frombuffer(part, np.uint8)) for part in parts)

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from edl_argo.addresses import join_host_port
-from edl_argo.collective.transport import FrameServer, PieceKey, StateProvider, open_listener
+from edl_argo.collective.transport import FrameServer, PieceKey, StateProvider
 from edl_argo.log import get_logger
+from edl_argo.rpc.sockets import open_listener
 
 log = get_logger(__name__)
 

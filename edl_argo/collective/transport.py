@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import errno
 import hmac
 import os
 import queue
@@ -72,7 +71,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
@@ -84,8 +83,16 @@ from edl_argo.addresses import AddressError, parse_host_port, split_host_port
 from edl_argo.collective.state import GroupState, Lineage
 from edl_argo.log import get_logger
 from edl_argo.proto import collective_pb2, tensor_pb2
-from edl_argo.rpc.auth import TOKEN_BYTES, collective_token_from_env
+from edl_argo.rpc.auth import TOKEN_BYTES, PeersLogged, collective_token_from_env
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES
+from edl_argo.rpc.sockets import (
+    STOP_JOIN_SECONDS,
+    SocketServer,
+    connect,
+    recv_exact,
+    recv_exact_into,
+    send_parts,
+)
 
 log = get_logger(__name__)
 
@@ -103,10 +110,6 @@ PIECE_DTYPES: tuple[np.dtype, ...] = tuple(
 )
 #: A state response carries a state.
 FLAG_FOUND = 1
-#: How long :meth:`FrameServer.stop` waits for each of its threads.
-STOP_JOIN_SECONDS = 2.0
-#: How often the accept loop looks whether the server is stopping.
-ACCEPT_POLL_SECONDS = 0.5
 #: How long a member serving a state waits for the requester to take each frame of it.
 STATE_FRAME_SECONDS = 60.0
 #: How long the payload of a piece may take to arrive once its header did.
@@ -122,8 +125,6 @@ FIRST_READ_BYTES = 1 << 20
 AUTH_MAGIC = b"EDLA"
 #: How long a server waits for a new connection's preamble.
 AUTH_SECONDS = 10.0
-#: At most this many refused peer hosts are remembered as already logged.
-LOGGED_PEERS_CAP = 1024
 
 #: ``(round_id, operation, step)``: where a piece belongs.
 PieceKey = tuple[int, int, int]
@@ -211,53 +212,12 @@ def split_address(address: str) -> tuple[str, int]:
     return split_host_port(address)
 
 
-def _remaining(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (None: no deadline); raises TimeoutError once it has passed."""
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("timed out")
-    return left
-
-
-def _recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None) -> int:
-    """Fill ``view`` from ``sock``; the bytes read, which is less than ``len(view)`` only when the peer closed
-    the connection before sending the first byte."""
-    # Without a deadline (a blocking socket), MSG_WAITALL lets the kernel fill the whole view in one call,
-    # without taking the GIL back for every segment; with one, each call may wait only what is left.
-    flags = socket.MSG_WAITALL if deadline is None else 0
-    received = 0
-    while received < len(view):
-        if deadline is not None:
-            sock.settimeout(_remaining(deadline))
-        got = sock.recv_into(view[received:], 0, flags)
-        if not got:
-            if received == 0:
-                return 0
-            raise ConnectionError(f"connection closed after {received} of {len(view)} bytes of a frame")
-        received += got
-    return received
-
-
 def read_header(sock: socket.socket, deadline: float | None = None) -> FrameHeader | None:
     """The next frame's header; None when the peer closed the connection between frames."""
     data = bytearray(HEADER.size)
-    if _recv_exact_into(sock, memoryview(data), deadline) == 0:
+    if recv_exact_into(sock, memoryview(data), deadline) == 0:
         return None
     return FrameHeader.unpack(data)
-
-
-def _read_payload(sock: socket.socket, view: memoryview, deadline: float | None) -> None:
-    if len(view) and _recv_exact_into(sock, view, deadline) == 0:
-        raise ConnectionError(f"connection closed before a payload of {len(view)} bytes")
-
-
-def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], deadline: float) -> None:
-    """Send every part in order, all of it before ``deadline`` (TimeoutError otherwise)."""
-    for part in parts:
-        sock.settimeout(_remaining(deadline))
-        sock.sendall(part)
 
 
 def _piece_dtype(code: int) -> np.dtype:
@@ -285,7 +245,7 @@ def read_piece(sock: socket.socket, header: FrameHeader, deadline: float | None 
     filled = 0
     while True:
         if len(data) > filled:
-            _read_payload(sock, memoryview(data)[filled:], deadline)
+            recv_exact(sock, memoryview(data)[filled:], deadline, "a payload")
             filled = len(data)
         if filled == total:
             return data.view(dtype)
@@ -301,9 +261,8 @@ def _preamble(token: bytes | None) -> bytes:
 def _connect(address: str | tuple[str, int], deadline: float, token: bytes | None) -> socket.socket:
     """A connection to ``address`` that has sent its preamble with ``token``."""
     target = split_address(address) if isinstance(address, str) else address
-    sock = socket.create_connection(target, timeout=_remaining(deadline))
+    sock = connect(target, deadline)
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         send_parts(sock, [_preamble(token)], deadline)
     except BaseException:
         sock.close()
@@ -316,7 +275,7 @@ def _authenticated(sock: socket.socket, token: bytes | None) -> str:
     ``token``: a server of no job)."""
     data = bytearray(len(AUTH_MAGIC) + TOKEN_BYTES)
     try:
-        got = _recv_exact_into(sock, memoryview(data), time.monotonic() + AUTH_SECONDS)
+        got = recv_exact_into(sock, memoryview(data), time.monotonic() + AUTH_SECONDS)
     except TimeoutError:
         return f"no preamble within {AUTH_SECONDS:.0f} s"
     except ConnectionError:
@@ -331,26 +290,12 @@ def _authenticated(sock: socket.socket, token: bytes | None) -> str:
 # ------------------------------------------------------------------------------------------------ server
 
 
-def open_listener(host: str, port: int) -> socket.socket | None:
-    """A listening socket on ``host:port`` (port 0: any free one); None if ``port`` is taken.
-
-    SO_REUSEADDR (a restarted member may rebind a port whose old connections linger) but never SO_REUSEPORT:
-    two processes must not share a port and split its connections.
-    """
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    try:
-        return socket.create_server((host, port), family=family, reuse_port=False)
-    except OSError as error:
-        if error.errno == errno.EADDRINUSE:
-            return None
-        raise
-
-
 class FrameServer:
     """Serves the frames of every member that connects to ``listener``, until :meth:`stop`.
 
-    An accept thread, and one reader thread per connection that hands pieces to ``on_piece(key, array)`` and
-    answers state requests from ``state_provider``.
+    One reader thread per connection (:class:`~edl_argo.rpc.sockets.SocketServer`, at most
+    :data:`MAX_CONNECTIONS`) hands pieces to ``on_piece(key, array)`` and answers state requests from
+    ``state_provider``.
     """
 
     def __init__(
@@ -363,68 +308,15 @@ class FrameServer:
         """``token``: the collective token every connection must present (default: this process's,
         :func:`~edl_argo.rpc.auth.collective_token_from_env`; without one, any connection is served)."""
         self._token = token if token is not None else collective_token_from_env()
-        self._refused_peers: set[str] = set()
-        self._listener = listener
+        self._refused_peers = PeersLogged()
         self._on_piece = on_piece
         self._state_provider = state_provider
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._connections: dict[socket.socket, _Connection] = {}
-        self.port: int = listener.getsockname()[1]
-        listener.settimeout(ACCEPT_POLL_SECONDS)
-        self._acceptor = threading.Thread(
-            target=self._accept, name=f"collective-accept-{self.port}", daemon=True
-        )
-        self._acceptor.start()
-
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                sock, peer = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as error:
-                if self._stopping.is_set():
-                    return
-                log.warning("collective_accept_failed", port=self.port, error=str(error))
-                time.sleep(ACCEPT_POLL_SECONDS)
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            name = f"{peer[0]}:{peer[1]}"
-            reader = threading.Thread(
-                target=self._serve, args=(sock, name), name=f"collective-read-{name}", daemon=True
-            )
-            with self._lock:
-                if self._stopping.is_set():
-                    sock.close()
-                    return
-                evicted = self._evict_idlest_locked(name)
-                self._connections[sock] = _Connection(reader, time.monotonic())
-            if evicted is not None:
-                with contextlib.suppress(OSError):  # its reader closes it
-                    evicted.shutdown(socket.SHUT_RDWR)
-            reader.start()
-
-    def _evict_idlest_locked(self, newcomer: str) -> socket.socket | None:
-        """With :data:`MAX_CONNECTIONS` open, the connection that sent nothing for longest (to be closed)."""
-        if len(self._connections) < MAX_CONNECTIONS:
-            return None
-        sock = min(self._connections, key=lambda s: self._connections[s].last_active)
-        idle = time.monotonic() - self._connections.pop(sock).last_active  # its reader ends on its own
-        log.warning(
-            "collective_connection_evicted", port=self.port, newcomer=newcomer, idle_seconds=round(idle, 1)
-        )
-        return sock
+        self._server = SocketServer(listener, self._serve, "collective", MAX_CONNECTIONS)
+        self.port: int = self._server.port
 
     def _refused(self, peer: str, reason: str) -> None:
         host = peer.rsplit(":", 1)[0]
-        with self._lock:
-            first = host not in self._refused_peers
-            if first:
-                if len(self._refused_peers) >= LOGGED_PEERS_CAP:
-                    self._refused_peers.clear()
-                self._refused_peers.add(host)
-        if first:
+        if self._refused_peers.first(host):
             log.warning("collective_unauthenticated", port=self.port, peer=host, reason=reason)
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
@@ -444,50 +336,22 @@ class FrameServer:
                     self._answer_state(sock, header.round_id)
                 else:
                     raise FrameError(f"unexpected frame kind {header.kind}")
-                self._touch(sock)
+                self._server.touch(sock)
         except FrameError as error:
             log.warning("collective_frame_rejected", peer=peer, reason=str(error))
         except OSError as error:
-            if not self._stopping.is_set():
+            if not self._server.stopping:
                 log.debug("collective_connection_lost", peer=peer, error=str(error))
-        finally:
-            with self._lock:
-                self._connections.pop(sock, None)
-            sock.close()
-
-    def _touch(self, sock: socket.socket) -> None:
-        connection = self._connections.get(sock)
-        if connection is not None:
-            connection.last_active = time.monotonic()
 
     def _answer_state(self, sock: socket.socket, round_id: int) -> None:
         state = self._state_provider(round_id)
         for part in state_frames(state, round_id):
             send_parts(sock, [part], time.monotonic() + STATE_FRAME_SECONDS)
-            self._touch(sock)
+            self._server.touch(sock)
 
     def stop(self) -> None:
         """Stop accepting, close every connection, and join the threads."""
-        with self._lock:
-            self._stopping.set()
-            connections = dict(self._connections)
-        with contextlib.suppress(OSError):  # wakes the accept thread at once (Linux); the poll otherwise
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        for sock in connections:
-            with contextlib.suppress(OSError):  # already closed by its reader
-                sock.shutdown(socket.SHUT_RDWR)
-        self._acceptor.join(STOP_JOIN_SECONDS + ACCEPT_POLL_SECONDS)
-        for connection in connections.values():
-            connection.reader.join(STOP_JOIN_SECONDS)
-
-
-@dataclass
-class _Connection:
-    """A connection a :class:`FrameServer` serves: its reader thread, and when it last sent a frame."""
-
-    reader: threading.Thread
-    last_active: float
+        self._server.stop()
 
 
 # ------------------------------------------------------------------------------------------------ client
@@ -675,7 +539,7 @@ class _SocketFrames:
         return header
 
     def payload(self, into: memoryview) -> None:
-        _read_payload(self._sock, into, self._deadline)
+        recv_exact(self._sock, into, self._deadline, "a payload")
 
 
 class BufferFrames:

@@ -36,12 +36,22 @@ def pod_tls_dir(config: Any) -> str:
     return str(config.tls_dir)
 
 
-def ps_command(config: Any, ps_id: int, *, port: int, master_address: str, model_def: str) -> list[str]:
-    """``edl-argo ps ...`` for parameter server ``ps_id`` of ``config``'s job."""
+def ps_command(
+    config: Any,
+    ps_id: int,
+    *,
+    port: int,
+    master_address: str,
+    model_def: str,
+    tensor_port: int | None = None,
+) -> list[str]:
+    """``edl-argo ps ...`` for parameter server ``ps_id`` of ``config``'s job; ``tensor_port``: its
+    tensor port's (None: any free one)."""
     values = {
         **job_values(config),
         "ps_id": ps_id,
         "port": port,
+        "tensor_port": tensor_port,
         "master_addr": master_address,
         "model_def": model_def,
         "tls_dir": pod_tls_dir(config),
@@ -85,9 +95,13 @@ def worker_command(
 
 
 def ps_pod(config: Any, ps_id: int, *, port: int, master_address: str, model_def: str) -> PodSpec:
-    """The pod of parameter server ``ps_id``: its command (:func:`ps_command`) and port."""
-    command = ps_command(config, ps_id, port=port, master_address=master_address, model_def=model_def)
-    return PodSpec(PodRole.PS, ps_id, tuple(command), port=port)
+    """The pod of parameter server ``ps_id``: its command (:func:`ps_command`) and ports. In a cluster its
+    tensor port is fixed (a container port the job's NetworkPolicy opens); on one machine any free one."""
+    tensor_port = config.kubernetes.tensor_port_of(ps_id) if config.kubernetes else None
+    command = ps_command(
+        config, ps_id, port=port, master_address=master_address, model_def=model_def, tensor_port=tensor_port
+    )
+    return PodSpec(PodRole.PS, ps_id, tuple(command), port=port, tensor_port=tensor_port)
 
 
 def worker_pod(

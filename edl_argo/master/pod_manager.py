@@ -355,6 +355,7 @@ class PodManager:
             message=event.summary,
         )
         if self.dispatcher.finished:
+            log.info("worker_relaunch_dropped", old_worker=worker_id, reason="training is over")
             return
         if event.reason == PodReason.OOM_KILLED and not self.policy.relaunch_oom:
             log.error("worker_oom_killed_not_relaunched", worker=worker_id)

@@ -92,7 +92,8 @@ class PodSpec:
     ``("edl-argo", "worker", "--worker-id", "3", ...)``. ``env`` holds non-secret environment variables
     only: secrets are the backend's business (the local backend passes its own environment through;
     the Kubernetes backend mounts them with ``secretKeyRef``). ``port`` is the port a PS listens on and
-    is required for a PS. ``opportunistic`` marks a worker the job added beyond the workers it asked for
+    is required for a PS; ``tensor_port`` its tensor port's, when fixed (Kubernetes: a container port the
+    job's NetworkPolicy opens). ``opportunistic`` marks a worker the job added beyond the workers it asked for
     (growth toward ``--max-workers``): a cluster backend may give it a lower priority, so that other jobs
     take its room back first. The spec is immutable: ``env`` is copied into a read-only mapping.
     """
@@ -103,6 +104,7 @@ class PodSpec:
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     port: int | None = None
     opportunistic: bool = False
+    tensor_port: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", PodRole(self.role))
@@ -114,8 +116,9 @@ class PodSpec:
             raise ValueError(f"{self.name}: command must be a non-empty sequence of strings")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
             raise ValueError(f"{self.name}: env names and values must be strings")
-        if self.port is not None and not 0 < self.port < 65536:
-            raise ValueError(f"{self.name}: port {self.port} is not in 1..65535")
+        for port in (self.port, self.tensor_port):
+            if port is not None and not 0 < port < 65536:
+                raise ValueError(f"{self.name}: port {port} is not in 1..65535")
         if self.role is PodRole.PS and self.port is None:
             raise ValueError(f"{self.name}: a PS needs a port")
 

@@ -134,7 +134,8 @@ class KubernetesConfig:
     """The identity of the Argo step that owns the job (``manifests.step_identity``); ``""`` outside Argo."""
     owner: Owner | None = None
     ps_port: int = 2222
-    """PS ``i`` listens on ``ps_port + i`` (distinct ports, so PSes may share a host, as in tests)."""
+    """PS ``i`` listens on ``ps_port + i`` (distinct ports, so PSes may share a host, as in tests), and
+    serves its tensor port on :data:`TENSOR_PORT_OFFSET` more."""
     collective_port: int = 2230
     """AllreduceStrategy: the port of every worker's collective service (each pod has its own address)."""
     pod_creation_timeout: float = 300.0
@@ -153,6 +154,20 @@ class KubernetesConfig:
         """The port PS ``ps_id`` listens on and its Service exposes."""
         return self.ps_port + ps_id
 
+    def tensor_port_of(self, ps_id: int) -> int:
+        """The port of PS ``ps_id``'s tensor port (:mod:`edl_argo.rpc.tensor_port`), which its workers dial
+        at the pod's own address."""
+        return self.ps_port_of(ps_id) + TENSOR_PORT_OFFSET
+
+
+#: A PS's tensor port is this many ports above its gRPC port.
+TENSOR_PORT_OFFSET = 100
+
+
+def highest_ps_port(num_ps: int) -> int:
+    """The highest ``--ps-port`` with which each of ``num_ps`` PS has a tensor port (at most 65535)."""
+    return 65535 - TENSOR_PORT_OFFSET - (num_ps - 1)
+
 
 def kubernetes_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
@@ -165,9 +180,12 @@ def kubernetes_config_from_args(
     env = os.environ if environ is None else environ
     if not args.image:
         raise ConfigError("--image is required with --backend kubernetes (the worker and PS image)")
-    last_port = args.ps_port + getattr(args, "num_ps", 1) - 1
-    if last_port > 65535:
-        raise ConfigError(f"--ps-port {args.ps_port}: the last PS would listen on {last_port}, past 65535")
+    num_ps = getattr(args, "num_ps", 1)
+    if args.ps_port > highest_ps_port(num_ps):
+        last_port = args.ps_port + num_ps - 1 + TENSOR_PORT_OFFSET
+        raise ConfigError(
+            f"--ps-port {args.ps_port}: the last PS's tensor port would be {last_port}, past 65535"
+        )
     namespace = namespace_from_flag(args.namespace)
     owner = owner_from_env(env)
     _check_owner_namespace(namespace, owner, own_namespace(env))

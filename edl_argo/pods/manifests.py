@@ -66,6 +66,9 @@ APP = "edl-argo"
 MASTER_ROLE = "master"
 CONTAINER = "main"
 PORT_NAME = "grpc"
+#: The container port of a PS's tensor port (:mod:`edl_argo.rpc.tensor_port`), which workers dial at the
+#: pod's address (no Service).
+TENSOR_PORT_NAME = "tensors"
 
 #: The user, group and volume group (fsGroup) every edl-argo container runs as: not root. The image must
 #: let uid 1000 read the project and write its working folders (/tmp).
@@ -256,8 +259,11 @@ def pod_manifest(
     resources = {k: dict(v) for k, v in (("requests", settings.requests), ("limits", settings.limits)) if v}
     if resources:
         container["resources"] = resources
-    if spec.port is not None:
-        container["ports"] = [{"name": PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}]
+    ports = [(PORT_NAME, spec.port), (TENSOR_PORT_NAME, spec.tensor_port)]
+    if any(number is not None for _, number in ports):
+        container["ports"] = [
+            {"name": name, "containerPort": number, "protocol": "TCP"} for name, number in ports if number
+        ]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": GRACE_SECONDS[spec.role],
@@ -379,13 +385,13 @@ def network_policy_name(job_name: str) -> str:
 
 
 def network_policy_manifest(job_name: str, config: KubernetesConfig) -> dict[str, Any]:
-    """The NetworkPolicy that lets the job's own pods, and only them, reach the job's gRPC ports.
+    """The NetworkPolicy that lets the job's own pods, and only them, reach the job's ports.
 
     It selects every pod labelled with the job (``app.kubernetes.io/name=edl-argo``,
     ``app.kubernetes.io/instance=<job>``: its workers and parameter servers, and its master when the Argo
-    step labels its pod so) and admits TCP to their container port named ``grpc`` (the port a PS or the
-    master serves on, whatever its number) from pods with the same two labels. NetworkPolicies are
-    additive: under the namespace's default-deny-ingress for edl-argo pods
+    step labels its pod so) and admits TCP to their container ports named ``grpc`` (the port a PS or the
+    master serves on, whatever its number) and ``tensors`` (a PS's tensor port) from pods with the same two
+    labels. NetworkPolicies are additive: under the namespace's default-deny-ingress for edl-argo pods
     (``templates/network-policy.yaml``) this is the only way in; on a cluster whose network plugin does not
     enforce policies it changes nothing.
     """
@@ -406,7 +412,7 @@ def network_policy_manifest(job_name: str, config: KubernetesConfig) -> dict[str
             "ingress": [
                 {
                     "from": [{"podSelector": {"matchLabels": dict(job_labels)}}],
-                    "ports": [{"protocol": "TCP", "port": PORT_NAME}],
+                    "ports": [{"protocol": "TCP", "port": name} for name in (PORT_NAME, TENSOR_PORT_NAME)],
                 }
             ],
         },

@@ -39,13 +39,14 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def _candidate_ports() -> list[int]:
-    """Ports outside the ephemeral range in random order, or (when that range leaves no room) inside it."""
+def _candidate_ports(highest: int = 65535) -> list[int]:
+    """Ports up to ``highest`` outside the ephemeral range in random order, or (when that range leaves no
+    room) inside it."""
     low, high = _ephemeral_range()
-    ports = [p for p in range(_LOWEST_PORT, 65536) if not low <= p <= high]
+    ports = [p for p in range(_LOWEST_PORT, highest + 1) if not low <= p <= high]
     if len(ports) < _MAX_ATTEMPTS:
-        ports = list(range(low, high + 1))
-    return random.sample(ports, _MAX_ATTEMPTS)
+        ports = list(range(low, min(high, highest) + 1))
+    return random.sample(ports, min(_MAX_ATTEMPTS, len(ports)))
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -80,7 +81,7 @@ def _claim(host: str, port: int) -> int | None:
     return descriptor
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
+def find_free_port(host: str = "127.0.0.1", highest: int = 65535) -> int:
     """A TCP port on ``host`` that nothing listens on now, for a PS to bind later, claimed machine-wide
     until :func:`release_ports` (see the module docstring).
 
@@ -88,13 +89,15 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     machine (which draw their local ports from that range) cannot take it between this call and the
     PS binding it; no other master on this machine chooses it while it is claimed; only a program binding
     that very port by number could take it. Within this process the same ``(host, port)`` is never
-    returned twice before it is released.
+    returned twice before it is released. ``highest``: the highest port that may be chosen (a Kubernetes
+    PS's port leaves room for its tensor port above it:
+    :func:`~edl_argo.pods.kubernetes_config.highest_ps_port`).
 
     Raises:
         OSError: ``host`` is not an address of this machine, or no free port was found.
     """
     socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)  # an unknown host fails here, clearly
-    for port in _candidate_ports():
+    for port in _candidate_ports(highest):
         with _lock:
             if (host, port) in _handed_out:
                 continue

@@ -246,6 +246,11 @@ class PodTemplate:
                 return None
 
     @property
+    def ready(self) -> bool:
+        """Whether the template is up and usable: :meth:`fork` would not wait for it to start."""
+        return self._usable and self._ready
+
+    @property
     def pid(self) -> int | None:
         """The template's pid while it runs (for tests)."""
         with self._lock:

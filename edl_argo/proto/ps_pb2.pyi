@@ -163,7 +163,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, apply_pending: _Optional[bool] = ...) -> None: ...
 
 class ParameterServerStatus(_message.Message):
-    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version", "pushes_non_finite", "pushes_repeated")
+    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version", "pushes_non_finite", "pushes_repeated", "tensor_port")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PUSHES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,7 @@ class ParameterServerStatus(_message.Message):
     RESTORED_VERSION_FIELD_NUMBER: _ClassVar[int]
     PUSHES_NON_FINITE_FIELD_NUMBER: _ClassVar[int]
     PUSHES_REPEATED_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PORT_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     version: int
     pushes_accepted: int
@@ -182,4 +183,5 @@ class ParameterServerStatus(_message.Message):
     restored_version: int
     pushes_non_finite: int
     pushes_repeated: int
-    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ..., pushes_non_finite: _Optional[int] = ..., pushes_repeated: _Optional[int] = ...) -> None: ...
+    tensor_port: str
+    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ..., pushes_non_finite: _Optional[int] = ..., pushes_repeated: _Optional[int] = ..., tensor_port: _Optional[str] = ...) -> None: ...

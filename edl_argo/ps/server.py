@@ -27,11 +27,12 @@ from edl_argo.errors import ConfigError
 from edl_argo.flags import pod_host
 from edl_argo.model.contract import ModelOptions, model_options_from_args
 from edl_argo.proto import ps_pb2_grpc
-from edl_argo.ps.serving import add_chunked_service, ps_server_limits
+from edl_argo.ps.serving import add_chunked_service, ps_server_limits, start_tensor_port
 from edl_argo.rpc.auth import SECRET_ENV, JobSecret, secret_from_env, server_interceptor
 from edl_argo.rpc.channel import RPC_TIMEOUT_SECONDS, make_server
 from edl_argo.rpc.health import add_health_service
 from edl_argo.rpc.master_watch import MasterWatch
+from edl_argo.rpc.tensor_port import TensorPortServer
 from edl_argo.rpc.tls import TlsFiles, add_port, load_tls_dir
 from edl_argo.settings import add_role_settings
 from edl_argo.storage.base import Storage
@@ -66,6 +67,8 @@ class PSConfig:
     rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS
     #: The most workers the job may have (0: unknown): the calls admitted at once follow it.
     max_workers: int = 0
+    #: The tensor port's port (0: any free port; None: no tensor port).
+    tensor_port: int | None = None
 
 
 def create_servicer(
@@ -117,6 +120,26 @@ def create_servicer(
     )
 
 
+class ServingPS:
+    """A parameter server's gRPC server and its tensor port (if any), stopped together; otherwise the gRPC
+    server's methods."""
+
+    def __init__(self, server: grpc.Server, tensor_port: TensorPortServer | None) -> None:
+        self._server = server
+        self.tensor_port = tensor_port
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stop the gRPC server as ``grpc.Server.stop`` does, and the tensor port as it: the calls being
+        served get ``grace`` seconds to finish and answer. Returns when the tensor port is closed."""
+        stopped = self._server.stop(grace)
+        if self.tensor_port is not None:
+            self.tensor_port.stop(grace or 0.0)
+        return stopped
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._server, name)
+
+
 def start_server(
     servicer: ParameterServerServicer,
     host: str,
@@ -126,12 +149,15 @@ def start_server(
     rpc_timeout_seconds: float = RPC_TIMEOUT_SECONDS,
     tls: TlsFiles | None = None,
     max_workers: int = 0,
-) -> tuple[grpc.Server, int]:
+    tensor_port: int | None = None,
+) -> tuple[ServingPS, int]:
     """Serve ``servicer`` on ``host:port`` (port 0 picks a free one); returns the server and its port.
     With the job's ``secret``, only calls with a credential of that job are served
     (:mod:`edl_argo.rpc.auth`); with ``tls``, over TLS only (:mod:`edl_argo.rpc.tls`). The server bounds its
     clients as :func:`~edl_argo.ps.serving.ps_server_limits` says for callers whose deadline is
-    ``rpc_timeout_seconds``, of a job of ``max_workers`` workers at most."""
+    ``rpc_timeout_seconds``, of a job of ``max_workers`` workers at most. With a ``tensor_port`` (0: any
+    free port), the push and the dense pull are served on it too (:mod:`edl_argo.rpc.tensor_port`), TLS
+    with ``tls``."""
     limits = ps_server_limits(rpc_timeout_seconds, max_workers)
     server = make_server(
         limits=limits, interceptors=[server_interceptor(secret, service)] if secret is not None else []
@@ -147,15 +173,22 @@ def start_server(
     if bound == 0:
         raise ConfigError(f"cannot listen on {address}: the address is in use or not local")
     server.start()
+    tensors = None
+    if tensor_port is not None:
+        tensors = start_tensor_port(servicer, host, tensor_port, secret, limits, tls)
     _log.info(
-        "ps_started", address=join_host_port(host, bound), version=servicer.version, tls=tls is not None
+        "ps_started",
+        address=join_host_port(host, bound),
+        version=servicer.version,
+        tls=tls is not None,
+        tensor_port=servicer.tensor_port,
     )
-    return server, bound
+    return ServingPS(server, tensors), bound
 
 
 def serve(
     config: PSConfig, optimizer_factory: OptimizerFactory | None = None, storage: Storage | None = None
-) -> grpc.Server:
+) -> ServingPS:
     """Start the parameter server of ``config`` (see :func:`create_servicer`); returns the started server."""
     servicer = create_servicer(config, optimizer_factory, storage)
     server, _ = start_server(
@@ -164,6 +197,7 @@ def serve(
         config.port,
         rpc_timeout_seconds=config.rpc_timeout_seconds,
         max_workers=config.max_workers,
+        tensor_port=config.tensor_port,
     )
     return server
 
@@ -198,6 +232,7 @@ def run_ps(args: argparse.Namespace) -> int:
         checkpoint_steps=args.checkpoint_steps,
         rpc_timeout_seconds=args.rpc_timeout_seconds,
         max_workers=args.max_workers,
+        tensor_port=None if args.tensor_port < 0 else args.tensor_port,
     )
     secret = secret_from_env()
     if secret is None:
@@ -216,6 +251,7 @@ def run_ps(args: argparse.Namespace) -> int:
         config.rpc_timeout_seconds,
         tls,
         config.max_workers,
+        config.tensor_port,
     )
     stop = threading.Event()
 

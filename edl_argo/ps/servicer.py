@@ -260,6 +260,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._pushes_refused = 0
         #: Pushes refused because they carried NaN or infinite gradients or values.
         self.pushes_non_finite = 0
+        #: ``host:port`` of the tensor port serving this servicer (``GetStatus`` names it); "" for none.
+        self.tensor_port = ""
         self._restored_version = -1 if initial_state is None else initial_state.version
         if initial_state is not None:
             self.parameters.restore(initial_state)
@@ -453,6 +455,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 restored_version=self._restored_version,
                 pushes_non_finite=self.pushes_non_finite,
                 pushes_repeated=self._pushes.repeated,
+                tensor_port=self.tensor_port,
             )
 
     def _apply_accumulated(self) -> None:

@@ -226,7 +226,7 @@ def authenticated(channel: grpc.Channel, credential: ClientCredential | None) ->
 # ---------------------------------------------------------------------------------------------- server
 
 
-class _PeersLogged:
+class PeersLogged:
     """Peer hosts already logged as refused: one line per peer, however many calls it makes."""
 
     def __init__(self) -> None:
@@ -254,7 +254,7 @@ class _ServerInterceptor(grpc.ServerInterceptor):
     def __init__(self, secret: JobSecret, service: str) -> None:
         self._secret = secret
         self._service = service
-        self._logged = _PeersLogged()
+        self._logged = PeersLogged()
 
     def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
         metadata = dict(details.invocation_metadata or ())
@@ -283,7 +283,7 @@ def server_interceptor(secret: JobSecret, service: str) -> grpc.ServerIntercepto
 
 
 #: Denied (caller, method) pairs already logged: one line each, however often a buggy worker retries.
-_DENIALS_LOGGED = _PeersLogged()
+_DENIALS_LOGGED = PeersLogged()
 
 
 def caller_identity(context: grpc.ServicerContext | None) -> str | None:

@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError, Message
 from edl_argo.proto import ps_pb2
 from edl_argo.rpc.request_deadline import receive_within
 from edl_argo.rpc.rope import Rope
-from edl_argo.rpc.wire import Encoding, WireError, length_prefix, split_field
+from edl_argo.rpc.wire import Encoding, WireError, length_prefix, serialized, split_field
 
 #: The most bytes of a message one chunk carries.
 CHUNK_BYTES = 4 << 20
@@ -147,6 +147,19 @@ class ChunkedMethod:
     parse: Callable[[Rope], Any]
     handler: Callable[[Any, grpc.ServicerContext], Message | bytes | Encoding]
 
+    def answer(self, data: Rope, context: grpc.ServicerContext, name: str) -> bytes | Encoding:
+        """The serialized answer to the request ``data`` holds. A request that is no valid message ends the
+        call ``INVALID_ARGUMENT`` (``context.abort``), its reason naming ``name``. Every transport of the
+        method (gRPC's chunks, the PS's tensor port) answers through here."""
+        try:
+            request = self.parse(data)
+        except (DecodeError, ValueError) as error:  # ValueError: WireError, TensorDecodeError
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{name}: the request is no valid message ({error})"
+            )
+            raise AssertionError("unreachable: context.abort raises") from None
+        return serialized(self.handler(request, context))
+
 
 def chunked_service(
     service: str, methods: Mapping[str, ChunkedMethod], limit: int, arrival_seconds: float
@@ -176,13 +189,7 @@ def _serve(
         except IncompleteMessageError as error:
             # Also how a call cancelled before its request ended may end here: never read.
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{full_name}: {error}")
-        try:
-            request = method.parse(data)
-        except (DecodeError, ValueError) as error:  # ValueError: WireError, TensorDecodeError
-            reason = f"{full_name}: the request is no valid message ({error})"
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
-        answer = method.handler(request, context)
-        yield from cut(answer if isinstance(answer, bytes | Encoding) else answer.SerializeToString())
+        yield from cut(method.answer(data, context, full_name))
 
     return behaviour
 
@@ -202,8 +209,7 @@ class ChunkedCall(Generic[Response]):
         self._limit = limit
 
     def __call__(self, request: bytes | Encoding | Message, timeout: float) -> Response:
-        message = request if isinstance(request, bytes | Encoding) else request.SerializeToString()
-        return self._read(self._rpc(cut(message), timeout=timeout))
+        return self._read(self._rpc(cut(serialized(request)), timeout=timeout))
 
     def start(self, body: bytes | Encoding, timeout: float) -> PendingCall[Response]:
         """Send the serialized request ``body`` now and its last bytes later (:class:`PendingCall`)."""
@@ -214,7 +220,7 @@ class ChunkedCall(Generic[Response]):
             return self._parse(gather(answer, self._limit))
         except (MessageTooLargeError, ValueError, DecodeError) as error:  # ValueError: WireError, ...
             answer.cancel()
-            raise ChunkedAnswerError(str(error)) from None
+            raise CallError(grpc.StatusCode.INTERNAL, str(error)) from None
 
 
 class PendingCall(Generic[Response]):
@@ -264,15 +270,18 @@ class PendingCall(Generic[Response]):
             self._tail.put_nowait(tail)
 
 
-class ChunkedAnswerError(grpc.RpcError):
-    """An answer whose chunks do not make a message (a broken or hostile server): not retried."""
+class CallError(grpc.RpcError):
+    """A call's failure that our own transport code raises, as gRPC raises its own: a status ``code`` (an
+    answer that makes no message, from a broken or hostile server: ``INTERNAL``, not retried) and a one-line
+    ``reason``."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
         super().__init__(reason)
+        self._code = code
         self._reason = reason
 
     def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.INTERNAL
+        return self._code
 
     def details(self) -> str:
         return self._reason

@@ -19,3 +19,6 @@ MODEL_FIELDS = {field.name: field.number for field in ps_pb2.Model.DESCRIPTOR.fi
 #: The service of the streaming twins of the calls whose messages scale with the model
 #: (:mod:`edl_argo.rpc.chunked`).
 CHUNKED_SERVICE = ps_pb2.DESCRIPTOR.services_by_name["ParameterServerChunks"].full_name
+#: The methods a PS's tensor port serves (:mod:`edl_argo.rpc.tensor_port`), each by its number: its index here
+#: plus one.
+TENSOR_PORT_METHODS = ("PushGradients", "PullDenseParameters")

@@ -111,6 +111,12 @@ class Rope:
             return parts[0]
         return memoryview(b"".join(parts))
 
+    def sole_part(self) -> memoryview | None:
+        """Everything not read yet, as a view, when it lies in one part; else None. Reads nothing."""
+        if not self.remaining or self.remaining > len(self._parts[self._index]) - self._offset:
+            return None
+        return self._parts[self._index][self._offset : self._offset + self.remaining]
+
     def copy_into(self, destination: memoryview) -> None:
         """Fill ``destination`` (writable bytes) with the next ``len(destination)`` bytes."""
         filled = 0
@@ -166,15 +172,18 @@ def tensor_fields(rest: bytes) -> tensor_pb2.Tensor:
 
 
 def read_tensor_rope(rope: Rope) -> tuple[str, np.ndarray]:
-    """The name and read-only array of a serialized ``Tensor``, its content copied once, into aligned
-    memory of its own (which :func:`as_tf_tensor` can share with TensorFlow). Raises
-    :class:`WireError`, or :class:`~edl_argo.rpc.tensors.TensorDecodeError` for fields
-    that do not agree."""
+    """The name and read-only array of a serialized ``Tensor`` whose content lies in aligned memory of its
+    own, which :func:`as_tf_tensor` can share with TensorFlow: the received bytes themselves when they
+    are one writable, aligned part (the tensor port receives a tensor's content so:
+    :mod:`edl_argo.rpc.tensor_port`), else a copy. Raises :class:`WireError`, or
+    :class:`~edl_argo.rpc.tensors.TensorDecodeError` for fields that do not agree."""
     rest, contents = split_rope(rope, CONTENT)
     fields = tensor_fields(rest)
     content = contents[-1] if contents else Rope([])  # the last occurrence wins, as in protobuf
-    buffer = aligned_empty(len(content))
-    content.copy_into(buffer)
+    buffer = content.sole_part()
+    if buffer is None or buffer.readonly or np.frombuffer(buffer, np.uint8).ctypes.data % ALIGNMENT:
+        buffer = aligned_empty(len(content))
+        content.copy_into(buffer)  # else the content stays unread: nothing reads this rope again
     return fields.name, tensor_array(fields.name, fields.dtype, tuple(fields.shape), buffer)
 
 

@@ -20,7 +20,9 @@ certificate serve every job of a namespace. So the certificate must carry ``DNS:
 subjectAltNames (other names may be there too).
 
 **Not covered:** the AllreduceStrategy collective port (:mod:`edl_argo.collective.transport`), raw TCP
-between workers, stays plaintext (authenticated by the collective token).
+between workers, stays plaintext (authenticated by the collective token). A PS's tensor port
+(:mod:`edl_argo.rpc.tensor_port`) is TLS when its gRPC port is, with the same certificate and checks
+(:meth:`TlsFiles.server_context`, :meth:`TlsFiles.client_context`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,18 @@ class TlsFiles:
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self.ca or self.certificate)
 
+    def server_context(self) -> ssl.SSLContext:
+        """An ``ssl`` server context presenting the certificate (for a socket of our own: the PS's tensor
+        port)."""
+        return _server_context(self.certificate, self.key)
+
+    def client_context(self) -> ssl.SSLContext:
+        """An ``ssl`` client context that trusts the CA (else the certificate) and checks for
+        :data:`SERVER_NAME`, as the gRPC clients do; wrap sockets with ``server_hostname=SERVER_NAME``."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_verify_locations(cadata=(self.ca or self.certificate).decode("ascii", errors="replace"))
+        return context
+
 
 #: Channel options of a TLS client: the name checked in the server's certificate.
 CHANNEL_OPTIONS = (("grpc.ssl_target_name_override", SERVER_NAME),)
@@ -115,12 +129,10 @@ def _read(path: Path, setting: str) -> bytes:
         raise ConfigError(f"{setting}: {path} is unreadable ({error.strerror})") from None
 
 
-def _check_pair(certificate: bytes, key: bytes, source: str, setting: str) -> None:
-    """The certificate and key parse and match (loaded into a throw-away ssl context, from memory)."""
-    if b"-----BEGIN CERTIFICATE-----" not in certificate:
-        raise ConfigError(f"{setting}: {CERT_FILE} of {source} is not a PEM certificate")
-    if b"PRIVATE KEY-----" not in key:
-        raise ConfigError(f"{setting}: {KEY_FILE} of {source} is not a PEM private key")
+def _server_context(certificate: bytes, key: bytes) -> ssl.SSLContext:
+    """A server context of ``certificate`` and ``key`` (PEM); ``ssl.SSLError`` when they do not go
+    together."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     # ssl loads a chain from files only: a private temporary folder, removed at once.
     with tempfile.TemporaryDirectory(prefix="edl-tls-") as scratch:
         cert_path, key_path = os.path.join(scratch, CERT_FILE), os.path.join(scratch, KEY_FILE)
@@ -128,11 +140,21 @@ def _check_pair(certificate: bytes, key: bytes, source: str, setting: str) -> No
             descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "wb") as file:
                 file.write(data)
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_path, key_path, password="")
-        except ssl.SSLError as error:
-            what = "does not match" if "KEY_VALUES_MISMATCH" in str(error) else "cannot be used with"
-            raise ConfigError(
-                f"{setting}: {KEY_FILE} of {source} {what} its {CERT_FILE} (an unencrypted PEM key of that"
-                " certificate is needed)"
-            ) from None
+        context.load_cert_chain(cert_path, key_path, password="")
+    return context
+
+
+def _check_pair(certificate: bytes, key: bytes, source: str, setting: str) -> None:
+    """The certificate and key parse and match (loaded into a throw-away ssl context, from memory)."""
+    if b"-----BEGIN CERTIFICATE-----" not in certificate:
+        raise ConfigError(f"{setting}: {CERT_FILE} of {source} is not a PEM certificate")
+    if b"PRIVATE KEY-----" not in key:
+        raise ConfigError(f"{setting}: {KEY_FILE} of {source} is not a PEM private key")
+    try:
+        _server_context(certificate, key)
+    except ssl.SSLError as error:
+        what = "does not match" if "KEY_VALUES_MISMATCH" in str(error) else "cannot be used with"
+        raise ConfigError(
+            f"{setting}: {KEY_FILE} of {source} {what} its {CERT_FILE} (an unencrypted PEM key of that"
+            " certificate is needed)"
+        ) from None

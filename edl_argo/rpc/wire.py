@@ -39,6 +39,11 @@ def length_prefix(field_number: int, size: int) -> bytes:
     return varint_bytes(field_number << 3 | LENGTH_DELIMITED) + varint_bytes(size)
 
 
+def serialized(message: bytes | Encoding | Message) -> bytes | Encoding:
+    """``message`` as bytes to send: a message serialized, bytes and an :class:`Encoding` as they are."""
+    return message if isinstance(message, bytes | Encoding) else message.SerializeToString()
+
+
 class Encoding:
     """A serialized message under construction: pieces in order, and their total size in bytes."""
 

@@ -9,7 +9,14 @@ line, the master passing it to its pods, the configuration field that holds it (
 from __future__ import annotations
 
 from edl_argo import __version__
-from edl_argo.flags import fraction, non_negative_int, port_number, positive_int, positive_number
+from edl_argo.flags import (
+    fraction,
+    non_negative_int,
+    optional_port,
+    port_number,
+    positive_int,
+    positive_number,
+)
 from edl_argo.settings.schema import Argo, Setting
 
 PARAMETER_SERVER = "ParameterServerStrategy"
@@ -873,6 +880,17 @@ SETTINGS: tuple[Setting, ...] = (
         roles=("ps",),
         group=POD,
         parse=non_negative_int,
+        from_master=True,
+    ),
+    Setting(
+        "--tensor-port",
+        int,
+        0,
+        "port of the tensor port, which carries pushes and dense pulls over plain TCP beside gRPC"
+        " (0: any free port; -1: none)",
+        roles=("ps",),
+        group=POD,
+        parse=optional_port,
         from_master=True,
     ),
     Setting("--prediction-output", str, "", "URL to write predictions to", roles=("worker",), group=POD),

@@ -23,8 +23,6 @@ from edl_argo.readers import (
 
 #: The first component :func:`python_stream` gives after the generator's last element (never yielded).
 STREAM_END = np.iinfo(np.int64).min
-#: Minibatches the training stream prepares ahead of the one being trained.
-PREFETCH_MINIBATCHES = 2
 
 
 class RecordSource:
@@ -101,9 +99,10 @@ def stream_batches(
     once, for every task) and are batched on their own, so that no minibatch holds records of two tasks.
 
     Elements are ``(seq, item)``: ``item`` (a :class:`tf.experimental.Optional`) holds a minibatch of task
-    ``seq``, or nothing after a task's last minibatch. Maps run in parallel (tf.data's map parallelization)
-    and :data:`PREFETCH_MINIBATCHES` minibatches are prefetched, across task boundaries. The dataset is
-    meant to be iterated once (:func:`python_stream`).
+    ``seq``, or nothing after a task's last minibatch. Maps run in parallel (tf.data's map parallelization).
+    Nothing is prefetched: the worker prepares minibatches ahead while its training step waits
+    (:mod:`edl_argo.worker.input_prefetch`), not beside its compute. The dataset is meant to be iterated
+    once (:func:`python_stream`).
     """
     signature = (
         tf.TensorSpec([], tf.int64),
@@ -125,7 +124,7 @@ def stream_batches(
     # No autotuning: its optimization thread made dropping this iterator (a worker's last act) wait 1-8 s
     # (tests/test_worker_data.py), and it bought no throughput here. Parallel maps then run on every core.
     options.autotune.enabled = False
-    return tasks_dataset.flat_map(task_batches).with_options(options).prefetch(PREFETCH_MINIBATCHES)
+    return tasks_dataset.flat_map(task_batches).with_options(options)
 
 
 def python_stream(

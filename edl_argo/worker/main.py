@@ -58,6 +58,7 @@ from edl_argo.settings import add_role_settings
 from edl_argo.stop import exit_now
 from edl_argo.storage import open_storage
 from edl_argo.worker.gradient_check import NonFiniteGradientError
+from edl_argo.worker.input_prefetch import WaitTimePrefetcher
 from edl_argo.worker.master_client import MasterClient
 from edl_argo.worker.step_timers import STEP_TIMERS, as_counters
 from edl_argo.worker.step_trace import StepTrace, TracedMinibatch
@@ -71,6 +72,8 @@ log = get_logger(__name__)
 #: Test-only fault: the id of a training task whose first minibatch the worker skips (it is read but not
 #: trained), so that tests can see the master's accounting catch a lost minibatch.
 SKIP_MINIBATCH_ENV = "EDL_TEST_SKIP_MINIBATCH_OF_TASK"
+#: Minibatches the training input prepares ahead of the one being trained (while the step waits).
+PREFETCH_MINIBATCHES = 2
 
 _MODES = {
     master_pb2.TRAINING: Mode.TRAINING,
@@ -197,15 +200,15 @@ class Worker:
         stream = TaskStream(self._master, self._source, self._training_schema)
         reporter = self._reporter = TaskReporter(on_failure=stream.close)
         try:
-            elements = iter(
-                stream_batches(self._spec, stream.generate, self._minibatch_size, self._training_schema)
-            )
+            schema = self._training_schema
+            pipeline = stream_batches(self._spec, stream.generate, self._minibatch_size, schema)
         except Exception as error:  # the model's input function, traced once here, raised
             try:
                 self._fail_on_input_function(error)
             finally:
                 reporter.close(raise_failure=False)
             return
+        elements = WaitTimePrefetcher(iter(pipeline), PREFETCH_MINIBATCHES, STEP_TIMERS)
         wait = 0.05
         try:
             while True:
@@ -234,6 +237,7 @@ class Worker:
             log.info("worker_done", worker=self.worker_id)
         finally:
             stream.close()
+            elements.close()
             reporter.close(raise_failure=False)
             if self._trace is not None:
                 self._trace.close()

@@ -37,10 +37,12 @@ from edl_argo.proto import ps_pb2, ps_pb2_grpc
 from edl_argo.ps.partition import embedding_owner
 from edl_argo.ps.pieces import DensePieces, MissingPieceError, join
 from edl_argo.rpc import ps_layout
-from edl_argo.rpc.auth import ClientCredential
+from edl_argo.rpc.auth import ClientCredential, credential_from_env
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.chunked import ChunkedCall, PendingCall
+from edl_argo.rpc.ps_layout import TENSOR_PORT_METHODS
 from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope
+from edl_argo.rpc.tensor_port import PendingTensorCall, TensorCall, TensorPort
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
 from edl_argo.rpc.tls import TlsFiles
 from edl_argo.rpc.wire import Encoding
@@ -143,7 +145,7 @@ def push_request(
     return Encoding(fields).message(ps_layout.PUSH_GRADIENTS, model)
 
 
-def _cancel(calls: Iterable[PendingCall[PushReply]]) -> None:
+def _cancel(calls: Iterable[PendingCall[PushReply] | PendingTensorCall[PushReply]]) -> None:
     for call in calls:
         call.cancel()
 
@@ -165,19 +167,35 @@ class ParameterServerClient:
         if not addresses:
             raise ValueError("at least one parameter server address is needed")
         self._addresses = list(addresses)
+        credential = credential if credential is not None else credential_from_env()
         channels = [make_channel(a, credential, tls) for a in self._addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(channel) for channel in channels]
-        # Pushes and dense pulls, whose messages scale with the model, travel as streams of chunks
-        # (edl_argo.rpc.chunked); pushes pre-encoded, and the parameters of replies and pulls read from the
-        # answer's chunks, each copied once into memory the variables then share (edl_argo.rpc.rope).
-        self._pushes = [
-            ChunkedCall(channel, _chunked("PushGradients"), PushReply.parse, MAX_MESSAGE_BYTES)
-            for channel in channels
+        # Pushes and dense pulls, whose messages scale with the model, travel on the PS's tensor port
+        # (edl_argo.rpc.tensor_port), or as streams of chunks over gRPC (edl_argo.rpc.chunked) where it has
+        # none; pushes pre-encoded, and the parameters of replies and pulls read from the answer's pieces
+        # into memory the variables then share (received there by the tensor port, copied once from gRPC's
+        # chunks: edl_argo.rpc.rope).
+        self._tensor_ports = [
+            TensorPort(
+                f"ps-{ps_id} {address}",
+                self._locator(ps_id),
+                credential,
+                tls.client_context() if tls is not None else None,
+            )
+            for ps_id, address in enumerate(self._addresses)
         ]
-        self._pulls = [
-            ChunkedCall(channel, _chunked("PullDenseParameters"), DenseAnswer.parse, MAX_MESSAGE_BYTES)
-            for channel in channels
-        ]
+
+        def calls(method: str, parse: Callable[[Rope], T]) -> list[TensorCall[T]]:
+            number = TENSOR_PORT_METHODS.index(method) + 1
+            return [
+                TensorCall(
+                    port, number, parse, ChunkedCall(channel, _chunked(method), parse, MAX_MESSAGE_BYTES)
+                )
+                for port, channel in zip(self._tensor_ports, channels, strict=True)
+            ]
+
+        self._pushes = calls("PushGradients", PushReply.parse)
+        self._pulls = calls("PullDenseParameters", DenseAnswer.parse)
         self._budget = retry_budget_seconds
         self._timeout = rpc_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
@@ -193,6 +211,14 @@ class ParameterServerClient:
     @property
     def num_ps(self) -> int:
         return len(self._stubs)
+
+    def _locator(self, ps_id: int) -> Callable[[float], str]:
+        """How a PS's tensor port is found: the address its ``GetStatus`` names ("" for none)."""
+
+        def locate(timeout: float) -> str:
+            return str(self._stubs[ps_id].GetStatus(ps_pb2.GetStatusRequest(), timeout=timeout).tensor_port)
+
+        return locate
 
     def _each(self, fn: Callable[[int], T], ps_ids: Sequence[int] | None = None) -> list[T]:
         """``fn(ps_id)`` for every PS (or those of ``ps_ids``), in parallel when there are several;
@@ -499,5 +525,7 @@ class ParameterServerClient:
         return self._pieces.placement.split(values)
 
     def close(self) -> None:
+        for port in self._tensor_ports:
+            port.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)

@@ -36,13 +36,12 @@ from kubernetes import client as k8s
 
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.task_dispatcher import TaskAssignment
-from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.kubernetes_config import KubernetesConfig
 from edl_argo.storage import LocalStorage
 from tests.bench.common import BenchContext, BenchResult, Stat
 from tests.engine_helpers import JobThread, assert_no_record_lost, digits_config, write_digits_dataset
-from tests.k8s_helpers import MASTER_USER_AGENT
+from tests.k8s_helpers import MASTER_USER_AGENT, kubernetes_ps_port
 from tests.k8s_stand_in import KubernetesStandIn
 
 #: Job progress (fraction of tasks done) at which a worker pod is deleted.
@@ -146,7 +145,7 @@ def _run_job(
     cluster: KubernetesStandIn, data: Path, output: Path, points: tuple[float, ...]
 ) -> tuple[dict[str, list[float]], int, int]:
     """One job with a worker deletion at each of ``points``; its samples, requeued and held task counts."""
-    settings = KubernetesConfig(image="edl-argo:bench", ps_port=find_free_port())
+    settings = KubernetesConfig(image="edl-argo:bench", ps_port=kubernetes_ps_port())
     name = f"bench-{os.urandom(3).hex()}"
     job = TrainingJob.load(
         digits_config(data, output, job_name=name, backend="kubernetes", kubernetes=settings)

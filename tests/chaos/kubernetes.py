@@ -9,6 +9,7 @@ import os
 from edl_argo.pods import find_free_port
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
+from tests.k8s_helpers import kubernetes_ps_port
 from tests.k8s_stand_in import KubernetesStandIn
 
 #: The image the job's pods name (the stand-in runs their commands with this interpreter).
@@ -26,7 +27,7 @@ def kubernetes_settings(cluster: KubernetesStandIn, job_name: str) -> Kubernetes
         image=IMAGE,
         workflow_name=name,
         owner=Owner("argoproj.io/v1alpha1", "Workflow", name, workflow["metadata"]["uid"]),
-        ps_port=find_free_port(),
+        ps_port=kubernetes_ps_port(),
         collective_port=find_free_port(),
     )
 
@@ -38,7 +39,7 @@ def api_environment(cluster: KubernetesStandIn) -> dict[str, str | None]:
 
 def master_flags() -> list[str]:
     """The ``edl-argo train`` flags of a master on the stand-in (with :func:`api_environment`)."""
-    return ["--backend", "kubernetes", "--image", IMAGE, "--ps-port", str(find_free_port())]
+    return ["--backend", "kubernetes", "--image", IMAGE, "--ps-port", str(kubernetes_ps_port())]
 
 
 def subprocess_environment(cluster: KubernetesStandIn) -> dict[str, str]:

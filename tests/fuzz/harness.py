@@ -30,7 +30,13 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from edl_argo.rpc.chunked import CHUNK_BYTES, cut
+from edl_argo.addresses import parse_host_port
+from edl_argo.proto import ps_pb2
+from edl_argo.rpc import tensor_port
+from edl_argo.rpc.auth import IDENTITY_KEY, TOKEN_KEY
+from edl_argo.rpc.chunked import CHUNK_BYTES, CallError, cut
+from edl_argo.rpc.ps_layout import TENSOR_PORT_METHODS
+from edl_argo.rpc.sockets import connect, send_parts
 from tests.fuzz.messages import MessageFuzzer
 
 #: Codes a server gives on purpose to a request it refuses.
@@ -69,6 +75,10 @@ class Method:
     #: Whether the method is a streaming twin (:mod:`edl_argo.rpc.chunked`): the request's bytes go as
     #: ``Chunk`` messages of a random size, and the answer's chunks are read to the end.
     chunked: bool = False
+    #: Whether the method is served on the PS's tensor port (:mod:`edl_argo.rpc.tensor_port`; ``path`` is
+    #: ``tensor-port/<method>``): each call opens a connection with the call's credential in its hello
+    #: and sends the request's bytes in pieces of random sizes.
+    tensor_port: bool = False
 
 
 @dataclass
@@ -128,7 +138,9 @@ def fuzz(
     :mod:`edl_argo.rpc.auth`: the fuzzer is an insider)."""
     fuzzer = MessageFuzzer(seed, names)
     calls = {
-        m.path: _chunked_call(channel, m.path, fuzzer)
+        m.path: _tensor_port_call(channel, m.path, fuzzer)
+        if m.tensor_port
+        else _chunked_call(channel, m.path, fuzzer)
         if m.chunked
         else channel.unary_unary(m.path, request_serializer=None, response_deserializer=None)
         for m in methods
@@ -184,6 +196,45 @@ def _chunked_call(channel: grpc.Channel, path: str, fuzzer: MessageFuzzer) -> Ca
     def call(data: bytes, timeout: float, metadata: Any) -> list[bytes]:
         chunks = cut(data, size=max(fuzzer.rng.choice(CHUNK_SIZES), -(-len(data) // MAX_CHUNKS)))
         return list(stream(chunks, timeout=timeout, metadata=metadata))
+
+    return call
+
+
+#: The path prefix of a method served on a PS's tensor port.
+TENSOR_PORT_PREFIX = "tensor-port/"
+
+
+def _tensor_port_call(channel: grpc.Channel, path: str, fuzzer: MessageFuzzer) -> Callable[..., None]:
+    """A call of ``tensor-port/<method>`` on the tensor port of the PS ``channel`` leads to (its address
+    asked of its GetStatus with the call's credential), taking the request's bytes as a unary call does and
+    raising its refusal as a ``grpc.RpcError``."""
+    number = TENSOR_PORT_METHODS.index(path.removeprefix(TENSOR_PORT_PREFIX)) + 1
+    status = channel.unary_unary(
+        "/edl_argo.ParameterServer/GetStatus",
+        request_serializer=ps_pb2.GetStatusRequest.SerializeToString,
+        response_deserializer=ps_pb2.ParameterServerStatus.FromString,
+    )
+    where: list[tuple[str, int]] = []
+
+    def call(data: bytes, timeout: float, metadata: Any) -> None:
+        deadline = time.monotonic() + timeout
+        credential = dict(metadata or ())
+        if not where:
+            address = status(ps_pb2.GetStatusRequest(), timeout=timeout, metadata=metadata).tensor_port
+            where.append(parse_host_port(address))
+        size = max(fuzzer.rng.choice(CHUNK_SIZES), -(-len(data) // MAX_CHUNKS))
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
+        hello = tensor_port.hello(credential.get(IDENTITY_KEY, ""), credential.get(TOKEN_KEY, ""))
+        try:
+            with connect(where[0], deadline) as sock:
+                send_parts(sock, [hello], deadline)
+                tensor_port._read_answer(sock, deadline, "the hello")
+                send_parts(sock, tensor_port._frame(tensor_port.REQUEST, number, pieces), deadline)
+                tensor_port._read_answer(sock, deadline, path)
+        except CallError:
+            raise
+        except OSError as error:
+            raise tensor_port._failure(error, path) from None
 
     return call
 

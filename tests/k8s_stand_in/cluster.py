@@ -61,6 +61,7 @@ from typing import IO, Any
 
 from tests.k8s_stand_in.deployments import DeploymentController, deployment_problems
 from tests.k8s_stand_in.errors import ApiError
+from tests.k8s_stand_in.forked import ForkedProcess, start_forked
 from tests.k8s_stand_in.scheduler import (
     Bind,
     PodView,
@@ -96,7 +97,7 @@ class _Container:
 
     key: ObjectKey
     uid: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     log_path: Path
     started_at: str
     oom: bool = False
@@ -482,16 +483,20 @@ class Cluster:
             return
         uid = pod["metadata"]["uid"]
         log_path = self._log_path(key[1], key[2], uid)
+        argv = [_resolve_program(command[0]), *command[1:]]
+        process: subprocess.Popen[bytes] | ForkedProcess | None
         try:
-            process = subprocess.Popen(
-                [_resolve_program(command[0]), *command[1:]],
-                env=env,
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            process = start_forked(argv, env, self.workdir, self.workdir / "forked" / uid, _base_env())
+            if process is None:
+                process = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=self.workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         except OSError as error:
             state = {"waiting": {"reason": "RunContainerError", "message": str(error)}}
             status["containerStatuses"] = [_container_status(container, state)]
@@ -522,7 +527,7 @@ class Cluster:
 
     def _container_env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         """The container's environment: the test process's (minus private variables), then ``env``."""
-        env = {k: v for k, v in os.environ.items() if not _PRIVATE_ENV.match(k)}
+        env = _base_env()
         env["HOSTNAME"] = pod["metadata"]["name"]
         for item in container.get("env") or []:
             name = item["name"]
@@ -729,6 +734,11 @@ def _container_status(
         "restartCount": 0,
         "state": state,
     }
+
+
+def _base_env() -> dict[str, str]:
+    """Every container's environment before its own variables: the test process's, minus private ones."""
+    return {k: v for k, v in os.environ.items() if not _PRIVATE_ENV.match(k)}
 
 
 def _resolve_program(program: str) -> str:
