@@ -11,7 +11,15 @@ import pytest
 from s3_stand_in import SERVER_DIR, S3StandIn
 
 from edl_argo.storage import LocalStorage
-from tests.engine_helpers import write_digits_dataset
+from tests.engine_helpers import JobThread, write_digits_dataset
+
+
+@pytest.fixture(autouse=True)
+def jobs_end_with_their_test() -> Iterator[None]:
+    """A job a test started in a thread and did not see to the end (the test failed first) is stopped with
+    the test, so that its pods neither load the machine nor get adopted by the next job of its name."""
+    yield
+    JobThread.stop_all()
 
 
 @pytest.fixture(scope="session", autouse=True)

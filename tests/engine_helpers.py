@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import tempfile
@@ -10,12 +11,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.job import TrainingJob
 from edl_argo.recordio import Compressor
+from edl_argo.stop import Terminated
 from edl_argo.storage.base import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +62,14 @@ def digits_config(data: Path, output: Path, **overrides: Any) -> TrainConfig:
 
 
 class JobThread:
-    """Runs a job in a background thread so a test can act on it (kill pods, scale) while it trains."""
+    """Runs a job in a background thread so a test can act on it (kill pods, scale) while it trains.
+
+    A job still running when its test ends (the test failed before joining it) is stopped by the
+    ``jobs_end_with_their_test`` fixture (tests/conftest.py) through :meth:`stop_all`: otherwise its pods
+    would go on, and the next test's job of the same name would adopt them."""
+
+    _running: ClassVar[set[JobThread]] = set()
+    _running_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, job: TrainingJob) -> None:
         self.job = job
@@ -73,10 +82,32 @@ class JobThread:
             self.result = self.job.run()
         except BaseException as error:  # surfaced by join()
             self.error = error
+        finally:
+            with JobThread._running_lock:
+                JobThread._running.discard(self)
 
     def start(self) -> JobThread:
+        with JobThread._running_lock:
+            JobThread._running.add(self)
         self._thread.start()
         return self
+
+    @classmethod
+    def stop_all(cls, timeout: float = 60.0) -> list[str]:
+        """Stop the jobs still running as a local master stops on SIGTERM (:class:`edl_argo.stop.Terminated`
+        raised in their thread: their ``finally`` stops their pods), each within ``timeout``; their names."""
+        with cls._running_lock:
+            running = list(cls._running)
+        for job_thread in running:
+            if (ident := job_thread._thread.ident) is not None:
+                stop = ctypes.py_object(Terminated)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), stop)
+        names = [job_thread.job.config.job_name for job_thread in running]
+        for name, job_thread in zip(names, running, strict=True):
+            job_thread._thread.join(timeout)
+            if job_thread._thread.is_alive():
+                raise AssertionError(f"job {name} did not stop within {timeout:g} s")
+        return names
 
     def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
         import time

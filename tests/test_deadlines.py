@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import pytest
 
-from edl_argo import log
+from edl_argo import cli, log
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.ps_watch import PING_INTERVAL_SECONDS
@@ -168,6 +168,40 @@ def test_keepalive_drops_an_idle_connection_whose_peer_went_silent(master: str) 
     finally:
         channel.close()
         proxy.close()
+
+
+def test_scale_waits_for_an_answer_the_master_holds_until_the_request_is_saved(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The master answers ScaleWorkers once the request is saved, and a job saves its state only once its
+    pods have started: a request made while a loaded machine's pod template still imports waits that long
+    (12 s in a CI run, past the 10 s deadline `edl-argo scale` had). The CLI waits as long as the master
+    may hold the answer."""
+    dispatcher = TaskDispatcher({"s": 100}, DispatcherConfig(records_per_task=10, num_epochs=1))
+    evaluation = EvaluationService(lambda: {}, {}, 0)
+    evaluation.dispatcher = dispatcher
+    writer = GroupCommit(dispatcher.snapshot, lambda _state: None)
+    asked: list[int] = []
+    servicer = DurableMasterServicer(
+        dispatcher, evaluation, URLS, lambda: 0, commit=writer, scale_workers=lambda n: asked.append(n) or n
+    )
+    server = make_server(4)
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    pods_started = threading.Timer(12.0, writer.start)  # the state writer starts once the pods have
+    pods_started.start()
+    try:
+        took, code = timed(
+            lambda: cli.main(["scale", "job", "--workers", "3", "--master-addr", f"127.0.0.1:{port}"]), 30
+        )
+        assert code == 0, capsys.readouterr().err
+        assert asked == [3] and took >= 11.5
+        assert capsys.readouterr().out.strip() == "job job: target workers 3"
+    finally:
+        pods_started.cancel()
+        writer.close()
+        server.stop(None)
 
 
 @pytest.mark.parametrize("max_workers", [0, 1000])

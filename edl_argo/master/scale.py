@@ -14,10 +14,18 @@ import grpc
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, non_negative_int
 from edl_argo.master.registry import master_address, master_secret, master_tls_dir
+from edl_argo.master.state_store import COMMIT_WAIT_SECONDS
 from edl_argo.proto import master_pb2, master_pb2_grpc
 from edl_argo.rpc.auth import ADMIN_IDENTITY, ClientCredential, credential_from_env
 from edl_argo.rpc.channel import make_channel
 from edl_argo.rpc.tls import TlsFiles, load_tls_dir
+
+#: How long `edl-argo scale` waits for the master's answer. The master answers once the request is saved
+#: (:class:`~edl_argo.master.state_store.DurableMasterServicer`), which takes at most
+#: :data:`~edl_argo.master.state_store.COMMIT_WAIT_SECONDS`; a job saves nothing before its pods have
+#: started, so a request made while they start (a local pod template still importing) waits for them.
+#: The margin covers the request's own work and a loaded machine.
+SCALE_DEADLINE_SECONDS = COMMIT_WAIT_SECONDS + 15.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def scale_workers(
     address: str,
     workers: int,
-    timeout: float = 10.0,
+    timeout: float = SCALE_DEADLINE_SECONDS,
     credential: ClientCredential | None = None,
     tls: TlsFiles | None = None,
 ) -> int:
