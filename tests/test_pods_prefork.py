@@ -24,8 +24,10 @@ from typing import Any
 
 import pytest
 
+from edl_argo.master.job_parts import early_pod_template
 from edl_argo.pods import LocalProcessBackend, PodPhase, PodReason, PodRole, PodSpec, PodStatus
-from edl_argo.pods.prefork import PREFORK_ENV
+from edl_argo.pods.prefork import PREFORK_ENV, process_template
+from tests.engine_helpers import digits_config
 from tests.test_pods_local import collect, is_gone, live_children, terminal, wait_for
 
 pytestmark = [
@@ -296,3 +298,25 @@ def test_the_supervisor_program_is_the_standard_library_only() -> None:
         [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_the_jobs_of_one_process_share_its_template_which_outlives_each_job(
+    probe: Path, tmp_path: Path
+) -> None:
+    """Local jobs run by one process (a notebook, the test suite) fork their pods from one template, the
+    process's: the second job's pods do not wait for a template to import TensorFlow again, and a job's
+    end (its backend closed) leaves the template serving the next."""
+    configs = [digits_config(tmp_path, tmp_path / name) for name in ("first", "second")]
+    template = early_pod_template(configs[0])
+    assert template is not None and early_pod_template(configs[1]) is template is process_template()
+    pids = []
+    for name in ("first", "second"):
+        with LocalProcessBackend(
+            f"{name}-job", log_sink=io.StringIO(), pods_dir=tmp_path / name, pod_template=template
+        ) as backend:
+            backend.start(probe_pod(probe, tmp_path / f"{name}.json", pod_id=0))
+            assert terminal(collect(backend, "worker-0", timeout=60), "worker-0").exit_code == 0
+            record = report(tmp_path / f"{name}.json")
+            assert forked(record) and record["env"]["EDL_JOB_NAME"] == f"{name}-job"
+        pids.append(template.pid)
+    assert pids[0] is not None and pids == [pids[0], pids[0]] and not is_gone(pids[0])

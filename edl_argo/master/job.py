@@ -214,15 +214,10 @@ class TrainingJob:
         """Read the job's parts (model, datasets, saved state: :func:`load_job_parts`), establish its
         secret (:func:`establish_job_secret`) and build it; ``backend``: where pods run (default:
         ``config.backend``'s)."""
-        # A local job's pod template (edl_argo.pods.prefork) imports TensorFlow while this process reads
-        # the job's parts; it is stopped if they fail, and otherwise handed to the backend.
+        # A local job's pod template (this process's: edl_argo.pods.prefork) imports TensorFlow while this
+        # process reads the job's parts, unless an earlier job of this process started it.
         template = early_pod_template(config) if backend is None else None
-        try:
-            parts = load_job_parts(config)  # a corrupt state fails here, before any backend or pod exists
-        except BaseException:
-            if template is not None:
-                template.close()
-            raise
+        parts = load_job_parts(config)  # a corrupt state fails here, before any backend or pod exists
         tls = load_tls_dir(config.tls_dir) if config.tls_dir else None
         backend = backend or default_backend(config, template)
         if config.kubernetes is not None and config.kubernetes.tls_secret:

@@ -150,8 +150,10 @@ class LocalProcessBackend(PodBackend):
         host: the host part of PS addresses.
         pods_dir: the folder of the job's pod folders (default ``<run dir>/pods/<job_name>``); a
             backend adopts the pods found there.
-        pod_template: the template to fork pods from (default: one started with the first ``edl-argo``
-            pod, unless :data:`~edl_argo.pods.prefork.PREFORK_ENV` switches it off); the backend closes it.
+        pod_template: a template to fork pods from that outlives the backend (its owner closes it:
+            :func:`~edl_argo.pods.prefork.process_template`); default: the backend's own, started with the
+            first ``edl-argo`` pod unless :data:`~edl_argo.pods.prefork.PREFORK_ENV` switches it off, and
+            closed with the backend.
 
     A pod's environment is this process's environment, then ``PYTHONUNBUFFERED=1`` unless already set
     (so Python pods' logs arrive as they are written), then ``spec.env``, then ``EDL_POD_NAME``,
@@ -182,6 +184,7 @@ class LocalProcessBackend(PodBackend):
         self._waiters: set[threading.Thread] = set()
         self._queue = EventQueue()
         self._closed = False
+        self._owns_template = pod_template is None
         self._template = pod_template or PodTemplate(
             job_name, pod_base_environment, enabled=prefork_enabled(os.environ)
         )
@@ -283,7 +286,8 @@ class LocalProcessBackend(PodBackend):
             self._closed = True
             keys = list(self._pods)
             waiters = list(self._waiters)
-        self._template.close()
+        if self._owns_template:
+            self._template.close()
         for role, pod_id in keys:
             self.delete(role, pod_id, grace_seconds=grace_seconds)
         for waiter in waiters:

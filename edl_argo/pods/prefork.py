@@ -24,14 +24,19 @@ process reads only while it starts or imports (:func:`import_time_environment`: 
 ``HOME``, the temporary folder ...) cannot change after the fork: a pod whose values differ from the
 template's is started with ``exec``. So is every other command (``sleep``, ``python -c``, another
 program's ``edl-argo``). Note that ``/proc/PID/environ`` of a forked pod shows the template's start
-environment, which the backend gives the job's ``EDL_JOB_NAME``.
+environment, whose ``EDL_JOB_NAME`` is the name its owner gave it (a job's, or ``edl-argo-<pid>`` for the
+process's template).
 
-**Lifecycle.** The template starts with the first start of an ``edl-argo`` pod (the start waits for it to
-be ready, at most :data:`BOOT_SECONDS`) and stops with :meth:`PodTemplate.close`; it exits by itself as
-soon as its backend's end of their socket closes (the master ended, however it ended) or its parent
-changed. Requests (JSON with ``argv``, ``env``, ``cwd`` and ``folder``, and the write end of a pipe that
-only the supervisor keeps, so that its read end reaches end-of-file when the supervisor exits) travel over
-a ``SOCK_SEQPACKET`` socket pair with deadlines. If the template cannot start, dies, or fails a request,
+**Lifecycle.** A template starts with the first start of an ``edl-argo`` pod (the start waits for it to
+be ready, at most :data:`BOOT_SECONDS`), or in the background with :meth:`PodTemplate.start_in_background`,
+and stops with :meth:`PodTemplate.close`; it exits by itself as soon as its owner's end of their socket
+closes (the master ended, however it ended) or its parent changed. A backend's own template is closed
+with the backend. The local jobs of one process share :func:`process_template`, which outlives each of
+them and stops when the process exits: the second job's pods do not wait for TensorFlow's import again.
+
+Requests (JSON with ``argv``, ``env``, ``cwd`` and ``folder``, and the write end of a pipe that only the
+supervisor keeps, so that its read end reaches end-of-file when the supervisor exits) travel over a
+``SOCK_SEQPACKET`` socket pair with deadlines. If the template cannot start, dies, or fails a request,
 the backend says so in one log line and starts every later pod with ``exec``.
 
 **Setting.** ``EDL_LOCAL_PREFORK=0`` (or ``false``, ``no``, ``off``) in the master's environment switches
@@ -40,6 +45,7 @@ the template off: every pod is started with ``exec``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import json
@@ -128,6 +134,24 @@ def pod_base_environment() -> dict[str, str]:
     return env
 
 
+_process_template: PodTemplate | None = None
+_process_template_lock = threading.Lock()
+
+
+def process_template() -> PodTemplate:
+    """This process's template, shared by every local job it runs (one after another or at once), starting
+    in the background on the first call. It starts with :func:`pod_base_environment` of that moment (a
+    later job whose import-time variables differ has its pods started with ``exec``, as the template
+    answers) and stops when the process exits. One that failed or was closed is replaced by a new one."""
+    global _process_template
+    with _process_template_lock:
+        if _process_template is None or not _process_template.usable:
+            _process_template = PodTemplate(f"edl-argo-{os.getpid()}", pod_base_environment)
+            _process_template.start_in_background()
+            atexit.register(_process_template.close)
+        return _process_template
+
+
 def template_program() -> str:
     """The path of the program whose pods the template runs: ``edl-argo`` beside this interpreter."""
     return str(Path(sys.executable).parent / PROGRAM)
@@ -170,7 +194,8 @@ class PodTemplate:
     """The backend's side of its template process (see the module docstring). Thread-safe.
 
     Args:
-        job_name: the job's name, in the template's environment as ``EDL_JOB_NAME``.
+        job_name: the job's name (``edl-argo-<pid>`` for :func:`process_template`), in its log lines and
+            in the template's environment as ``EDL_JOB_NAME``.
         environment: called once, when the template starts: the environment it starts with (the backend's
             pods' environment before their own variables).
         enabled: False: :meth:`serves` is always False and no process is ever started.
@@ -244,6 +269,11 @@ class PodTemplate:
                 _kill_stray_supervisor(read_end)
                 os.close(read_end)
                 return None
+
+    @property
+    def usable(self) -> bool:
+        """Whether the template may still serve: enabled, not failed and not closed."""
+        return self._usable
 
     @property
     def ready(self) -> bool:
