@@ -144,7 +144,7 @@ def early_pod_template(config: TrainConfig) -> PodTemplate | None:
     Kubernetes."""
     if config.backend == "kubernetes" or not prefork_enabled(os.environ):
         return None
-    return process_template()
+    return process_template(config.job_name)
 
 
 def default_backend(config: TrainConfig, pod_template: PodTemplate | None = None) -> PodBackend:

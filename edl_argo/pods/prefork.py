@@ -24,8 +24,8 @@ process reads only while it starts or imports (:func:`import_time_environment`: 
 ``HOME``, the temporary folder ...) cannot change after the fork: a pod whose values differ from the
 template's is started with ``exec``. So is every other command (``sleep``, ``python -c``, another
 program's ``edl-argo``). Note that ``/proc/PID/environ`` of a forked pod shows the template's start
-environment, whose ``EDL_JOB_NAME`` is the name its owner gave it (a job's, or ``edl-argo-<pid>`` for the
-process's template).
+environment, whose ``EDL_JOB_NAME`` is that of the job it was started for (the first local job of the
+process, for :func:`process_template`).
 
 **Lifecycle.** A template starts with the first start of an ``edl-argo`` pod (the start waits for it to
 be ready, at most :data:`BOOT_SECONDS`), or in the background with :meth:`PodTemplate.start_in_background`,
@@ -138,15 +138,16 @@ _process_template: PodTemplate | None = None
 _process_template_lock = threading.Lock()
 
 
-def process_template() -> PodTemplate:
+def process_template(job_name: str) -> PodTemplate:
     """This process's template, shared by every local job it runs (one after another or at once), starting
-    in the background on the first call. It starts with :func:`pod_base_environment` of that moment (a
+    in the background on the first call, named after that call's job (``edl-argo train`` runs one job: its
+    pods' ``/proc/PID/environ`` names it). It starts with :func:`pod_base_environment` of that moment (a
     later job whose import-time variables differ has its pods started with ``exec``, as the template
     answers) and stops when the process exits. One that failed or was closed is replaced by a new one."""
     global _process_template
     with _process_template_lock:
         if _process_template is None or not _process_template.usable:
-            _process_template = PodTemplate(f"edl-argo-{os.getpid()}", pod_base_environment)
+            _process_template = PodTemplate(job_name, pod_base_environment)
             _process_template.start_in_background()
             atexit.register(_process_template.close)
         return _process_template
@@ -194,8 +195,8 @@ class PodTemplate:
     """The backend's side of its template process (see the module docstring). Thread-safe.
 
     Args:
-        job_name: the job's name (``edl-argo-<pid>`` for :func:`process_template`), in its log lines and
-            in the template's environment as ``EDL_JOB_NAME``.
+        job_name: the name of the job it is started for, in its log lines and in the template's
+            environment as ``EDL_JOB_NAME``.
         environment: called once, when the template starts: the environment it starts with (the backend's
             pods' environment before their own variables).
         enabled: False: :meth:`serves` is always False and no process is ever started.
