@@ -89,6 +89,7 @@ from edl_argo.rpc.sockets import (
     STOP_JOIN_SECONDS,
     SocketServer,
     connect,
+    peer_host,
     recv_exact,
     recv_exact_into,
     send_parts,
@@ -315,7 +316,7 @@ class FrameServer:
         self.port: int = self._server.port
 
     def _refused(self, peer: str, reason: str) -> None:
-        host = peer.rsplit(":", 1)[0]
+        host = peer_host(peer)
         if self._refused_peers.first(host):
             log.warning("collective_unauthenticated", port=self.port, peer=host, reason=reason)
 

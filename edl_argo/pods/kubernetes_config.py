@@ -164,9 +164,14 @@ class KubernetesConfig:
 TENSOR_PORT_OFFSET = 100
 
 
+def last_tensor_port(ps_port: int, num_ps: int) -> int:
+    """The tensor port of the last of ``num_ps`` PS whose gRPC ports start at ``ps_port``."""
+    return ps_port + num_ps - 1 + TENSOR_PORT_OFFSET
+
+
 def highest_ps_port(num_ps: int) -> int:
     """The highest ``--ps-port`` with which each of ``num_ps`` PS has a tensor port (at most 65535)."""
-    return 65535 - TENSOR_PORT_OFFSET - (num_ps - 1)
+    return 65535 - last_tensor_port(0, num_ps)
 
 
 def kubernetes_config_from_args(
@@ -181,8 +186,7 @@ def kubernetes_config_from_args(
     if not args.image:
         raise ConfigError("--image is required with --backend kubernetes (the worker and PS image)")
     num_ps = getattr(args, "num_ps", 1)
-    if args.ps_port > highest_ps_port(num_ps):
-        last_port = args.ps_port + num_ps - 1 + TENSOR_PORT_OFFSET
+    if (last_port := last_tensor_port(args.ps_port, num_ps)) > 65535:
         raise ConfigError(
             f"--ps-port {args.ps_port}: the last PS's tensor port would be {last_port}, past 65535"
         )

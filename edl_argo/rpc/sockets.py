@@ -117,6 +117,11 @@ class _Connection:
     last_active: float
 
 
+def peer_host(peer: str) -> str:
+    """The host part of a :class:`SocketServer` peer (``host:port``; an IPv6 host without brackets)."""
+    return peer.rsplit(":", 1)[0]
+
+
 class SocketServer:
     """Serves every connection ``listener`` accepts on a thread of its own, ``serve(sock, peer)``, until
     :meth:`stop`; ``peer`` is ``host:port``. ``serve`` returns when the peer closes the connection or its

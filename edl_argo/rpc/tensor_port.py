@@ -67,7 +67,7 @@ from edl_argo.log import get_logger
 from edl_argo.rpc.auth import IDENTITY_KEY, ClientCredential, JobSecret, PeersLogged
 from edl_argo.rpc.chunked import CallError, ChunkedCall, ChunkedMethod, IncompleteMessageError, PendingCall
 from edl_argo.rpc.rope import Rope, aligned_empty
-from edl_argo.rpc.sockets import SocketServer, connect, recv_exact, recv_exact_into, send_parts
+from edl_argo.rpc.sockets import SocketServer, connect, peer_host, recv_exact, recv_exact_into, send_parts
 from edl_argo.rpc.tls import SERVER_NAME
 from edl_argo.rpc.wire import Encoding, serialized
 
@@ -287,7 +287,7 @@ class TensorPortServer:
         identity = credential[:identity_bytes].decode(errors="replace")
         token = credential[identity_bytes:].decode(errors="replace")
         if self._secret is not None and not self._secret.verify(identity, token):
-            host = peer.rsplit(":", 1)[0]
+            host = peer_host(peer)
             if self._refused.first(host):
                 log.warning("tensor_port_unauthenticated", peer=host, port=self.port)
             self._answer(sock, grpc.StatusCode.UNAUTHENTICATED, "tensor port: wrong credential for this job")
