@@ -20,6 +20,7 @@ from edl_argo.model import load_model_spec
 from edl_argo.proto import master_pb2
 from edl_argo.storage import LocalStorage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
+from edl_argo.worker.replica import NonFiniteLossError
 from tests.tcp_proxy import SilentProxy
 
 #: ``(features, labels)`` of one minibatch.
@@ -544,3 +545,33 @@ def test_a_member_behind_a_silent_network_path_is_blamed_and_named_stuck_within_
     assert partitioned_errors and isinstance(partitioned_errors[0], _Unreachable), partitioned_errors
     assert versions[0] == versions[1] > 3
     assert _max_difference(*states) == 0.0
+
+
+def test_a_lone_members_non_finite_loss_changes_nothing_and_its_next_minibatch_trains(
+    model_file: Path,
+) -> None:
+    """A group of one takes its whole step in one call. A minibatch whose loss is not finite applies
+    nothing: the error names the version, and every variable is as before it, the batch-normalization
+    statistics its forward pass moved and the optimizer's state included. The next minibatch trains."""
+    group = _Group(model_file)
+    try:
+        replica = group.add(0)
+        group.steps([0], _batches(3, seed=20))
+        version = replica.version
+        before = [np.array(v.numpy()) for v in replica._state_variables()]
+        features, labels = _batches(1, seed=21)[0]
+        with pytest.raises(NonFiniteLossError) as raised:
+            replica.train_minibatch(features, np.full_like(labels, np.nan))
+        assert (raised.value.model_version, replica.version) == (version, version)
+        assert np.isnan(raised.value.loss)
+
+        def same() -> list[bool]:
+            variables = replica._state_variables()
+            return [np.array_equal(old, v.numpy()) for old, v in zip(before, variables, strict=True)]
+
+        assert all(same()), same()
+        loss = replica.train_minibatch(features, labels)
+        assert np.isfinite(loss) and replica.version == version + 1
+        assert same().count(False) >= len(before) // 2, same()  # weights, statistics, optimizer moments
+    finally:
+        group.close()

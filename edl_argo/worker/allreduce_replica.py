@@ -214,8 +214,7 @@ class AllreduceReplica:
             self._model = model
         self._contribute = tf.function(self._contribution, reduce_retracing=True)
         self._apply = tf.function(self._apply_mean)
-        self._solo_gradients = tf.function(self._gradients_keeping_statistics, reduce_retracing=True)
-        self._solo_apply = tf.function(self._apply_own)
+        self._solo = tf.function(self._step_alone, reduce_retracing=True)
         self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
         log.info("replica_built", variables=len(model.variables), parameters=model.count_params())
         self._restore_checkpoint()
@@ -288,22 +287,29 @@ class AllreduceReplica:
         flat.append(tf.constant([0.0 if g is None else 1.0 for g in grads], tf.float32))
         return tf.concat([tf.concat(flat, 0) * examples, tf.stack([examples, loss * examples])], 0)
 
-    def _gradients_keeping_statistics(
-        self, features: Any, labels: Any
-    ) -> tuple[tf.Tensor, list[Any], tf.Tensor, list[tf.Tensor]]:
-        """A lone member's pass: :meth:`_loss_and_gradients` and the statistics as they were before it
-        (to put back if the loss is not finite)."""
+    def _step_alone(self, features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """A lone member's whole step, in one call as ``fit``'s: :meth:`_loss_and_gradients`, then, if the
+        loss is finite, its own gradients applied with the optimizer (the statistics its forward pass
+        updated stay updated, as in ``fit``); else nothing applied and the statistics put back. Returns
+        (loss, examples, whether it applied). One call instead of two saves handing every gradient out of
+        the first and into the second (2 ms of a 12 ms Transformer step, measured)."""
         before = [tf.identity(v) for v in self._statistics]
         loss, grads, examples = self._loss_and_gradients(features, labels)
-        return loss, grads, examples, before
 
-    def _apply_own(self, grads: list[Any]) -> None:
-        """A lone member's step: its own gradients, with the optimizer (the statistics its forward pass
-        updated stay updated, as in ``fit``)."""
-        variables = self.model.trainable_variables
-        self._optimizer.apply_gradients(
-            [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
-        )
+        def apply() -> tf.Tensor:
+            variables = self.model.trainable_variables
+            self._optimizer.apply_gradients(
+                [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
+            )
+            return tf.constant(True)
+
+        def put_back() -> tf.Tensor:
+            for variable, value in zip(self._statistics, before, strict=True):
+                variable.assign(value)
+            return tf.constant(False)
+
+        applied = tf.cond(tf.math.is_finite(loss), apply, put_back)
+        return loss, examples, applied
 
     def _apply_mean(self, total: tf.Tensor, has_gradient: tuple[bool, ...]) -> None:
         """Apply the group's mean gradients (``total``: the allreduced contributions) with the optimizer
@@ -380,15 +386,17 @@ class AllreduceReplica:
         """A group step in a group of one: no collective; without data, nothing to do."""
         if batch is None:
             return 0.0, 0.0
-        loss, grads, examples, before = self._solo_gradients(*batch)
-        loss_value = float(loss)
-        if not np.isfinite(loss_value):
-            for variable, value in zip(self._statistics, before, strict=True):
-                variable.assign(value)
-            raise NonFiniteLossError(loss_value, self._version)
-        self._applied(group, partial(self._solo_apply, grads))
+        outcome: list[float] = []
+
+        def step() -> None:
+            loss, examples, applied = self._solo(*batch)
+            if not bool(applied):  # before this step: nothing changed; skipped or fatal (--nan-loss)
+                raise NonFiniteLossError(float(loss), self._version)
+            outcome.extend((float(loss), float(examples)))
+
+        self._applied(group, step)
         self.last_update = self._version
-        return loss_value, float(examples)
+        return outcome[0], outcome[1]
 
     def _applied(self, group: CollectiveGroup, apply: Callable[[], None]) -> None:
         """Run ``apply`` (one step's update) as the next version of the state made in ``group``'s round, then
