@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import keras
 import numpy as np
@@ -54,6 +54,9 @@ from edl_argo.worker.replica import NonFiniteLossError, build_model
 from edl_argo.worker.step_timers import STEP_TIMERS
 
 log = get_logger(__name__)
+
+#: What one step's update returns (:meth:`AllreduceReplica._applied` hands it back).
+Applied = TypeVar("Applied")
 
 #: How many times in a row one step may be abandoned before the worker gives up.
 MAX_STEP_ATTEMPTS = 50
@@ -386,24 +389,23 @@ class AllreduceReplica:
         """A group step in a group of one: no collective; without data, nothing to do."""
         if batch is None:
             return 0.0, 0.0
-        outcome: list[float] = []
 
-        def step() -> None:
+        def step() -> tuple[float, float]:
             loss, examples, applied = self._solo(*batch)
             if not bool(applied):  # before this step: nothing changed; skipped or fatal (--nan-loss)
                 raise NonFiniteLossError(float(loss), self._version)
-            outcome.extend((float(loss), float(examples)))
+            return float(loss), float(examples)
 
-        self._applied(group, step)
+        loss_and_examples = self._applied(group, step)
         self.last_update = self._version
-        return outcome[0], outcome[1]
+        return loss_and_examples
 
-    def _applied(self, group: CollectiveGroup, apply: Callable[[], None]) -> None:
+    def _applied(self, group: CollectiveGroup, apply: Callable[[], Applied]) -> Applied:
         """Run ``apply`` (one step's update) as the next version of the state made in ``group``'s round, then
-        checkpoint if due."""
+        checkpoint if due; what ``apply`` returned."""
         with self._state_lock:
             self._schedule_learning_rate()
-            apply()
+            result = apply()
             self._version += 1
             first_of_round = self._lineage.round_of(self._version - 1) != group.round_id
             self._lineage = self._lineage.after_step(self._version, group.round_id)
@@ -411,6 +413,7 @@ class AllreduceReplica:
             log.info("round_first_step", round=group.round_id, version=self._version, world_size=group.size)
         if group.rank == 0:
             self._maybe_checkpoint(group.round_id)
+        return result
 
     def _restore_checkpoint(self) -> None:
         """Start from the group's newest checkpoint, if there is one (before joining any round)."""
