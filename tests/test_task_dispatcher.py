@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -179,6 +180,20 @@ def test_the_saved_state_grows_with_the_epochs_started_not_with_num_epochs() -> 
         assert len(accounting.records_done_per_epoch) == num_epochs  # the accounting still names each
         assert accounting.records_done_per_epoch[0] == 4 and accounting.records_done_per_epoch[1] == 0
     assert sizes[1] - sizes[0] < 16, sizes  # the digits of num_epochs in the config
+
+
+def test_the_accounting_of_the_epochs_begun_costs_what_they_do_not_num_epochs() -> None:
+    """The master folds complete epochs and exports metrics from the accounting on every tick: the view it
+    reads then names the epochs begun, and with them the same counts as the whole accounting."""
+    dispatcher = make({"a": 8}, num_epochs=1_000_000)
+    assert dispatcher.accounting(epochs_begun_only=True).records_done_per_epoch == {}
+    first = take(dispatcher)
+    assert dispatcher.report(first.task_id, 0, success=True)
+    begun = dispatcher.accounting(epochs_begun_only=True)
+    assert begun.records_done_per_epoch == {0: 4}
+    assert dataclasses.replace(begun, records_done_per_epoch={}) == dataclasses.replace(
+        dispatcher.accounting(), records_done_per_epoch={}
+    )
 
 
 def _order(seed: int, num_epochs: int = 2) -> list[list[tuple[str, int]]]:

@@ -520,7 +520,9 @@ class TrainingJob:
             for _task, worker_id in self.dispatcher.reclaim_timed_out_tasks():
                 self.pods.restart_stuck_worker(worker_id)
                 self._state_writer.changed()
-            if self.ledger.fold_complete_epochs(self.dispatcher.accounting(), time.monotonic()):
+            if self.ledger.fold_complete_epochs(
+                self.dispatcher.accounting(epochs_begun_only=True), time.monotonic()
+            ):
                 self._state_writer.changed()
             stuck_members = (
                 self.rendezvous.stuck(self.config.collective_timeout_seconds) if self.rendezvous else []

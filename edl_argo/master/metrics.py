@@ -106,7 +106,7 @@ class JobCollector(Collector):
         view = self._view
         job = {"job": view.job_name}
         yield from self._tasks(view, job)
-        records = sum(view.dispatcher().accounting().records_done_per_epoch.values())
+        records = sum(view.dispatcher().accounting(epochs_begun_only=True).records_done_per_epoch.values())
         yield _counter(
             "records_trained", "records of training tasks completed (each task once)", job, records
         )
@@ -327,7 +327,7 @@ class TrainingBoard:
                 for name, value in sorted(record.metrics.items()):
                     self._writer.scalar(f"evaluation/{name}", value, record.model_version)
             self._evaluations_written = len(history)
-            accounting = view.dispatcher().accounting()
+            accounting = view.dispatcher().accounting(epochs_begun_only=True)
             losses = view.training_loss.per_epoch()
             for epoch, done in sorted(accounting.records_done_per_epoch.items()):
                 complete = done == accounting.records_per_epoch and epoch in losses

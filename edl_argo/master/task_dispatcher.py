@@ -181,7 +181,8 @@ class Accounting:
     (and not failed), every value of ``records_done_per_epoch`` equals ``records_per_epoch``.
 
     * ``records_per_epoch``: records in the training dataset (one epoch).
-    * ``records_done_per_epoch``: epoch (0-based, every epoch of the job present) -> records of its
+    * ``records_done_per_epoch``: epoch (0-based; every epoch of the job present, or only those begun:
+      :meth:`TaskDispatcher.accounting`) -> records of its
       training tasks that completed successfully. A task counts once, whatever its retries.
     * ``records_trained_twice``: sum of ``num_records`` over every requeue of a training task that
       had been handed out (its records were possibly partly trained, and will be trained again).
@@ -548,14 +549,23 @@ class TaskDispatcher:
                 for t in TaskType
             }
 
-    def accounting(self) -> Accounting:
-        """A consistent copy of the record accounting (see :class:`Accounting`)."""
+    def accounting(self, *, epochs_begun_only: bool = False) -> Accounting:
+        """A consistent copy of the record accounting (see :class:`Accounting`).
+
+        ``epochs_begun_only``: ``records_done_per_epoch`` names only the epochs begun so far (the others have
+        none done), so that what reads it on every tick of the master costs O(epochs begun), not
+        O(``num_epochs``), which a job repeating a small dataset sets high.
+        """
         with self._lock:
+            if epochs_begun_only:
+                records_done = dict(self._records_done)
+            else:
+                records_done = {
+                    epoch: self._records_done.get(epoch, 0) for epoch in range(self._config.num_epochs)
+                }
             return Accounting(
                 records_per_epoch=self._records_per_epoch,
-                records_done_per_epoch={
-                    epoch: self._records_done.get(epoch, 0) for epoch in range(self._config.num_epochs)
-                },
+                records_done_per_epoch=records_done,
                 records_trained_twice=self._records_trained_twice,
                 requeues=dict(self._requeues),
                 tasks_done=sum(self._tasks_done.values()),

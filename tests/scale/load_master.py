@@ -280,7 +280,9 @@ def serve(args: argparse.Namespace) -> None:
                 writer.changed()
             if dispatcher.reclaim_timed_out_tasks():
                 writer.changed()
-            if parts.ledger.fold_complete_epochs(dispatcher.accounting(), time.monotonic()):
+            if parts.ledger.fold_complete_epochs(
+                dispatcher.accounting(epochs_begun_only=True), time.monotonic()
+            ):
                 writer.changed()
 
 
