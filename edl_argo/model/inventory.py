@@ -32,12 +32,10 @@ import tensorflow as tf
 
 from edl_argo.errors import JobFailedError
 from edl_argo.model.embedding_tables import EmbeddingTableSpec, embedding_variable_paths, table_specs
+from edl_argo.model.packing import PackedLayout
 from edl_argo.rpc.rope import as_tf_tensor
 
 _FLOAT_KINDS = "f"
-#: Values smaller than this are installed together, one TensorFlow call per dtype (:class:`_BatchedInstall`);
-#: larger ones one by one, each without a copy when the caller gives it away.
-BATCHED_INSTALL_BYTES = 256 * 1024
 #: How many sets of variables one model keeps a batched install for (a set is usually all of them).
 BATCHED_INSTALL_SETS = 8
 
@@ -91,18 +89,16 @@ class ModelInventory:
         missing = set(by_path) - set(values) if complete else set()
         if missing:
             raise JobFailedError(f"the PS lacks variables of this model: {sorted(missing)[:3]}")
-        small: dict[np.dtype, list[tuple[str, tf.Tensor, np.ndarray]]] = {}
+        direct: list[tuple[str, tf.Tensor, np.ndarray]] = []
         for name, value in values.items():
             variable = by_path[name]
             handle = _resource_handle(variable, value)
             if handle is None:
                 variable.assign(value)  # Keras converts and checks
-            elif value.nbytes < BATCHED_INSTALL_BYTES:
-                small.setdefault(value.dtype, []).append((name, handle, value))
             else:
-                _assign_one(handle, value, given)
-        for group in small.values():
-            self._batched.assign(group, given)
+                direct.append((name, handle, value))
+        if direct:
+            self._batched.assign(direct, given)
 
 
 def _resource_handle(variable: keras.Variable, value: np.ndarray) -> tf.Tensor | None:
@@ -120,29 +116,23 @@ def _resource_handle(variable: keras.Variable, value: np.ndarray) -> tf.Tensor |
     return None
 
 
-def _assign_one(handle: tf.Tensor, value: np.ndarray, given: bool) -> None:
-    """Assign ``value`` to the resource. TensorFlow may keep a numpy array's memory: one not ``given`` is
-    copied first, one given is shared when its memory allows (:func:`~edl_argo.rpc.rope.as_tf_tensor`)."""
-    tf.raw_ops.AssignVariableOp(resource=handle, value=as_tf_tensor(value) if given else value.copy())
-
-
 class _BatchedInstall:
-    """Assigns many small values of one dtype in one TensorFlow call.
+    """Assigns values to resource variables in one TensorFlow call, packed (:mod:`edl_argo.model.packing`).
 
     Each eager assignment costs about 50 microseconds of dispatch (5 ms for a ResNet's 37 variables, a
-    tenth of its step); one call that splits a buffer of all their bytes and assigns every part costs
-    1 ms. The call is traced for a set of variables once the set is seen a second time (a job installs the
-    same set every step; the first install, before the first step, is not delayed by tracing), and kept for
-    :data:`BATCHED_INSTALL_SETS` sets; any other set is assigned one value at a time.
+    tenth of its step), one packed call 1 ms. The call is traced for a set of variables once the set is seen
+    a second time (a job installs the same set every step; the first install, before the first step, waits
+    for no tracing), and kept for :data:`BATCHED_INSTALL_SETS` sets; other sets are assigned one value at a
+    time.
     """
 
     def __init__(self) -> None:
-        self._calls: dict[tuple[str, ...], Callable[[tf.Tensor], object]] = {}
+        self._calls: dict[tuple[str, ...], tuple[PackedLayout, Callable[..., object]]] = {}
         self._seen: Counter[tuple[str, ...]] = Counter()
 
     def assign(self, group: list[tuple[str, tf.Tensor, np.ndarray]], given: bool) -> None:
-        """``group``: (variable path, resource handle, value) of values of one dtype, each of its
-        variable's shape; ``given`` as for :meth:`ModelInventory.assign`."""
+        """``group``: (variable path, resource handle, value of the variable's shape and dtype);
+        ``given`` as for :meth:`ModelInventory.assign`."""
         key = tuple(name for name, _, _ in group)
         call = self._calls.get(key)
         if call is None and len(group) > 1 and len(self._calls) < BATCHED_INSTALL_SETS:
@@ -150,30 +140,36 @@ class _BatchedInstall:
                 self._seen.clear()
             self._seen[key] += 1
             if self._seen[key] > 1:
-                call = self._calls[key] = _split_and_assign(
-                    [(h, v.shape) for _, h, v in group], group[0][2].dtype
-                )
+                call = self._calls[key] = _packed_assign(group)
                 del self._seen[key]
         if call is None:
             for _, handle, value in group:
                 _assign_one(handle, value, given)
             return
-        call(tf.constant(np.concatenate([value.ravel() for _, _, value in group])))
+        layout, assign = call
+        assign(*layout.pack([value for _, _, value in group], given))
 
 
-def _split_and_assign(
-    targets: list[tuple[tf.Tensor, tuple[int, ...]]], dtype: np.dtype
-) -> Callable[[tf.Tensor], object]:
-    """A concrete function of one flat tensor that assigns its consecutive parts to the ``targets``'
-    resources, each part reshaped to its target's shape."""
-    sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in targets]
+def _assign_one(handle: tf.Tensor, value: np.ndarray, given: bool) -> None:
+    """Assign ``value`` to the resource. TensorFlow may keep a numpy array's memory: one not ``given`` is
+    copied first, one given is shared when its memory allows (:func:`~edl_argo.rpc.rope.as_tf_tensor`)."""
+    tf.raw_ops.AssignVariableOp(resource=handle, value=as_tf_tensor(value) if given else value.copy())
 
-    @tf.function(input_signature=[tf.TensorSpec([sum(sizes)], tf.as_dtype(dtype))])
-    def split_and_assign(flat: tf.Tensor) -> None:
-        for (handle, shape), part in zip(targets, tf.split(flat, sizes), strict=True):
-            tf.raw_ops.AssignVariableOp(resource=handle, value=tf.reshape(part, shape))
 
-    return split_and_assign.get_concrete_function()
+def _packed_assign(
+    group: list[tuple[str, tf.Tensor, np.ndarray]],
+) -> tuple[PackedLayout, Callable[..., object]]:
+    """The layout of ``group``'s values and a concrete function of its packed tensors that assigns each
+    value to its resource."""
+    layout = PackedLayout([(value.shape, value.dtype) for _, _, value in group])
+    handles = [handle for _, handle, _ in group]
+
+    @tf.function(input_signature=layout.signature())
+    def assign_all(*packed: tf.Tensor) -> None:
+        for handle, value in zip(handles, layout.unpack(packed), strict=True):
+            tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+
+    return layout, assign_all.get_concrete_function()
 
 
 def load_constraint(serialized: str) -> keras.constraints.Constraint:
