@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 #: Where an array's data starts, in bytes: what TensorFlow's and XLA's CPU kernels assume of a tensor.
 ALIGNMENT = 64
 
-#: The largest serialized ``Tensor`` in one piece that :func:`read_tensor_rope` has protobuf parse whole
-#: (copying its content once more costs less than reading its fields in Python up to about this size).
-WHOLE_PARSE_BYTES = 64 * 1024
+#: A tensor up to this size (its serialized ``Tensor``) is written and read by protobuf whole, its content
+#: copied: up to about this size a copy costs less than handling the content apart in Python
+#: (:meth:`~edl_argo.rpc.wire.Encoding.tensor`, :func:`read_tensor_rope`).
+SMALL_TENSOR_BYTES = 64 * 1024
 #: Protobuf's wire types (those of our messages).
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
 #: ``Tensor.content``'s field number.
@@ -181,11 +182,11 @@ def read_tensor_rope(rope: Rope) -> tuple[str, np.ndarray]:
     :mod:`edl_argo.rpc.tensor_port`), else a copy. Raises :class:`WireError`, or
     :class:`~edl_argo.rpc.tensors.TensorDecodeError` for fields that do not agree.
 
-    A message of at most :data:`WHOLE_PARSE_BYTES` in one piece is parsed by protobuf whole, its content
+    A message of at most :data:`SMALL_TENSOR_BYTES` in one piece is parsed by protobuf whole, its content
     then copied: a third of the time of reading it here field by field (most of a model's tensors are
     such: biases, normalization scales and statistics)."""
     whole = rope.sole_part()
-    if whole is not None and len(whole) <= WHOLE_PARSE_BYTES:
+    if whole is not None and len(whole) <= SMALL_TENSOR_BYTES:
         fields = tensor_fields(whole)
         buffer = aligned_empty(len(fields.content))
         buffer[:] = fields.content

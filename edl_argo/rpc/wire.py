@@ -23,6 +23,7 @@ from edl_argo.proto import tensor_pb2
 from edl_argo.rpc.rope import (
     CONTENT,
     LENGTH_DELIMITED,
+    SMALL_TENSOR_BYTES,
     Rope,
     WireError,
     split_rope,
@@ -73,10 +74,18 @@ class Encoding:
 
     def tensor(self, field_number: int, array: np.ndarray | object, name: str = "") -> Encoding:
         """Append the ``Tensor`` field ``field_number`` holding ``array`` (checked and converted as
-        :func:`~edl_argo.rpc.tensors.fill_tensor` does) without copying its bytes; returns self.
-
-        The array's buffer is read when :meth:`tobytes` runs: it must not change before."""
+        :func:`~edl_argo.rpc.tensors.fill_tensor` does); returns self. A small array
+        (:data:`~edl_argo.rpc.rope.SMALL_TENSOR_BYTES`) is copied into one piece with its fields; a larger
+        one's bytes are not copied, and its buffer is read when :meth:`tobytes` runs: it must not change
+        before."""
         value = wire_array(array, name)
+        if value.nbytes < SMALL_TENSOR_BYTES:  # one piece, content copied: a third of the time
+            fields = tensor_pb2.Tensor(
+                name=name, dtype=value.dtype.name, shape=value.shape, content=value.tobytes()
+            )
+            data = fields.SerializeToString()
+            self._add(length_prefix(field_number, len(data)) + data)
+            return self
         content = memoryview(value.reshape(-1)).cast("B")  # wire_array is C-ordered: a view
         tensor = Encoding(tensor_pb2.Tensor(name=name, dtype=value.dtype.name, shape=value.shape))
         if len(content):  # proto3 leaves an empty field out
