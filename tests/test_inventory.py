@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from edl_argo.errors import JobFailedError
-from edl_argo.model.inventory import BATCHED_INSTALL_SETS, ModelInventory
+from edl_argo.model.inventory import BATCHED_INSTALL_AFTER, BATCHED_INSTALL_SETS, ModelInventory
 from edl_argo.model.packing import SMALL_ARRAY_BYTES
 
 
@@ -44,19 +44,19 @@ def test_every_install_sets_every_value_exactly_the_first_one_by_one_then_batche
     assert max(sizes.values()) >= SMALL_ARRAY_BYTES and min(sizes.values()) < SMALL_ARRAY_BYTES
     assert len(inventory.non_trainable) == 2  # the statistics travel with the rest
 
-    for step in range(4):
+    for step in range(BATCHED_INSTALL_AFTER + 3):
         values = random_values(inventory, step)
         inventory.assign({k: v.copy() for k, v in values.items()}, complete=True, given=True)
         assert_same(current(inventory), values)
-        # Traced on the second sight of a set, not on the first: the first step waits for no tracing.
-        assert len(inventory._batched._calls) == (0 if step == 0 else 1)
+        # One by one until the set has been installed often enough to repay tracing, then in one call.
+        assert len(inventory._batched._calls) == (0 if step < BATCHED_INSTALL_AFTER else 1)
 
 
 def test_a_subset_and_many_sets_install_right_with_a_bounded_number_of_batched_calls() -> None:
     inventory = ModelInventory.of(model())
     names = [v.path for v in inventory.held_by_ps]
     expected = current(inventory)
-    for round_ in range(2):
+    for round_ in range(BATCHED_INSTALL_AFTER + 1):
         for drop in range(len(names)):
             subset = {
                 k: v for k, v in random_values(inventory, 100 * round_ + drop).items() if k != names[drop]
@@ -69,13 +69,14 @@ def test_a_subset_and_many_sets_install_right_with_a_bounded_number_of_batched_c
 
 def test_values_not_given_are_copied_on_either_path() -> None:
     inventory = ModelInventory.of(model())
-    for step in range(3):
+    for step in range(BATCHED_INSTALL_AFTER + 2):  # one by one, then packed
         values = random_values(inventory, step)
         kept = {k: v.copy() for k, v in values.items()}
         inventory.assign(values, given=False)
         for value in values.values():
             value += 1.0  # the caller's arrays stay the caller's
         assert_same(current(inventory), kept)
+    assert inventory._batched._calls  # the packed path was taken too
 
 
 def test_a_name_the_model_lacks_is_refused_before_anything_changes() -> None:

@@ -38,6 +38,10 @@ from edl_argo.rpc.rope import as_tf_tensor
 _FLOAT_KINDS = "f"
 #: How many sets of variables one model keeps a batched install for (a set is usually all of them).
 BATCHED_INSTALL_SETS = 8
+#: A set of variables is installed in one call once it has been installed this many times one by one:
+#: tracing the call takes about 0.3 s (on 2 cores), which the 2 ms it saves per install repay after
+#: 150 steps, and a short job never pays.
+BATCHED_INSTALL_AFTER = 50
 
 
 @dataclass(frozen=True)
@@ -119,11 +123,10 @@ def _resource_handle(variable: keras.Variable, value: np.ndarray) -> tf.Tensor |
 class _BatchedInstall:
     """Assigns values to resource variables in one TensorFlow call, packed (:mod:`edl_argo.model.packing`).
 
-    Each eager assignment costs about 50 microseconds of dispatch (5 ms for a ResNet's 37 variables, a
-    tenth of its step), one packed call 1 ms. The call is traced for a set of variables once the set is seen
-    a second time (a job installs the same set every step; the first install, before the first step, waits
-    for no tracing), and kept for :data:`BATCHED_INSTALL_SETS` sets; other sets are assigned one value at a
-    time.
+    Each eager assignment costs about 50 microseconds of dispatch (5 ms for a ResNet's 37 variables), one
+    packed call 2.8 ms. The call is traced for a set of variables once the set has been installed
+    :data:`BATCHED_INSTALL_AFTER` times (a job installs the same set every step), and kept for
+    :data:`BATCHED_INSTALL_SETS` sets; other sets are assigned one value at a time.
     """
 
     def __init__(self) -> None:
@@ -139,7 +142,7 @@ class _BatchedInstall:
             if len(self._seen) >= 8 * BATCHED_INSTALL_SETS:  # sets seen once, many: start counting again
                 self._seen.clear()
             self._seen[key] += 1
-            if self._seen[key] > 1:
+            if self._seen[key] > BATCHED_INSTALL_AFTER:
                 call = self._calls[key] = _packed_assign(group)
                 del self._seen[key]
         if call is None:

@@ -44,8 +44,8 @@ import tensorflow as tf
 from edl_argo.errors import ConfigError
 from edl_argo.log import get_logger
 from edl_argo.model.optimizer import OptimizerFactory, has_float_learning_rate, new_optimizer
-from edl_argo.model.packing import PackedLayout
 from edl_argo.ps.embedding_table import EmbeddingTable
+from edl_argo.rpc.rope import as_tf_tensor
 
 log = get_logger(__name__)
 
@@ -108,6 +108,13 @@ class _KerasOptimizer:
             variable.assign(base)
 
 
+def _read_only(tensor: tf.Tensor) -> np.ndarray:
+    """A read-only numpy view of an eager tensor's buffer (no copy; the tensor never changes)."""
+    value = np.asarray(tensor)
+    value.flags.writeable = False
+    return value
+
+
 def _state_of(variables: Sequence[keras.Variable]) -> list[np.ndarray]:
     return [np.array(v.numpy()) for v in variables]
 
@@ -139,8 +146,7 @@ class DenseOptimizer(_KerasOptimizer):
         self._variables = dict(variables)
         self._jit_compile = jit_compile
         self.optimizer.build(list(self._variables.values()))
-        self._steps: dict[tuple[str, ...], tuple[PackedLayout, Callable[..., list[tf.Tensor]]]] = {}
-        self._every_variable = PackedLayout([(v.shape, v.dtype) for v in self._variables.values()])
+        self._steps: dict[tuple[str, ...], Callable[..., list[tf.Tensor]]] = {}
 
     def apply(
         self, gradients: Mapping[str, np.ndarray], lr_scale: float = 1.0
@@ -156,11 +162,13 @@ class DenseOptimizer(_KerasOptimizer):
         if not gradients:
             return None
         names = tuple(sorted(gradients))
-        grads = [np.asarray(gradients[n], dtype=self._variables[n].dtype.as_numpy_dtype) for n in names]
+        grads = [
+            as_tf_tensor(np.asarray(gradients[n], dtype=self._variables[n].dtype.as_numpy_dtype))
+            for n in names
+        ]
         with self._scaled_learning_rate(lr_scale):
             try:
-                layout, step = self._step(names)
-                values = step(*layout.pack(grads, given=True))
+                values = self._step(names)(*grads)
             except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
                 if not self._jit_compile:
                     raise
@@ -168,30 +176,25 @@ class DenseOptimizer(_KerasOptimizer):
                 log.warning("xla_disabled", optimizer=type(self.optimizer).__name__, reason=str(error)[:200])
                 self._jit_compile = False
                 self._steps.clear()
-                layout, step = self._step(names)
-                values = step(*layout.pack(grads, given=True))
-        unpacked = self._every_variable.unpack_results(values)
-        return dict(zip(self._variables, unpacked, strict=True))
+                values = self._step(names)(*grads)
+        return {name: _read_only(value) for name, value in zip(self._variables, values, strict=True)}
 
-    def _step(self, names: tuple[str, ...]) -> tuple[PackedLayout, Callable[..., list[tf.Tensor]]]:
-        """The compiled step for gradients of ``names``, and the layout its gradients travel in: a concrete
-        function (no per-call dispatch on its arguments) of the packed gradients that applies them and
-        returns every variable's new value, packed (:mod:`edl_argo.model.packing`: an argument and a result
-        per variable were most of a small model's update time)."""
-        found = self._steps.get(names)
-        if found is None:
+    def _step(self, names: tuple[str, ...]) -> Callable[..., list[tf.Tensor]]:
+        """The compiled step for gradients of ``names``: a concrete function (no per-call dispatch on its
+        arguments) that applies them and returns every variable's new value."""
+        step = self._steps.get(names)
+        if step is None:
             optimizer, variables = self.optimizer, [self._variables[n] for n in names]
-            every_variable, results = list(self._variables.values()), self._every_variable
-            layout = PackedLayout([(v.shape, v.dtype) for v in variables])
+            every_variable = list(self._variables.values())
 
             @tf.function(jit_compile=self._jit_compile)
-            def apply_and_read(*packed: tf.Tensor) -> list[tf.Tensor]:
-                optimizer.apply_gradients(zip(layout.unpack(packed), variables, strict=True))
-                return results.pack_results([v.read_value() for v in every_variable])
+            def apply_and_read(*grads: tf.Tensor) -> list[tf.Tensor]:
+                optimizer.apply_gradients(zip(grads, variables, strict=True))
+                return [v.read_value() for v in every_variable]
 
-            found = layout, apply_and_read.get_concrete_function(*layout.signature())
-            self._steps[names] = found
-        return found
+            step = apply_and_read.get_concrete_function(*(tf.TensorSpec(v.shape, v.dtype) for v in variables))
+            self._steps[names] = step
+        return step
 
     def get_state(self) -> list[np.ndarray]:
         """Copies of every optimizer variable (iterations, learning rate, slots, EMA averages) in a stable
