@@ -293,7 +293,7 @@ def summation_tolerance(outputs: dict[str, np.ndarray]) -> float:
     """How far a float32 mean may land from numpy's: rounding scales with the terms, not the result.
 
     A mean of logits of both signs can be near 0 (CI saw -0.00079 from terms near 0.1), where a
-    relative bound alone fails on summation order (8.7e-9 apart on a Xeon). Weighting a minibatch
+    relative bound alone fails on summation order (8.7e-9 apart on CI's machine). Weighting a minibatch
     wrongly moves the mean by the size of the terms, far beyond this bound.
     """
     return 1e-5 * max(float(np.mean(np.abs(values))) for values in outputs.values())
