@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from edl_argo.errors import JobFailedError
 from edl_argo.model.inventory import BATCHED_INSTALL_AFTER, BATCHED_INSTALL_SETS, ModelInventory
-from edl_argo.model.packing import SMALL_ARRAY_BYTES
+from edl_argo.rpc.packed import SMALL_ARRAY_BYTES
 
 
 def model() -> tf.keras.Model:

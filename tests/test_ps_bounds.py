@@ -18,6 +18,7 @@ from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.tensors import from_tensor, to_indexed_slices, to_tensor
+from tests.test_ps_service import answer_values
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,7 +85,7 @@ def lookup(ids: np.ndarray | tensor_pb2.Tensor) -> ps_pb2.PullEmbeddingVectorsRe
 
 def pulled_w(stub: ps_pb2_grpc.ParameterServerStub) -> np.ndarray:
     reply = stub.PullDenseParameters(ps_pb2.PullDenseParametersRequest(version=-1), timeout=30)
-    return {t.name: from_tensor(t) for t in reply.dense_parameters}["w"]
+    return answer_values(reply)["w"]
 
 
 # -- item 7: versions ------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from edl_argo.ps.server import PSConfig, create_servicer, serve, start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.auth import SECRET_ENV, JobSecret
 from edl_argo.rpc.channel import make_channel
+from edl_argo.rpc.packed import read_all
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_indexed_slices, to_tensor
 from edl_argo.storage.base import ObjectInfo, ObjectNotFoundError, Storage
 
@@ -119,8 +120,12 @@ def push(
 
 
 def pull_dense(stub: ps_pb2_grpc.ParameterServerStub, version: int = -1) -> dict[str, np.ndarray]:
-    response = stub.PullDenseParameters(ps_pb2.PullDenseParametersRequest(version=version))
-    return {t.name: from_tensor(t) for t in response.dense_parameters}
+    return answer_values(stub.PullDenseParameters(ps_pb2.PullDenseParametersRequest(version=version)))
+
+
+def answer_values(response: ps_pb2.PullDenseParametersResponse) -> dict[str, np.ndarray]:
+    """The parameters of a pull's answer by name, packed or not (edl_argo.rpc.packed)."""
+    return dict(read_all(response.dense_parameters, response.packed_parameters))
 
 
 def pull_rows(stub: ps_pb2_grpc.ParameterServerStub, ids: list[int], name: str = "emb") -> np.ndarray:
@@ -152,7 +157,7 @@ def servicer(**settings: Any) -> ParameterServerServicer:
 def test_the_first_push_model_initialises_and_later_ones_are_ignored(connect: Any) -> None:
     stub = connect(servicer())
     response = stub.PullDenseParameters(ps_pb2.PullDenseParametersRequest(version=-1))
-    assert not response.initialized and not response.dense_parameters
+    assert not response.initialized and not answer_values(response)
     with pytest.raises(grpc.RpcError) as error:
         push(stub, 0, {"w": W})
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -166,7 +171,7 @@ def test_pull_dense_returns_nothing_when_the_caller_is_current(connect: Any) -> 
     stub = connect(servicer(use_async=True))
     stub.PushModel(model())
     current = stub.PullDenseParameters(ps_pb2.PullDenseParametersRequest(version=0))
-    assert current.initialized and current.version == 0 and not current.dense_parameters
+    assert current.initialized and current.version == 0 and not answer_values(current)
     assert push(stub, 0, {"b": np.ones(3, np.float32)}).version == 1
     assert sorted(pull_dense(stub, version=0)) == ["b", "w"]
     assert sorted(pull_dense(stub, version=7)) == ["b", "w"]  # a caller ahead of a restarted server
@@ -243,16 +248,16 @@ def test_a_push_reply_carries_what_a_pull_right_after_it_gets(connect: Any) -> N
     assert not push(stub, 0, {"w": g1}).HasField("parameters")  # not asked
     waiting = push(stub, 0, {"w": g2}, return_parameters=True)  # completes step 1
     assert waiting.accepted and waiting.parameters.version == 1 and waiting.parameters.initialized
-    carried = {t.name: from_tensor(t) for t in waiting.parameters.dense_parameters}
+    carried = answer_values(waiting.parameters)
     np.testing.assert_allclose(carried["w"], W - LR * (g1 + g2) / 2, rtol=1e-6, atol=1e-6)
     assert {n: v.tolist() for n, v in carried.items()} == {n: v.tolist() for n, v in pull_dense(stub).items()}
     # The step is not complete: nothing changed since the push's version.
     half = push(stub, 1, {"w": g1}, return_parameters=True)
-    assert half.accepted and half.parameters.version == 1 and not half.parameters.dense_parameters
+    assert half.accepted and half.parameters.version == 1 and not answer_values(half.parameters)
     # Refused as stale: the reply carries the current parameters to recompute from.
     stale = push(stub, 0, {"w": g1}, return_parameters=True)
     assert not stale.accepted and stale.parameters.version == 1
-    assert sorted(t.name for t in stale.parameters.dense_parameters) == ["b", "w"]
+    assert sorted(answer_values(stale.parameters)) == ["b", "w"]
 
 
 def test_invalid_requests_are_rejected_with_a_reason_and_the_server_keeps_serving(connect: Any) -> None:
@@ -474,7 +479,7 @@ def test_concurrent_async_pushes_each_apply_once(connect: Any) -> None:
         thread.join()
     response = stub.PullDenseParameters(ps_pb2.PullDenseParametersRequest(version=-1))
     assert response.version == 20
-    np.testing.assert_allclose(from_tensor(response.dense_parameters[0]), W - 20 * LR, rtol=1e-5)
+    np.testing.assert_allclose(answer_values(response)["w"], W - 20 * LR, rtol=1e-5)
 
 
 def test_ps_command_stops_gracefully_on_sigterm_with_a_last_checkpoint(tmp_path: Path) -> None:

@@ -9,8 +9,9 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 
 from edl_argo.proto import ps_pb2, tensor_pb2
+from edl_argo.ps.pushed import PushedModel
 from edl_argo.rpc.rope import ALIGNMENT, Rope, aligned_empty, as_tf_tensor, read_tensor_rope
-from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor
+from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor
 from edl_argo.rpc.wire import Encoding, WireError, read_tensor, split_field
 from edl_argo.worker.ps_client import PushReply, push_request
 
@@ -67,13 +68,23 @@ def test_a_push_encoded_piece_by_piece_parses_as_the_message_protobuf_builds() -
     }
     encoded = push_request(fields, dense, state, sparse).tobytes()
     parsed = ps_pb2.PushGradientsRequest.FromString(encoded)
-    assert parsed == reference_push(fields, dense, state, sparse)
     assert len(encoded) == parsed.ByteSize()  # nothing more on the wire than protobuf would send
-    decoded = {t.name: from_tensor(t) for t in parsed.gradients.dense_parameters}
-    for name, value in ARRAYS.items():
-        expected = np.asarray(value)
-        assert decoded[f"layer/{name}"].shape == expected.shape
-        assert np.array_equal(decoded[f"layer/{name}"], expected)
+    reference = reference_push(fields, dense, state, sparse)
+    # The small dense tensors travel packed (edl_argo.rpc.packed): the same arrays by name, and every
+    # other field as protobuf builds it.
+    assert len(parsed.gradients.packed_dense_parameters) == 2  # float32 and float64; the rest alone
+    decoded = PushedModel.of_message(parsed.gradients)
+    expected = PushedModel.of_message(reference.gradients)
+    for got, want in ((decoded.dense, expected.dense), (decoded.non_trainable, expected.non_trainable)):
+        assert sorted(name for name, _ in got) == sorted(name for name, _ in want)
+        wanted = dict(want)
+        for name, value in got:
+            assert value.dtype == wanted[name].dtype and value.shape == wanted[name].shape
+            assert value.tobytes() == wanted[name].tobytes()
+    for message in (parsed, reference):
+        for field in ("dense_parameters", "packed_dense_parameters", "non_trainable_parameters"):
+            message.gradients.ClearField(field)
+    assert parsed == reference
 
 
 def test_an_empty_push_is_the_fields_alone() -> None:

@@ -4,6 +4,7 @@ Every argument of a TensorFlow function call costs tens of microseconds of dispa
 and the small variables of a model (biases, normalization scales and statistics) are most of its variables:
 a ResNet's 37 variables took 4.9-5.5 ms of a worker's step to install one by one, 2.8 ms as one buffer that
 one call splits. A large array travels alone: copying it into a buffer would cost more than its dispatch.
+Which arrays are small is the wire's rule (:func:`edl_argo.rpc.packed.group_small`).
 
 :class:`PackedLayout` is the layout of one list of arrays: :meth:`~PackedLayout.pack` turns arrays into the
 call's arguments outside the function and :meth:`~PackedLayout.unpack` turns them back inside.
@@ -19,10 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from edl_argo.rpc.packed import group_small
 from edl_argo.rpc.rope import as_tf_tensor
-
-#: Arrays smaller than this travel packed with the others of their dtype; larger ones alone.
-SMALL_ARRAY_BYTES = 256 * 1024
 
 
 class PackedLayout:
@@ -33,13 +32,9 @@ class PackedLayout:
         self._shapes = [tuple(int(d) for d in shape) for shape, _ in specs]
         self._dtypes = [np.dtype(tf.as_dtype(dtype).as_numpy_dtype) for _, dtype in specs]
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape in self._shapes]
-        self._groups: dict[np.dtype, list[int]] = {}
-        self._alone: list[int] = []
-        for i, (size, dtype) in enumerate(zip(sizes, self._dtypes, strict=True)):
-            if size * dtype.itemsize < SMALL_ARRAY_BYTES:
-                self._groups.setdefault(dtype, []).append(i)
-            else:
-                self._alone.append(i)
+        self._groups, self._alone = group_small(
+            [(size * dtype.itemsize, dtype) for size, dtype in zip(sizes, self._dtypes, strict=True)]
+        )
         self._sizes = sizes
 
     def signature(self) -> list[tf.TensorSpec]:

@@ -30,7 +30,7 @@ class EmbeddingTableInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ..., constraint: _Optional[str] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("version", "dense_parameters", "embedding_table_infos", "embedding_tables", "non_trainable_parameters", "constraints", "dense_layout")
+    __slots__ = ("version", "dense_parameters", "embedding_table_infos", "embedding_tables", "non_trainable_parameters", "constraints", "dense_layout", "packed_dense_parameters", "packed_non_trainable_parameters")
     class EmbeddingTablesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,8 @@ class Model(_message.Message):
     NON_TRAINABLE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
     DENSE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    PACKED_DENSE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_NON_TRAINABLE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     version: int
     dense_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     embedding_table_infos: _containers.RepeatedCompositeFieldContainer[EmbeddingTableInfo]
@@ -66,7 +68,9 @@ class Model(_message.Message):
     non_trainable_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     constraints: _containers.ScalarMap[str, str]
     dense_layout: _containers.ScalarMap[str, int]
-    def __init__(self, version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embedding_table_infos: _Optional[_Iterable[_Union[EmbeddingTableInfo, _Mapping]]] = ..., embedding_tables: _Optional[_Mapping[str, _tensor_pb2.IndexedSlices]] = ..., non_trainable_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., constraints: _Optional[_Mapping[str, str]] = ..., dense_layout: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    packed_dense_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.PackedTensors]
+    packed_non_trainable_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.PackedTensors]
+    def __init__(self, version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embedding_table_infos: _Optional[_Iterable[_Union[EmbeddingTableInfo, _Mapping]]] = ..., embedding_tables: _Optional[_Mapping[str, _tensor_pb2.IndexedSlices]] = ..., non_trainable_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., constraints: _Optional[_Mapping[str, str]] = ..., dense_layout: _Optional[_Mapping[str, int]] = ..., packed_dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.PackedTensors, _Mapping]]] = ..., packed_non_trainable_parameters: _Optional[_Iterable[_Union[_tensor_pb2.PackedTensors, _Mapping]]] = ...) -> None: ...
 
 class PushModelResponse(_message.Message):
     __slots__ = ("accepted", "version")
@@ -85,18 +89,20 @@ class PullDenseParametersRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., finalized: _Optional[bool] = ...) -> None: ...
 
 class PullDenseParametersResponse(_message.Message):
-    __slots__ = ("initialized", "version", "dense_parameters", "synced_step", "synchronous")
+    __slots__ = ("initialized", "version", "dense_parameters", "synced_step", "synchronous", "packed_parameters")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DENSE_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     SYNCED_STEP_FIELD_NUMBER: _ClassVar[int]
     SYNCHRONOUS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     version: int
     dense_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     synced_step: int
     synchronous: bool
-    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., synced_step: _Optional[int] = ..., synchronous: _Optional[bool] = ...) -> None: ...
+    packed_parameters: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.PackedTensors]
+    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., dense_parameters: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., synced_step: _Optional[int] = ..., synchronous: _Optional[bool] = ..., packed_parameters: _Optional[_Iterable[_Union[_tensor_pb2.PackedTensors, _Mapping]]] = ...) -> None: ...
 
 class PullEmbeddingVectorsRequest(_message.Message):
     __slots__ = ("name", "ids")

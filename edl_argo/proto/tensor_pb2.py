@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64l_argo/proto/tensor.proto\x12\x08\x65\x64l_argo\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\"P\n\rIndexedSlices\x12 \n\x06values\x18\x01 \x01(\x0b\x32\x10.edl_argo.Tensor\x12\x1d\n\x03ids\x18\x02 \x01(\x0b\x32\x10.edl_argo.Tensor\"\x07\n\x05\x45mptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64l_argo/proto/tensor.proto\x12\x08\x65\x64l_argo\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\"X\n\rPackedTensors\x12\x1e\n\x04\x64\x61ta\x18\x01 \x01(\x0b\x32\x10.edl_argo.Tensor\x12\'\n\x07members\x18\x02 \x03(\x0b\x32\x16.edl_argo.PackedMember\"+\n\x0cPackedMember\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\"P\n\rIndexedSlices\x12 \n\x06values\x18\x01 \x01(\x0b\x32\x10.edl_argo.Tensor\x12\x1d\n\x03ids\x18\x02 \x01(\x0b\x32\x10.edl_argo.Tensor\"\x07\n\x05\x45mptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TENSOR']._serialized_start=41
   _globals['_TENSOR']._serialized_end=110
-  _globals['_INDEXEDSLICES']._serialized_start=112
-  _globals['_INDEXEDSLICES']._serialized_end=192
-  _globals['_EMPTY']._serialized_start=194
-  _globals['_EMPTY']._serialized_end=201
+  _globals['_PACKEDTENSORS']._serialized_start=112
+  _globals['_PACKEDTENSORS']._serialized_end=200
+  _globals['_PACKEDMEMBER']._serialized_start=202
+  _globals['_PACKEDMEMBER']._serialized_end=245
+  _globals['_INDEXEDSLICES']._serialized_start=247
+  _globals['_INDEXEDSLICES']._serialized_end=327
+  _globals['_EMPTY']._serialized_start=329
+  _globals['_EMPTY']._serialized_end=336
 # @@protoc_insertion_point(module_scope)

@@ -18,6 +18,22 @@ class Tensor(_message.Message):
     content: bytes
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., content: _Optional[bytes] = ...) -> None: ...
 
+class PackedTensors(_message.Message):
+    __slots__ = ("data", "members")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    data: Tensor
+    members: _containers.RepeatedCompositeFieldContainer[PackedMember]
+    def __init__(self, data: _Optional[_Union[Tensor, _Mapping]] = ..., members: _Optional[_Iterable[_Union[PackedMember, _Mapping]]] = ...) -> None: ...
+
+class PackedMember(_message.Message):
+    __slots__ = ("name", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class IndexedSlices(_message.Message):
     __slots__ = ("values", "ids")
     VALUES_FIELD_NUMBER: _ClassVar[int]

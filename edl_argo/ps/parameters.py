@@ -28,7 +28,8 @@ from edl_argo.ps.errors import InvalidRequestError, NotInitializedError
 from edl_argo.ps.optimizer import DenseOptimizer, LearningRateScaleError, SparseOptimizer
 from edl_argo.ps.partition import DensePlacement, embedding_owner
 from edl_argo.ps.pushed import NamedArrays, PushedModel
-from edl_argo.rpc.tensors import from_indexed_slices, from_tensor
+from edl_argo.rpc.packed import read_all
+from edl_argo.rpc.tensors import from_indexed_slices
 
 
 @dataclass
@@ -145,21 +146,19 @@ class Parameters:
                 "tables start empty and rows are created on first pull"
             )
         dense: dict[str, np.ndarray] = {}
-        for tensor in model.dense_parameters:
-            value = from_tensor(tensor)
-            self._check_dense_name(tensor.name, dense)
+        for name, value in read_all(model.dense_parameters, model.packed_dense_parameters):
+            self._check_dense_name(name, dense)
             if value.dtype.name not in FLOAT_DTYPES:
-                raise InvalidRequestError(f"dense variable {tensor.name!r}: dtype {value.dtype} is not float")
-            dense[tensor.name] = value
+                raise InvalidRequestError(f"dense variable {name!r}: dtype {value.dtype} is not float")
+            dense[name] = value
         non_trainable: dict[str, np.ndarray] = {}
-        for tensor in model.non_trainable_parameters:
-            value = from_tensor(tensor)
-            self._check_dense_name(tensor.name, [*dense, *non_trainable])
+        for name, value in read_all(model.non_trainable_parameters, model.packed_non_trainable_parameters):
+            self._check_dense_name(name, [*dense, *non_trainable])
             if value.dtype.name not in FLOAT_DTYPES:
                 raise InvalidRequestError(
-                    f"non-trainable variable {tensor.name!r}: dtype {value.dtype} is not float"
+                    f"non-trainable variable {name!r}: dtype {value.dtype} is not float"
                 )
-            non_trainable[tensor.name] = np.array(value)
+            non_trainable[name] = np.array(value)
         held = {**dense, **non_trainable}
         layout = self._layout_or_own(dict(model.dense_layout), held)
         problem = self._share_problem(layout, held)

@@ -2,8 +2,9 @@
 
 A push's gradients are most of its bytes. Parsed as a protobuf message, each tensor's bytes would be
 copied twice more (into the message, then out of it into an array); :meth:`PushedGradients.parse` instead
-reads the ``Tensor`` fields from the chunks the push came in (:mod:`edl_argo.rpc.rope`), each copied once
-into an aligned array that TensorFlow takes without a copy, and leaves only the small fields to protobuf.
+reads the ``Tensor`` and ``PackedTensors`` fields (:mod:`edl_argo.rpc.packed`) from the chunks the push
+came in (:mod:`edl_argo.rpc.rope`), each copied once into an aligned array that TensorFlow takes without a
+copy, and leaves only the small fields to protobuf.
 A push that arrives as a message (the unary ``PushGradients``) is read the same way
 (:meth:`PushedGradients.of_message`), so the servicer has one path for both transports.
 """
@@ -13,19 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from edl_argo.proto import ps_pb2, tensor_pb2
 from edl_argo.rpc import ps_layout
-from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope
-from edl_argo.rpc.tensors import from_tensor
+from edl_argo.rpc.packed import NamedArrays, read_all, read_packed_rope
+from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope, split_rope_fields
 from edl_argo.rpc.wire import read_tensor, split_field
-
-#: ``(name, array)`` of each tensor, in the order they came.
-NamedArrays = Sequence[tuple[str, np.ndarray]]
 
 _DENSE = ps_layout.MODEL_FIELDS["dense_parameters"]
 _NON_TRAINABLE = ps_layout.MODEL_FIELDS["non_trainable_parameters"]
+_PACKED_DENSE = ps_layout.MODEL_FIELDS["packed_dense_parameters"]
+_PACKED_NON_TRAINABLE = ps_layout.MODEL_FIELDS["packed_non_trainable_parameters"]
 
 
 @dataclass(frozen=True)
@@ -42,22 +40,26 @@ class PushedModel:
         """Read a serialized ``Model`` (``WireError``, ``TensorDecodeError`` or protobuf's ``DecodeError``
         for bytes that are not one): the dense gradients copied once from the chunks into arrays of their
         own (:func:`~edl_argo.rpc.rope.read_tensor_rope`), the rest (a few small tensors) viewed."""
-        rest, dense = split_rope(data, _DENSE)
+        rest, large = split_rope_fields(data, (_DENSE, _PACKED_DENSE, _PACKED_NON_TRAINABLE))
         rest, non_trainable = split_field(rest, _NON_TRAINABLE)
         small = ps_pb2.Model.FromString(rest)
         return cls(
-            [read_tensor_rope(t) for t in dense],
-            [read_tensor(t) for t in non_trainable],
+            [*_unpacked(large[_PACKED_DENSE]), *(read_tensor_rope(t) for t in large[_DENSE])],
+            [*_unpacked(large[_PACKED_NON_TRAINABLE]), *(read_tensor(t) for t in non_trainable)],
             small.embedding_tables,
         )
 
     @classmethod
     def of_message(cls, model: ps_pb2.Model) -> PushedModel:
         return cls(
-            [(t.name, from_tensor(t)) for t in model.dense_parameters],
-            [(t.name, from_tensor(t)) for t in model.non_trainable_parameters],
+            read_all(model.dense_parameters, model.packed_dense_parameters),
+            read_all(model.non_trainable_parameters, model.packed_non_trainable_parameters),
             model.embedding_tables,
         )
+
+
+def _unpacked(groups: Sequence[Rope]) -> NamedArrays:
+    return [pair for group in groups for pair in read_packed_rope(group)]
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ from edl_argo.ps.push_memory import PushMemory, PushOutcome
 from edl_argo.ps.pushed import PushedGradients, PushedModel
 from edl_argo.rpc import ps_layout
 from edl_argo.rpc.channel import reject_request
+from edl_argo.rpc.packed import encode_named
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor, from_tensor, to_indexed_slices, to_tensor
 from edl_argo.rpc.wire import Encoding
 
@@ -315,7 +316,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
         The answer carrying every parameter is encoded once per version and cached: a push's reply and
         every pull of that version send it. Its tensors are views of the values the last update returned,
-        which never change (:meth:`Parameters.pull_dense`): their bytes are copied once, into each reply.
+        which never change (:meth:`Parameters.pull_dense`): their bytes are copied once, into each reply; the
+        small ones packed by dtype (:mod:`edl_argo.rpc.packed`), copied once more, into the packed buffer.
         """
         version = self.parameters.version
         fields = ps_pb2.PullDenseParametersResponse(initialized=True, version=version, **self._pull_status())
@@ -323,9 +325,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return Encoding(fields)
         cache = self._dense_cache
         if cache is None or cache[0] != version:
-            answer = Encoding(fields)
-            for name, value in self.parameters.pull_dense(since_version=-1) or []:
-                answer.tensor(ps_layout.ANSWER_PARAMETERS, value, name)
+            values = dict(self.parameters.pull_dense(since_version=-1) or [])
+            answer = encode_named(
+                Encoding(fields), ps_layout.ANSWER_PARAMETERS, ps_layout.ANSWER_PACKED, values
+            )
             # synced_step changes only when the version does: the cache stays right for its version.
             self._dense_cache = cache = (version, answer)
         return cache[1]

@@ -10,6 +10,8 @@ from edl_argo.proto import ps_pb2
 
 #: ``PullDenseParametersResponse.dense_parameters``: the dense parameters of a pull's answer.
 ANSWER_PARAMETERS = ps_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
+#: ``PullDenseParametersResponse.packed_parameters``: the small dense parameters of a pull's answer, packed.
+ANSWER_PACKED = ps_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["packed_parameters"].number
 #: ``PushGradientsResponse.parameters``: the pull answer a push's reply carries.
 REPLY_PARAMETERS = ps_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["parameters"].number
 #: ``PushGradientsRequest.gradients``: the ``Model`` a push carries.

@@ -138,8 +138,15 @@ def merged(occurrences: Sequence[Rope]) -> Rope:
 def split_rope(rope: Rope, field_number: int) -> tuple[bytes, list[Rope]]:
     """The message ``rope`` holds without its length-delimited field ``field_number`` (for protobuf to
     parse), and that field's occurrences in order; reads all of ``rope``."""
+    rest, taken = split_rope_fields(rope, (field_number,))
+    return rest, taken[field_number]
+
+
+def split_rope_fields(rope: Rope, field_numbers: Sequence[int]) -> tuple[bytes, dict[int, list[Rope]]]:
+    """:func:`split_rope` of several length-delimited fields at once: the rest, and the occurrences of each
+    field by its number (every number a key)."""
     rest: list[bytes | memoryview] = []
-    taken: list[Rope] = []
+    taken: dict[int, list[Rope]] = {number: [] for number in field_numbers}
     while rope.remaining:
         key = rope.varint()
         head = varint_bytes(key)
@@ -150,8 +157,8 @@ def split_rope(rope: Rope, field_number: int) -> tuple[bytes, list[Rope]]:
             rest += [head, rope.take(8 if wire_type == FIXED64 else 4)]
         elif wire_type == LENGTH_DELIMITED:
             size = rope.varint()
-            if key >> 3 == field_number:
-                taken.append(rope.split(size))
+            if key >> 3 in taken:
+                taken[key >> 3].append(rope.split(size))
             else:
                 rest += [head, varint_bytes(size), rope.take(size)]
         else:

@@ -64,18 +64,8 @@ def tensor_array(
 ) -> np.ndarray:
     """The read-only array of a tensor message's fields, viewing ``content`` (no copy); see
     :func:`from_tensor`."""
-    if dtype_name not in ALLOWED_DTYPES:
-        raise TensorDecodeError(f"tensor {name!r}: unsupported dtype {dtype_name!r}")
-    dtype = np.dtype(dtype_name).newbyteorder("<")
-    if len(shape) > MAX_DIMENSIONS:
-        raise TensorDecodeError(f"tensor {name!r}: {len(shape)} dimensions, at most {MAX_DIMENSIONS}")
-    if any(d < 0 for d in shape):
-        raise TensorDecodeError(f"tensor {name!r}: negative dimension in shape {shape}")
-    # Python ints: a hostile shape cannot overflow them. Zero dimensions left out: numpy refuses to
-    # reshape into (0, 2**62, 2**62) as well.
-    if math.prod(d for d in shape if d) * dtype.itemsize > 2**63 - 1:
-        raise TensorDecodeError(f"tensor {name!r}: the size of shape {shape} overflows int64")
-    expected = math.prod(shape) * dtype.itemsize
+    dtype = wire_dtype(name, dtype_name)
+    expected = element_count(name, shape, dtype.itemsize) * dtype.itemsize
     if expected != len(content):
         raise TensorDecodeError(
             f"tensor {name!r}: shape {shape} of {dtype_name} needs {expected} bytes, got {len(content)}"
@@ -83,6 +73,28 @@ def tensor_array(
     array = np.frombuffer(content, dtype=dtype).reshape(shape)
     array.flags.writeable = False
     return array
+
+
+def wire_dtype(name: str, dtype_name: str) -> np.dtype:
+    """The little-endian dtype a tensor message names; :class:`TensorDecodeError` for one that may not
+    travel (``name``: the tensor's, for the error)."""
+    if dtype_name not in ALLOWED_DTYPES:
+        raise TensorDecodeError(f"tensor {name!r}: unsupported dtype {dtype_name!r}")
+    return np.dtype(dtype_name).newbyteorder("<")
+
+
+def element_count(name: str, shape: tuple[int, ...], itemsize: int) -> int:
+    """The number of elements of a tensor message's ``shape``; :class:`TensorDecodeError` when the shape
+    is not one an array of ``itemsize``-byte elements can have."""
+    if len(shape) > MAX_DIMENSIONS:
+        raise TensorDecodeError(f"tensor {name!r}: {len(shape)} dimensions, at most {MAX_DIMENSIONS}")
+    if any(d < 0 for d in shape):
+        raise TensorDecodeError(f"tensor {name!r}: negative dimension in shape {shape}")
+    # Python ints: a hostile shape cannot overflow them. Zero dimensions left out: numpy refuses to
+    # reshape into (0, 2**62, 2**62) as well.
+    if math.prod(d for d in shape if d) * itemsize > 2**63 - 1:
+        raise TensorDecodeError(f"tensor {name!r}: the size of shape {shape} overflows int64")
+    return math.prod(shape)
 
 
 def to_indexed_slices(values: np.ndarray, ids: np.ndarray, name: str = "") -> tensor_pb2.IndexedSlices:

@@ -40,8 +40,9 @@ from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential, credential_from_env
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.chunked import ChunkedCall, PendingCall
+from edl_argo.rpc.packed import encode_named, read_packed_rope
 from edl_argo.rpc.ps_layout import TENSOR_PORT_METHODS
-from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope
+from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope, split_rope_fields
 from edl_argo.rpc.tensor_port import PendingTensorCall, TensorCall, TensorPort
 from edl_argo.rpc.tensors import from_indexed_slices, from_tensor, to_tensor
 from edl_argo.rpc.tls import TlsFiles
@@ -98,9 +99,11 @@ class DenseAnswer:
     @classmethod
     def parse(cls, data: Rope) -> DenseAnswer:
         """Decode a serialized ``PullDenseParametersResponse``, its tensors copied once from the chunks."""
-        rest, tensors = split_rope(data, ps_layout.ANSWER_PARAMETERS)
+        rest, large = split_rope_fields(data, (ps_layout.ANSWER_PARAMETERS, ps_layout.ANSWER_PACKED))
         fields = ps_pb2.PullDenseParametersResponse.FromString(rest)
-        values = dict(read_tensor_rope(tensor) for tensor in tensors)
+        values = dict(read_tensor_rope(tensor) for tensor in large[ps_layout.ANSWER_PARAMETERS])
+        for packed in large[ps_layout.ANSWER_PACKED]:
+            values.update(read_packed_rope(packed))
         return cls(fields.initialized, fields.version, fields.synced_step, fields.synchronous, values)
 
 
@@ -131,12 +134,15 @@ def push_request(
     """The encoded ``PushGradientsRequest`` of ``fields`` (everything but the gradients) whose
     ``gradients`` (of version ``fields.version``) hold the ``dense`` gradients, the changes of non-trainable
     variables (``state_changes``) and, per table, ``(row_gradients, ids)``: each tensor's bytes copied once
-    (:mod:`edl_argo.rpc.wire`)."""
+    (:mod:`edl_argo.rpc.wire`), the small dense ones packed by dtype (:mod:`edl_argo.rpc.packed`)."""
     model = Encoding(ps_pb2.Model(version=fields.version))
-    for name, gradient in dense.items():
-        model.tensor(ps_layout.MODEL_FIELDS["dense_parameters"], gradient, name)
-    for name, value in state_changes.items():
-        model.tensor(ps_layout.MODEL_FIELDS["non_trainable_parameters"], value, name)
+    for tensor_field, packed_field, arrays in (
+        ("dense_parameters", "packed_dense_parameters", dense),
+        ("non_trainable_parameters", "packed_non_trainable_parameters", state_changes),
+    ):
+        encode_named(
+            model, ps_layout.MODEL_FIELDS[tensor_field], ps_layout.MODEL_FIELDS[packed_field], arrays
+        )
     for table, (values, ids) in sparse.items():
         slices = Encoding().tensor(1, values, table).tensor(2, np.asarray(ids, dtype=np.int64), table)
         model.message(
