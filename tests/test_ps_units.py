@@ -230,29 +230,58 @@ def test_schedules_cannot_be_scaled_and_factored_optimizers_are_refused() -> Non
         check_optimizer_factory(lambda: "sgd", scale_learning_rate=False)  # type: ignore[arg-type,return-value]
 
 
-def test_dense_optimizer_equals_keras_and_accepts_subsets() -> None:
+@pytest.mark.parametrize(
+    "factory",
+    [
+        OPTIMIZERS["adam"],
+        OPTIMIZERS["momentum"],
+        OPTIMIZERS["adagrad"],
+        lambda: keras.optimizers.Adam(0.01, use_ema=True, ema_overwrite_frequency=2),  # nothing packed
+        lambda: keras.optimizers.Adam(0.01, clipnorm=1.0),  # not elementwise: nothing packed
+    ],
+    ids=["adam", "momentum", "adagrad", "adam-ema", "adam-clipnorm"],
+)
+def test_dense_optimizer_equals_keras_variable_by_variable_and_accepts_subsets(
+    factory: Callable[[], keras.optimizers.Optimizer],
+) -> None:
+    """Small float32 variables are held as one flat variable; a step over some of them leaves the others,
+    and their slots, exactly as Keras leaves variables out of ``apply_gradients``."""
     rng = np.random.default_rng(2)
-    initial = {"a": rng.normal(size=(3, 2)).astype(np.float32), "b": rng.normal(size=(2,)).astype(np.float32)}
-    variables = {name: tf.Variable(value) for name, value in initial.items()}
-    dense = DenseOptimizer(OPTIMIZERS["adam"], variables)  # XLA-compiled
-    reference = {name: tf.Variable(value) for name, value in initial.items()}
-    ref_optimizer = OPTIMIZERS["adam"]()
+    initial = {
+        "a": rng.normal(size=(3, 2)).astype(np.float32),
+        "b": rng.normal(size=(2,)).astype(np.float32),
+        "c": rng.normal(size=(4, 1, 2)).astype(np.float32),
+        "nonneg": np.abs(rng.normal(size=(3,))).astype(np.float32),  # constrained: alone
+        "double": rng.normal(size=(2,)),  # the only float64: alone
+        "big": rng.normal(size=(70_000,)).astype(np.float32),  # past SMALL_ARRAY_BYTES: alone
+    }
+    constraints = {"nonneg": keras.constraints.NonNeg()}
+    dense = DenseOptimizer(factory, initial, constraints)  # XLA-compiled
+    built = factory()
+    packs = not built.clipnorm and not built.use_ema  # elementwise, and nothing moves what a step leaves out
+    assert dense.packed == ([("a", "b", "c")] if packs else [])
+    reference = {
+        name: tf.Variable(value, constraint=constraints.get(name)) for name, value in initial.items()
+    }
+    ref_optimizer = factory()
     ref_optimizer.build(list(reference.values()))
-    for names in (("a", "b"), ("a",), ("a", "b")):
-        grads = {n: rng.normal(size=initial[n].shape).astype(np.float32) for n in names}
+    steps = [tuple(initial), ("a",), ("b", "big", "nonneg"), ("a", "c", "double"), tuple(initial)]
+    for names in steps:
+        grads = {n: (rng.normal(size=np.shape(initial[n])) * 3).astype(initial[n].dtype) for n in names}
         after = dense.apply(grads)
         ref_optimizer.apply_gradients([(tf.constant(grads[n]), reference[n]) for n in names])
+        current = dense.values()
         for name in initial:
-            np.testing.assert_allclose(variables[name].numpy(), reference[name].numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(current[name], reference[name].numpy(), rtol=1e-5, atol=1e-6)
+            assert current[name].dtype == initial[name].dtype
         # The step returns every variable's new value, those it did not touch too, read-only.
         assert after is not None and sorted(after) == sorted(initial)
         for name, value in after.items():
-            assert np.array_equal(value, variables[name].numpy()) and not value.flags.writeable
-    state = dense.get_state()
-    assert [s.shape for s in state] == [tuple(v.shape) for v in ref_optimizer.variables]
-    np.testing.assert_allclose(
-        np.concatenate([s.ravel() for s in state]).astype(np.float64),
-        np.concatenate([v.numpy().ravel() for v in ref_optimizer.variables]).astype(np.float64),
-        rtol=1e-5,
-        atol=1e-6,
-    )
+            assert np.array_equal(value, current[name]) and not value.flags.writeable
+    assert dense.values()["nonneg"].min() >= 0.0
+    assert int(dense.optimizer.iterations.numpy()) == int(ref_optimizer.iterations.numpy()) == len(steps)
+    finalized, reference_values = dense.finalized_values(), {n: v.numpy() for n, v in reference.items()}
+    ref_optimizer.finalize_variable_values(list(reference.values()))
+    for name in initial:
+        np.testing.assert_allclose(finalized[name], reference[name].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dense.values()[name], reference_values[name], rtol=1e-5, atol=1e-6)

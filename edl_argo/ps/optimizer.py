@@ -3,7 +3,8 @@
 No update rule is re-implemented here: every update is computed by ``apply_gradients`` of a Keras optimizer
 built from the model definition's ``optimizer()``.
 
-* :class:`DenseOptimizer`: one optimizer instance over the server's dense ``tf.Variable``\\ s.
+* :class:`DenseOptimizer`: one optimizer instance over the server's dense variables, which it holds (the
+  small ones packed into one flat variable per dtype when the update is elementwise).
 * :class:`SparseOptimizer`: one optimizer instance per group of embedding tables of one row width. Keras 3
   turns an ``IndexedSlices`` gradient into an update of the whole table (and of every slot), so instead the
   optimizer is built on a fixed-size *staging* variable. For each push, the touched rows and their slot rows
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import keras
 import numpy as np
@@ -43,8 +45,14 @@ import tensorflow as tf
 
 from edl_argo.errors import ConfigError
 from edl_argo.log import get_logger
-from edl_argo.model.optimizer import OptimizerFactory, has_float_learning_rate, new_optimizer
+from edl_argo.model.optimizer import (
+    OptimizerFactory,
+    has_float_learning_rate,
+    new_optimizer,
+    updates_elementwise,
+)
 from edl_argo.ps.embedding_table import EmbeddingTable
+from edl_argo.rpc.packed import group_small
 from edl_argo.rpc.rope import as_tf_tensor
 
 log = get_logger(__name__)
@@ -134,19 +142,93 @@ def _load_state(variables: Sequence[keras.Variable], values: Sequence[np.ndarray
         variable.assign(value)
 
 
+@dataclass(frozen=True)
+class _PackedGroup:
+    """Small variables of one dtype held as one flat variable: member ``names[i]`` of ``shapes[i]`` is
+    elements ``bounds[i]:bounds[i + 1]`` of ``variable``."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    bounds: tuple[int, ...]
+    variable: tf.Variable
+
+    def mask(self, present: frozenset[str]) -> np.ndarray | None:
+        """The elements of the members named in ``present``; None when that is all of them."""
+        if present.issuperset(self.names):
+            return None
+        mask = np.zeros(self.bounds[-1], dtype=bool)
+        for i, name in enumerate(self.names):
+            if name in present:
+                mask[self.bounds[i] : self.bounds[i + 1]] = True
+        return mask
+
+
 class DenseOptimizer(_KerasOptimizer):
-    """One Keras optimizer over a fixed set of named dense variables. Not thread-safe."""
+    """One Keras optimizer over a fixed set of named dense variables, which it holds. Not thread-safe.
+
+    When the optimizer updates elementwise (:func:`~edl_argo.model.optimizer.updates_elementwise`, the rule
+    that lets a big variable be cut into pieces across PS) and keeps no EMA averages or gradient
+    accumulators (:func:`_packs`), the small variables of each dtype that have no
+    constraint are held as one flat variable (:func:`~edl_argo.rpc.packed.group_small`): updating it is
+    updating each of them. An XLA-compiled Adam over a Transformer's 37 variables took 1.4 ms per call and
+    0.9 s to compile, over one flat variable 0.45 ms and 0.1 s. A gradient that names only some members of
+    a group updates only those: the update runs over the whole flat variable, then every element of the
+    others, in the variable and in each optimizer variable of its shape (slots, EMA averages), is set back to
+    what it was, so that they end exactly as if they had been left out (``iterations`` counts the step either
+    way, as it does for variables left out of ``apply_gradients``). The optimizer's state
+    (:meth:`get_state`) follows this storage.
+    """
 
     def __init__(
-        self, factory: OptimizerFactory, variables: Mapping[str, tf.Variable], jit_compile: bool = True
+        self,
+        factory: OptimizerFactory,
+        values: Mapping[str, np.ndarray],
+        constraints: Mapping[str, keras.constraints.Constraint] | None = None,
+        jit_compile: bool = True,
     ) -> None:
-        """``jit_compile``: compile the update with XLA (about 1.5x faster for a CNN's Adam update, ~2 s of
-        compilation per distinct set of variables); falls back to a plain graph if XLA rejects it."""
+        """``values``: each variable's initial value by name; ``constraints``: the constraint of those that
+        have one (applied after every update, as Keras does). ``jit_compile``: compile the update with XLA
+        (falls back to a plain graph if XLA rejects it)."""
         super().__init__(factory)
-        self._variables = dict(variables)
+        constraints = dict(constraints or {})
+        self.specs = {name: (np.dtype(v.dtype).name, tuple(np.shape(v))) for name, v in values.items()}
+        packable = [n for n in values if n not in constraints] if _packs(self.optimizer) else []
+        groups, _ = group_small(
+            [(np.asarray(values[n]).nbytes, np.asarray(values[n]).dtype) for n in packable]
+        )
+        self._groups: list[_PackedGroup] = []
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            names = tuple(packable[i] for i in members)
+            sizes = [int(np.asarray(values[n]).size) for n in names]
+            self._groups.append(
+                _PackedGroup(
+                    names,
+                    tuple(self.specs[n][1] for n in names),
+                    tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist()),
+                    tf.Variable(
+                        np.concatenate([np.asarray(values[n]).reshape(-1) for n in names]),
+                        name=f"packed_{len(self._groups)}",
+                    ),
+                )
+            )
+        packed = {name for group in self._groups for name in group.names}
+        self._alone = {
+            name: tf.Variable(value, name=_variable_name(name), constraint=constraints.get(name))
+            for name, value in values.items()
+            if name not in packed
+        }
+        self._group_of = {name: group for group in self._groups for name in group.names}
+        self._storage = [*(g.variable for g in self._groups), *self._alone.values()]
         self._jit_compile = jit_compile
-        self.optimizer.build(list(self._variables.values()))
+        self.optimizer.build(self._storage)
         self._steps: dict[tuple[str, ...], Callable[..., list[tf.Tensor]]] = {}
+
+    @property
+    def packed(self) -> list[tuple[str, ...]]:
+        """The names of the variables held together, one tuple per flat variable."""
+        return [group.names for group in self._groups]
 
     def apply(
         self, gradients: Mapping[str, np.ndarray], lr_scale: float = 1.0
@@ -162,9 +244,13 @@ class DenseOptimizer(_KerasOptimizer):
         if not gradients:
             return None
         names = tuple(sorted(gradients))
+        present = frozenset(names)
         grads = [
-            as_tf_tensor(np.asarray(gradients[n], dtype=self._variables[n].dtype.as_numpy_dtype))
-            for n in names
+            as_tf_tensor(self._packed_gradient(group, gradients))
+            for group in self._groups
+            if not present.isdisjoint(group.names)
+        ] + [
+            as_tf_tensor(np.asarray(gradients[n], dtype=self.specs[n][0])) for n in names if n in self._alone
         ]
         with self._scaled_learning_rate(lr_scale):
             try:
@@ -177,24 +263,69 @@ class DenseOptimizer(_KerasOptimizer):
                 self._jit_compile = False
                 self._steps.clear()
                 values = self._step(names)(*grads)
-        return {name: _read_only(value) for name, value in zip(self._variables, values, strict=True)}
+        return self._named([_read_only(value) for value in values])
+
+    def values(self) -> dict[str, np.ndarray]:
+        """A copy of every variable's current value, by name."""
+        return self._named([np.array(v.numpy()) for v in self._storage])
+
+    def _named(self, storage_values: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """Every variable's value by name (views) from the values of :attr:`_storage`, in order."""
+        named: dict[str, np.ndarray] = {}
+        for group, flat in zip(self._groups, storage_values, strict=False):
+            for i, name in enumerate(group.names):
+                named[name] = flat[group.bounds[i] : group.bounds[i + 1]].reshape(group.shapes[i])
+        named.update(zip(self._alone, storage_values[len(self._groups) :], strict=True))
+        return {name: named[name] for name in self.specs}
+
+    def _packed_gradient(self, group: _PackedGroup, gradients: Mapping[str, np.ndarray]) -> np.ndarray:
+        """A group's gradient as one flat array; zeros for members without one (set back after the update)."""
+        flat = np.zeros(group.bounds[-1], dtype=self.specs[group.names[0]][0])
+        for i, name in enumerate(group.names):
+            if name in gradients:
+                flat[group.bounds[i] : group.bounds[i + 1]] = np.asarray(gradients[name]).reshape(-1)
+        return flat
 
     def _step(self, names: tuple[str, ...]) -> Callable[..., list[tf.Tensor]]:
         """The compiled step for gradients of ``names``: a concrete function (no per-call dispatch on its
-        arguments) that applies them and returns every variable's new value."""
+        arguments) that applies them and returns every variable of :attr:`_storage`'s new value."""
         step = self._steps.get(names)
         if step is None:
-            optimizer, variables = self.optimizer, [self._variables[n] for n in names]
-            every_variable = list(self._variables.values())
+            present = frozenset(names)
+            touched = [g for g in self._groups if not present.isdisjoint(g.names)]
+            variables = [g.variable for g in touched] + [self._alone[n] for n in names if n in self._alone]
+            # Members without a gradient: their elements, in the flat variable and in each optimizer
+            # variable of its shape and dtype, are set back after the update.
+            kept = [
+                (tf.constant(mask), [group.variable, *self._state_like(group.variable)])
+                for group in touched
+                for mask in [group.mask(present)]
+                if mask is not None
+            ]
+            optimizer, storage = self.optimizer, self._storage
 
             @tf.function(jit_compile=self._jit_compile)
             def apply_and_read(*grads: tf.Tensor) -> list[tf.Tensor]:
+                before = [[tf.convert_to_tensor(v) for v in held] for _, held in kept]
                 optimizer.apply_gradients(zip(grads, variables, strict=True))
-                return [v.read_value() for v in every_variable]
+                for (mask, held), old in zip(kept, before, strict=True):
+                    for variable, value in zip(held, old, strict=True):
+                        variable.assign(tf.where(mask, tf.convert_to_tensor(variable), value))
+                return [v.read_value() for v in storage]
 
             step = apply_and_read.get_concrete_function(*(tf.TensorSpec(v.shape, v.dtype) for v in variables))
             self._steps[names] = step
         return step
+
+    def _state_like(self, variable: tf.Variable) -> list[keras.Variable]:
+        """The optimizer's variables of ``variable``'s shape and dtype: its slots and EMA average. Only one
+        flat variable has a given dtype, and the optimizer's other variables are scalars
+        (:func:`~edl_argo.model.optimizer.updates_elementwise`)."""
+        return [
+            v
+            for v in self.optimizer.variables
+            if tuple(v.shape) == tuple(variable.shape) and v.dtype == variable.dtype.name
+        ]
 
     def get_state(self) -> list[np.ndarray]:
         """Copies of every optimizer variable (iterations, learning rate, slots, EMA averages) in a stable
@@ -204,11 +335,10 @@ class DenseOptimizer(_KerasOptimizer):
     def finalized_values(self) -> dict[str, np.ndarray]:
         """The variables' values as ``fit`` ends with them: after the optimizer's
         ``finalize_variable_values`` (EMA averages with ``use_ema``). The variables do not change."""
-        variables = list(self._variables.values())
-        current = [np.array(v.numpy()) for v in variables]
-        self.optimizer.finalize_variable_values(variables)
-        finalized = {name: np.array(v.numpy()) for name, v in self._variables.items()}
-        for variable, value in zip(variables, current, strict=True):
+        current = [np.array(v.numpy()) for v in self._storage]
+        self.optimizer.finalize_variable_values(self._storage)
+        finalized = self.values()
+        for variable, value in zip(self._storage, current, strict=True):
             variable.assign(value)
         return finalized
 
@@ -378,6 +508,20 @@ class SparseOptimizer(_KerasOptimizer):
             return tf.identity(staging), [tf.convert_to_tensor(v) for v in slot_vars]
 
         self._step = step
+
+
+def _packs(optimizer: keras.optimizers.Optimizer) -> bool:
+    """Whether :class:`DenseOptimizer` may hold ``optimizer``'s small variables as one: an elementwise update,
+    and no state Keras changes for variables a step leaves out (EMA averages move toward every variable's
+    value, and gradient accumulators are all reset, at each step)."""
+    return (
+        updates_elementwise(optimizer) and not optimizer.use_ema and not optimizer.gradient_accumulation_steps
+    )
+
+
+def _variable_name(name: str) -> str:
+    """A TensorFlow-safe variable name (for debugging only; the dictionary key is the real name)."""
+    return "".join(c if c.isalnum() or c in "_." else "_" for c in name) or "v"
 
 
 def _slot_names(slot_vars: Sequence[keras.Variable]) -> list[str]:

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import tensorflow as tf
 
 from edl_argo.errors import ConfigError
 from edl_argo.model.inventory import load_constraint
@@ -230,7 +229,7 @@ class Parameters:
         self._require_initialized()
         return ParametersState(
             version=self.version,
-            dense={name: np.array(v.numpy()) for name, v in self.dense.items()},
+            dense=self.dense_values(),
             dense_optimizer=[] if self._dense_optimizer is None else self._dense_optimizer.get_state(),
             tables={
                 name: TableState(
@@ -268,7 +267,7 @@ class Parameters:
         elif self._latest_dense is not None and self._latest_dense[0] == self.version:
             trainable = self._latest_dense[1]  # what the last update read: no read of its own
         else:
-            trainable = {name: np.array(v.numpy()) for name, v in self.dense.items()}
+            trainable = self.dense_values()
         return [*trainable.items(), *((name, np.array(v)) for name, v in self.non_trainable.items())]
 
     def pull_embeddings(self, name: str, ids: np.ndarray) -> np.ndarray:
@@ -294,8 +293,7 @@ class Parameters:
         """
         self._require_initialized()
         gradients = Gradients()
-        dense = {name: (v.dtype.name, tuple(v.shape)) for name, v in self.dense.items()}
-        gradients.dense = _check_named(model.dense, dense, "gradient", "dense variable")
+        gradients.dense = _check_named(model.dense, self.dense, "gradient", "dense variable")
         state = {name: (v.dtype.name, v.shape) for name, v in self.non_trainable.items()}
         gradients.state_changes = _check_named(model.non_trainable, state, "change", "non-trainable variable")
         for name, slices in model.embedding_tables.items():
@@ -346,10 +344,16 @@ class Parameters:
 
     # -- helpers --------------------------------------------------------------------------------------
 
+    def dense_values(self) -> dict[str, np.ndarray]:
+        """A copy of every trainable dense variable's current value, by name."""
+        return {} if self._dense_optimizer is None else self._dense_optimizer.values()
+
     def _reset(self) -> None:
         self.version = 0
         self.initialized = False
-        self.dense: dict[str, tf.Variable] = {}
+        #: The trainable dense variables this server holds: dtype name and shape by name (the values are
+        #: the dense optimizer's).
+        self.dense: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.non_trainable: dict[str, np.ndarray] = {}
         self.constraints: dict[str, str] = {}
         self.layout: dict[str, int] = {}
@@ -368,15 +372,16 @@ class Parameters:
         layout: dict[str, int],
     ) -> None:
         # The Keras optimizer applies a variable's constraint after each update, as in fit.
-        variables = {
-            name: tf.Variable(
-                value,
-                name=_variable_name(name),
-                constraint=load_constraint(constraints[name]) if name in constraints else None,
+        dense_optimizer = (
+            DenseOptimizer(
+                self._factory,
+                dense,
+                {name: load_constraint(constraints[name]) for name in constraints},
+                self._jit_compile,
             )
-            for name, value in dense.items()
-        }
-        dense_optimizer = DenseOptimizer(self._factory, variables, self._jit_compile) if variables else None
+            if dense
+            else None
+        )
         groups: dict[tuple[int, str], list[EmbeddingTable]] = {}
         for table in tables.values():
             groups.setdefault((table.dim, np.dtype(table.dtype).name), []).append(table)
@@ -386,7 +391,8 @@ class Parameters:
             for optimizer in [SparseOptimizer(self._factory, members)]
             for table in members
         }
-        self.dense, self.tables = variables, tables
+        self.dense = {} if dense_optimizer is None else dict(dense_optimizer.specs)
+        self.tables = tables
         self.non_trainable = {name: np.array(value) for name, value in non_trainable.items()}
         self.constraints = dict(constraints)
         self.layout = dict(layout)
@@ -485,7 +491,3 @@ def _check_named(
         checked[name] = value
     return checked
 
-
-def _variable_name(name: str) -> str:
-    """A TensorFlow-safe variable name (for debugging only; the dictionary key is the real name)."""
-    return "".join(c if c.isalnum() or c in "_." else "_" for c in name) or "v"
