@@ -52,6 +52,8 @@ class ModelInventory:
     non_trainable: tuple[keras.Variable, ...]
     tables: tuple[EmbeddingTableSpec, ...]
     _batched: _BatchedInstall = field(default_factory=lambda: _BatchedInstall(), compare=False, repr=False)
+    #: What :meth:`assign` needs of each variable of :attr:`held_by_ps`, by path (built on its first call).
+    _targets: dict[str, _Target] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, model: keras.Model) -> ModelInventory:
@@ -86,38 +88,45 @@ class ModelInventory:
         """Load PS values into the model; a name the model lacks (or, when ``complete``, a variable the
         PS did not send) is a :class:`JobFailedError`. ``given``: the arrays are the caller's to give away
         (not read or changed afterwards): a variable may keep an array's memory instead of a copy."""
-        by_path = {v.path: v for v in self.held_by_ps}
-        unknown = set(values) - set(by_path)
+        if not self._targets:
+            self._targets.update((v.path, _Target.of(v)) for v in self.held_by_ps)
+        targets = self._targets
+        unknown = values.keys() - targets.keys()
         if unknown:
             raise JobFailedError(f"the PS holds variables this model lacks: {sorted(unknown)[:3]}")
-        missing = set(by_path) - set(values) if complete else set()
+        missing = targets.keys() - values.keys() if complete else set()
         if missing:
             raise JobFailedError(f"the PS lacks variables of this model: {sorted(missing)[:3]}")
         direct: list[tuple[str, tf.Tensor, np.ndarray]] = []
         for name, value in values.items():
-            variable = by_path[name]
-            handle = _resource_handle(variable, value)
-            if handle is None:
-                variable.assign(value)  # Keras converts and checks
+            target = targets[name]
+            if target.handle is not None and target.takes(value):
+                direct.append((name, target.handle, value))
             else:
-                direct.append((name, handle, value))
+                target.variable.assign(value)  # Keras converts and checks
         if direct:
             self._batched.assign(direct, given)
 
 
-def _resource_handle(variable: keras.Variable, value: np.ndarray) -> tf.Tensor | None:
-    """The handle of ``variable``'s resource when ``value`` can go straight to it (an array of the
-    variable's shape and dtype), None otherwise. Keras' ``assign`` converts and checks in Python: most of
-    a small model's install time."""
-    handle = getattr(variable.value, "handle", None)
-    if (
-        handle is not None
-        and isinstance(value, np.ndarray)
-        and value.dtype == np.dtype(variable.dtype)
-        and value.shape == tuple(variable.shape)
-    ):
-        return handle
-    return None
+@dataclass(frozen=True)
+class _Target:
+    """A variable :meth:`ModelInventory.assign` loads: its resource's handle (None when it has none), and
+    the dtype and shape of the arrays that can go straight to it. Keras's ``assign`` converts and checks in
+    Python, and so did reading these from the variable: most of a small model's install time."""
+
+    variable: keras.Variable
+    handle: tf.Tensor | None
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, variable: keras.Variable) -> _Target:
+        handle = getattr(variable.value, "handle", None)
+        return cls(variable, handle, np.dtype(variable.dtype), tuple(variable.shape))
+
+    def takes(self, value: object) -> bool:
+        """Whether ``value`` can go straight to the resource: an array of the variable's dtype and shape."""
+        return isinstance(value, np.ndarray) and value.dtype == self.dtype and value.shape == self.shape
 
 
 class _BatchedInstall:
