@@ -490,4 +490,3 @@ def _check_named(
             )
         checked[name] = value
     return checked
-
