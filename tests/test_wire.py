@@ -10,7 +10,15 @@ from google.protobuf.message import DecodeError
 
 from edl_argo.proto import ps_pb2, tensor_pb2
 from edl_argo.ps.pushed import PushedModel
-from edl_argo.rpc.rope import ALIGNMENT, Rope, aligned_empty, as_tf_tensor, read_tensor_rope
+from edl_argo.rpc import rope
+from edl_argo.rpc.rope import (
+    ALIGNMENT,
+    SMALL_TENSOR_BYTES,
+    Rope,
+    aligned_empty,
+    as_tf_tensor,
+    read_tensor_rope,
+)
 from edl_argo.rpc.tensors import TensorDecodeError, fill_tensor
 from edl_argo.rpc.wire import Encoding, WireError, read_tensor, split_field
 from edl_argo.worker.ps_client import PushReply, push_request
@@ -237,3 +245,20 @@ def test_a_content_received_in_aligned_memory_of_its_own_is_read_in_place_else_c
         _, copied = read_tensor_rope(Rope(parts))
         assert np.array_equal(copied, value) and copied.ctypes.data % ALIGNMENT == 0
         assert not any(np.shares_memory(copied, np.frombuffer(part, np.uint8)) for part in parts)
+
+
+def test_a_tensor_written_whole_is_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's bound (the content) and the reader's (the message) agree: a tensor just under the bound,
+    with a long name, is read by protobuf whole, never field by field."""
+    value = np.arange(SMALL_TENSOR_BYTES // 4 - 1, dtype=np.float32)
+    name = "model/block_7/multi_head_attention/key/kernel" * 4
+    pieces = Encoding().tensor(1, value, name).pieces
+    assert len(pieces) == 1  # written whole
+    _, [occurrence] = split_field(pieces[0], 1)
+
+    def field_by_field(*_: object) -> None:
+        raise AssertionError("read field by field")
+
+    monkeypatch.setattr(rope, "split_rope", field_by_field)
+    read_name, array = read_tensor_rope(Rope([occurrence]))
+    assert read_name == name and np.array_equal(array, value)

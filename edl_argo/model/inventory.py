@@ -42,6 +42,9 @@ BATCHED_INSTALL_SETS = 8
 #: tracing the call takes about 0.3 s (on 2 cores), which the 2 ms it saves per install repay after
 #: 150 steps, and a short job never pays.
 BATCHED_INSTALL_AFTER = 50
+#: How many sets of variables are counted towards :data:`BATCHED_INSTALL_AFTER` at once; past that (many
+#: sets each seen a few times, none repeating), the counts start again, so that they stay bounded.
+COUNTED_INSTALL_SETS = 8 * BATCHED_INSTALL_SETS
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ class _BatchedInstall:
         key = tuple(name for name, _, _ in group)
         call = self._calls.get(key)
         if call is None and len(group) > 1 and len(self._calls) < BATCHED_INSTALL_SETS:
-            if len(self._seen) >= 8 * BATCHED_INSTALL_SETS:  # sets seen once, many: start counting again
+            if len(self._seen) >= COUNTED_INSTALL_SETS:
                 self._seen.clear()
             self._seen[key] += 1
             if self._seen[key] > BATCHED_INSTALL_AFTER:

@@ -31,6 +31,10 @@ ALIGNMENT = 64
 #: copied: up to about this size a copy costs less than handling the content apart in Python
 #: (:meth:`~edl_argo.rpc.wire.Encoding.tensor`, :func:`read_tensor_rope`).
 SMALL_TENSOR_BYTES = 64 * 1024
+#: What a ``Tensor``'s fields other than its content take at most, in bytes, for the tensors a model names
+#: (name, dtype and shape, with their keys and lengths): a tensor whose content is under
+#: :data:`SMALL_TENSOR_BYTES` is written whole, and read whole when its message is under both.
+TENSOR_FIELDS_BYTES = 1024
 #: Protobuf's wire types (those of our messages).
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
 #: ``Tensor.content``'s field number.
@@ -189,11 +193,12 @@ def read_tensor_rope(rope: Rope) -> tuple[str, np.ndarray]:
     :mod:`edl_argo.rpc.tensor_port`), else a copy. Raises :class:`WireError`, or
     :class:`~edl_argo.rpc.tensors.TensorDecodeError` for fields that do not agree.
 
-    A message of at most :data:`SMALL_TENSOR_BYTES` in one piece is parsed by protobuf whole, its content
-    then copied: a third of the time of reading it here field by field (most of a model's tensors are
-    such: biases, normalization scales and statistics)."""
+    A message in one piece of at most :data:`SMALL_TENSOR_BYTES` plus :data:`TENSOR_FIELDS_BYTES` (what
+    :meth:`~edl_argo.rpc.wire.Encoding.tensor` writes whole) is parsed by protobuf whole, its content then
+    copied: a third of the time of reading it here field by field (most of a model's tensors are such:
+    biases, normalization scales and statistics)."""
     whole = rope.sole_part()
-    if whole is not None and len(whole) <= SMALL_TENSOR_BYTES:
+    if whole is not None and len(whole) <= SMALL_TENSOR_BYTES + TENSOR_FIELDS_BYTES:
         fields = tensor_fields(whole)
         buffer = aligned_empty(len(fields.content))
         buffer[:] = fields.content
