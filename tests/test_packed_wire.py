@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
-from google.protobuf.message import DecodeError
 
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
 from edl_argo.ps.pushed import PushedGradients
@@ -22,11 +21,12 @@ from edl_argo.rpc.packed import (
     read_packed,
     read_packed_rope,
 )
-from edl_argo.rpc.rope import ALIGNMENT, Rope, WireError
+from edl_argo.rpc.rope import ALIGNMENT, Rope
 from edl_argo.rpc.tensors import TensorDecodeError, to_tensor
 from edl_argo.rpc.wire import Encoding
 from edl_argo.worker.ps_client import DenseAnswer, push_request
 from tests.test_ps_service import B, W, model, servicer
+from tests.test_wire import decoding_errors
 
 RNG = np.random.default_rng(11)
 #: Just below the bound, packed; at the bound, alone.
@@ -140,20 +140,7 @@ def test_members_and_data_that_disagree_fail_naming_the_member(
 
 def test_damaged_packed_answers_fail_with_a_decoding_error_and_nothing_else() -> None:
     data = encoded_answer({name: VALUES[name] for name in ("conv/bias", "norm/gamma", "steps", "count")})
-    damaged = [data[:cut] for cut in range(len(data))]
-    for _ in range(300):
-        flipped = bytearray(data)
-        for position in RNG.integers(0, len(data), size=3):
-            flipped[position] = RNG.integers(0, 256)
-        damaged.append(bytes(flipped))
-    errors = 0
-    for candidate in damaged:
-        try:
-            middle = len(candidate) // 2
-            DenseAnswer.parse(Rope([candidate[:middle], candidate[middle:]]))
-        except (WireError, TensorDecodeError, DecodeError):
-            errors += 1
-    assert errors > len(data) // 2
+    assert decoding_errors(data, DenseAnswer.parse, RNG) > len(data) // 2
 
 
 @pytest.fixture
