@@ -285,3 +285,26 @@ def test_dense_optimizer_equals_keras_variable_by_variable_and_accepts_subsets(
     for name in initial:
         np.testing.assert_allclose(finalized[name], reference[name].numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(dense.values()[name], reference_values[name], rtol=1e-5, atol=1e-6)
+
+
+def test_dense_optimizer_packs_nothing_a_variable_held_alone_could_be_taken_for() -> None:
+    """The slots of a flat variable are found by its shape and dtype: a variable held alone (constrained)
+    of that shape and dtype keeps the group unpacked, and every variable still ends as Keras leaves it."""
+    rng = np.random.default_rng(3)
+    initial = {
+        "a": rng.normal(size=(3,)).astype(np.float32),
+        "b": rng.normal(size=(2,)).astype(np.float32),
+        "nonneg": np.abs(rng.normal(size=(5,))).astype(np.float32),  # the shape (3 + 2,) of a and b packed
+    }
+    constraints = {"nonneg": keras.constraints.NonNeg()}
+    dense = DenseOptimizer(OPTIMIZERS["adam"], initial, constraints)
+    assert dense.packed == []
+    reference = {n: tf.Variable(value, constraint=constraints.get(n)) for n, value in initial.items()}
+    ref_optimizer = OPTIMIZERS["adam"]()
+    ref_optimizer.build(list(reference.values()))
+    for names in (("a", "nonneg"), ("a", "b", "nonneg")):
+        grads = {n: rng.normal(size=initial[n].shape).astype(np.float32) for n in names}
+        dense.apply(grads)
+        ref_optimizer.apply_gradients([(tf.constant(grads[n]), reference[n]) for n in names])
+    for name, value in dense.values().items():
+        np.testing.assert_allclose(value, reference[name].numpy(), rtol=1e-5, atol=1e-6)

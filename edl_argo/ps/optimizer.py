@@ -173,7 +173,7 @@ class DenseOptimizer(_KerasOptimizer):
     updating each of them. An XLA-compiled Adam over a Transformer's 37 variables took 1.4 ms per call and
     0.9 s to compile, over one flat variable 0.45 ms and 0.1 s. A gradient that names only some members of
     a group updates only those: the update runs over the whole flat variable, then every element of the
-    others, in the variable and in each optimizer variable of its shape (slots, EMA averages), is set back to
+    others, in the variable and in each optimizer variable of its shape and dtype (its slots), is set back to
     what it was, so that they end exactly as if they had been left out (``iterations`` counts the step either
     way, as it does for variables left out of ``apply_gradients``). The optimizer's state
     (:meth:`get_state`) follows this storage.
@@ -198,10 +198,13 @@ class DenseOptimizer(_KerasOptimizer):
         )
         self._groups: list[_PackedGroup] = []
         for members in groups.values():
-            if len(members) < 2:
-                continue
             names = tuple(packable[i] for i in members)
             sizes = [int(np.asarray(values[n]).size) for n in names]
+            flat_spec = (self.specs[names[0]][0], (sum(sizes),))
+            if len(members) < 2 or flat_spec in {self.specs[n] for n in values if n not in names}:
+                # One member gains nothing; and the slots of a flat variable are found by its shape and dtype
+                # (_state_like), which no variable held alone may share.
+                continue
             self._groups.append(
                 _PackedGroup(
                     names,
@@ -219,7 +222,6 @@ class DenseOptimizer(_KerasOptimizer):
             for name, value in values.items()
             if name not in packed
         }
-        self._group_of = {name: group for group in self._groups for name in group.names}
         self._storage = [*(g.variable for g in self._groups), *self._alone.values()]
         self._jit_compile = jit_compile
         self.optimizer.build(self._storage)
