@@ -424,6 +424,23 @@ def test_a_checkpoint_keeps_the_model_layout_and_restores_only_where_it_places_t
     assert alone.layout == {"b": B.nbytes}
 
 
+def test_a_checkpoint_with_one_slot_per_small_variable_is_refused_naming_what_to_do() -> None:
+    """Before 0.2.0 a PS kept Adam's slots per variable; 0.2.0 holds w and b packed, with one slot pair."""
+    packed = Parameters(adam, jit_compile=False)
+    assert packed.init_from_model(ps_pb2.Model(dense_parameters=[to_tensor(W, "w"), to_tensor(B, "b")]))
+    state = packed.snapshot()
+    per_variable = adam()
+    per_variable.build([keras.Variable(W), keras.Variable(B)])  # as a PS before 0.2.0 held them
+    older = ParametersState(
+        **{**state.__dict__, "dense_optimizer": [v.numpy() for v in per_variable.variables]}
+    )
+    with pytest.raises(ConfigError, match=r"by an edl-argo before 0\.2\.0 .* start the job without it"):
+        Parameters(adam, jit_compile=False).restore(older)
+    restored = Parameters(adam, jit_compile=False)
+    restored.restore(state)
+    assert {n: v.tolist() for n, v in restored.dense_values().items()} == {"w": W.tolist(), "b": B.tolist()}
+
+
 def test_unreadable_checkpoints_are_skipped_and_saves_are_spaced() -> None:
     storage = MemoryStorage()
     assert restore_latest(storage, 0) is None

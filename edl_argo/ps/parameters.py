@@ -220,7 +220,9 @@ class Parameters:
         except ValueError as error:
             self._reset()
             raise ConfigError(
-                f"the checkpoint of PS {self.ps_id} does not fit the model's optimizer: {error}"
+                f"the checkpoint of PS {self.ps_id} does not fit the model's optimizer ({error}): it was "
+                "written for another optimizer, or by an edl-argo before 0.2.0 (one slot per small variable, "
+                "where 0.2.0 packs them); start the job without it"
             ) from None
         self.version = state.version
 
