@@ -191,31 +191,10 @@ class DenseOptimizer(_KerasOptimizer):
         (falls back to a plain graph if XLA rejects it)."""
         super().__init__(factory)
         constraints = dict(constraints or {})
-        self.specs = {name: (np.dtype(v.dtype).name, tuple(np.shape(v))) for name, v in values.items()}
-        packable = [n for n in values if n not in constraints] if _packs(self.optimizer) else []
-        groups, _ = group_small(
-            [(np.asarray(values[n]).nbytes, np.asarray(values[n]).dtype) for n in packable]
-        )
-        self._groups: list[_PackedGroup] = []
-        for members in groups.values():
-            names = tuple(packable[i] for i in members)
-            sizes = [int(np.asarray(values[n]).size) for n in names]
-            flat_spec = (self.specs[names[0]][0], (sum(sizes),))
-            if len(members) < 2 or flat_spec in {self.specs[n] for n in values if n not in names}:
-                # One member gains nothing; and the slots of a flat variable are found by its shape and dtype
-                # (_state_like), which no variable held alone may share.
-                continue
-            self._groups.append(
-                _PackedGroup(
-                    names,
-                    tuple(self.specs[n][1] for n in names),
-                    tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist()),
-                    tf.Variable(
-                        np.concatenate([np.asarray(values[n]).reshape(-1) for n in names]),
-                        name=f"packed_{len(self._groups)}",
-                    ),
-                )
-            )
+        arrays = {name: np.asarray(value) for name, value in values.items()}
+        self.specs = {name: (value.dtype.name, value.shape) for name, value in arrays.items()}
+        packable = [n for n in arrays if n not in constraints] if _packs(self.optimizer) else []
+        self._groups = self._packed_groups(arrays, packable)
         packed = {name for group in self._groups for name in group.names}
         self._alone = {
             name: tf.Variable(value, name=_variable_name(name), constraint=constraints.get(name))
@@ -226,6 +205,23 @@ class DenseOptimizer(_KerasOptimizer):
         self._jit_compile = jit_compile
         self.optimizer.build(self._storage)
         self._steps: dict[tuple[str, ...], Callable[..., list[tf.Tensor]]] = {}
+
+    def _packed_groups(self, arrays: Mapping[str, np.ndarray], packable: Sequence[str]) -> list[_PackedGroup]:
+        """The flat variables of the small ones among ``packable`` (:func:`~edl_argo.rpc.packed.group_small`),
+        one per dtype. A dtype with one small variable gains nothing; and since the slots of a flat variable
+        are found by its shape and dtype (:meth:`_state_like`), no variable held alone may share them."""
+        groups, _ = group_small([(arrays[n].nbytes, arrays[n].dtype) for n in packable])
+        packed: list[_PackedGroup] = []
+        for members in groups.values():
+            names = tuple(packable[i] for i in members)
+            bounds = tuple(np.cumsum([0, *(arrays[n].size for n in names)]).tolist())
+            flat_spec = (arrays[names[0]].dtype.name, (bounds[-1],))
+            if len(names) < 2 or flat_spec in {self.specs[n] for n in arrays if n not in names}:
+                continue
+            flat = np.concatenate([arrays[n].reshape(-1) for n in names])
+            variable = tf.Variable(flat, name=f"packed_{len(packed)}")
+            packed.append(_PackedGroup(names, tuple(arrays[n].shape for n in names), bounds, variable))
+        return packed
 
     @property
     def packed(self) -> list[tuple[str, ...]]:
