@@ -224,8 +224,9 @@ def test_a_pod_creation_throttled_by_the_server_is_retried_after_its_retry_after
 
 #: The budget is counted where requests arrive, at the stand-in, whose threads ``make test`` (two test
 #: processes on 2 cores, each starting TensorFlow processes) may wake late: 0.1 s of slack was exceeded
-#: once there. A master without its limiter sends a storm's 60 requests within a fraction of a second,
-#: far more than the 42 that 0.8 s allow with this slack.
+#: once there, and 0.5 s once (by 0.3 requests), so the scenario also allows the lateness it measures
+#: (:class:`~tests.scale.k8s_backend.LatenessProbe`). A master without its limiter sends a storm's 60
+#: requests within a fraction of a second, far more than the 42 that 0.8 s allow with this slack.
 LOADED_TRANSIT_SECONDS = 0.5
 
 
@@ -244,7 +245,11 @@ def test_a_preemption_storm_is_replaced_within_the_budget_and_a_quiet_job_sends_
         scenario.storm(storm, timeout=30)
         scenario.storm(storm, timeout=30, outage_seconds=2)
         excess = scenario.whole_run_excess()
-        assert excess <= 0, f"the master sent {excess:.0f} requests more than its budget allows"
+        assert excess <= 0, (
+            f"the master sent {excess:.1f} requests more than its budget allows"
+            f" ({scenario.slack_seconds():.2f} s of slack;"
+            f" this process's threads ran up to {scenario.lateness.worst():.2f} s late)"
+        )
     finally:
         scenario.close()
     _, replaced, outage = scenario.reports
