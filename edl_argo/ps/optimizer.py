@@ -316,9 +316,9 @@ class DenseOptimizer(_KerasOptimizer):
         return step
 
     def _state_like(self, variable: tf.Variable) -> list[keras.Variable]:
-        """The optimizer's variables of ``variable``'s shape and dtype: its slots and EMA average. Only one
-        flat variable has a given dtype, and the optimizer's other variables are scalars
-        (:func:`~edl_argo.model.optimizer.updates_elementwise`)."""
+        """The optimizer's variables of ``variable``'s shape and dtype: its slots. Only one flat variable has
+        a given dtype, no variable held alone shares its shape and dtype (:meth:`_packed_groups`), and the
+        optimizer's other variables are scalars (:func:`_packs`)."""
         return [
             v
             for v in self.optimizer.variables

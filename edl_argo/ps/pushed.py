@@ -11,12 +11,12 @@ A push that arrives as a message (the unary ``PushGradients``) is read the same 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from edl_argo.proto import ps_pb2, tensor_pb2
 from edl_argo.rpc import ps_layout
-from edl_argo.rpc.packed import NamedArrays, read_all, read_packed_rope
+from edl_argo.rpc.packed import NamedArrays, read_all, read_packed_ropes
 from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope, split_rope_fields
 from edl_argo.rpc.wire import read_tensor, split_field
 
@@ -38,14 +38,15 @@ class PushedModel:
     @classmethod
     def parse(cls, data: Rope) -> PushedModel:
         """Read a serialized ``Model`` (``WireError``, ``TensorDecodeError`` or protobuf's ``DecodeError``
-        for bytes that are not one): the dense gradients copied once from the chunks into arrays of their
-        own (:func:`~edl_argo.rpc.rope.read_tensor_rope`), the rest (a few small tensors) viewed."""
+        for bytes that are not one): the dense gradients, and each group of small tensors packed by dtype,
+        copied once from the chunks into arrays of their own (:func:`~edl_argo.rpc.rope.read_tensor_rope`,
+        :func:`~edl_argo.rpc.packed.read_packed_ropes`), the rest (a few small tensors) viewed."""
         rest, large = split_rope_fields(data, (_DENSE, _PACKED_DENSE, _PACKED_NON_TRAINABLE))
         rest, non_trainable = split_field(rest, _NON_TRAINABLE)
         small = ps_pb2.Model.FromString(rest)
         return cls(
-            [*_unpacked(large[_PACKED_DENSE]), *(read_tensor_rope(t) for t in large[_DENSE])],
-            [*_unpacked(large[_PACKED_NON_TRAINABLE]), *(read_tensor(t) for t in non_trainable)],
+            [*read_packed_ropes(large[_PACKED_DENSE]), *(read_tensor_rope(t) for t in large[_DENSE])],
+            [*read_packed_ropes(large[_PACKED_NON_TRAINABLE]), *(read_tensor(t) for t in non_trainable)],
             small.embedding_tables,
         )
 
@@ -56,10 +57,6 @@ class PushedModel:
             read_all(model.non_trainable_parameters, model.packed_non_trainable_parameters),
             model.embedding_tables,
         )
-
-
-def _unpacked(groups: Sequence[Rope]) -> NamedArrays:
-    return [pair for group in groups for pair in read_packed_rope(group)]
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ buffer would cost more than its message.
 :func:`group_small` is the rule that says which arrays are small, shared with the worker's packed install
 (:mod:`edl_argo.model.packing`). :func:`encode_named` writes a mapping of arrays into an
 :class:`~edl_argo.rpc.wire.Encoding` as two repeated fields (one of ``Tensor``, one of ``PackedTensors``);
-:func:`read_packed_rope` and :func:`read_packed` read a ``PackedTensors`` back into named read-only arrays
-that view one buffer, checked as a ``Tensor`` is (:func:`~edl_argo.rpc.tensors.tensor_array`): whatever
-the bytes, they end in arrays or a :class:`~edl_argo.rpc.tensors.TensorDecodeError` or
-:class:`~edl_argo.rpc.rope.WireError` that names the member at fault.
+:func:`read_packed_rope` (:func:`read_packed_ropes` for several) and :func:`read_packed` read a
+``PackedTensors`` back into named read-only arrays that view one buffer, checked as a ``Tensor`` is
+(:func:`~edl_argo.rpc.tensors.tensor_array`): whatever the bytes, they end in arrays or a
+:class:`~edl_argo.rpc.tensors.TensorDecodeError` or :class:`~edl_argo.rpc.rope.WireError` that names the
+member at fault.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def read_packed_rope(rope: Rope) -> NamedArrays:
         raise TensorDecodeError(f"packed tensors {_first_name(fields.members)!r}: no data")
     _, flat = read_tensor_rope(data[-1])  # the last occurrence wins, as in protobuf
     return _members(flat, fields.members)
+
+
+def read_packed_ropes(groups: Sequence[Rope]) -> NamedArrays:
+    """The members of every serialized ``PackedTensors`` of ``groups`` (a message's occurrences of one
+    repeated field), in order (:func:`read_packed_rope`)."""
+    return [pair for group in groups for pair in read_packed_rope(group)]
 
 
 def read_packed(message: tensor_pb2.PackedTensors) -> NamedArrays:

@@ -40,7 +40,7 @@ from edl_argo.rpc import ps_layout
 from edl_argo.rpc.auth import ClientCredential, credential_from_env
 from edl_argo.rpc.channel import MAX_MESSAGE_BYTES, RPC_TIMEOUT_SECONDS, call_with_retry, make_channel
 from edl_argo.rpc.chunked import ChunkedCall, PendingCall
-from edl_argo.rpc.packed import encode_named, read_packed_rope
+from edl_argo.rpc.packed import encode_named, read_packed_ropes
 from edl_argo.rpc.ps_layout import TENSOR_PORT_METHODS
 from edl_argo.rpc.rope import Rope, merged, read_tensor_rope, split_rope, split_rope_fields
 from edl_argo.rpc.tensor_port import PendingTensorCall, TensorCall, TensorPort
@@ -102,8 +102,7 @@ class DenseAnswer:
         rest, large = split_rope_fields(data, (ps_layout.ANSWER_PARAMETERS, ps_layout.ANSWER_PACKED))
         fields = ps_pb2.PullDenseParametersResponse.FromString(rest)
         values = dict(read_tensor_rope(tensor) for tensor in large[ps_layout.ANSWER_PARAMETERS])
-        for packed in large[ps_layout.ANSWER_PACKED]:
-            values.update(read_packed_rope(packed))
+        values.update(read_packed_ropes(large[ps_layout.ANSWER_PACKED]))
         return cls(fields.initialized, fields.version, fields.synced_step, fields.synchronous, values)
 
 
