@@ -15,10 +15,12 @@ this same entry, so theirs are quiet too.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
@@ -26,6 +28,7 @@ from typing import NoReturn
 from edl_argo import __version__, log
 from edl_argo.errors import EdlError
 from edl_argo.native_logs import hide_notices_while_importing
+from edl_argo.run_dir import warm_dir
 from edl_argo.stop import TERMINATED_EXIT_CODE, Terminated, exit_now
 from edl_argo.tensorflow_import import import_tensorflow
 
@@ -42,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "templates": ("edl_argo.hera.render", "render templates/ (WorkflowTemplates, RBAC) from components/"),
     "pipeline": ("edl_argo.pipeline.commands", "run a pipeline here, render it, or submit it to Argo"),
     "sql": ("edl_argo.sqlflow.command", "run a SQLFlow statement (SELECT ... TO TRAIN|PREDICT|EVALUATE)"),
+    "warm": ("edl_argo.pods.warm", "keep TensorFlow imported for this user's next train, evaluate, predict"),
 }
 
 
@@ -113,10 +117,18 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, warm: bool = True) -> int:
+    """Run ``edl-argo ARGV``: its exit status. With ``warm``, a command this user's warm server serves
+    runs there (:func:`edl_argo.pods.warm.run_in_warm_server`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_native_logs(log_level_in(argv))
     chosen = command_in(argv)
+    if warm and any(warm_dir().glob("*.sock")):  # cheap: nothing more is imported without a server
+        from edl_argo.pods.warm import run_in_warm_server
+
+        code = run_in_warm_server(argv, chosen)
+        if code is not None:
+            return code
     parser = build_parser([chosen] if chosen in COMMANDS else [])
     args = parser.parse_args(argv)
     log.configure(getattr(args, "log_level", None))
@@ -150,13 +162,15 @@ def entry_point() -> NoReturn:
     sys.exit(code)
 
 
-def run_forked_pod(argv: Sequence[str]) -> NoReturn:
-    """A pod command (``argv``: ``worker ...`` or ``ps ...``) in a process forked from the pod template
-    (:mod:`edl_argo.zygote`), ended as :func:`entry_point` ends it when it runs as its own program: the
-    command's status at once; for what escapes :func:`main`, what the interpreter would do (a
-    ``SystemExit``'s status, a traceback and 1, death by SIGINT for a ``KeyboardInterrupt``)."""
+def run_forked(argv: Sequence[str]) -> NoReturn:
+    """A command (``argv``: a pod's ``worker ...`` or ``ps ...``, or a warm server's ``train ...``) in a
+    process forked from the pod template or warm server (:mod:`edl_argo.zygote`), ended as
+    :func:`entry_point` ends it when it runs as its own program: a pod command's status at once, another's
+    once the interpreter's last steps before its teardown ran (its other threads joined, its ``atexit``
+    handlers); for what escapes :func:`main`, what the interpreter would do (a ``SystemExit``'s status, a
+    traceback and 1, death by SIGINT for a ``KeyboardInterrupt``)."""
     try:
-        code = main(argv)
+        code = main(argv, warm=False)
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             code = stop.code or 0
@@ -171,6 +185,9 @@ def run_forked_pod(argv: Sequence[str]) -> NoReturn:
     except BaseException:
         traceback.print_exc()
         code = 1
+    if command_in(argv) not in POD_COMMANDS:
+        threading._shutdown()  # type: ignore[attr-defined]  # what sys.exit does: join the other threads
+        atexit._run_exitfuncs()
     exit_now(code)
 
 

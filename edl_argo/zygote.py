@@ -7,20 +7,27 @@ socket pair. It imports TensorFlow as a pod does (:func:`edl_argo.cli.quiet_nati
 checks that it runs no other thread, freezes its objects for the collector (``gc.freeze``), says it is
 ready, and serves. A forked pod's command resets the signal dispositions of a new interpreter, takes its
 own environment, directory, ``sys.argv`` and NumPy random state, and runs
-:func:`edl_argo.cli.run_forked_pod`.
+:func:`edl_argo.cli.run_forked`.
+
+:func:`main_warm` is the same process as a warm server (:mod:`edl_argo.pods.warm`): it also imports the
+master's modules, listens on a socket of its own and also forks the commands its clients run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
+import importlib
 import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import NoReturn
 
-from edl_argo import cli
+from edl_argo import cli, log
 from edl_argo.pods.prefork import (
     ForkRequest,
     import_time_environment,
@@ -28,12 +35,53 @@ from edl_argo.pods.prefork import (
     send_ready,
     serve,
 )
+from edl_argo.pods.warm import WARM_COMMANDS, CommandRequest, comparable_environment
+from edl_argo.pods.warm_server import serve_warm
 from edl_argo.tensorflow_import import import_tensorflow
+
+_log = log.get_logger(__name__)
 
 
 def main() -> NoReturn:
     """The template's program: ``sys.argv[1]`` is the descriptor of its socket."""
     channel = socket.socket(fileno=int(sys.argv[1]))
+    template, error = prepare()
+    if template is None:
+        send_ready(channel, error)
+        os._exit(1)
+    send_ready(channel)
+    serve(channel, template.decline, template.run_command)
+
+
+def main_warm() -> NoReturn:
+    """The warm server's program (:mod:`edl_argo.pods.warm`): ``sys.argv[1]`` is the path of its socket,
+    ``sys.argv[2]`` how many seconds it may stay idle. It imports what the master and the pods import,
+    binds the socket under a name of its own, then renames it to the path (a client never finds a
+    socket that does not answer yet), and serves."""
+    path, idle_seconds = Path(sys.argv[1]), float(sys.argv[2])
+    log.configure(None)
+    template, error = prepare(warm_modules=True)
+    if template is None:
+        print(f"edl-argo warm: error: {error}", file=sys.stderr)
+        os._exit(1)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    bound = path.with_name(f"{os.getpid()}.binding")
+    with contextlib.suppress(FileNotFoundError):
+        bound.unlink()
+    listener.bind(str(bound))
+    bound.chmod(0o600)
+    listener.listen(64)
+    os.replace(bound, path)
+    _log.info(
+        "warm_server_ready", pid=os.getpid(), socket=str(path), idle_minutes=round(idle_seconds / 60, 2)
+    )
+    serve_warm(listener, path, template, idle_seconds)
+
+
+def prepare(warm_modules: bool = False) -> tuple[Template | None, str]:
+    """Import what the pods import (and with ``warm_modules``, what the commands a warm server runs
+    import), stop OpenBLAS's threads, check that no other thread runs, and freeze the objects for the
+    collector: the template, or None and why it cannot serve."""
     before = dict(os.environ)
     try:
         cli.quiet_native_logs(None)
@@ -46,22 +94,32 @@ def main() -> NoReturn:
         import edl_argo.ps.servicer
         import edl_argo.worker.main  # noqa: F401
 
+        if warm_modules:
+            for name in WARM_MODULES:
+                importlib.import_module(name)
         stop_openblas_threads()
     except Exception as error:
-        send_ready(channel, f"cannot import the pods' modules: {type(error).__name__}: {error}")
-        os._exit(1)
+        return None, f"cannot import the pods' modules: {type(error).__name__}: {error}"
     set_by_imports = {name: value for name, value in os.environ.items() if before.get(name) != value}
     set_by_imports.pop("TF_CPP_MIN_LOG_LEVEL", None)
     threads = running_threads()
     if threads > 1:
-        send_ready(channel, f"it runs {threads} threads once its modules are imported")
-        os._exit(1)
-    template = _Template(imported_with, set_by_imports)
+        return None, f"it runs {threads} threads once its modules are imported"
     # The imported modules' objects out of the collector's reach: a pod's collections then do not write to
     # (and so copy) the pages it shares with the template.
     gc.freeze()
-    send_ready(channel)
-    serve(channel, template.decline, template.run_command)
+    return Template(imported_with, set_by_imports), ""
+
+
+#: What the commands of a warm server import once they run (their command modules and what they import
+#: inside functions), imported by the server first.
+WARM_MODULES = (
+    "edl_argo.master.job",
+    "edl_argo.master.export",
+    "edl_argo.inference",
+    "edl_argo.collective.learning_rate",
+    "edl_argo.worker.data",
+)
 
 
 def stop_openblas_threads() -> None:
@@ -74,23 +132,33 @@ def stop_openblas_threads() -> None:
             shutdown()
 
 
-class _Template:
-    """Which requests the template serves, and what a forked pod's command does."""
+class Template:
+    """Which requests the template serves, and what a forked pod's (or a warm server's command's) process
+    does."""
 
     def __init__(self, imported_with: dict[str, str], set_by_imports: dict[str, str]) -> None:
         self.imported_with = imported_with
         self.set_by_imports = set_by_imports
 
     def decline(self, request: ForkRequest) -> str | None:
-        """Why ``request`` must be started with exec, or None: it is not a pod command, or an
-        import-time variable of its environment differs from this process's (a variable the imports set
+        """Why pod ``request`` must be started with exec, or None: see :meth:`_decline`."""
+        return self._decline(request.argv[1:], request.env, cli.POD_COMMANDS)
+
+    def decline_command(self, request: CommandRequest) -> str | None:
+        """Why the client must run ``request`` itself, or None: see :meth:`_decline`."""
+        return self._decline(request.argv[1:], request.env, WARM_COMMANDS)
+
+    def _decline(
+        self, args: Sequence[str], environ: Mapping[str, str], commands: frozenset[str]
+    ) -> str | None:
+        """Why ``edl-argo ARGS`` cannot be forked from here: its command is not one of ``commands``, or
+        an import-time variable of ``environ`` differs from this process's (a variable the imports set
         may be there with the value they set)."""
-        args = request.argv[1:]
         command = cli.command_in(args)
-        if command not in cli.POD_COMMANDS:
-            return f"{command} is not a pod command"
-        env = dict(request.env)
-        env["TF_CPP_MIN_LOG_LEVEL"] = cli.native_min_log_level(cli.log_level_in(args), env)
+        if command not in commands:
+            return f"{command} is not a command this process runs"
+        env = comparable_environment(environ)
+        env["TF_CPP_MIN_LOG_LEVEL"] = cli.native_min_log_level(cli.log_level_in(args), environ)
         wanted = import_time_environment(env)
         differing = sorted(
             name
@@ -107,18 +175,25 @@ class _Template:
 
     def run_command(self, request: ForkRequest) -> NoReturn:
         """In the pod's forked command process: become ``request``'s command and run it."""
+        self._become(request.argv, request.env, request.cwd)
+
+    def run_warm_command(self, request: CommandRequest) -> NoReturn:
+        """In a warm server's forked command process: become ``request``'s command and run it."""
+        self._become(request.argv, request.env, request.cwd)
+
+    def _become(self, argv: Sequence[str], environ: Mapping[str, str], cwd: str) -> NoReturn:
         for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
             signal.signal(number, signal.SIG_DFL)
         for number in (signal.SIGPIPE, signal.SIGXFSZ):  # as the interpreter sets them when it starts
             signal.signal(number, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
-        os.environ.update(request.env)
+        os.environ.update(environ)
         os.environ.update(self.set_by_imports)
-        os.chdir(request.cwd)
-        sys.argv = list(request.argv)
-        sys.path[0] = os.path.dirname(request.argv[0])
+        os.chdir(cwd)
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(argv[0])
         import numpy
 
         numpy.random.seed()
-        cli.run_forked_pod(request.argv[1:])
+        cli.run_forked(argv[1:])

@@ -143,11 +143,19 @@ def process_template(job_name: str) -> PodTemplate:
     in the background on the first call, named after that call's job (``edl-argo train`` runs one job: its
     pods' ``/proc/PID/environ`` names it). It starts with :func:`pod_base_environment` of that moment (a
     later job whose import-time variables differ has its pods started with ``exec``, as the template
-    answers) and stops when the process exits. One that failed or was closed is replaced by a new one."""
+    answers) and stops when the process exits. One that failed or was closed is replaced by a new one.
+
+    Where this user's warm server serves this process (:mod:`edl_argo.pods.warm`), the template is a
+    connection to it instead: nothing is imported again."""
+    from edl_argo.pods.warm import socket_path, warm_enabled  # warm builds on this module
+
     global _process_template
     with _process_template_lock:
         if _process_template is None or not _process_template.usable:
-            _process_template = PodTemplate(job_name, pod_base_environment)
+            server = socket_path() if warm_enabled(os.environ) else None
+            _process_template = PodTemplate(
+                job_name, pod_base_environment, server=server if server and server.exists() else None
+            )
             _process_template.start_in_background()
             atexit.register(_process_template.close)
         return _process_template
@@ -200,13 +208,21 @@ class PodTemplate:
         environment: called once, when the template starts: the environment it starts with (the backend's
             pods' environment before their own variables).
         enabled: False: :meth:`serves` is always False and no process is ever started.
+        server: the socket of a warm server (:mod:`edl_argo.pods.warm`) to connect to instead of starting
+            a process; if it cannot be reached, the template is abandoned as one that cannot start.
     """
 
     def __init__(
-        self, job_name: str, environment: Callable[[], dict[str, str]], enabled: bool = True
+        self,
+        job_name: str,
+        environment: Callable[[], dict[str, str]],
+        enabled: bool = True,
+        server: Path | None = None,
     ) -> None:
         self.job_name = job_name
         self._environment = environment
+        self._server = server
+        self._server_pid: int | None = None
         self._usable = enabled
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
@@ -255,7 +271,7 @@ class PodTemplate:
                     return None
                 finally:
                     os.close(write_end)
-                reply = json.loads(_receive(self._channel, REQUEST_SECONDS))
+                reply = json.loads(receive_message(self._channel, REQUEST_SECONDS))
                 if "exec" in reply:
                     log.debug("pod_template_declined", job=self.job_name, reason=reply["exec"])
                     os.close(read_end)
@@ -283,8 +299,10 @@ class PodTemplate:
 
     @property
     def pid(self) -> int | None:
-        """The template's pid while it runs (for tests)."""
+        """The template's pid while it runs (for tests): the warm server's, when it is one."""
         with self._lock:
+            if self._server_pid is not None:
+                return self._server_pid
             return None if self._process is None else self._process.pid
 
     def close(self) -> None:
@@ -301,6 +319,13 @@ class PodTemplate:
     # -- internals (with the lock held) ----------------------------------------------------------------
 
     def _boot(self) -> None:
+        if self._server is not None:
+            self._channel, self._server_pid = connect_template(self._server, REQUEST_SECONDS)
+            self._ready = True
+            log.info(
+                "pod_template_ready", job=self.job_name, pid=self._server_pid, warm_server=str(self._server)
+            )
+            return
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._channel = mine
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - open while the template runs
@@ -324,7 +349,7 @@ class PodTemplate:
         if not self._usable:
             raise TemplateError("the backend closed")
         started = time.monotonic()
-        reply = json.loads(_receive(mine, BOOT_SECONDS, what="the pod template to be ready"))
+        reply = json.loads(receive_message(mine, BOOT_SECONDS, what="the pod template to be ready"))
         if "error" in reply:
             raise TemplateError(str(reply["error"]))
         self._ready = True
@@ -355,6 +380,7 @@ class PodTemplate:
         if self._stderr is not None:
             self._stderr.close()
         self._channel = self._process = self._stderr = None
+        self._server_pid = None
 
     def _stderr_tail(self) -> str:
         """The last line the template wrote to stderr (it exits first if it is dying)."""
@@ -402,7 +428,7 @@ def serve(
                 os.close(descriptor)
             _answer(channel, {"exec": "the request carried no exit pipe"})
             continue
-        _answer(channel, _start(channel, message, descriptors[0], decline, run_command))
+        _answer(channel, start_pod(message, descriptors[0], decline, run_command, channel.close))
 
 
 def running_threads() -> int:
@@ -410,13 +436,16 @@ def running_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _start(
-    channel: socket.socket,
+def start_pod(
     message: bytes,
     exit_pipe: int,
     decline: Callable[[ForkRequest], str | None],
     run_command: Callable[[ForkRequest], object],
+    close_in_child: Callable[[], object],
 ) -> dict[str, object]:
+    """Fork the supervisor of the pod ``message`` asks for (unless ``decline`` gives a reason or this
+    process runs another thread): the answer to send, ``{"pid": pid}`` or ``{"exec": reason}``. The child
+    first calls ``close_in_child`` (the template's sockets). Closes ``exit_pipe`` here."""
     try:
         request = ForkRequest.decode(message)
         reason = decline(request)
@@ -430,7 +459,8 @@ def _start(
         pid = os.fork()
         if pid == 0:
             try:
-                _become_supervisor(channel, request, exit_pipe, run_command)
+                close_in_child()
+                _become_supervisor(request, exit_pipe, run_command)
             finally:
                 os._exit(127)
         return {"pid": pid}
@@ -441,11 +471,10 @@ def _start(
 
 
 def _become_supervisor(
-    channel: socket.socket, request: ForkRequest, exit_pipe: int, run_command: Callable[[ForkRequest], object]
+    request: ForkRequest, exit_pipe: int, run_command: Callable[[ForkRequest], object]
 ) -> NoReturn:
     """In the forked child: a session of its own, stdin from /dev/null, the output files on descriptors 1
     and 2 (as the exec path's ``Popen`` arranges), the pid on the exit pipe, then :func:`supervise`."""
-    channel.close()
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -479,7 +508,7 @@ def send_ready(channel: socket.socket, error: str | None = None) -> None:
 # -- helpers ---------------------------------------------------------------------------------------------
 
 
-def _receive(channel: socket.socket, seconds: float, what: str = "the pod template's answer") -> bytes:
+def receive_message(channel: socket.socket, seconds: float, what: str = "the pod template's answer") -> bytes:
     """One message from ``channel`` within ``seconds``; TemplateError on a timeout or a closed channel."""
     readable, _, _ = select.select([channel], [], [], seconds)
     if not readable:
@@ -488,6 +517,21 @@ def _receive(channel: socket.socket, seconds: float, what: str = "the pod templa
     if not message:
         raise TemplateError(f"the pod template exited while waiting for {what}")
     return message
+
+
+def connect_template(path: Path, seconds: float) -> tuple[socket.socket, int]:
+    """A connection to the template (a warm server: :mod:`edl_argo.pods.warm`) listening at ``path``, and
+    its pid from its greeting, within ``seconds``. Raises TemplateError if there is none."""
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        channel.settimeout(seconds)
+        channel.connect(str(path))
+        channel.settimeout(None)
+        greeting = json.loads(receive_message(channel, seconds, what="the warm server's greeting"))
+        return channel, int(greeting["ready"])
+    except (OSError, TemplateError, ValueError, KeyError, TypeError) as error:
+        channel.close()
+        raise TemplateError(f"no warm server at {path}: {error}") from error
 
 
 def _read_line(descriptor: int, seconds: float) -> str:

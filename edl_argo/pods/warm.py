@@ -1,0 +1,289 @@
+"""A warm server: TensorFlow imported once for a user's successive local commands.
+
+Importing TensorFlow takes 2.5-6 s of a core, and a local ``edl-argo train`` imports it twice before its
+first step: in the master (to load the model file) and in its pod template (:mod:`edl_argo.pods.prefork`).
+``edl-argo warm`` starts one process that has imported it, the pods' modules and the master's, and that
+stays up until it has been idle for ``--idle-minutes``. While it runs, each ``edl-argo train``,
+``evaluate`` and ``predict`` of the same user and installation (:data:`WARM_COMMANDS`) is forked from it
+instead of importing anything (:func:`run_in_warm_server`), and the pods of a job are forked from it too
+(:func:`edl_argo.pods.prefork.process_template` connects to it instead of starting a template).
+
+**The contract.** A command run warm behaves as it does cold: same argv, environment, working directory
+and umask; its standard input, output and error are the client's own descriptors (passed over the
+socket), so a terminal, a pipe or a file sees what it would; the client's exit status is the command's
+(128 + N if a signal N ended it); SIGINT, SIGTERM and SIGHUP sent to the client go to the command; if
+the client dies, the command gets SIGTERM. The command runs in a session of its own, as a child of the
+server. What the server cannot honour it declines, and the client then runs the command itself: a
+command not in :data:`WARM_COMMANDS`, or an import-time variable (:func:`~edl_argo.pods.prefork.
+is_import_time`) that differs from the server's.
+
+**Which server.** One per :func:`installation_key`: the interpreter, this package's version and source
+files (their sizes and times) and the run dir. A changed source file or another virtualenv finds no
+server and runs cold; so does a command whose import-time variables differ from the server's (a
+``--log-level DEBUG``, which changes ``TF_CPP_MIN_LOG_LEVEL``, or another ``PYTHONPATH``): the server
+declines it. The socket is ``<run dir>/warm/<key>.sock`` in a folder only the user can enter, and the
+server serves only connections of its own user (``SO_PEERCRED``). ``EDL_WARM=0`` (or ``false``, ``no``,
+``off``) keeps a command from using a server.
+
+The server's side is :mod:`edl_argo.pods.warm_server` (its loop) and :func:`edl_argo.zygote.main_warm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from edl_argo import __version__
+from edl_argo.errors import ConfigError
+from edl_argo.flags import add_flag, positive_number
+from edl_argo.pods.prefork import (
+    BOOT_SECONDS,
+    REQUEST_SECONDS,
+    TemplateError,
+    connect_template,
+    import_time_environment,
+    pod_base_environment,
+    receive_message,
+    template_program,
+)
+from edl_argo.run_dir import run_dir, warm_dir
+
+WARM_ENV = "EDL_WARM"
+"""``0``, ``false``, ``no`` or ``off``: run the command here even if a warm server serves it."""
+
+WARM_COMMANDS = frozenset({"train", "evaluate", "predict"})
+"""The commands a warm server runs: those that import TensorFlow and are run by people, one after another."""
+
+IDLE_MINUTES = 30.0
+"""How long a warm server waits, with no command running and no connection open, before it exits."""
+
+CONNECT_SECONDS = 2.0
+"""How long a client waits to connect to a server and for its greeting before it runs the command itself."""
+
+SOCKET_PATH_BYTES = 107
+"""The longest path of a Unix socket (``sun_path`` less its terminating zero)."""
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals a client passes on to the command it runs warm."""
+
+
+def warm_enabled(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` lets a command use a warm server (:data:`WARM_ENV`)."""
+    return environ.get(WARM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def server_environment() -> dict[str, str]:
+    """The environment a warm server starts with: a pod's (:func:`~edl_argo.pods.prefork.
+    pod_base_environment`, which drops credentials and sets ``PYTHONUNBUFFERED=1`` unless set)."""
+    return pod_base_environment()
+
+
+def comparable_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The import-time variables of ``environ`` as a server started from it would have them: with
+    ``PYTHONUNBUFFERED=1`` unless it is set (see :func:`server_environment`)."""
+    return import_time_environment({"PYTHONUNBUFFERED": "1", **environ})
+
+
+def installation_key() -> str:
+    """What a server must share with a command it runs besides its import-time environment (see the
+    module docstring), as 16 hex digits."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for part in (sys.executable, __version__, str(run_dir().resolve())):
+        digest.update(part.encode() + b"\0")
+    for path in sorted(package.rglob("*.py")):
+        status = path.stat()
+        digest.update(f"{path.relative_to(package)}:{status.st_size}:{status.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def socket_path() -> Path:
+    """Where the server of this installation listens."""
+    return warm_dir() / f"{installation_key()}.sock"
+
+
+@dataclass(frozen=True)
+class CommandRequest:
+    """A command for the server to run: its command line (``argv[0]`` the program's path), whole
+    environment, working directory and umask. Sent with the client's descriptors 0, 1 and 2."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    umask: int
+
+    def encode(self) -> bytes:
+        record = {"run": list(self.argv), "env": self.env, "cwd": self.cwd, "umask": self.umask}
+        return json.dumps(record).encode()
+
+    @classmethod
+    def decode(cls, record: Mapping[str, Any]) -> CommandRequest:
+        return cls(tuple(record["run"]), dict(record["env"]), str(record["cwd"]), int(record["umask"]))
+
+
+def peer_uid(channel: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
+    credentials = channel.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", credentials)[1])
+
+
+# -- the client ----------------------------------------------------------------------------------------
+
+
+def run_in_warm_server(argv: Sequence[str], command: str | None) -> int | None:
+    """Run ``edl-argo ARGV`` (whose command is ``command``) in this user's warm server, if one serves it:
+    its exit status; None if there is none or it declines (the caller then runs the command itself).
+
+    Waits as long as the command runs: the server answers when the command ends, and a server that dies
+    closes the connection, which ends the wait (status 1, one line on stderr)."""
+    if command not in WARM_COMMANDS or not warm_enabled(os.environ):
+        return None
+    path = socket_path()
+    if not path.exists():
+        return None
+    try:
+        channel, _ = connect_template(path, CONNECT_SECONDS)
+    except TemplateError:
+        return None
+    with channel:
+        umask = os.umask(0)
+        os.umask(umask)
+        program = sys.argv[0] if os.path.isabs(sys.argv[0]) else template_program()
+        request = CommandRequest((program, *argv), dict(os.environ), os.getcwd(), umask)
+        try:
+            socket.send_fds(channel, [request.encode()], [0, 1, 2])
+            reply = json.loads(receive_message(channel, REQUEST_SECONDS, what="the warm server's answer"))
+        except (OSError, TemplateError, ValueError):
+            return None
+        if "pid" not in reply:
+            return None
+        return _wait_for_command(channel, int(reply["pid"]))
+
+
+def _wait_for_command(channel: socket.socket, pid: int) -> int:
+    """Pass :data:`FORWARDED_SIGNALS` on to ``pid`` until the server reports its exit status."""
+
+    def forward(number: int, _frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, number)
+
+    previous = {number: signal.signal(number, forward) for number in FORWARDED_SIGNALS}
+    try:
+        message = channel.recv(4096)
+    except OSError:
+        message = b""
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if not message:
+        print(
+            f"edl-argo: error: the warm server ended while running the command (pid {pid})", file=sys.stderr
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        return 1
+    return int(json.loads(message)["exit"])
+
+
+# -- ``edl-argo warm`` ------------------------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "warm",
+        help="keep TensorFlow imported for this user's next train, evaluate and predict commands",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    add_flag(
+        parser,
+        "--idle-minutes",
+        type=positive_number,
+        default=IDLE_MINUTES,
+        help=f"exit after this long with nothing to run (default {IDLE_MINUTES:g})",
+    )
+    add_flag(parser, "--stop", action="store_true", help="stop this installation's warm server instead")
+    add_flag(parser, "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.set_defaults(run=run_warm_command)
+
+
+def run_warm_command(args: argparse.Namespace) -> int:
+    """``edl-argo warm``: start this installation's server (unless it runs) and wait until it serves; with
+    ``--stop``, stop it. Prints one line."""
+    path = socket_path()
+    if len(os.fsencode(path)) > SOCKET_PATH_BYTES:
+        raise ConfigError(
+            f"the warm server's socket {path} is longer than {SOCKET_PATH_BYTES} bytes: "
+            "set EDL_RUN_DIR to a shorter folder"
+        )
+    try:
+        channel, pid = connect_template(path, CONNECT_SECONDS)
+    except TemplateError:
+        channel, pid = None, 0
+    if args.stop:
+        if channel is None:
+            print(f"edl-argo warm: no warm server runs for this installation ({path})")
+            return 0
+        with channel:
+            channel.send(json.dumps({"stop": True}).encode())
+            receive_message(channel, REQUEST_SECONDS, what="the warm server to stop")
+        print(f"edl-argo warm: stopped the warm server (pid {pid})")
+        return 0
+    if channel is not None:
+        channel.close()
+        print(f"edl-argo warm: a warm server runs already (pid {pid}, {path})")
+        return 0
+    pid = start_server(path, args.idle_minutes * 60.0)
+    print(f"edl-argo warm: ready (pid {pid}, {path}); it exits after {args.idle_minutes:g} min idle")
+    return 0
+
+
+def start_server(path: Path, idle_seconds: float) -> int:
+    """Start a server that will listen at ``path`` (in a session of its own, not a child of anything that
+    waits for it) and wait until it does, at most :data:`~edl_argo.pods.prefork.BOOT_SECONDS`: its pid.
+
+    Raises:
+        ConfigError: it could not start; the last line of its stderr says why.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    log_path = path.with_suffix(".log")
+    bin_dir = str(Path(sys.executable).parent)
+    boot = f"import sys; sys.path[0] = {bin_dir!r}; import edl_argo.zygote as z; z.main_warm()"
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-c", boot, str(path), repr(idle_seconds)],
+            env=server_environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + BOOT_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            lines = log_path.read_text(errors="replace").strip().splitlines()
+            raise ConfigError(
+                f"the warm server exited at start: {lines[-1] if lines else process.returncode}"
+            )
+        with contextlib.suppress(TemplateError):
+            channel, pid = connect_template(path, CONNECT_SECONDS)
+            channel.close()
+            return pid
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    raise ConfigError(f"the warm server was not ready within {BOOT_SECONDS:g} s (its log: {log_path})")
