@@ -247,8 +247,9 @@ class PodTemplate:
                 self._abandon(f"cannot start the pod template: {error}")
 
     def start_in_background(self) -> None:
-        """:meth:`warm_up` in a thread of its own: the template imports while this process works on."""
-        if self._usable:
+        """:meth:`warm_up` in a thread of its own: the template imports while this process works on. A
+        warm server's connection is made by the first :meth:`fork` instead (it takes milliseconds)."""
+        if self._usable and self._server is None:
             threading.Thread(target=self.warm_up, name="pod-template-start", daemon=True).start()
 
     def fork(self, request: ForkRequest) -> ForkedSupervisor | None:

@@ -160,12 +160,8 @@ def run_in_warm_server(argv: Sequence[str], command: str | None) -> int | None:
     except TemplateError:
         return None
     with channel:
-        umask = os.umask(0)
-        os.umask(umask)
-        program = sys.argv[0] if os.path.isabs(sys.argv[0]) else template_program()
-        request = CommandRequest((program, *argv), dict(os.environ), os.getcwd(), umask)
         try:
-            socket.send_fds(channel, [request.encode()], [0, 1, 2])
+            socket.send_fds(channel, [this_command(argv).encode()], [0, 1, 2])
             reply = json.loads(receive_message(channel, REQUEST_SECONDS, what="the warm server's answer"))
         except (OSError, TemplateError, ValueError):
             return None
@@ -243,12 +239,35 @@ def run_warm_command(args: argparse.Namespace) -> int:
         print(f"edl-argo warm: stopped the warm server (pid {pid})")
         return 0
     if channel is not None:
-        channel.close()
+        with channel:
+            reason = refusal(channel)
+        if reason:
+            raise ConfigError(
+                f"the warm server (pid {pid}) does not serve this environment: {reason}; "
+                "stop it with 'edl-argo warm --stop', then start it again"
+            )
         print(f"edl-argo warm: a warm server runs already (pid {pid}, {path})")
         return 0
     pid = start_server(path, args.idle_minutes * 60.0)
     print(f"edl-argo warm: ready (pid {pid}, {path}); it exits after {args.idle_minutes:g} min idle")
     return 0
+
+
+def refusal(channel: socket.socket) -> str:
+    """Why the server at the other end of ``channel`` would not run ``edl-argo train`` for this process
+    (its environment), or ""."""
+    request = this_command(["train"])
+    channel.send(json.dumps({"check": True, **json.loads(request.encode())}).encode())
+    reply = json.loads(receive_message(channel, REQUEST_SECONDS, what="the warm server's answer"))
+    return str(reply.get("exec", ""))
+
+
+def this_command(argv: Sequence[str]) -> CommandRequest:
+    """``edl-argo ARGV`` as this process would run it: its environment, directory and umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    program = sys.argv[0] if os.path.isabs(sys.argv[0]) else template_program()
+    return CommandRequest((program, *argv), dict(os.environ), os.getcwd(), umask)
 
 
 def start_server(path: Path, idle_seconds: float) -> int:

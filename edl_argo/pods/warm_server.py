@@ -9,6 +9,8 @@ imports everything, binds the socket and calls :func:`serve_warm`. A connection 
   command gets SIGTERM.
 - a pod request of a pod template (:class:`~edl_argo.pods.prefork.ForkRequest` and its exit pipe),
   answered as a template answers (:func:`~edl_argo.pods.prefork.start_pod`): a master's pods.
+- ``{"check": true, "run": ...}`` (no descriptors): answer ``{}`` if it would run that command, else
+  ``{"exec": reason}`` (``edl-argo warm`` asks before it says a server runs).
 - ``{"stop": true}``: answer, remove the socket and exit (what it forked runs on).
 
 It forks only while it runs no thread besides its own (as a template), and exits once no connection is
@@ -131,7 +133,10 @@ class _Server:
             self._send(channel, {"stopping": os.getpid()})
             log.info("warm_server_stopped")
             self._exit()
-        if "run" in record:
+        if record.get("check"):
+            _close_all(descriptors)
+            reply = self._check(record)
+        elif "run" in record:
             reply = self._start_command(channel, record, descriptors)
         elif len(descriptors) == 1:
             reply = start_pod(
@@ -162,6 +167,14 @@ class _Server:
                 log.info("warm_command_orphaned", pid=pid, consequence="SIGTERM")
 
     # -- commands -----------------------------------------------------------------------------------------
+
+    def _check(self, record: dict[str, Any]) -> dict[str, object]:
+        """Whether the command of ``record`` would run here: ``{}``, or ``{"exec": reason}``."""
+        try:
+            reason = self.forks.decline_command(CommandRequest.decode(record))
+        except (KeyError, TypeError, ValueError) as error:
+            reason = f"an unreadable request: {error}"
+        return {} if reason is None else {"exec": reason}
 
     def _start_command(
         self, channel: socket.socket, record: dict[str, Any], descriptors: list[int]

@@ -1,0 +1,198 @@
+"""``edl-argo warm``: commands and their pods forked from a server that has imported TensorFlow
+(``edl_argo.pods.warm``, ``edl_argo.pods.warm_server``, ``edl_argo.zygote.main_warm``).
+
+A command run warm must be what it is cold: the same output on the caller's descriptors, exit status and
+one-line errors; signals to the caller reach it; a caller that dies takes it down. Each server imports
+TensorFlow (seconds), so one serves the module; the tests that stop a server start one of their own. Every
+server runs under a run dir of its own (``EDL_RUN_DIR``), which no other test's commands use.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edl_argo.storage.local import LocalStorage
+from tests.bench.pod_start import train_command
+from tests.engine_helpers import write_digits_dataset
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets with SO_PEERCRED"),
+]
+
+PROGRAM = str(Path(sys.executable).parent / "edl-argo")
+#: Every bounded wait of these tests.
+WAIT_SECONDS = 60.0
+
+
+class Server:
+    """A warm server under a run dir of its own, and how to run commands beside it."""
+
+    def __init__(self, idle_minutes: float = 5.0) -> None:
+        # A short folder: a Unix socket's path has at most 107 bytes.
+        self.run_dir = Path(tempfile.mkdtemp(prefix="edlw", dir="/tmp"))
+        self.env = dict(os.environ, EDL_RUN_DIR=str(self.run_dir), EDL_NO_PROGRESS_BAR="1")
+        started = self.run("warm", "--idle-minutes", str(idle_minutes))
+        assert started.returncode == 0, started.stderr
+        found = re.search(r"ready \(pid (\d+), (\S+?)\)", started.stdout)
+        assert found, started.stdout
+        self.pid, self.socket = int(found[1]), Path(found[2])
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """``edl-argo ARGS`` (with ``env`` added to the environment), to its end."""
+        return subprocess.run(
+            [PROGRAM, *args],
+            env={**self.env, **env},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=WAIT_SECONDS * 3,
+        )
+
+    def log(self) -> str:
+        return self.socket.with_suffix(".log").read_text()
+
+    def commands(self) -> dict[int, str]:
+        """The pid and command of each command the server forked, from its log."""
+        return {
+            int(pid): command
+            for command, pid in re.findall(r"warm_command_started command=(\S+) pid=(\d+)", self.log())
+        }
+
+    def exit_code(self, pid: int) -> int | None:
+        found = re.search(rf"warm_command_ended pid={pid} exit_code=(-?\d+)", self.log())
+        return int(found[1]) if found else None
+
+    def stop(self) -> None:
+        stopped = self.run("warm", "--stop")
+        assert stopped.returncode == 0, stopped.stderr
+        wait_for(lambda: not alive(self.pid), f"the warm server (pid {self.pid}) to exit")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {WAIT_SECONDS:g} s for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    started = Server()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("digits")
+    write_digits_dataset(LocalStorage(root))
+    return root
+
+
+def test_a_job_runs_in_the_server_and_its_pods_fork_from_it(
+    server: Server, digits: Path, tmp_path: Path
+) -> None:
+    before = set(server.commands())
+    done = server.run(*train_command(digits, tmp_path / "out", "warm-job")[1:])
+    assert done.returncode == 0, done.stderr[-3000:]
+    accuracy = re.search(r"job warm-job succeeded: model at \S+ accuracy=([\d.]+)", done.stdout)
+    assert accuracy and float(accuracy[1]) > 0.9, done.stdout
+    assert list((tmp_path / "out" / "model").glob("v-*/saved_model/saved_model.pb"))
+    (master,) = set(server.commands()) - before
+    assert server.commands()[master] == "train" and server.exit_code(master) == 0
+    # The job's pod template is the server (not a template of its own), and every pod was forked.
+    assert re.search(rf"pod_template_ready job=warm-job pid={server.pid} ", done.stderr), done.stderr[-3000:]
+    started = re.findall(r"pod_started job=warm-job pod=(\S+) pid=\d+ forked=(\w+)", done.stderr)
+    assert sorted(started) == [("ps-0", "True"), ("worker-0", "True"), ("worker-1", "True")]
+
+
+def test_a_failing_command_says_what_it_says_cold(server: Server, tmp_path: Path) -> None:
+    args = ("train", "--model-def", str(tmp_path / "missing.py"), "--training-data", str(tmp_path))
+    args += ("--output", str(tmp_path / "out"))
+    before = set(server.commands())
+    warm = server.run(*args)
+    cold = server.run(*args, EDL_WARM="0")
+    assert len(set(server.commands()) - before) == 1  # the first ran in the server, the second did not
+    assert warm.returncode == cold.returncode != 0
+    assert warm.stderr == cold.stderr and len(warm.stderr.splitlines()) == 1, warm.stderr
+    assert "missing.py" in warm.stderr
+
+
+def test_another_import_time_environment_runs_cold(server: Server) -> None:
+    before = set(server.commands())
+    helped = server.run("evaluate", "--help", PYTHONHASHSEED="7")
+    assert helped.returncode == 0 and "--model-def" in helped.stdout
+    assert set(server.commands()) == before
+    refused = server.run("warm", PYTHONHASHSEED="7")
+    assert refused.returncode != 0 and len(refused.stderr.splitlines()) == 1
+    assert "does not serve this environment" in refused.stderr and "PYTHONHASHSEED" in refused.stderr
+    assert alive(server.pid)
+
+
+def _start_job(server: Server, digits: Path, folder: Path, name: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A long job of the digits dataset started through the server, once all three pods started: the
+    client and the command's pid."""
+    command = train_command(digits, folder / "out", name)
+    command[command.index("--num-epochs") + 1] = "1000"
+    log = folder / "client.log"
+    before = set(server.commands())
+    with open(log, "wb") as out:
+        client = subprocess.Popen(command, env=server.env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    wait_for(lambda: log.read_text().count(f"pod_started job={name}") == 3, "the job's three pods")
+    (pid,) = set(server.commands()) - before
+    return client, pid
+
+
+def test_sigterm_to_the_caller_stops_the_job(server: Server, digits: Path, tmp_path: Path) -> None:
+    client, master = _start_job(server, digits, tmp_path, "warm-term")
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(WAIT_SECONDS) == 128 + signal.SIGTERM
+    text = (tmp_path / "client.log").read_text()
+    assert text.rstrip().endswith("edl-argo train: terminated"), text[-2000:]
+    assert len(re.findall(r"pod_exited job=warm-term pod=\S+ phase=Deleted", text)) == 3
+    assert server.exit_code(master) == 128 + signal.SIGTERM and not alive(master)
+
+
+def test_a_dead_caller_takes_its_command_down(server: Server, digits: Path, tmp_path: Path) -> None:
+    client, master = _start_job(server, digits, tmp_path, "warm-kill")
+    client.kill()
+    client.wait(WAIT_SECONDS)
+    wait_for(lambda: server.exit_code(master) is not None, "the orphaned command to end")
+    assert f"warm_command_orphaned pid={master} consequence=SIGTERM" in server.log()
+    assert server.exit_code(master) == 128 + signal.SIGTERM
+    text = (tmp_path / "client.log").read_text()
+    assert len(re.findall(r"pod_exited job=warm-kill pod=\S+ phase=Deleted", text)) == 3, text[-2000:]
+
+
+def test_a_server_stops_when_asked_or_idle() -> None:
+    asked = Server()
+    again = asked.run("warm")
+    assert again.returncode == 0 and f"runs already (pid {asked.pid}" in again.stdout
+    asked.stop()
+    assert not asked.socket.exists()
+    idle = Server(idle_minutes=0.05)
+    wait_for(lambda: not alive(idle.pid), "the idle server to exit")
+    assert not idle.socket.exists() and "warm_server_idle" in idle.log()
+    # Without a server, a command runs as it does cold.
+    helped = idle.run("evaluate", "--help")
+    assert helped.returncode == 0 and "--model-def" in helped.stdout
