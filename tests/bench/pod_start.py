@@ -1,5 +1,6 @@
-"""How long a local job takes to train its first step, with its pods forked from the pod template and with
-each pod importing TensorFlow itself (``EDL_LOCAL_PREFORK=0``): a measurement, not a test.
+"""How long a local job takes to train its first step, with its pods forked from the pod template, with
+each pod importing TensorFlow itself (``EDL_LOCAL_PREFORK=0``), and with the master and its pods forked from
+a warm server (``edl-argo warm``, started before the trials): a measurement, not a test.
 
 ``python -m tests.bench.pod_start [--trials 3]``
 
@@ -7,7 +8,7 @@ Each trial runs ``edl-argo train`` (a program of its own, as a user runs it) on 
 workers, 1 PS: :data:`tests.engine_helpers.DIGITS_JOB`) with ``EDL_STEP_TRACE`` set, and times from
 starting the program to the first line a worker appends to its step trace (written when its first
 minibatch's update is applied: :mod:`edl_argo.worker.step_trace`); the job is then stopped (SIGTERM). The
-two ways alternate, so both see the same machine. Prints every trial (with when the master had read the
+ways alternate, so all see the same machine. Prints every trial (with when the master had read the
 job's parts, the template was ready, the first pod started, and the machine's load average) and the median
 of each way.
 """
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from edl_argo.pods.prefork import PREFORK_ENV
+from edl_argo.pods.warm import WARM_ENV
 from edl_argo.storage.local import LocalStorage
 from tests.engine_helpers import DIGITS_JOB, DIGITS_MODEL, write_digits_dataset
 
@@ -71,14 +73,22 @@ def milestones(master_log: Path, started: float) -> dict[str, float]:
     return found
 
 
-def seconds_to_first_step(data: Path, folder: Path, prefork: bool) -> float:
-    """Run the job once (in ``folder``) and time it to its first step (see the module docstring)."""
+#: The ways a trial runs the job: label -> what its environment adds.
+WAYS = {
+    "forked from the template": {PREFORK_ENV: "1", WARM_ENV: "0"},
+    "exec (EDL_LOCAL_PREFORK=0)": {PREFORK_ENV: "0", WARM_ENV: "0"},
+    "warm server (edl-argo warm)": {PREFORK_ENV: "1", WARM_ENV: "1"},
+}
+
+
+def seconds_to_first_step(data: Path, folder: Path, way: str, warm_run_dir: Path) -> float:
+    """Run the job once (in ``folder``) the ``way`` :data:`WAYS` names and time it to its first step (see
+    the module docstring). The warm way runs under ``warm_run_dir``, where the server listens."""
     trace = folder / "trace"
-    env = dict(
-        os.environ, EDL_STEP_TRACE=str(trace), EDL_NO_PROGRESS_BAR="1", EDL_RUN_DIR=str(folder / "run")
-    )
-    env[PREFORK_ENV] = "1" if prefork else "0"
-    job_name = f"pod-start-{'fork' if prefork else 'exec'}-{folder.name}"
+    run_dir = warm_run_dir if WAYS[way][WARM_ENV] == "1" else folder / "run"
+    env = dict(os.environ, EDL_STEP_TRACE=str(trace), EDL_NO_PROGRESS_BAR="1", EDL_RUN_DIR=str(run_dir))
+    env.update(WAYS[way])
+    job_name = f"pod-start-{folder.name}"
     with open(folder / "master.log", "wb") as log:
         started, wall_clock = time.monotonic(), time.time()
         master = subprocess.Popen(
@@ -119,18 +129,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pod-start-") as root:
         data = Path(root) / "digits"
         write_digits_dataset(LocalStorage(data))
-        results: dict[str, list[float]] = {"forked from the template": [], "exec (EDL_LOCAL_PREFORK=0)": []}
-        for trial in range(args.trials):
-            for prefork, label in ((True, "forked from the template"), (False, "exec (EDL_LOCAL_PREFORK=0)")):
-                folder = Path(root) / f"{'fork' if prefork else 'exec'}{trial}"
-                folder.mkdir()
-                print(f"trial {trial + 1}, {label}:", flush=True)
-                seconds = seconds_to_first_step(data, folder, prefork)
-                results[label].append(seconds)
+        warm_run_dir = Path(root) / "warm-run"
+        program = str(Path(sys.executable).parent / "edl-argo")
+        server_env = dict(os.environ, EDL_RUN_DIR=str(warm_run_dir))
+        subprocess.run([program, "warm", "--idle-minutes", "10"], env=server_env, check=True, timeout=300)
+        results: dict[str, list[float]] = {way: [] for way in WAYS}
+        try:
+            for trial in range(args.trials):
+                for number, way in enumerate(WAYS):
+                    folder = Path(root) / f"way{number}-trial{trial}"
+                    folder.mkdir()
+                    print(f"trial {trial + 1}, {way}:", flush=True)
+                    results[way].append(seconds_to_first_step(data, folder, way, warm_run_dir))
+        finally:
+            subprocess.run([program, "warm", "--stop"], env=server_env, check=False, timeout=60)
         print()
-        for label, values in results.items():
+        for way, values in results.items():
             median, low, high = statistics.median(values), min(values), max(values)
-            print(f"{label}: median {median:.2f} s (min {low:.2f}, max {high:.2f})")
+            print(f"{way}: median {median:.2f} s (min {low:.2f}, max {high:.2f})")
 
 
 if __name__ == "__main__":
