@@ -41,7 +41,7 @@ class Server:
     def __init__(self, idle_minutes: float = 5.0) -> None:
         # A short folder: a Unix socket's path has at most 107 bytes.
         self.run_dir = Path(tempfile.mkdtemp(prefix="edlw", dir="/tmp"))
-        self.env = dict(os.environ, EDL_RUN_DIR=str(self.run_dir), EDL_NO_PROGRESS_BAR="1")
+        self.env = dict(os.environ, EDL_RUN_DIR=str(self.run_dir), EDL_NO_PROGRESS_BAR="1", EDL_WARM="1")
         started = self.run("warm", "--idle-minutes", str(idle_minutes))
         assert started.returncode == 0, started.stderr
         found = re.search(r"ready \(pid (\d+), (\S+?)\)", started.stdout)
@@ -163,14 +163,21 @@ def _start_job(server: Server, digits: Path, folder: Path, name: str) -> tuple[s
     return client, pid
 
 
-def test_sigterm_to_the_caller_stops_the_job(server: Server, digits: Path, tmp_path: Path) -> None:
-    client, master = _start_job(server, digits, tmp_path, "warm-term")
-    client.send_signal(signal.SIGTERM)
-    assert client.wait(WAIT_SECONDS) == 128 + signal.SIGTERM
+@pytest.mark.parametrize(
+    ("number", "code", "last_line"),
+    [(signal.SIGTERM, 128 + signal.SIGTERM, "terminated"), (signal.SIGINT, 130, "interrupted")],
+    ids=["sigterm", "sigint"],
+)
+def test_a_signal_to_the_caller_stops_the_job(
+    server: Server, digits: Path, tmp_path: Path, number: int, code: int, last_line: str
+) -> None:
+    client, master = _start_job(server, digits, tmp_path, "warm-signal")
+    client.send_signal(number)
+    assert client.wait(WAIT_SECONDS) == code
     text = (tmp_path / "client.log").read_text()
-    assert text.rstrip().endswith("edl-argo train: terminated"), text[-2000:]
-    assert len(re.findall(r"pod_exited job=warm-term pod=\S+ phase=Deleted", text)) == 3
-    assert server.exit_code(master) == 128 + signal.SIGTERM and not alive(master)
+    assert text.rstrip().endswith(f"edl-argo train: {last_line}"), text[-2000:]
+    assert len(re.findall(r"pod_exited job=warm-signal pod=\S+ phase=Deleted", text)) == 3
+    assert server.exit_code(master) == code and not alive(master)
 
 
 def test_a_dead_caller_takes_its_command_down(server: Server, digits: Path, tmp_path: Path) -> None:
@@ -196,3 +203,34 @@ def test_a_server_stops_when_asked_or_idle() -> None:
     # Without a server, a command runs as it does cold.
     helped = idle.run("evaluate", "--help")
     assert helped.returncode == 0 and "--model-def" in helped.stdout
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_its_caller_died(
+    server: Server, tmp_path: Path
+) -> None:
+    model = tmp_path / "stubborn.py"
+    ready = tmp_path / "ignoring"
+    model.write_text(
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "time.sleep(600)\n"
+    )
+    args = [
+        "train",
+        "--model-def",
+        str(model),
+        "--training-data",
+        str(tmp_path),
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    before = set(server.commands())
+    client = subprocess.Popen([PROGRAM, *args], env=server.env, stdin=subprocess.DEVNULL)
+    wait_for(ready.exists, "the model file to ignore SIGTERM")
+    (master,) = set(server.commands()) - before
+    client.kill()
+    client.wait(WAIT_SECONDS)
+    wait_for(lambda: server.exit_code(master) is not None, "the command to be killed")
+    assert server.exit_code(master) == 128 + signal.SIGKILL
+    assert f"warm_command_killed pid={master}" in server.log()

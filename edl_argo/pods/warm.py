@@ -11,11 +11,12 @@ instead of importing anything (:func:`run_in_warm_server`), and the pods of a jo
 **The contract.** A command run warm behaves as it does cold: same argv, environment, working directory
 and umask; its standard input, output and error are the client's own descriptors (passed over the
 socket), so a terminal, a pipe or a file sees what it would; the client's exit status is the command's
-(128 + N if a signal N ended it); SIGINT, SIGTERM and SIGHUP sent to the client go to the command; if
-the client dies, the command gets SIGTERM. The command runs in a session of its own, as a child of the
-server. What the server cannot honour it declines, and the client then runs the command itself: a
-command not in :data:`WARM_COMMANDS`, or an import-time variable (:func:`~edl_argo.pods.prefork.
-is_import_time`) that differs from the server's.
+(128 + N if a signal N ended it); SIGINT, SIGTERM and SIGHUP sent to the client go to the command. If the
+client dies, the command gets SIGTERM, and its session SIGKILL :data:`ORPHAN_GRACE_SECONDS` later if it
+still runs (as a container runtime kills what its step's process left). The command runs in a session of
+its own, as a child of the server. What the server cannot honour it declines, and the client then runs
+the command itself: a command not in :data:`WARM_COMMANDS`, or an import-time variable
+(:func:`~edl_argo.pods.prefork.is_import_time`) that differs from the server's.
 
 **Which server.** One per :func:`installation_key`: the interpreter, this package's version and source
 files (their sizes and times) and the run dir. A changed source file or another virtualenv finds no
@@ -70,6 +71,9 @@ WARM_COMMANDS = frozenset({"train", "evaluate", "predict"})
 
 IDLE_MINUTES = 30.0
 """How long a warm server waits, with no command running and no connection open, before it exits."""
+
+ORPHAN_GRACE_SECONDS = 15.0
+"""How long a command whose client died has, after SIGTERM, before its session gets SIGKILL."""
 
 CONNECT_SECONDS = 2.0
 """How long a client waits to connect to a server and for its greeting before it runs the command itself."""
@@ -266,8 +270,8 @@ def this_command(argv: Sequence[str]) -> CommandRequest:
     """``edl-argo ARGV`` as this process would run it: its environment, directory and umask."""
     umask = os.umask(0)
     os.umask(umask)
-    program = sys.argv[0] if os.path.isabs(sys.argv[0]) else template_program()
-    return CommandRequest((program, *argv), dict(os.environ), os.getcwd(), umask)
+    # The program beside the interpreter (the installation the key names), also for ``python -m``.
+    return CommandRequest((template_program(), *argv), dict(os.environ), os.getcwd(), umask)
 
 
 def start_server(path: Path, idle_seconds: float) -> int:

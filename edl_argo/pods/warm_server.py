@@ -6,7 +6,7 @@ imports everything, binds the socket and calls :func:`serve_warm`. A connection 
 - ``{"run": argv, "env", "cwd", "umask"}`` with the client's descriptors 0, 1 and 2: fork the command
   (:class:`~edl_argo.pods.warm.CommandRequest`), answer ``{"pid": pid}`` (or ``{"exec": reason}``), and
   when it exits, ``{"exit": status}``, then close the connection. If the client closes it first, the
-  command gets SIGTERM.
+  command gets SIGTERM, and its session SIGKILL :data:`~edl_argo.pods.warm.ORPHAN_GRACE_SECONDS` later.
 - a pod request of a pod template (:class:`~edl_argo.pods.prefork.ForkRequest` and its exit pipe),
   answered as a template answers (:func:`~edl_argo.pods.prefork.start_pod`): a master's pods.
 - ``{"check": true, "run": ...}`` (no descriptors): answer ``{}`` if it would run that command, else
@@ -33,7 +33,7 @@ from typing import Any, NoReturn, Protocol
 
 from edl_argo.log import get_logger
 from edl_argo.pods.prefork import ForkRequest, running_threads, start_pod
-from edl_argo.pods.warm import CommandRequest, peer_uid
+from edl_argo.pods.warm import ORPHAN_GRACE_SECONDS, CommandRequest, peer_uid
 
 log = get_logger(__name__)
 
@@ -74,6 +74,8 @@ class _Server:
         self.connections: set[socket.socket] = set()
         self.commands: dict[int, socket.socket | None] = {}
         """Each running command's pid and the connection of its client (None once that closed)."""
+        self.orphaned: dict[int, float] = {}
+        """When each command whose client closed got SIGTERM (``time.monotonic()``)."""
         self.busy_at = time.monotonic()
         self.wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake_write = wake_write
@@ -83,6 +85,7 @@ class _Server:
     def run(self) -> NoReturn:
         while True:
             self._reap()
+            self._kill_late_orphans()
             if self.connections or self.commands:
                 self.busy_at = time.monotonic()
             elif time.monotonic() - self.busy_at > self.idle_seconds:
@@ -162,9 +165,18 @@ class _Server:
         for pid, client in self.commands.items():
             if client is channel:
                 self.commands[pid] = None
+                self.orphaned[pid] = time.monotonic()
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
                 log.info("warm_command_orphaned", pid=pid, consequence="SIGTERM")
+
+    def _kill_late_orphans(self) -> None:
+        for pid, since in list(self.orphaned.items()):
+            if time.monotonic() - since > ORPHAN_GRACE_SECONDS:
+                del self.orphaned[pid]
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+                log.warning("warm_command_killed", pid=pid, after_seconds=ORPHAN_GRACE_SECONDS)
 
     # -- commands -----------------------------------------------------------------------------------------
 
@@ -223,6 +235,7 @@ class _Server:
             if pid not in self.commands:
                 continue  # a pod's supervisor
             channel = self.commands.pop(pid)
+            self.orphaned.pop(pid, None)
             code = os.waitstatus_to_exitcode(status)
             code = 128 - code if code < 0 else code
             log.info("warm_command_ended", pid=pid, exit_code=code)
