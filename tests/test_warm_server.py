@@ -75,7 +75,7 @@ class Server:
 
     def stop(self) -> None:
         stopped = self.run("warm", "--stop")
-        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.returncode == 0 and f"(pid {self.pid})" in stopped.stdout, stopped
         wait_for(lambda: not alive(self.pid), f"the warm server (pid {self.pid}) to exit")
 
 

@@ -215,14 +215,16 @@ def register(subparsers: Any) -> None:
         default=IDLE_MINUTES,
         help=f"exit after this long with nothing to run (default {IDLE_MINUTES:g})",
     )
-    add_flag(parser, "--stop", action="store_true", help="stop this installation's warm server instead")
+    add_flag(parser, "--stop", action="store_true", help="stop the warm servers of this run dir instead")
     add_flag(parser, "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.set_defaults(run=run_warm_command)
 
 
 def run_warm_command(args: argparse.Namespace) -> int:
     """``edl-argo warm``: start this installation's server (unless it runs) and wait until it serves; with
-    ``--stop``, stop it. Prints one line."""
+    ``--stop``, stop every server of the run dir (:func:`stop_servers`). Prints one line."""
+    if args.stop:
+        return stop_servers()
     path = socket_path()
     if len(os.fsencode(path)) > SOCKET_PATH_BYTES:
         raise ConfigError(
@@ -233,15 +235,6 @@ def run_warm_command(args: argparse.Namespace) -> int:
         channel, pid = connect_template(path, CONNECT_SECONDS)
     except TemplateError:
         channel, pid = None, 0
-    if args.stop:
-        if channel is None:
-            print(f"edl-argo warm: no warm server runs for this installation ({path})")
-            return 0
-        with channel:
-            channel.send(json.dumps({"stop": True}).encode())
-            receive_message(channel, REQUEST_SECONDS, what="the warm server to stop")
-        print(f"edl-argo warm: stopped the warm server (pid {pid})")
-        return 0
     if channel is not None:
         with channel:
             reason = refusal(channel)
@@ -254,6 +247,27 @@ def run_warm_command(args: argparse.Namespace) -> int:
         return 0
     pid = start_server(path, args.idle_minutes * 60.0)
     print(f"edl-argo warm: ready (pid {pid}, {path}); it exits after {args.idle_minutes:g} min idle")
+    return 0
+
+
+def stop_servers() -> int:
+    """Stop every warm server listening in this run dir (this installation's, and those of earlier
+    versions or sources, which commands no longer find): prints one line."""
+    stopped = []
+    for path in sorted(warm_dir().glob("*.sock")):
+        try:
+            channel, pid = connect_template(path, CONNECT_SECONDS)
+        except TemplateError:
+            continue
+        with channel:
+            channel.send(json.dumps({"stop": True}).encode())
+            with contextlib.suppress(TemplateError):
+                receive_message(channel, REQUEST_SECONDS, what="the warm server to stop")
+        stopped.append(str(pid))
+    if stopped:
+        print(f"edl-argo warm: stopped {len(stopped)} warm server(s) (pid {', '.join(stopped)})")
+    else:
+        print(f"edl-argo warm: no warm server runs in {warm_dir()}")
     return 0
 
 
