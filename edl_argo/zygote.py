@@ -34,8 +34,9 @@ from edl_argo.pods.prefork import (
     running_threads,
     send_ready,
     serve,
+    unbuffered,
 )
-from edl_argo.pods.warm import WARM_COMMANDS, CommandRequest, comparable_environment
+from edl_argo.pods.warm import WARM_COMMANDS, CommandRequest
 from edl_argo.pods.warm_server import serve_warm
 from edl_argo.tensorflow_import import import_tensorflow
 
@@ -157,7 +158,7 @@ class Template:
         command = cli.command_in(args)
         if command not in commands:
             return f"{command} is not a command this process runs"
-        env = comparable_environment(environ)
+        env = unbuffered(environ)  # as a template and a warm server start (pod_base_environment)
         env["TF_CPP_MIN_LOG_LEVEL"] = cli.native_min_log_level(cli.log_level_in(args), environ)
         wanted = import_time_environment(env)
         differing = sorted(

@@ -127,11 +127,14 @@ def import_time_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 def pod_base_environment() -> dict[str, str]:
     """Every local pod's environment before its own variables: this process's without its credentials
-    (:data:`~edl_argo.rpc.auth.CREDENTIAL_ENV`), with ``PYTHONUNBUFFERED=1`` unless it is set (so Python
-    pods' logs arrive as they are written). The template starts with it."""
-    env = {name: value for name, value in os.environ.items() if name not in CREDENTIAL_ENV}
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+    (:data:`~edl_argo.rpc.auth.CREDENTIAL_ENV`), :func:`unbuffered` (so Python pods' logs arrive as they
+    are written). The template (and a warm server) starts with it."""
+    return unbuffered({name: value for name, value in os.environ.items() if name not in CREDENTIAL_ENV})
+
+
+def unbuffered(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with ``PYTHONUNBUFFERED=1`` unless it sets it."""
+    return {"PYTHONUNBUFFERED": "1", **environ}
 
 
 _process_template: PodTemplate | None = None
@@ -147,15 +150,12 @@ def process_template(job_name: str) -> PodTemplate:
 
     Where this user's warm server serves this process (:mod:`edl_argo.pods.warm`), the template is a
     connection to it instead: nothing is imported again."""
-    from edl_argo.pods.warm import socket_path, warm_enabled  # warm builds on this module
+    from edl_argo.pods.warm import serving_socket  # warm builds on this module
 
     global _process_template
     with _process_template_lock:
         if _process_template is None or not _process_template.usable:
-            server = socket_path() if warm_enabled(os.environ) else None
-            _process_template = PodTemplate(
-                job_name, pod_base_environment, server=server if server and server.exists() else None
-            )
+            _process_template = PodTemplate(job_name, pod_base_environment, server=serving_socket(os.environ))
             _process_template.start_in_background()
             atexit.register(_process_template.close)
         return _process_template

@@ -56,7 +56,6 @@ from edl_argo.pods.prefork import (
     REQUEST_SECONDS,
     TemplateError,
     connect_template,
-    import_time_environment,
     pod_base_environment,
     receive_message,
     template_program,
@@ -90,18 +89,6 @@ def warm_enabled(environ: Mapping[str, str]) -> bool:
     return environ.get(WARM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def server_environment() -> dict[str, str]:
-    """The environment a warm server starts with: a pod's (:func:`~edl_argo.pods.prefork.
-    pod_base_environment`, which drops credentials and sets ``PYTHONUNBUFFERED=1`` unless set)."""
-    return pod_base_environment()
-
-
-def comparable_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The import-time variables of ``environ`` as a server started from it would have them: with
-    ``PYTHONUNBUFFERED=1`` unless it is set (see :func:`server_environment`)."""
-    return import_time_environment({"PYTHONUNBUFFERED": "1", **environ})
-
-
 def installation_key() -> str:
     """What a server must share with a command it runs besides its import-time environment (see the
     module docstring), as 16 hex digits."""
@@ -118,6 +105,31 @@ def installation_key() -> str:
 def socket_path() -> Path:
     """Where the server of this installation listens."""
     return warm_dir() / f"{installation_key()}.sock"
+
+
+def serving_socket(environ: Mapping[str, str]) -> Path | None:
+    """The socket of this installation's server if ``environ`` lets a process use one and one answers
+    there (within :data:`CONNECT_SECONDS`), else None."""
+    connection = connect_server(environ)
+    if connection is None:
+        return None
+    connection.close()
+    return socket_path()
+
+
+def connect_server(environ: Mapping[str, str]) -> socket.socket | None:
+    """A connection to this installation's server, greeted, if ``environ`` lets a process use one and one
+    answers (within :data:`CONNECT_SECONDS`), else None."""
+    if not warm_enabled(environ):
+        return None
+    path = socket_path()
+    if not path.exists():
+        return None
+    try:
+        channel, _ = connect_template(path, CONNECT_SECONDS)
+    except TemplateError:
+        return None
+    return channel
 
 
 @dataclass(frozen=True)
@@ -154,14 +166,8 @@ def run_in_warm_server(argv: Sequence[str], command: str | None) -> int | None:
 
     Waits as long as the command runs: the server answers when the command ends, and a server that dies
     closes the connection, which ends the wait (status 1, one line on stderr)."""
-    if command not in WARM_COMMANDS or not warm_enabled(os.environ):
-        return None
-    path = socket_path()
-    if not path.exists():
-        return None
-    try:
-        channel, _ = connect_template(path, CONNECT_SECONDS)
-    except TemplateError:
+    channel = connect_server(os.environ) if command in WARM_COMMANDS else None
+    if channel is None:
         return None
     with channel:
         try:
@@ -303,7 +309,7 @@ def start_server(path: Path, idle_seconds: float) -> int:
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-c", boot, str(path), repr(idle_seconds)],
-            env=server_environment(),
+            env=pod_base_environment(),  # what a template starts with
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log_file,
