@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "templates": ("edl_argo.hera.render", "render templates/ (WorkflowTemplates, RBAC) from components/"),
     "pipeline": ("edl_argo.pipeline.commands", "run a pipeline here, render it, or submit it to Argo"),
     "sql": ("edl_argo.sqlflow.command", "run a SQLFlow statement (SELECT ... TO TRAIN|PREDICT|EVALUATE)"),
-    "warm": ("edl_argo.pods.warm", "keep TensorFlow imported for this user's next train, evaluate, predict"),
+    "warm": ("edl_argo.pods.warm", "keep TensorFlow imported for your next train, evaluate, predict, sql"),
 }
 
 

@@ -118,6 +118,7 @@ WARM_MODULES = (
     "edl_argo.master.job",
     "edl_argo.master.export",
     "edl_argo.inference",
+    "edl_argo.sqlflow.command",
     "edl_argo.collective.learning_rate",
     "edl_argo.worker.data",
 )

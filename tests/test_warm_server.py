@@ -140,20 +140,21 @@ def test_a_failing_command_says_what_it_says_cold(server: Server, tmp_path: Path
     assert "missing.py" in warm.stderr
 
 
-def test_python_m_runs_in_the_server_as_the_program(server: Server) -> None:
+@pytest.mark.parametrize("command", ["predict", "sql"])
+def test_python_m_runs_in_the_server_as_the_program(server: Server, command: str) -> None:
     """``python -m edl_argo.cli`` (how ``edl-argo pipeline run`` starts its steps) runs warm too, as the
     installation's program (``sys.argv[0]``, ``sys.path[0]``: not the package's own folder)."""
     before = set(server.commands())
     helped = subprocess.run(
-        [sys.executable, "-m", "edl_argo.cli", "predict", "--help"],
+        [sys.executable, "-m", "edl_argo.cli", command, "--help"],
         env=server.env,
         capture_output=True,
         text=True,
         timeout=WAIT_SECONDS,
     )
-    assert helped.returncode == 0 and helped.stdout.startswith("usage: edl-argo predict"), helped
+    assert helped.returncode == 0 and helped.stdout.startswith(f"usage: edl-argo {command}"), helped
     (pid,) = set(server.commands()) - before
-    assert server.commands()[pid] == "predict" and server.exit_code(pid) == 0
+    assert server.commands()[pid] == command and server.exit_code(pid) == 0
 
 
 def test_another_import_time_environment_runs_cold(server: Server) -> None:

@@ -4,9 +4,9 @@ Importing TensorFlow takes 2.5-6 s of a core, and a local ``edl-argo train`` imp
 first step: in the master (to load the model file) and in its pod template (:mod:`edl_argo.pods.prefork`).
 ``edl-argo warm`` starts one process that has imported it, the pods' modules and the master's, and that
 stays up until it has been idle for ``--idle-minutes``. While it runs, each ``edl-argo train``,
-``evaluate`` and ``predict`` of the same user and installation (:data:`WARM_COMMANDS`) is forked from it
-instead of importing anything (:func:`run_in_warm_server`), and the pods of a job are forked from it too
-(:func:`edl_argo.pods.prefork.process_template` connects to it instead of starting a template).
+``evaluate``, ``predict`` and ``sql`` of the same user and installation (:data:`WARM_COMMANDS`) is forked
+from it instead of importing anything (:func:`run_in_warm_server`), and the pods of a job are forked from
+it too (:func:`edl_argo.pods.prefork.process_template` connects to it instead of starting a template).
 
 **The contract.** A command run warm behaves as it does cold: same argv, environment, working directory
 and umask; its standard input, output and error are the client's own descriptors (passed over the
@@ -65,7 +65,7 @@ from edl_argo.run_dir import run_dir, warm_dir
 WARM_ENV = "EDL_WARM"
 """``0``, ``false``, ``no`` or ``off``: run the command here even if a warm server serves it."""
 
-WARM_COMMANDS = frozenset({"train", "evaluate", "predict"})
+WARM_COMMANDS = frozenset({"train", "evaluate", "predict", "sql"})
 """The commands a warm server runs: those that import TensorFlow and are run by people, one after another."""
 
 IDLE_MINUTES = 30.0
@@ -211,7 +211,7 @@ def _wait_for_command(channel: socket.socket, pid: int) -> int:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "warm",
-        help="keep TensorFlow imported for this user's next train, evaluate and predict commands",
+        help="keep TensorFlow imported for this user's next train, evaluate, predict and sql commands",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     add_flag(
