@@ -432,6 +432,25 @@ def serve(
         _answer(channel, start_pod(message, descriptors[0], decline, run_command, channel.close))
 
 
+def fork_unless(reason: str | None, child: Callable[[], object]) -> int | str:
+    """Fork a process that runs ``child`` (and exits 127 should it return) unless there is a ``reason``
+    not to or this process runs another thread (see the module docstring): its pid, or the reason."""
+    threads = running_threads()
+    if reason is None and threads > 1:
+        reason = f"the template runs {threads} threads"
+    if reason is not None:
+        return reason
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child()
+        finally:
+            os._exit(127)
+    return pid
+
+
 def running_threads() -> int:
     """How many threads this process runs (``/proc/self/task``)."""
     return len(os.listdir("/proc/self/task"))
@@ -449,22 +468,13 @@ def start_pod(
     first calls ``close_in_child`` (the template's sockets). Closes ``exit_pipe`` here."""
     try:
         request = ForkRequest.decode(message)
-        reason = decline(request)
-        threads = running_threads()
-        if reason is None and threads > 1:
-            reason = f"the template runs {threads} threads"
-        if reason is not None:
-            return {"exec": reason}
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                close_in_child()
-                _become_supervisor(request, exit_pipe, run_command)
-            finally:
-                os._exit(127)
-        return {"pid": pid}
+
+        def supervisor() -> None:
+            close_in_child()
+            _become_supervisor(request, exit_pipe, run_command)
+
+        forked = fork_unless(decline(request), supervisor)
+        return {"pid": forked} if isinstance(forked, int) else {"exec": forked}
     except (OSError, ValueError, KeyError, TypeError) as error:
         return {"exec": f"cannot fork: {error}"}
     finally:

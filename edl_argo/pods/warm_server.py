@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from edl_argo.log import get_logger
-from edl_argo.pods.prefork import ForkRequest, running_threads, start_pod
+from edl_argo.pods.prefork import ForkRequest, fork_unless, start_pod
 from edl_argo.pods.warm import ORPHAN_GRACE_SECONDS, CommandRequest, peer_uid
 
 log = get_logger(__name__)
@@ -198,26 +198,19 @@ class _Server:
                 request = CommandRequest.decode(record)
             except (KeyError, TypeError, ValueError) as error:
                 return {"exec": f"an unreadable request: {error}"}
-            reason = self.forks.decline_command(request)
-            threads = running_threads()
-            if reason is None and threads > 1:
-                reason = f"the warm server runs {threads} threads"
-            if reason is not None:
-                return {"exec": reason}
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    self._close()
-                    os.setsid()
-                    for target, descriptor in enumerate(descriptors):
-                        os.dup2(descriptor, target)
-                    _close_all(descriptors)
-                    os.umask(request.umask)
-                    self.forks.run_warm_command(request)
-                finally:
-                    os._exit(127)
+
+            def command() -> None:
+                self._close()
+                os.setsid()
+                for target, descriptor in enumerate(descriptors):
+                    os.dup2(descriptor, target)
+                _close_all(descriptors)
+                os.umask(request.umask)
+                self.forks.run_warm_command(request)
+
+            pid = fork_unless(self.forks.decline_command(request), command)
+            if isinstance(pid, str):
+                return {"exec": pid}
             self.commands[pid] = channel
             log.info("warm_command_started", command=" ".join(request.argv[1:2]), pid=pid)
             return {"pid": pid}
