@@ -9,9 +9,11 @@ server runs under a run dir of its own (``EDL_RUN_DIR``), which no other test's 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from edl_argo.pods.prefork import connect_template, receive_message
 from edl_argo.storage.local import LocalStorage
 from tests.bench.pod_start import train_command
 from tests.engine_helpers import write_digits_dataset
@@ -155,6 +158,38 @@ def test_python_m_runs_in_the_server_as_the_program(server: Server, command: str
     assert helped.returncode == 0 and helped.stdout.startswith(f"usage: edl-argo {command}"), helped
     (pid,) = set(server.commands()) - before
     assert server.commands()[pid] == command and server.exit_code(pid) == 0
+
+
+BAD_REQUESTS = {
+    "not JSON": (b"\xff not json", 0),
+    "not an object": (b"[1, 2]", 3),
+    "argv not a list": (b'{"run": "train", "env": {}, "cwd": "/", "umask": 18}', 3),
+    "a number in env": (b'{"run": ["edl-argo", "train"], "env": {"A": 1}, "cwd": "/", "umask": 18}', 3),
+    "umask out of range": (b'{"run": ["edl-argo", "train"], "env": {}, "cwd": "/", "umask": 99999}', 3),
+    "no descriptors": (b'{"run": ["edl-argo", "train"], "env": {}, "cwd": "/", "umask": 18}', 0),
+    "a check of nothing": (b'{"check": true, "run": 5}', 0),
+    "a pod without argv": (b'{"env": {}, "cwd": "/", "folder": "/"}', 1),
+    "a pod with env a list": (b'{"argv": ["edl-argo", "worker"], "env": [], "cwd": "/", "folder": "/"}', 1),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
+def test_a_request_the_server_cannot_read_is_declined_and_it_serves_on(server: Server, name: str) -> None:
+    message, descriptors = BAD_REQUESTS[name]
+    channel, pid = connect_template(server.socket, WAIT_SECONDS)
+    with channel:
+        assert pid == server.pid
+        sent = [os.dup(1) for _ in range(descriptors)]
+        try:
+            socket.send_fds(channel, [message], sent)
+        finally:
+            for descriptor in sent:
+                os.close(descriptor)
+        reply = json.loads(receive_message(channel, WAIT_SECONDS))
+    assert list(reply) == ["exec"], reply
+    before = set(server.commands())
+    helped = server.run("evaluate", "--help")
+    assert helped.returncode == 0 and len(set(server.commands()) - before) == 1
 
 
 def test_another_import_time_environment_runs_cold(server: Server) -> None:

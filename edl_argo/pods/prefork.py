@@ -182,8 +182,37 @@ class ForkRequest:
 
     @classmethod
     def decode(cls, data: bytes) -> ForkRequest:
+        """The request ``data`` encodes; ValueError if it is not one."""
         record = json.loads(data)
-        return cls(tuple(record["argv"]), dict(record["env"]), str(record["cwd"]), str(record["folder"]))
+        if not isinstance(record, dict):
+            raise ValueError("a request is a JSON object")
+        return cls(
+            command_line(record.get("argv")),
+            environment(record.get("env")),
+            text(record.get("cwd"), "cwd"),
+            text(record.get("folder"), "folder"),
+        )
+
+
+def command_line(value: object) -> tuple[str, ...]:
+    """``value`` as a command line (a non-empty list of strings); ValueError if it is not one."""
+    if not isinstance(value, list) or not value or not all(isinstance(arg, str) for arg in value):
+        raise ValueError("argv is not a non-empty list of strings")
+    return tuple(value)
+
+
+def environment(value: object) -> dict[str, str]:
+    """``value`` as an environment (strings by string); ValueError if it is not one."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError("env is not an object of strings")
+    return dict(value)
+
+
+def text(value: object, name: str) -> str:
+    """``value`` if it is a string; ValueError naming the field ``name`` otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} is not a string")
+    return value
 
 
 @dataclass(frozen=True)

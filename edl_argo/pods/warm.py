@@ -55,10 +55,13 @@ from edl_argo.pods.prefork import (
     BOOT_SECONDS,
     REQUEST_SECONDS,
     TemplateError,
+    command_line,
     connect_template,
+    environment,
     pod_base_environment,
     receive_message,
     template_program,
+    text,
 )
 from edl_argo.run_dir import run_dir, warm_dir
 
@@ -148,7 +151,12 @@ class CommandRequest:
 
     @classmethod
     def decode(cls, record: Mapping[str, Any]) -> CommandRequest:
-        return cls(tuple(record["run"]), dict(record["env"]), str(record["cwd"]), int(record["umask"]))
+        """The request ``record`` (a decoded JSON object) holds; ValueError if it is not one."""
+        umask = record.get("umask")
+        if not isinstance(umask, int) or not 0 <= umask <= 0o777:
+            raise ValueError("umask is not a number from 0 to 0o777")
+        argv = command_line(record.get("run"))
+        return cls(argv, environment(record.get("env")), text(record.get("cwd"), "cwd"), umask)
 
 
 def peer_uid(channel: socket.socket) -> int:

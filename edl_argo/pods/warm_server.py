@@ -184,7 +184,7 @@ class _Server:
         """Whether the command of ``record`` would run here: ``{}``, or ``{"exec": reason}``."""
         try:
             reason = self.forks.decline_command(CommandRequest.decode(record))
-        except (KeyError, TypeError, ValueError) as error:
+        except ValueError as error:
             reason = f"an unreadable request: {error}"
         return {} if reason is None else {"exec": reason}
 
@@ -196,7 +196,7 @@ class _Server:
                 return {"exec": "the request carried no standard input, output and error"}
             try:
                 request = CommandRequest.decode(record)
-            except (KeyError, TypeError, ValueError) as error:
+            except ValueError as error:
                 return {"exec": f"an unreadable request: {error}"}
 
             def command() -> None:
