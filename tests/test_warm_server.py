@@ -288,3 +288,20 @@ def test_a_command_that_ignores_sigterm_is_killed_after_its_caller_died(
     wait_for(lambda: server.exit_code(master) is not None, "the command to be killed")
     assert server.exit_code(master) == 128 + signal.SIGKILL
     assert f"warm_command_killed pid={master}" in server.log()
+
+
+def test_a_server_killed_under_a_command_ends_its_caller_and_the_command(
+    digits: Path, tmp_path: Path
+) -> None:
+    doomed = Server()
+    client, master = _start_job(doomed, digits, tmp_path, "warm-orphan")
+    os.kill(doomed.pid, signal.SIGKILL)
+    assert client.wait(WAIT_SECONDS) == 1
+    wait_for(lambda: not alive(master), "the command to stop after its SIGTERM")
+    text = (tmp_path / "client.log").read_text()
+    assert f"edl-argo: error: the warm server ended while running the command (pid {master})" in text
+    exited = re.compile(r"pod_exited job=warm-orphan pod=\S+ phase=Deleted")
+    wait_for(lambda: len(exited.findall((tmp_path / "client.log").read_text())) == 3, "the job's pods to end")
+    # A command after it runs cold (the socket is left behind, and refuses).
+    helped = doomed.run("evaluate", "--help")
+    assert helped.returncode == 0 and "--model-def" in helped.stdout
