@@ -305,3 +305,76 @@ def test_a_server_killed_under_a_command_ends_its_caller_and_the_command(
     # A command after it runs cold (the socket is left behind, and refuses).
     helped = doomed.run("evaluate", "--help")
     assert helped.returncode == 0 and "--model-def" in helped.stdout
+
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root, to act as another user (uid 65534)")
+
+#: A server of another user: greets, then prints every message it receives.
+FAKE_SERVER = """
+import json, os, socket, sys
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(sys.argv[1])
+listener.listen(4)
+print("listening", flush=True)
+while True:
+    channel, _ = listener.accept()
+    channel.send(json.dumps({"ready": os.getpid()}).encode())
+    message = channel.recv(65536)
+    print("received", len(message), flush=True)
+"""
+
+
+@as_root
+def test_a_warm_folder_of_another_user_is_refused(tmp_path: Path) -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="edlw", dir="/tmp"))
+    (run_dir / "warm").mkdir()
+    os.chown(run_dir / "warm", NOBODY, NOBODY)
+    started = subprocess.run(
+        [PROGRAM, "warm"],
+        env=dict(os.environ, EDL_RUN_DIR=str(run_dir)),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_SECONDS,
+    )
+    assert started.returncode == 2 and len(started.stderr.splitlines()) == 1, started
+    assert f"{run_dir / 'warm'} belongs to user {NOBODY}" in started.stderr
+    assert not list((run_dir / "warm").iterdir())
+
+
+#: An interpreter the other user may run (this test's own lies under root's home).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@as_root
+@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason=f"needs {SYSTEM_PYTHON} for the other user")
+def test_a_command_does_not_talk_to_another_users_server(tmp_path: Path) -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="edlw", dir="/tmp"))
+    env = dict(os.environ, EDL_RUN_DIR=str(run_dir), EDL_WARM="1")
+    path = subprocess.run(
+        [sys.executable, "-c", "from edl_argo.pods.warm import socket_path; print(socket_path())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=WAIT_SECONDS,
+    ).stdout.strip()
+    Path(path).parent.mkdir(parents=True)
+    os.chmod(run_dir, 0o711)  # for the other user to bind there
+    os.chmod(Path(path).parent, 0o777)
+    fake = subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", FAKE_SERVER, path],
+        stdout=subprocess.PIPE,
+        text=True,
+        user=NOBODY,
+    )
+    try:
+        assert fake.stdout is not None and fake.stdout.readline().strip() == "listening"
+        helped = subprocess.run(
+            [PROGRAM, "evaluate", "--help"], env=env, capture_output=True, text=True, timeout=WAIT_SECONDS
+        )
+        assert helped.returncode == 0 and "--model-def" in helped.stdout  # run here, cold
+    finally:
+        fake.kill()
+        output, _ = fake.communicate(timeout=WAIT_SECONDS)
+    assert "received" not in output  # neither the environment nor the descriptors went to it

@@ -53,6 +53,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -561,17 +562,26 @@ def receive_message(channel: socket.socket, seconds: float, what: str = "the pod
 
 def connect_template(path: Path, seconds: float) -> tuple[socket.socket, int]:
     """A connection to the template (a warm server: :mod:`edl_argo.pods.warm`) listening at ``path``, and
-    its pid from its greeting, within ``seconds``. Raises TemplateError if there is none."""
+    its pid from its greeting, within ``seconds``. Raises TemplateError if there is none, or if the process
+    listening there is another user's (it would see this process's environment and descriptors)."""
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         channel.settimeout(seconds)
         channel.connect(str(path))
         channel.settimeout(None)
+        if peer_uid(channel) != os.getuid():
+            raise TemplateError(f"the process listening there runs as user {peer_uid(channel)}")
         greeting = json.loads(receive_message(channel, seconds, what="the warm server's greeting"))
         return channel, int(greeting["ready"])
     except (OSError, TemplateError, ValueError, KeyError, TypeError) as error:
         channel.close()
         raise TemplateError(f"no warm server at {path}: {error}") from error
+
+
+def peer_uid(channel: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
+    credentials = channel.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", credentials)[1])
 
 
 def _read_line(descriptor: int, seconds: float) -> str:

@@ -22,8 +22,9 @@ the command itself: a command not in :data:`WARM_COMMANDS`, or an import-time va
 files (their sizes and times) and the run dir. A changed source file or another virtualenv finds no
 server and runs cold; so does a command whose import-time variables differ from the server's (a
 ``--log-level DEBUG``, which changes ``TF_CPP_MIN_LOG_LEVEL``, or another ``PYTHONPATH``): the server
-declines it. The socket is ``<run dir>/warm/<key>.sock`` in a folder only the user can enter, and the
-server serves only connections of its own user (``SO_PEERCRED``). ``EDL_WARM=0`` (or ``false``, ``no``,
+declines it. The socket is ``<run dir>/warm/<key>.sock`` in a folder of the user's that only they can
+enter; the server serves only connections of its own user, and a client talks only to a server of its
+own user (``SO_PEERCRED``, both ways). ``EDL_WARM=0`` (or ``false``, ``no``,
 ``off``) keeps a command from using a server.
 
 The server's side is :mod:`edl_argo.pods.warm_server` (its loop) and :func:`edl_argo.zygote.main_warm`.
@@ -38,7 +39,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -157,12 +157,6 @@ class CommandRequest:
             raise ValueError("umask is not a number from 0 to 0o777")
         argv = command_line(record.get("run"))
         return cls(argv, environment(record.get("env")), text(record.get("cwd"), "cwd"), umask)
-
-
-def peer_uid(channel: socket.socket) -> int:
-    """The user id of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
-    credentials = channel.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", credentials)[1])
 
 
 # -- the client ----------------------------------------------------------------------------------------
@@ -309,7 +303,13 @@ def start_server(path: Path, idle_seconds: float) -> int:
     Raises:
         ConfigError: it could not start; the last line of its stderr says why.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner = path.parent.stat().st_uid
+    if owner != os.getuid():
+        raise ConfigError(
+            f"the warm server's folder {path.parent} belongs to user {owner}, not to you: "
+            "set EDL_RUN_DIR to a folder of your own"
+        )
     path.parent.chmod(0o700)
     log_path = path.with_suffix(".log")
     bin_dir = str(Path(sys.executable).parent)

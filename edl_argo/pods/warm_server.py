@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from edl_argo.log import get_logger
-from edl_argo.pods.prefork import ForkRequest, fork_unless, start_pod
-from edl_argo.pods.warm import ORPHAN_GRACE_SECONDS, CommandRequest, peer_uid
+from edl_argo.pods.prefork import ForkRequest, fork_unless, peer_uid, start_pod
+from edl_argo.pods.warm import ORPHAN_GRACE_SECONDS, CommandRequest
 
 log = get_logger(__name__)
 
