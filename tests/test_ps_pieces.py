@@ -307,16 +307,21 @@ def test_a_kernel_in_pieces_trains_as_model_fit_and_exports_whole(wide_spec: Mod
         reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
 
         exported = model_from_parameter_servers(wide_spec, ps.client(), sample)
+        moved: dict[str, float] = {}
         for variable, trained in zip(
             reference.trainable_variables, exported.trainable_variables, strict=True
         ):
             assert tuple(trained.shape) == tuple(variable.shape)
-            assert not np.allclose(trained.numpy(), initial[variable.path], rtol=0, atol=1e-3)
+            moved[variable.path] = float(np.max(np.abs(trained.numpy() - initial[variable.path])))
             # Adam divides each gradient by its own root mean square, so a gradient within rounding of 0
             # can come out with either sign in two computations of it: a few elements may differ by up to
             # twice the steps' learning rates. A piece applied twice, or rows out of order, moves a
             # quarter of the kernel.
             off = ~np.isclose(trained.numpy(), variable.numpy(), rtol=1e-5, atol=1e-6)
             assert off.mean() <= 1e-3, f"{variable.path}: {off.sum()} of {off.size} elements differ"
+        # The job trained (so the comparison says something): the kernel in pieces moved. Not every
+        # variable: the 1-element output bias can end where it started, Adam's six steps of about the
+        # learning rate cancelling out (seen once in CI: 6e-4 from its start).
+        assert moved[kernel] > 1e-3, moved
     finally:
         ps.stop()
