@@ -569,8 +569,9 @@ def connect_template(path: Path, seconds: float) -> tuple[socket.socket, int]:
         channel.settimeout(seconds)
         channel.connect(str(path))
         channel.settimeout(None)
-        if peer_uid(channel) != os.getuid():
-            raise TemplateError(f"the process listening there runs as user {peer_uid(channel)}")
+        listener_uid = peer_uid(channel)
+        if listener_uid != os.getuid():
+            raise TemplateError(f"the process listening there runs as user {listener_uid}")
         greeting = json.loads(receive_message(channel, seconds, what="the warm server's greeting"))
         return channel, int(greeting["ready"])
     except (OSError, TemplateError, ValueError, KeyError, TypeError) as error:

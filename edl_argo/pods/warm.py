@@ -116,13 +116,14 @@ def serving_socket(environ: Mapping[str, str]) -> Path | None:
     connection = connect_server(environ)
     if connection is None:
         return None
-    connection.close()
-    return socket_path()
+    channel, path = connection
+    channel.close()
+    return path
 
 
-def connect_server(environ: Mapping[str, str]) -> socket.socket | None:
-    """A connection to this installation's server, greeted, if ``environ`` lets a process use one and one
-    answers (within :data:`CONNECT_SECONDS`), else None."""
+def connect_server(environ: Mapping[str, str]) -> tuple[socket.socket, Path] | None:
+    """A connection to this installation's server, greeted, and the server's socket, if ``environ`` lets a
+    process use one and one answers (within :data:`CONNECT_SECONDS`), else None."""
     if not warm_enabled(environ):
         return None
     path = socket_path()
@@ -132,7 +133,7 @@ def connect_server(environ: Mapping[str, str]) -> socket.socket | None:
         channel, _ = connect_template(path, CONNECT_SECONDS)
     except TemplateError:
         return None
-    return channel
+    return channel, path
 
 
 @dataclass(frozen=True)
@@ -145,9 +146,10 @@ class CommandRequest:
     cwd: str
     umask: int
 
-    def encode(self) -> bytes:
+    def encode(self, check: bool = False) -> bytes:
+        """The request as sent; with ``check``, as a question whether the server would run it."""
         record = {"run": list(self.argv), "env": self.env, "cwd": self.cwd, "umask": self.umask}
-        return json.dumps(record).encode()
+        return json.dumps({"check": True, **record} if check else record).encode()
 
     @classmethod
     def decode(cls, record: Mapping[str, Any]) -> CommandRequest:
@@ -168,9 +170,10 @@ def run_in_warm_server(argv: Sequence[str], command: str | None) -> int | None:
 
     Waits as long as the command runs: the server answers when the command ends, and a server that dies
     closes the connection, which ends the wait (status 1, one line on stderr)."""
-    channel = connect_server(os.environ) if command in WARM_COMMANDS else None
-    if channel is None:
+    connection = connect_server(os.environ) if command in WARM_COMMANDS else None
+    if connection is None:
         return None
+    channel, _ = connection
     with channel:
         try:
             socket.send_fds(channel, [this_command(argv).encode()], [0, 1, 2])
@@ -282,8 +285,7 @@ def stop_servers() -> int:
 def refusal(channel: socket.socket) -> str:
     """Why the server at the other end of ``channel`` would not run ``edl-argo train`` for this process
     (its environment), or ""."""
-    request = this_command(["train"])
-    channel.send(json.dumps({"check": True, **json.loads(request.encode())}).encode())
+    channel.send(this_command(["train"]).encode(check=True))
     reply = json.loads(receive_message(channel, REQUEST_SECONDS, what="the warm server's answer"))
     return str(reply.get("exec", ""))
 

@@ -77,10 +77,9 @@ class _Server:
         self.orphaned: dict[int, float] = {}
         """When each command whose client closed got SIGTERM (``time.monotonic()``)."""
         self.busy_at = time.monotonic()
-        self.wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.wake_write = wake_write
+        self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda _number, _frame: None)
-        signal.set_wakeup_fd(wake_write)
+        signal.set_wakeup_fd(self.wake_write)
 
     def run(self) -> NoReturn:
         while True:
