@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -160,32 +160,58 @@ def test_python_m_runs_in_the_server_as_the_program(server: Server, command: str
     assert server.commands()[pid] == command and server.exit_code(pid) == 0
 
 
-BAD_REQUESTS = {
-    "not JSON": (b"\xff not json", 0),
-    "not an object": (b"[1, 2]", 3),
-    "argv not a list": (b'{"run": "train", "env": {}, "cwd": "/", "umask": 18}', 3),
-    "a number in env": (b'{"run": ["edl-argo", "train"], "env": {"A": 1}, "cwd": "/", "umask": 18}', 3),
-    "umask out of range": (b'{"run": ["edl-argo", "train"], "env": {}, "cwd": "/", "umask": 99999}', 3),
-    "no descriptors": (b'{"run": ["edl-argo", "train"], "env": {}, "cwd": "/", "umask": 18}', 0),
-    "a check of nothing": (b'{"check": true, "run": 5}', 0),
-    "a pod without argv": (b'{"env": {}, "cwd": "/", "folder": "/"}', 1),
-    "a pod with env a list": (b'{"argv": ["edl-argo", "worker"], "env": [], "cwd": "/", "folder": "/"}', 1),
+def command_record(server: Server, **changes: object) -> dict[str, object]:
+    """A request the server runs (``edl-argo evaluate --help`` in its own environment), with ``changes``."""
+    return {"run": [PROGRAM, "evaluate", "--help"], "env": server.env, "cwd": "/", "umask": 0o22, **changes}
+
+
+def pod_record(server: Server, **changes: object) -> dict[str, object]:
+    return {"argv": [PROGRAM, "worker", "--help"], "env": server.env, "cwd": "/", "folder": "/", **changes}
+
+
+#: Each request, as bytes or as a record, with how many descriptors it carries. A record differs from
+#: one the server runs (:func:`command_record`, checked below) in the one field its name says.
+BAD_REQUESTS: dict[str, tuple[Callable[[Server], bytes | dict[str, object]], int]] = {
+    "not JSON": (lambda _: b"\xff not json", 0),
+    "not an object": (lambda _: b"[1, 2]", 3),
+    "argv not a list": (lambda server: command_record(server, run="evaluate"), 3),
+    "a number in env": (lambda server: command_record(server, env={**server.env, "EDL_NUMBER": 1}), 3),
+    "umask out of range": (lambda server: command_record(server, umask=99999), 3),
+    "no descriptors": (command_record, 0),
+    "a check of nothing": (lambda _: {"check": True, "run": 5}, 0),
+    "a pod without argv": (lambda server: {k: v for k, v in pod_record(server).items() if k != "argv"}, 1),
+    "a pod with env a list": (lambda server: pod_record(server, env=[]), 1),
 }
 
 
-@pytest.mark.parametrize("name", list(BAD_REQUESTS))
-def test_a_request_the_server_cannot_read_is_declined_and_it_serves_on(server: Server, name: str) -> None:
-    message, descriptors = BAD_REQUESTS[name]
+def send_request(server: Server, request: bytes | dict[str, object], descriptors: int) -> dict[str, object]:
+    """The server's answer to ``request`` sent with ``descriptors`` descriptors (of /dev/null); for a
+    command it runs, with its ``exit`` status (the connection stays open until it ends)."""
+    message = request if isinstance(request, bytes) else json.dumps(request).encode()
     channel, pid = connect_template(server.socket, WAIT_SECONDS)
     with channel:
         assert pid == server.pid
-        sent = [os.dup(1) for _ in range(descriptors)]
+        sent = [os.open(os.devnull, os.O_RDWR) for _ in range(descriptors)]
         try:
             socket.send_fds(channel, [message], sent)
         finally:
             for descriptor in sent:
                 os.close(descriptor)
         reply = json.loads(receive_message(channel, WAIT_SECONDS))
+        if "pid" in reply:
+            reply.update(json.loads(receive_message(channel, WAIT_SECONDS, what="the command's exit")))
+        return reply
+
+
+def test_the_request_the_bad_ones_differ_from_is_run(server: Server) -> None:
+    reply = send_request(server, command_record(server), 3)
+    assert sorted(reply) == ["exit", "pid"] and reply["exit"] == 0, reply
+
+
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
+def test_a_request_the_server_cannot_read_is_declined_and_it_serves_on(server: Server, name: str) -> None:
+    make, descriptors = BAD_REQUESTS[name]
+    reply = send_request(server, make(server), descriptors)
     assert list(reply) == ["exec"], reply
     before = set(server.commands())
     helped = server.run("evaluate", "--help")
