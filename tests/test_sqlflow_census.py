@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 import tensorflow as tf
+from contract_training import train_in_process
 from sql_helpers import DATABASES, Tables, tables_of
 
 from edl_argo.data.census import write_census
@@ -50,19 +51,7 @@ def train_here(plan: command.TrainPlan, db_url: str, select: str, model_dir: str
         for n, a in zip(opened.schema.names, records, strict=True)
     }
     dataset = premade.feed(tf.data.Dataset.from_tensor_slices(tensors), Mode.TRAINING).shuffle(4096, seed=1)
-    model = premade.custom_model()
-    optimizer = premade.optimizer()
-
-    @tf.function(reduce_retracing=True)  # traced once: run eagerly, the steps took most of the test
-    def step(features: dict, labels: tf.Tensor) -> None:
-        with tf.GradientTape() as tape:
-            loss = premade.loss(labels, model(features, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-
-    for _ in range(epochs):
-        for features, labels in dataset.batch(64):
-            step(features, labels)
+    model = train_in_process(premade, dataset.batch(64), epochs)
     storage = open_storage(model_dir)
     storage.write(command.MODEL_FILE, plan.model_file.encode())
     publish_model(storage, model, {}, {})

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from contract_training import train_in_process
 
 from edl_argo.errors import ConfigError
 from edl_argo.model import Mode, load_model_spec
@@ -150,14 +151,7 @@ def test_a_generated_model_file_learns_through_the_contract(tmp_path: Path, mode
     path.write_text(model_file_text(premade))
     spec = load_model_spec(str(path))
     dataset = spec.feed(tf.data.Dataset.from_tensor_slices(data), Mode.TRAINING, None).batch(64)
-    keras_model = spec.custom_model()
-    optimizer = spec.optimizer()
-    for _ in range(8):
-        for features, labels in dataset:
-            with tf.GradientTape() as tape:
-                value = spec.loss(labels, keras_model(features, training=True))
-            grads = tape.gradient(value, keras_model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, keras_model.trainable_variables, strict=True))
+    keras_model = train_in_process(spec, dataset, epochs=8)
     correct = []
     metric = spec.eval_metrics_fn()["accuracy"]
     for features, labels in spec.feed(tf.data.Dataset.from_tensor_slices(data), Mode.EVALUATION, None).batch(
