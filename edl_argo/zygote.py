@@ -42,6 +42,11 @@ from edl_argo.tensorflow_import import import_tensorflow
 
 _log = log.get_logger(__name__)
 
+#: SIGINT's handler as this interpreter started: Python's ``default_int_handler``, or SIG_IGN when the
+#: process that started the template (the master) ignored SIGINT, which a pod started with exec then
+#: ignores too (an ignored signal stays ignored across fork and exec; a shell's background job ignores it).
+_SIGINT_AT_START = signal.getsignal(signal.SIGINT)
+
 
 def main() -> NoReturn:
     """The template's program: ``sys.argv[1]`` is the descriptor of its socket."""
@@ -188,7 +193,7 @@ class Template:
             signal.signal(number, signal.SIG_DFL)
         for number in (signal.SIGPIPE, signal.SIGXFSZ):  # as the interpreter sets them when it starts
             signal.signal(number, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)
         os.environ.clear()
         os.environ.update(environ)
         os.environ.update(self.set_by_imports)

@@ -150,6 +150,29 @@ def test_a_forked_pod_runs_the_cli_with_the_environment_argv_and_signals_of_an_e
     assert fork["tensorflow"] and exec_["tensorflow"]
 
 
+def test_a_master_that_ignores_sigint_has_pods_that_ignore_it_forked_as_with_exec(
+    probe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ignored signal stays ignored across exec: started with SIGINT ignored (a shell script's
+    background job), a master's exec'd pods ignore it, and so must its forked ones."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with LocalProcessBackend("sigint-job", log_sink=io.StringIO(), pods_dir=tmp_path / "f") as backend:
+            spec = probe_pod(probe, tmp_path / "fork.json")
+            backend.start(spec)  # its template starts now, as this process ignores SIGINT
+            terminal(collect(backend, spec.name, timeout=60), spec.name)
+        monkeypatch.setenv(PREFORK_ENV, "0")
+        with LocalProcessBackend("sigint-job", log_sink=io.StringIO(), pods_dir=tmp_path / "e") as backend:
+            spec = probe_pod(probe, tmp_path / "exec.json")
+            backend.start(spec)
+            terminal(collect(backend, spec.name, timeout=60), spec.name)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    fork, exec_ = report(tmp_path / "fork.json"), report(tmp_path / "exec.json")
+    assert forked(fork) and not forked(exec_)
+    assert fork["signals"][0] == exec_["signals"][0] == str(signal.SIG_IGN)
+
+
 @pytest.mark.parametrize("how", ["kill", "delete", "sigint"])
 def test_signals_reach_a_forked_pod_as_an_exec_one(
     forking: tuple[LocalProcessBackend, io.StringIO], probe: Path, tmp_path: Path, how: str
