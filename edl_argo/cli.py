@@ -27,6 +27,7 @@ from typing import NoReturn
 
 from edl_argo import __version__, log
 from edl_argo.errors import EdlError
+from edl_argo.flags import command_in
 from edl_argo.native_logs import hide_notices_while_importing
 from edl_argo.run_dir import warm_dir
 from edl_argo.stop import TERMINATED_EXIT_CODE, Terminated, exit_now
@@ -87,11 +88,6 @@ def log_level_in(argv: Sequence[str]) -> str | None:
         if arg.startswith("--log-level="):
             return arg.split("=", 1)[1]
     return None
-
-
-def command_in(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names (its first word that is not an option), if any."""
-    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:

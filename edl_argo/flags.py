@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from typing import Any
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` (an ``edl-argo`` command line less the program) names: its first word that
+    is not an option, if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def add_flag(

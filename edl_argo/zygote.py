@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from edl_argo import cli, log
+from edl_argo.flags import command_in
 from edl_argo.pods.prefork import (
     ForkRequest,
     import_time_environment,
@@ -161,7 +162,7 @@ class Template:
         """Why ``edl-argo ARGS`` cannot be forked from here: its command is not one of ``commands``, or
         an import-time variable of ``environ`` differs from this process's (a variable the imports set
         may be there with the value they set)."""
-        command = cli.command_in(args)
+        command = command_in(args)
         if command not in commands:
             return f"{command} is not a command this process runs"
         env = unbuffered(environ)  # as a template and a warm server start (pod_base_environment)

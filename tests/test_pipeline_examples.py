@@ -5,11 +5,17 @@ data and artifacts in the S3 stand-in; the CTR pipeline with 2,500 records and t
 folders (it also checks what only a sparse model shows: embedding rows trained on both PS shards); the
 digits-formats pipeline on CSV (TFRecord and Parquet: slow, the reader tests cover them) and the census
 SQL pipeline on SQLite, about 25 s each.
+
+A run starts a warm server for its steps (``edl_argo.pods.warm.ScopedServer``): the digits pipeline checks
+that its TensorFlow steps ran in it and that it is gone after the run; the CSV case runs cold
+(``EDL_WARM=0``), as a step whose server could not start does.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import keras
@@ -20,6 +26,7 @@ import sqlalchemy as sa
 from edl_argo.pipeline.loader import load_workflow, with_parameters
 from edl_argo.pipeline.runner import LocalRunner, Phase, RunResult
 from edl_argo.pipeline.summary import summary
+from edl_argo.pods.warm import socket_path
 from edl_argo.storage import open_storage
 from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, assert_no_record_lost, master_port_turn
 from tests.engine_helpers import model_dir as published_folder
@@ -37,7 +44,32 @@ def run_pipeline(name: str, workdir: Path, artifacts: str | None = None, **param
     return result
 
 
+class WarmLog:
+    """What the warm servers of this session's run dir log from now on (one log per installation)."""
+
+    def __init__(self) -> None:
+        self.path = socket_path().with_suffix(".log")
+        self.start = self.path.stat().st_size if self.path.exists() else 0
+
+    def text(self) -> str:
+        if not self.path.exists():
+            return ""
+        with self.path.open(errors="replace") as file:
+            file.seek(self.start)
+            return file.read()
+
+    def commands(self) -> list[str]:
+        return re.findall(r"warm_command_started command=(\S+)", self.text())
+
+    def wait_for(self, event: str, seconds: float = 30.0) -> None:
+        deadline = time.monotonic() + seconds
+        while event not in self.text():
+            assert time.monotonic() < deadline, f"no {event} in {self.path} within {seconds} s: {self.text()}"
+            time.sleep(0.2)
+
+
 def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, tmp_path: Path) -> None:
+    warm = WarmLog()
     result = run_pipeline("digits_pipeline.py", tmp_path, f"{s3_env}/artifacts", data=f"{s3_env}/digits")
 
     assert [(s.name, s.phase) for s in result.steps] == [
@@ -64,6 +96,11 @@ def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, 
 
     text = summary(result)
     assert f"pipeline {result.workflow} succeeded" in text and f"artifact  model: {model}" in text
+
+    # Its TensorFlow steps were forked from the server the run started, which it retired: it is gone.
+    assert sorted(warm.commands()) == ["evaluate", "predict", "train"]
+    assert not socket_path().exists()
+    warm.wait_for("warm_server_idle")  # it exits as soon as nothing runs in it
 
 
 @pytest.mark.slow  # 95 s; embeddings over two PS stay in make test through test_fit_parity
@@ -102,9 +139,15 @@ def test_ctr_pipeline_trains_embeddings_sharded_over_two_parameter_servers(tmp_p
         pytest.param("parquet", marks=pytest.mark.slow),
     ],
 )
-def test_digits_formats_pipeline_trains_on_files_whose_format_it_detects(fmt: str, tmp_path: Path) -> None:
+def test_digits_formats_pipeline_trains_on_files_whose_format_it_detects(
+    fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fmt == "csv":
+        monkeypatch.setenv("EDL_WARM", "0")  # the steps run cold, each importing TensorFlow
+    warm = WarmLog()
     data = tmp_path / "digits"
     result = run_pipeline("digits_formats_pipeline.py", tmp_path / "runs", format=fmt, data=str(data))
+    assert len(warm.commands()) == (0 if fmt == "csv" else 2)  # train and evaluate
 
     assert [s.name for s in result.steps] == [
         "prepare-digits",

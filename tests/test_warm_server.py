@@ -285,6 +285,39 @@ def test_a_server_stops_when_asked_or_idle() -> None:
     assert helped.returncode == 0 and "--model-def" in helped.stdout
 
 
+def test_a_retired_server_takes_no_new_command_and_exits_once_its_commands_end(tmp_path: Path) -> None:
+    """What a pipeline run asks of the server it started as it ends (``ScopedServer.retire``)."""
+    retiring = Server()
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    model = tmp_path / "waits.py"
+    model.write_text(
+        "import pathlib, time\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not pathlib.Path({str(go)!r}).exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "raise ValueError('the model file ends here')\n"
+    )
+    args = ["train", "--model-def", str(model), "--training-data", str(tmp_path)]
+    args += ["--output", str(tmp_path / "o")]
+    client = subprocess.Popen(
+        [PROGRAM, *args], env=retiring.env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    wait_for(ready.exists, "the command to run")
+    (command,) = retiring.commands()
+
+    assert send_request(retiring, {"retire": True}, 0) == {"retiring": retiring.pid}
+    assert not retiring.socket.exists() and alive(retiring.pid)  # no new command; the running one goes on
+    assert retiring.run("evaluate", "--help").returncode == 0  # a new command runs cold
+    assert list(retiring.commands()) == [command]
+    go.touch()
+    _, stderr = client.communicate(timeout=WAIT_SECONDS)
+    # The command ended as it would have: its own error and status, not the server's end.
+    assert "the model file ends here" in stderr and "warm server ended" not in stderr, stderr
+    assert client.returncode == retiring.exit_code(command) not in (None, 0, 128 + signal.SIGTERM)
+    wait_for(lambda: not alive(retiring.pid), "the retired server to exit")
+
+
 def test_a_command_that_ignores_sigterm_is_killed_after_its_caller_died(
     server: Server, tmp_path: Path
 ) -> None:

@@ -15,6 +15,11 @@ save its output artifacts to the artifact repository (a folder, or ``s3://...``)
   fail the attempt with Argo's message (``... longer than the specified deadline``).
 * **Exit hooks** (a task's ``hooks.exit``) run once the task has ended for good, whatever its outcome; they
   are reported as ``<task>.onExit``.
+* **Warm steps.** A run with steps that run ``train``, ``evaluate``, ``predict`` or ``sql`` starts a warm
+  server as it starts (:class:`~edl_argo.pods.warm.ScopedServer`; not if one serves already, nor with
+  ``EDL_WARM=0``): those steps, and a training step's pods, are forked from it instead of each importing
+  TensorFlow. Such a step waits until it is ready (it boots while the first steps run); the run retires
+  it as it ends.
 * A task that fails stops the tasks that depend on it, and with the DAG's ``failFast`` (Argo's default)
   every task not started yet; tasks already running go on. Those not run are reported *Omitted*.
 
@@ -55,6 +60,7 @@ from edl_argo.pipeline.invocation import Context, Invocation, invoke, task_scope
 from edl_argo.pipeline.plan import Plan, PlannedTask, plan
 from edl_argo.pipeline.process import ProcessResult, run_process
 from edl_argo.pipeline.variables import substitute
+from edl_argo.pods.warm import ScopedServer, runs_warm
 
 log = get_logger(__name__)
 
@@ -142,6 +148,7 @@ class LocalRunner:
         self.image_home = source_root()
         self.scope = self._global_scope(meta.namespace or DEFAULT_NAMESPACE)
         self.artifact_keys: dict[str, str] = {}
+        self.warm = ScopedServer()
 
     def run(self) -> RunResult:
         """Run every task (or report it Omitted); never raises for a task that fails."""
@@ -159,7 +166,12 @@ class LocalRunner:
         pending = list(self.plan.tasks)
         running: dict[Future[list[StepResult]], PlannedTask] = {}
         limit = self.parallelism or len(pending) or 1
-        with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="task") as pool, self._stopping():
+        wanted = any(_runs_warm(task.template) for task in self.plan.tasks)
+        with (
+            ScopedServer.around(wanted) as self.warm,
+            ThreadPoolExecutor(max_workers=limit, thread_name_prefix="task") as pool,
+            self._stopping(),
+        ):
             while pending or running:
                 for task in list(pending):
                     omitted = self._omission(task, results)
@@ -264,6 +276,8 @@ class LocalRunner:
             deadline = invocation.deadline_seconds
             if deadline_cap is not None:
                 deadline = max(1.0, min(deadline if deadline is not None else deadline_cap, deadline_cap))
+            if runs_warm(invocation.argv[1:]):
+                self.warm.wait_until_ready()
             if self._stop.is_set():
                 raise KeyboardInterrupt
             ended = run_process(
@@ -355,6 +369,13 @@ class LocalRunner:
             if value is not None:
                 scope[f"inputs.parameters.{parameter.name}"] = value
         return scope
+
+
+def _runs_warm(template: Template) -> bool:
+    """Whether ``template``'s container runs a command a warm server runs (``edl-argo train ...``)."""
+    container = template.container
+    argv = [*(container.command or []), *(container.args or [])] if container else []
+    return runs_warm(argv[1:])
 
 
 def _failure(ended: ProcessResult, deadline_seconds: float | None) -> str:

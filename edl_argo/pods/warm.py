@@ -41,8 +41,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -50,7 +51,8 @@ from typing import Any
 
 from edl_argo import __version__
 from edl_argo.errors import ConfigError
-from edl_argo.flags import add_flag, positive_number
+from edl_argo.flags import add_flag, command_in, positive_number
+from edl_argo.log import get_logger
 from edl_argo.pods.prefork import (
     BOOT_SECONDS,
     REQUEST_SECONDS,
@@ -64,6 +66,8 @@ from edl_argo.pods.prefork import (
     text,
 )
 from edl_argo.run_dir import run_dir, warm_dir
+
+log = get_logger(__name__)
 
 WARM_ENV = "EDL_WARM"
 """``0``, ``false``, ``no`` or ``off``: run the command here even if a warm server serves it."""
@@ -86,10 +90,18 @@ SOCKET_PATH_BYTES = 107
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals a client passes on to the command it runs warm."""
 
+SCOPED_IDLE_SECONDS = 60.0
+"""How long a :class:`ScopedServer`'s server stays up once its owner is gone without retiring it (killed)."""
+
 
 def warm_enabled(environ: Mapping[str, str]) -> bool:
     """Whether ``environ`` lets a command use a warm server (:data:`WARM_ENV`)."""
     return environ.get(WARM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def runs_warm(args: Sequence[str]) -> bool:
+    """Whether ``edl-argo ARGS`` runs a command a warm server runs (:data:`WARM_COMMANDS`)."""
+    return command_in(args) in WARM_COMMANDS
 
 
 def installation_key() -> str:
@@ -208,6 +220,74 @@ def _wait_for_command(channel: socket.socket, pid: int) -> int:
             os.kill(pid, signal.SIGTERM)
         return 1
     return int(json.loads(message)["exit"])
+
+
+# -- a server for the length of one piece of work -------------------------------------------------------
+
+
+class ScopedServer:
+    """A warm server for the length of one piece of work that runs several commands one after another (a
+    pipeline run's steps), started only if none serves this installation already, and retired when the
+    work ends: it takes no new client, and exits once the commands it runs have ended. One that serves
+    already is used and left as it is.
+
+    It starts in the background (:meth:`start`); :meth:`wait_until_ready` bounds the wait of a command
+    that should run in it. It holds a connection while the work goes on, so it never exits idle under it;
+    if the owner is killed, it exits :data:`SCOPED_IDLE_SECONDS` after. Starting is best effort: a server
+    that cannot start is logged, and the commands run cold."""
+
+    def __init__(self) -> None:
+        self._channel: socket.socket | None = None
+        self._starting: threading.Thread | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def around(cls, wanted: bool) -> Iterator[ScopedServer]:
+        """A server (started if ``wanted``, the environment allows it and none serves) for the block."""
+        server = cls()
+        if wanted:
+            server.start()
+        try:
+            yield server
+        finally:
+            server.retire()
+
+    def start(self) -> None:
+        if serving_socket(os.environ) is not None or not warm_enabled(os.environ):
+            return  # one serves (this user's own, left as it is), or none is wanted
+        self._starting = threading.Thread(target=self._start, name="warm-start", daemon=True)
+        self._starting.start()
+
+    def _start(self) -> None:
+        try:
+            path = socket_path()
+            if len(os.fsencode(path)) > SOCKET_PATH_BYTES:
+                raise ConfigError(f"its socket {path} is longer than {SOCKET_PATH_BYTES} bytes")
+            start_server(path, SCOPED_IDLE_SECONDS)
+            self._channel, pid = connect_template(path, CONNECT_SECONDS)
+        except (ConfigError, TemplateError) as error:
+            log.warning("warm_server_not_started", error=str(error), consequence="commands import TensorFlow")
+            return
+        log.info("warm_server_started", pid=pid, socket=str(path))
+
+    def wait_until_ready(self) -> None:
+        """Wait (at most :data:`~edl_argo.pods.prefork.BOOT_SECONDS`) until a server this one is starting
+        serves, or could not start."""
+        if self._starting is not None:
+            self._starting.join(BOOT_SECONDS)
+
+    def retire(self) -> None:
+        """Ask the server this one started to retire (see the class docstring)."""
+        self.wait_until_ready()
+        channel, self._channel = self._channel, None
+        if channel is None:
+            return
+        with channel:
+            try:
+                channel.send(json.dumps({"retire": True}).encode())
+                receive_message(channel, REQUEST_SECONDS, what="the warm server to retire")
+            except (OSError, TemplateError) as error:
+                log.warning("warm_server_not_retired", error=str(error))
 
 
 # -- ``edl-argo warm`` ------------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ imports everything, binds the socket and calls :func:`serve_warm`. A connection 
 - ``{"check": true, "run": ...}`` (no descriptors): answer ``{}`` if it would run that command, else
   ``{"exec": reason}`` (``edl-argo warm`` asks before it says a server runs).
 - ``{"stop": true}``: answer, remove the socket and exit (what it forked runs on).
+- ``{"retire": true}``: answer, remove the socket and take no new connection; exit once no connection is
+  open and no command runs (what a pipeline run asks of the server it started: a command of another
+  client that found it meanwhile ends as it would have).
 
 It forks only while it runs no thread besides its own (as a template), and exits once no connection is
 open and no command runs for ``idle_seconds``.
@@ -66,7 +69,7 @@ def serve_warm(listener: socket.socket, path: Path, forks: Forks, idle_seconds: 
 
 class _Server:
     def __init__(self, listener: socket.socket, path: Path, forks: Forks, idle_seconds: float) -> None:
-        self.listener = listener
+        self.listener: socket.socket | None = listener
         self.path = path
         self.inode = path.stat().st_ino
         self.forks = forks
@@ -90,13 +93,14 @@ class _Server:
             elif time.monotonic() - self.busy_at > self.idle_seconds:
                 log.info("warm_server_idle", minutes=round(self.idle_seconds / 60, 2))
                 self._exit()
+            listening = [] if self.listener is None else [self.listener]
             readable, _, _ = select.select(
-                [self.listener, self.wake_read, *self.connections], [], [], _WAKE_SECONDS
+                [*listening, self.wake_read, *self.connections], [], [], _WAKE_SECONDS
             )
             if self.wake_read in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake_read, 4096)
-            if self.listener in readable:
+            if self.listener is not None and self.listener in readable:
                 self._accept()
             for channel in readable:
                 if channel in self.connections:
@@ -105,6 +109,7 @@ class _Server:
     # -- connections ------------------------------------------------------------------------------------
 
     def _accept(self) -> None:
+        assert self.listener is not None
         try:
             channel, _ = self.listener.accept()
         except OSError:
@@ -135,6 +140,11 @@ class _Server:
             self._send(channel, {"stopping": os.getpid()})
             log.info("warm_server_stopped")
             self._exit()
+        if record.get("retire"):
+            _close_all(descriptors)
+            self._send(channel, {"retiring": os.getpid()})
+            self._retire()
+            return
         if record.get("check"):
             _close_all(descriptors)
             reply = self._check(record)
@@ -241,15 +251,29 @@ class _Server:
         """In a forked child: close what is the server's (its sockets, its wake-up pipe and handler)."""
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        self.listener.close()
+        if self.listener is not None:
+            self.listener.close()
         for channel in self.connections:
             channel.close()
         _close_all([self.wake_read, self.wake_write])
 
-    def _exit(self) -> NoReturn:
+    def _retire(self) -> None:
+        """Take no new connection, and exit as soon as nothing is open or running (idle from now on)."""
+        self._unlink()
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        self.idle_seconds = 0.0
+        log.info("warm_server_retiring", connections=len(self.connections), commands=len(self.commands))
+
+    def _unlink(self) -> None:
+        """Remove the socket's path if it is still this server's (another server may have taken it)."""
         with contextlib.suppress(OSError):
             if self.path.stat().st_ino == self.inode:
                 self.path.unlink()
+
+    def _exit(self) -> NoReturn:
+        self._unlink()
         sys.stderr.flush()
         os._exit(0)
 
