@@ -43,11 +43,6 @@ from edl_argo.tensorflow_import import import_tensorflow
 
 _log = log.get_logger(__name__)
 
-#: SIGINT's handler as this interpreter started: Python's ``default_int_handler``, or SIG_IGN when the
-#: process that started the template (the master) ignored SIGINT, which a pod started with exec then
-#: ignores too (an ignored signal stays ignored across fork and exec; a shell's background job ignores it).
-_SIGINT_AT_START = signal.getsignal(signal.SIGINT)
-
 
 def main() -> NoReturn:
     """The template's program: ``sys.argv[1]`` is the descriptor of its socket."""
@@ -183,18 +178,21 @@ class Template:
 
     def run_command(self, request: ForkRequest) -> NoReturn:
         """In the pod's forked command process: become ``request``'s command and run it."""
-        self._become(request.argv, request.env, request.cwd)
+        self._become(request.argv, request.env, request.cwd, request.sigint_ignored)
 
     def run_warm_command(self, request: CommandRequest) -> NoReturn:
         """In a warm server's forked command process: become ``request``'s command and run it."""
-        self._become(request.argv, request.env, request.cwd)
+        self._become(request.argv, request.env, request.cwd, request.sigint_ignored)
 
-    def _become(self, argv: Sequence[str], environ: Mapping[str, str], cwd: str) -> NoReturn:
+    def _become(
+        self, argv: Sequence[str], environ: Mapping[str, str], cwd: str, ignore_sigint: bool
+    ) -> NoReturn:
         for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
             signal.signal(number, signal.SIG_DFL)
         for number in (signal.SIGPIPE, signal.SIGXFSZ):  # as the interpreter sets them when it starts
             signal.signal(number, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, _SIGINT_AT_START)
+        # As a new interpreter sets it, keeping it ignored where the requester ignores it (exec would).
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.default_int_handler)
         os.environ.clear()
         os.environ.update(environ)
         os.environ.update(self.set_by_imports)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,12 @@ from s3_stand_in import SERVER_DIR, S3StandIn
 
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import JobThread, write_digits_dataset
+
+# Run from a shell script's background job, pytest starts with SIGINT ignored, and so would every pod and
+# command the tests start (an ignored signal stays ignored in what a process starts): the tests that
+# interrupt them need Python's own handler. (test_pods_prefork checks the ignored case on purpose.)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

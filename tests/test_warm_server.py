@@ -177,6 +177,7 @@ BAD_REQUESTS: dict[str, tuple[Callable[[Server], bytes | dict[str, object]], int
     "argv not a list": (lambda server: command_record(server, run="evaluate"), 3),
     "a number in env": (lambda server: command_record(server, env={**server.env, "EDL_NUMBER": 1}), 3),
     "umask out of range": (lambda server: command_record(server, umask=99999), 3),
+    "sigint_ignored not a boolean": (lambda server: command_record(server, sigint_ignored="no"), 3),
     "no descriptors": (command_record, 0),
     "a check of nothing": (lambda _: {"check": True, "run": 5}, 0),
     "a pod without argv": (lambda server: {k: v for k, v in pod_record(server).items() if k != "argv"}, 1),

@@ -82,6 +82,7 @@ from edl_argo.pods.prefork import (
     PodTemplate,
     pod_base_environment,
     prefork_enabled,
+    sigint_ignored,
     wait_exit_pipe,
 )
 from edl_argo.pods.supervisor import EXIT_FILE, SUPERVISOR_FILE
@@ -352,7 +353,7 @@ class LocalProcessBackend(PodBackend):
         _write_atomically(folder / RECORD_FILE, json.dumps(record))
         if self._template.serves(program):
             argv = (program, *spec.command[1:])
-            forked = self._template.fork(ForkRequest(argv, env, os.getcwd(), str(folder)))
+            forked = self._template.fork(ForkRequest(argv, env, os.getcwd(), str(folder), sigint_ignored()))
             if forked is not None:
                 pod.pgid, pod.exit_pipe = forked.pid, forked.exit_pipe
                 return

@@ -170,16 +170,18 @@ def template_program() -> str:
 @dataclass(frozen=True)
 class ForkRequest:
     """What the template needs to start one pod: its command line (``argv[0]`` the program's path), its
-    whole environment, its working directory and its folder."""
+    whole environment, its working directory and its folder; and whether the requester ignores SIGINT
+    (:func:`sigint_ignored`)."""
 
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
     folder: str
+    sigint_ignored: bool = False
 
     def encode(self) -> bytes:
         record = {"argv": self.argv, "env": self.env, "cwd": self.cwd, "folder": self.folder}
-        return json.dumps(record).encode()
+        return json.dumps({**record, "sigint_ignored": self.sigint_ignored}).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> ForkRequest:
@@ -192,7 +194,15 @@ class ForkRequest:
             environment(record.get("env")),
             text(record.get("cwd"), "cwd"),
             text(record.get("folder"), "folder"),
+            flag(record.get("sigint_ignored", False), "sigint_ignored"),
         )
+
+
+def sigint_ignored() -> bool:
+    """Whether this process ignores SIGINT (Python keeps an ignored SIGINT it inherits: a shell script's
+    background job). A process it execs ignores it too, so one forked for it must (:class:`ForkRequest`,
+    :class:`~edl_argo.pods.warm.CommandRequest`)."""
+    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
 def command_line(value: object) -> tuple[str, ...]:
@@ -207,6 +217,13 @@ def environment(value: object) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ValueError("env is not an object of strings")
     return dict(value)
+
+
+def flag(value: object, name: str) -> bool:
+    """``value`` if it is a boolean; ValueError naming the field ``name`` otherwise."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} is not true or false")
+    return value
 
 
 def text(value: object, name: str) -> str:

@@ -60,8 +60,10 @@ from edl_argo.pods.prefork import (
     command_line,
     connect_template,
     environment,
+    flag,
     pod_base_environment,
     receive_message,
+    sigint_ignored,
     template_program,
     text,
 )
@@ -151,16 +153,19 @@ def connect_server(environ: Mapping[str, str]) -> tuple[socket.socket, Path] | N
 @dataclass(frozen=True)
 class CommandRequest:
     """A command for the server to run: its command line (``argv[0]`` the program's path), whole
-    environment, working directory and umask. Sent with the client's descriptors 0, 1 and 2."""
+    environment, working directory, umask and whether the client ignores SIGINT
+    (:func:`~edl_argo.pods.prefork.sigint_ignored`). Sent with the client's descriptors 0, 1 and 2."""
 
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
     umask: int
+    sigint_ignored: bool = False
 
     def encode(self, check: bool = False) -> bytes:
         """The request as sent; with ``check``, as a question whether the server would run it."""
         record = {"run": list(self.argv), "env": self.env, "cwd": self.cwd, "umask": self.umask}
+        record["sigint_ignored"] = self.sigint_ignored
         return json.dumps({"check": True, **record} if check else record).encode()
 
     @classmethod
@@ -170,7 +175,13 @@ class CommandRequest:
         if not isinstance(umask, int) or not 0 <= umask <= 0o777:
             raise ValueError("umask is not a number from 0 to 0o777")
         argv = command_line(record.get("run"))
-        return cls(argv, environment(record.get("env")), text(record.get("cwd"), "cwd"), umask)
+        return cls(
+            argv,
+            environment(record.get("env")),
+            text(record.get("cwd"), "cwd"),
+            umask,
+            flag(record.get("sigint_ignored", False), "sigint_ignored"),
+        )
 
 
 # -- the client ----------------------------------------------------------------------------------------
@@ -375,7 +386,8 @@ def this_command(argv: Sequence[str]) -> CommandRequest:
     umask = os.umask(0)
     os.umask(umask)
     # The program beside the interpreter (the installation the key names), also for ``python -m``.
-    return CommandRequest((template_program(), *argv), dict(os.environ), os.getcwd(), umask)
+    program = (template_program(), *argv)
+    return CommandRequest(program, dict(os.environ), os.getcwd(), umask, sigint_ignored())
 
 
 def start_server(path: Path, idle_seconds: float) -> int:
