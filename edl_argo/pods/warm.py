@@ -124,6 +124,17 @@ def socket_path() -> Path:
     return warm_dir() / f"{installation_key()}.sock"
 
 
+def bindable_socket_path() -> Path:
+    """:func:`socket_path`; ConfigError if it is too long for a Unix socket."""
+    path = socket_path()
+    if len(os.fsencode(path)) > SOCKET_PATH_BYTES:
+        raise ConfigError(
+            f"the warm server's socket {path} is longer than {SOCKET_PATH_BYTES} bytes: "
+            "set EDL_RUN_DIR to a shorter folder"
+        )
+    return path
+
+
 def serving_socket(environ: Mapping[str, str]) -> Path | None:
     """The socket of this installation's server if ``environ`` lets a process use one and one answers
     there (within :data:`CONNECT_SECONDS`), else None."""
@@ -271,9 +282,7 @@ class ScopedServer:
 
     def _start(self) -> None:
         try:
-            path = socket_path()
-            if len(os.fsencode(path)) > SOCKET_PATH_BYTES:
-                raise ConfigError(f"its socket {path} is longer than {SOCKET_PATH_BYTES} bytes")
+            path = bindable_socket_path()
             start_server(path, SCOPED_IDLE_SECONDS)
             self._channel, pid = connect_template(path, CONNECT_SECONDS)
         except (ConfigError, TemplateError) as error:
@@ -327,12 +336,7 @@ def run_warm_command(args: argparse.Namespace) -> int:
     ``--stop``, stop every server of the run dir (:func:`stop_servers`). Prints one line."""
     if args.stop:
         return stop_servers()
-    path = socket_path()
-    if len(os.fsencode(path)) > SOCKET_PATH_BYTES:
-        raise ConfigError(
-            f"the warm server's socket {path} is longer than {SOCKET_PATH_BYTES} bytes: "
-            "set EDL_RUN_DIR to a shorter folder"
-        )
+    path = bindable_socket_path()
     try:
         channel, pid = connect_template(path, CONNECT_SECONDS)
     except TemplateError:
