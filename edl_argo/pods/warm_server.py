@@ -12,7 +12,7 @@ imports everything, binds the socket and calls :func:`serve_warm`. A connection 
 - ``{"check": true, "run": ...}`` (no descriptors): answer ``{}`` if it would run that command, else
   ``{"exec": reason}`` (``edl-argo warm`` asks before it says a server runs).
 - ``{"stop": true}``: answer, remove the socket and exit (what it forked runs on).
-- ``{"retire": true}``: answer, remove the socket and take no new connection; exit once no connection is
+- ``{"retire": true}``: remove the socket, take no new connection and answer; exit once no connection is
   open and no command runs (what a pipeline run asks of the server it started: a command of another
   client that found it meanwhile ends as it would have).
 
@@ -142,8 +142,8 @@ class _Server:
             self._exit()
         if record.get("retire"):
             _close_all(descriptors)
+            self._retire()  # before the answer: its sender may count on the socket being gone
             self._send(channel, {"retiring": os.getpid()})
-            self._retire()
             return
         if record.get("check"):
             _close_all(descriptors)
