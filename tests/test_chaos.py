@@ -27,7 +27,14 @@ from edl_argo.master.config import add_train_flags, config_from_args
 from edl_argo.master.job import TrainingJob
 from tests.chaos.catalog import VARIANTS
 from tests.chaos.pods import KubernetesPods, LocalPods, left_behind
-from tests.chaos.scenarios import CHECKPOINT_STEPS, ChaosEnv, TrialResult, check_outcome, worker_kills
+from tests.chaos.scenarios import (
+    CHECKPOINT_STEPS,
+    ChaosEnv,
+    TrialResult,
+    check_outcome,
+    members_suspected_after_they_finished,
+    worker_kills,
+)
 from tests.engine_helpers import DIGITS_MODEL, assert_no_record_lost
 from tests.k8s_helpers import role_rules
 from tests.k8s_stand_in import KubernetesStandIn
@@ -294,6 +301,20 @@ def test_a_lost_or_doubled_minibatch_or_a_differing_replica_fails_the_trial() ->
     one_of_two["members_left_out"] = ["a: gone"]
     problems = check_outcome({**_metrics(), "allreduce_replicas": one_of_two}, 100)
     assert problems == ["replicas: 1 of the final round's 2 members compared; left out: ['a: gone']"]
+
+
+def test_a_member_reported_silent_after_its_pod_finished_fails_the_trial() -> None:
+    """The master's lines of a trial whose group kept a finished worker in its round (allreduce_hang once
+    waited 15 s so); a peer reported before the worker finished is no problem."""
+    log = [
+        "... WARNING rendezvous collective_failure_reported reporter=1 round=7 suspect=0 message=...",
+        "... INFO pod_manager worker_finished worker=1",
+        "... WARNING rendezvous collective_failure_reported reporter=2 round=9 suspect=1 message=...",
+    ]
+    assert members_suspected_after_they_finished(log[:2]) == []
+    assert members_suspected_after_they_finished(log) == [
+        "worker 1 was still a member of a round after its pod finished"
+    ]
 
 
 def test_a_process_or_kubernetes_object_of_the_job_left_behind_fails_the_trial(tmp_path: Path) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
 from edl_argo.master.pod_manager import SCALED_DOWN, PodManager, PodPolicy
+from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, held_tasks
 from edl_argo.pods import PodEvent, PodPhase, PodReason, PodRole, PodSpec
 
@@ -78,19 +80,23 @@ class Clock:
 
 
 def crash_loop_manager(
-    backoff: float = 10.0, max_relaunches: int = 16
+    backoff: float = 10.0, max_relaunches: int = 16, num_workers: int = 1, **manager_options: Any
 ) -> tuple[PodManager, RecordingPods, Clock]:
     dispatcher = TaskDispatcher({"shard": 100}, DispatcherConfig(records_per_task=10, num_epochs=1))
     pods, clock = RecordingPods(), Clock()
     manager = PodManager(
         pods,  # type: ignore[arg-type]
         PodPolicy(
-            num_workers=1, num_ps=0, max_worker_relaunches=max_relaunches, relaunch_backoff_seconds=backoff
+            num_workers=num_workers,
+            num_ps=0,
+            max_worker_relaunches=max_relaunches,
+            relaunch_backoff_seconds=backoff,
         ),
         dispatcher,
         worker_spec,
         worker_spec,
         clock=clock,
+        **manager_options,
     )
     manager.start()
     return manager, pods, clock
@@ -210,3 +216,23 @@ def test_a_worker_lost_once_training_is_over_is_not_replaced_and_says_why(
     assert pods.started == ["worker-0"]
     (dropped,) = [r for r in caplog.records if r.getMessage() == "worker_relaunch_dropped"]
     assert dropped.fields == {"old_worker": 0, "reason": "training is over"}  # type: ignore[attr-defined]
+
+
+def test_every_worker_pod_that_ends_is_told_to_the_listener_also_once_training_is_over() -> None:
+    """An AllreduceStrategy job's group must lose a member whose pod ended whenever it ends: its master
+    once took that from the events of its training loop only, so a worker that finished after the last
+    task kept its place in the round, and a peer still in a group step with it waited the whole
+    collective timeout for it (15 s of a chaos trial's 57 s; 60 s by default)."""
+    rendezvous = RendezvousManager()
+    manager, pods, _ = crash_loop_manager(num_workers=3, on_worker_stopped=rendezvous.remove)
+    for worker_id in range(3):
+        rendezvous.rendezvous(worker_id, f"127.0.0.1:{7000 + worker_id}")
+    while (task := manager.dispatcher.get_task(0).task) is not None:
+        assert manager.dispatcher.report(task.task_id, 0, success=True)
+    assert manager.dispatcher.finished
+
+    manager.handle([PodEvent(PodRole.WORKER, 1, PodPhase.SUCCEEDED, 0, PodReason.COMPLETED, "", 0.0)])
+    assert [member.worker_id for member in rendezvous.current.members] == [0, 2]
+    manager.handle([PodEvent(PodRole.WORKER, 0, PodPhase.FAILED, 1, PodReason.ERROR, "", 0.0)])
+    assert [member.worker_id for member in rendezvous.current.members] == [2]
+    assert pods.started == ["worker-0", "worker-1", "worker-2"]  # nothing left to train: no replacement

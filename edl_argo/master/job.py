@@ -364,6 +364,7 @@ class TrainingJob:
             self.dispatcher,
             self.worker_spec,
             self.ps_spec,
+            on_worker_stopped=self.rendezvous.remove if self.rendezvous else lambda _id, _reason: None,
         )
         self.scaler = WorkerScaler(
             WorkerRange(
@@ -513,10 +514,6 @@ class TrainingJob:
             self.scaler.tick()
             if events:
                 self._state_writer.changed()
-            if self.rendezvous is not None:
-                for event in events:
-                    if event.role is PodRole.WORKER and event.phase.is_terminal:
-                        self.rendezvous.remove(event.pod_id, event.reason)
             for _task, worker_id in self.dispatcher.reclaim_timed_out_tasks():
                 self.pods.restart_stuck_worker(worker_id)
                 self._state_writer.changed()

@@ -103,7 +103,9 @@ class PodManager:
     """Starts the job's pods and applies :class:`PodPolicy` to the events of ``backend``.
 
     ``worker_spec(id)`` and ``ps_spec(id)`` build the spec of a pod. :meth:`handle` is called from the
-    master's main loop only; :meth:`scale_workers` may be called from any thread.
+    master's main loop only; :meth:`scale_workers` may be called from any thread. ``on_worker_stopped(id,
+    reason)`` hears of every worker pod that ended, however and whenever it ended (an AllreduceStrategy
+    job's group loses the member at once).
     """
 
     backend: PodBackend
@@ -111,6 +113,7 @@ class PodManager:
     dispatcher: TaskDispatcher
     worker_spec: Callable[[int], PodSpec]
     ps_spec: Callable[[int], PodSpec]
+    on_worker_stopped: Callable[[int, str], None] = lambda _worker_id, _reason: None
     relaunches: list[RelaunchRecord] = field(default_factory=list)
     failure: JobFailedError | None = None
     _live_workers: set[int] = field(default_factory=set)
@@ -329,6 +332,7 @@ class PodManager:
 
     def _worker_stopped(self, event: PodEvent) -> None:
         worker_id = event.pod_id
+        self.on_worker_stopped(worker_id, event.reason)
         with self._lock:
             self._live_workers.discard(worker_id)
             self._pending_workers.discard(worker_id)

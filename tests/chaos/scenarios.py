@@ -420,7 +420,23 @@ def run_in_process(
             cluster.cluster.log_sink = None
         result.log = tap.lines
         tap.close()
+    result.problems += members_suspected_after_they_finished(result.log)
     return result
+
+
+def members_suspected_after_they_finished(log: list[str]) -> list[str]:
+    """AllreduceStrategy: members that a peer reported as silent in a collective after their pod had
+    finished (the master had kept them in the round: the peer waited the collective timeout for them)."""
+    finished: set[str] = set()
+    problems = []
+    for line in log:
+        if match := re.search(r"worker_finished worker=(\d+)", line):
+            finished.add(match[1])
+        elif (match := re.search(r"collective_failure_reported .*suspect=(\d+)", line)) and match[
+            1
+        ] in finished:
+            problems.append(f"worker {match[1]} was still a member of a round after its pod finished")
+    return problems
 
 
 def _stop(thread: JobThread | None) -> None:
@@ -740,6 +756,7 @@ def master_restart(
                 master.wait()
         result.problems += [f"left behind: {thing}" for thing in left_behind(pods)]
         result.log = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+    result.problems += members_suspected_after_they_finished(result.log)
     return result
 
 
