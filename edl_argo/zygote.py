@@ -32,9 +32,9 @@ from edl_argo.flags import command_in
 from edl_argo.pods.prefork import (
     ForkRequest,
     import_time_environment,
-    running_threads,
     send_ready,
     serve,
+    threads_once_settled,
     unbuffered,
 )
 from edl_argo.pods.warm import WARM_COMMANDS, CommandRequest
@@ -104,7 +104,7 @@ def prepare(warm_modules: bool = False) -> tuple[Template | None, str]:
         return None, f"cannot import the pods' modules: {type(error).__name__}: {error}"
     set_by_imports = {name: value for name, value in os.environ.items() if before.get(name) != value}
     set_by_imports.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    threads = running_threads()
+    threads = threads_once_settled()
     if threads > 1:
         return None, f"it runs {threads} threads once its modules are imported"
     # The imported modules' objects out of the collector's reach: a pod's collections then do not write to

@@ -242,6 +242,39 @@ def test_the_template_runs_no_other_thread_when_it_forks(
     collect(backend, spec.name, timeout=60)
 
 
+EXITING_THREAD = """
+import threading, time
+from edl_argo import zygote
+# OpenBLAS's shutdown returns once its threads were told to end: one may still be listed a moment later
+# (1 template in 24 here said "it runs 2 threads" and every pod of its job started with exec).
+stop_openblas_threads = zygote.stop_openblas_threads
+
+
+def stop_then_start(seconds):
+    stop_openblas_threads()
+    threading.Thread(target=time.sleep, args=(seconds,), daemon=True).start()
+
+
+zygote.stop_openblas_threads = lambda: stop_then_start(0.2)
+template, error = zygote.prepare()
+print(template is not None, error)
+zygote.stop_openblas_threads = lambda: stop_then_start(60)
+template, error = zygote.prepare()
+print(template is not None, error, flush=True)
+"""
+
+
+def test_the_template_waits_a_moment_for_a_thread_ending_but_not_for_one_that_runs_on() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING_THREAD], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "True ",
+        "False it runs 2 threads once its modules are imported",
+    ]
+
+
 TEMPLATE_OWNER = """
 import os, sys, time
 from pathlib import Path

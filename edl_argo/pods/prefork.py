@@ -503,6 +503,19 @@ def running_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+THREADS_SETTLE_SECONDS = 1.0
+"""How long a template that has just stopped threads (OpenBLAS's pool) waits for them to be gone."""
+
+
+def threads_once_settled(seconds: float = THREADS_SETTLE_SECONDS) -> int:
+    """:func:`running_threads`, once the threads that are ending have ended (or ``seconds`` passed): a
+    thread told to stop may still be listed a moment after the call that stopped it returned."""
+    deadline = time.monotonic() + seconds
+    while (threads := running_threads()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return threads
+
+
 def start_pod(
     message: bytes,
     exit_pipe: int,
