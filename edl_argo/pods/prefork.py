@@ -13,7 +13,8 @@ main one (it counts ``/proc/self/task`` before every fork, and answers "use exec
 has run any TensorFlow op or created any gRPC channel or server (TensorFlow's and gRPC's thread pools start
 with their first use, in the pod). Importing TensorFlow and gRPC starts no thread; importing NumPy starts
 OpenBLAS's pool (one thread per core), which the template shuts down with OpenBLAS's own
-``blas_thread_shutdown_`` (what OpenBLAS's ``pthread_atfork`` handler does at every fork anyway): the pod's
+``blas_thread_shutdown_`` (what OpenBLAS's ``pthread_atfork`` handler does at every fork anyway), waiting
+at most a second for its threads to be gone (one may be listed a moment after the call returned): the pod's
 first BLAS call starts the pool again, as large as in a process of its own. The pod reseeds NumPy's global
 random state (Python's ``random`` reseeds itself after a fork); the hash seed of ``str`` is the template's.
 
