@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +135,33 @@ def test_dotted_names_resolve_in_the_model_zoo() -> None:
         load_model_spec("digits.absent.custom_model", ModelOptions(model_zoo=str(ZOO)))
     with pytest.raises(ConfigError, match=r"use module.path.function"):
         load_model_spec(DIGITS_MODEL, ModelOptions(model_zoo=str(ZOO)))
+
+
+MISSING_MODEL_FILE = """
+import sys
+from edl_argo.errors import ConfigError
+from edl_argo.master.config import TrainConfig
+from edl_argo.master.job_parts import load_job_parts
+config = TrainConfig(model_def="absent/model.py:build", training_data="data/train", output=sys.argv[1])
+try:
+    load_job_parts(config)
+except ConfigError as error:
+    print(error, "tensorflow" in sys.modules)
+"""
+
+
+def test_a_model_file_that_is_not_there_is_refused_before_tensorflow_is_imported(tmp_path: Path) -> None:
+    """A typo in ``--model-def`` is said in a second, not after the 3 s of TensorFlow's import."""
+    done = subprocess.run(
+        [sys.executable, "-c", MISSING_MODEL_FILE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout == "--model-def absent/model.py:build: no such file absent/model.py False\n", (
+        done.stderr
+    )
 
 
 def test_model_params_parse_as_python_literals() -> None:

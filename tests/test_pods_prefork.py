@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,32 @@ def test_a_dead_template_makes_the_next_pods_start_with_exec(
     (said,) = [r for r in caplog.records if r.getMessage() == "pod_template_unavailable"]
     assert said.fields["consequence"] == "pods start with exec"  # type: ignore[attr-defined]
     assert set(live_children()) - others == set()
+
+
+def test_a_template_closed_while_it_is_being_started_is_killed_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``edl-argo train`` with a missing model file said so at once, then waited 5 s to exit: its template,
+    closed just as it was started, was waited for (:data:`prefork.STOP_SECONDS`) instead of killed, while it
+    imported TensorFlow."""
+    from edl_argo.pods import prefork
+
+    monkeypatch.setattr(prefork, "STOP_SECONDS", 120.0)
+    template = prefork.PodTemplate("closed-while-starting", dict)
+    started: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def start_then_close(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(popen(*args, **kwargs))
+        template._usable = False  # what close() does first, in the thread that closes it
+        return started[0]
+
+    monkeypatch.setattr(prefork.subprocess, "Popen", start_then_close)
+    begun = time.monotonic()
+    template.warm_up()
+    assert time.monotonic() - begun < 60
+    assert started[0].returncode == -signal.SIGKILL
+    assert not template.serves(prefork.template_program())
 
 
 def test_the_supervisor_program_is_the_standard_library_only() -> None:

@@ -19,6 +19,7 @@ from edl_argo.master.config import TrainConfig
 from edl_argo.master.failover import check_saved_dispatcher
 from edl_argo.master.state_store import MasterStateStore, job_fingerprint
 from edl_argo.model import Mode, ModelSpec, load_model_spec
+from edl_argo.model.loader import check_model_file
 from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
 from edl_argo.pods.prefork import PodTemplate, prefork_enabled, process_template
@@ -53,6 +54,8 @@ def load_job_parts(config: TrainConfig) -> JobParts:
     """
     state_url = config.master_state or config.output
     model = stage_model_def(config.model_def, state_url, shared=config.kubernetes is not None)
+    if model is None:
+        check_model_file(config.model_def, config.model_options.model_zoo)
     import_tensorflow()  # the model file's import of it, without what no master uses
     spec = load_model_spec(model.pod_model_def if model else config.model_def, config.model_options)
     if config.scale_lr_by_world_size:

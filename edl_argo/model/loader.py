@@ -178,12 +178,33 @@ def _lookup(module: ModuleType, name: str, options: ModelOptions) -> Any:
         raise ConfigError(f"model function {name}: cannot import {module_name}: {error}") from None
 
 
+def check_model_file(model_def: str, model_zoo: str = "") -> None:
+    """:class:`ConfigError` if ``model_def`` is a ``path/to/file.py[:function]`` that names no file: what
+    :func:`load_model_spec` would say, without importing anything (a command says it before it imports
+    TensorFlow)."""
+    named = None if model_zoo else _named_file(model_def)
+    if named is not None:
+        _require_file(named[0], f"--model-def {model_def}")
+
+
+def _named_file(model_def: str) -> tuple[Path, str] | None:
+    """The file and function of a ``path/to/file.py[:function]`` model definition; None for a module's."""
+    path_part, _, factory = model_def.partition(":")
+    if path_part.endswith(".py") or "/" in path_part:
+        return Path(path_part), factory or "custom_model"
+    return None
+
+
+def _require_file(path: Path, what: str) -> None:
+    if not path.is_file():
+        raise ConfigError(f"{what}: no such file {path}")
+
+
 def _import(model_def: str, model_zoo: str = "") -> tuple[ModuleType, str]:
     if model_zoo:
         return _import_from_zoo(model_def, model_zoo)
-    path_part, _, factory = model_def.partition(":")
-    if path_part.endswith(".py") or "/" in path_part:
-        return _import_file(Path(path_part), f"--model-def {model_def}"), factory or "custom_model"
+    if (named := _named_file(model_def)) is not None:
+        return _import_file(named[0], f"--model-def {model_def}"), named[1]
     module_name, _, factory = model_def.rpartition(".")
     if not module_name:
         raise ConfigError(
@@ -217,8 +238,7 @@ def _import_from_zoo(model_def: str, model_zoo: str) -> tuple[ModuleType, str]:
 
 def _import_file(path: Path, what: str) -> ModuleType:
     """The module of the file at ``path``; ``what`` names it in messages (e.g. ``--model-def X``)."""
-    if not path.is_file():
-        raise ConfigError(f"{what}: no such file {path}")
+    _require_file(path, what)
     name = f"edl_argo_model_{abs(hash(str(path.resolve())))}"
     if name in sys.modules:
         return sys.modules[name]
