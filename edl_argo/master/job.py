@@ -364,7 +364,7 @@ class TrainingJob:
             self.dispatcher,
             self.worker_spec,
             self.ps_spec,
-            on_worker_stopped=self.rendezvous.remove if self.rendezvous else lambda _id, _reason: None,
+            on_worker_stopped=self.rendezvous.remove if self.rendezvous else None,
         )
         self.scaler = WorkerScaler(
             WorkerRange(

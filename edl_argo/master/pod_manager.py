@@ -113,7 +113,7 @@ class PodManager:
     dispatcher: TaskDispatcher
     worker_spec: Callable[[int], PodSpec]
     ps_spec: Callable[[int], PodSpec]
-    on_worker_stopped: Callable[[int, str], None] = lambda _worker_id, _reason: None
+    on_worker_stopped: Callable[[int, str], None] | None = None
     relaunches: list[RelaunchRecord] = field(default_factory=list)
     failure: JobFailedError | None = None
     _live_workers: set[int] = field(default_factory=set)
@@ -332,7 +332,8 @@ class PodManager:
 
     def _worker_stopped(self, event: PodEvent) -> None:
         worker_id = event.pod_id
-        self.on_worker_stopped(worker_id, event.reason)
+        if self.on_worker_stopped is not None:
+            self.on_worker_stopped(worker_id, event.reason)
         with self._lock:
             self._live_workers.discard(worker_id)
             self._pending_workers.discard(worker_id)

@@ -420,9 +420,9 @@ class PodTemplate:
     def _stop(self) -> None:
         if self._channel is not None:
             self._channel.close()
-        if self._process is not None and not self._ready:
-            self._process.kill()  # still importing: it has no pod to see through, and would import on
         if self._process is not None:
+            if not self._ready:
+                self._process.kill()  # still importing: it has no pod to see through, and would import on
             try:
                 self._process.wait(STOP_SECONDS)
             except subprocess.TimeoutExpired:
