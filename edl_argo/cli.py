@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
 
 from edl_argo import __version__, log
+from edl_argo.cpu_limit import size_tensorflow_threads
 from edl_argo.errors import EdlError
 from edl_argo.flags import command_in
 from edl_argo.native_logs import hide_notices_while_importing
@@ -130,6 +131,7 @@ def main(argv: Sequence[str] | None = None, warm: bool = True) -> int:
     log.configure(getattr(args, "log_level", None))
     if args.command in POD_COMMANDS:
         import_tensorflow()
+        size_tensorflow_threads()
     try:
         return int(args.run(args) or 0)
     except EdlError as error:
