@@ -11,8 +11,9 @@ one thread than with TensorFlow's default of two (``docs/benchmarks.md``, *CPU l
 :func:`cgroup_cpu_limit` reads the quota of the process's own cgroup and of its ancestors (cgroup v2
 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), as ``/proc/self/cgroup`` and
 ``/proc/self/mountinfo`` locate them; :func:`thread_pools` turns it into pool sizes; and
-:func:`size_tensorflow_threads`, called by each pod command before its first TensorFlow operation, applies
-them. Where no quota is set (a machine of one's own, the local backend), TensorFlow's defaults stay. A
+:func:`size_tensorflow_threads` applies them before the process's first TensorFlow operation: in each pod
+command (``worker``, ``ps``) as it starts, and in the ``evaluate`` and ``predict`` steps once the model
+file is imported. Where no quota is set (a machine of one's own, the local backend), TensorFlow's defaults stay. A
 pool named by ``TF_NUM_INTRAOP_THREADS`` or ``TF_NUM_INTEROP_THREADS`` is left to that variable.
 """
 
@@ -39,8 +40,8 @@ class ThreadPools:
 
     intra_op: int
     inter_op: int
-    #: ``cpu_limit`` (sized to the quota), ``cores`` (no quota: TensorFlow's defaults) or ``environment``
-    #: (both pools named by their variables).
+    #: ``cpu_limit`` (sized to the quota), ``cores`` (no quota: TensorFlow's defaults), ``environment``
+    #: (both pools named by their variables) or ``started`` (too late: TensorFlow's pools were made).
     source: str
     #: The quota in CPUs, or None when none is set.
     cpu_limit: float | None
@@ -49,15 +50,8 @@ class ThreadPools:
 def cgroup_cpu_limit(proc_self: Path = Path("/proc/self")) -> float | None:
     """The smallest CPU quota (in CPUs: quota ÷ period) set on this process's cgroup or an ancestor that
     its cgroup mount shows, in cgroup v2 or v1; None where none is set or nothing can be read."""
-    try:
-        memberships = (proc_self / "cgroup").read_text().splitlines()
-        mounts = (proc_self / "mountinfo").read_text().splitlines()
-    except OSError:
-        return None
     limits = [
-        limit
-        for mount_point, relative in _cpu_cgroups(memberships, mounts)
-        for limit in _quotas(mount_point, relative)
+        limit for mount_point, relative in cpu_cgroups(proc_self) for limit in _quotas(mount_point, relative)
     ]
     return min(limits, default=None)
 
@@ -83,15 +77,20 @@ def size_tensorflow_threads(
     environ: Mapping[str, str] = os.environ, proc_self: Path = Path("/proc/self")
 ) -> ThreadPools:
     """Size TensorFlow's pools to this process's CPU limit (:func:`thread_pools`). Call it before the
-    process's first TensorFlow operation: the pools are made then, once. Logs the sizes
-    (``tensorflow_threads``; at DEBUG level when TensorFlow's defaults stay)."""
+    process's first TensorFlow operation: the pools are made then, once (after it, TensorFlow's pools stay
+    as they are: a model file that ran an operation as it was imported, say; the log says so). Logs the
+    sizes (``tensorflow_threads``; at DEBUG level when TensorFlow's defaults stay)."""
     import tensorflow as tf
 
     pools = thread_pools(cgroup_cpu_limit(proc_self), len(os.sched_getaffinity(0)), environ)
-    if pools.intra_op:
-        tf.config.threading.set_intra_op_parallelism_threads(pools.intra_op)
-    if pools.inter_op:
-        tf.config.threading.set_inter_op_parallelism_threads(pools.inter_op)
+    try:
+        if pools.intra_op:
+            tf.config.threading.set_intra_op_parallelism_threads(pools.intra_op)
+        if pools.inter_op:
+            tf.config.threading.set_inter_op_parallelism_threads(pools.inter_op)
+    except RuntimeError:  # "... cannot be modified after initialization"
+        log.warning("tensorflow_threads_not_sized", reason="operations ran before", cpu_limit=pools.cpu_limit)
+        return ThreadPools(0, 0, "started", pools.cpu_limit)
     report = log.debug if pools.source == "cores" else log.info
     report(
         "tensorflow_threads",
@@ -103,9 +102,19 @@ def size_tensorflow_threads(
     return pools
 
 
-def _cpu_cgroups(memberships: list[str], mounts: list[str]) -> Iterator[tuple[Path, Path]]:
+def cpu_cgroups(proc_self: Path = Path("/proc/self")) -> list[tuple[Path, Path]]:
     """Where this process's CPU quota may be set: for each cgroup mount that carries the ``cpu``
-    controller (v2: the unified hierarchy), its mount point and the process's cgroup below it."""
+    controller (v2: the unified hierarchy), its mount point and the process's cgroup below it (none where
+    ``proc_self``'s files cannot be read)."""
+    try:
+        memberships = (proc_self / "cgroup").read_text().splitlines()
+        mounts = (proc_self / "mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    return list(_cpu_cgroups(memberships, mounts))
+
+
+def _cpu_cgroups(memberships: list[str], mounts: list[str]) -> Iterator[tuple[Path, Path]]:
     paths: dict[str, str] = {}  # "" for the v2 hierarchy, else each v1 controller: the process's cgroup
     for line in memberships:
         fields = line.split(":", 2)

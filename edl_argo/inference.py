@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from edl_argo.cpu_limit import size_tensorflow_threads
 from edl_argo.errors import ConfigError
 from edl_argo.flags import add_flag, positive_int
 from edl_argo.json_values import dumps
@@ -254,8 +255,16 @@ def open_inference_data(
     return open_data(args.data, args.data_format, options, what="--data")
 
 
-def run_evaluate(args: argparse.Namespace) -> int:
+def load_step_model(args: argparse.Namespace) -> ModelSpec:
+    """The model file of an evaluate or predict step, with TensorFlow's thread pools sized to the step's
+    CPU limit before the model runs (:mod:`edl_argo.cpu_limit`)."""
     spec = load_model_spec(args.model_def, model_options_from_args(args))
+    size_tensorflow_threads()
+    return spec
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    spec = load_step_model(args)
     results = evaluate(
         Inference(spec, args.model, lambda: open_inference_data(args, spec), args.minibatch_size)
     )
@@ -330,7 +339,7 @@ def _a_prediction_file(rel: str) -> bool:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    spec = load_model_spec(args.model_def, model_options_from_args(args))
+    spec = load_step_model(args)
     target, name = prediction_target(args.output)
     inference = Inference(
         spec, args.model, lambda: open_inference_data(args, spec, "prediction"), args.minibatch_size

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from edl_argo.cpu_limit import INTER_OP_ENV, INTRA_OP_ENV, ThreadPools, cgroup_cpu_limit, thread_pools
+from tests.engine_helpers import DIGITS_MODEL
 
 _V1_MOUNT = "35 25 0:30 {root} {mount_point} rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
 _V2_MOUNT = "36 25 0:31 {root} {mount_point} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
@@ -112,7 +113,9 @@ _APPLY = (
     "import_tensorflow()\n"
     "import tensorflow as tf\n"
     "from edl_argo.cpu_limit import size_tensorflow_threads\n"
-    "size_tensorflow_threads(proc_self=Path(sys.argv[1]))\n"
+    "if sys.argv[2] == 'late':\n"
+    "    tf.ones([1])\n"
+    "print(size_tensorflow_threads(proc_self=Path(sys.argv[1])).source)\n"
     "print(float(tf.reduce_sum(tf.ones([4]))))\n"
     "print(tf.config.threading.get_intra_op_parallelism_threads(),"
     " tf.config.threading.get_inter_op_parallelism_threads())\n"
@@ -120,18 +123,24 @@ _APPLY = (
 
 
 @pytest.mark.parametrize(
-    ("environ", "pools"),
-    [({}, "1 1"), ({INTER_OP_ENV: "2"}, "1 0"), ({INTRA_OP_ENV: "2", INTER_OP_ENV: "2"}, "0 0")],
+    ("when", "environ", "expected"),
+    [
+        ("first", {}, ["cpu_limit", "4.0", "1 1"]),
+        ("first", {INTER_OP_ENV: "2"}, ["cpu_limit", "4.0", "1 0"]),
+        ("first", {INTRA_OP_ENV: "2", INTER_OP_ENV: "2"}, ["environment", "4.0", "0 0"]),
+        ("late", {}, ["started", "4.0", "0 0"]),
+    ],
 )
 def test_a_process_under_a_quota_runs_its_operations_with_the_pools_sized_to_it(
-    tmp_path: Path, environ: dict[str, str], pools: str
+    tmp_path: Path, when: str, environ: dict[str, str], expected: list[str]
 ) -> None:
+    """Sized before the first operation; after it, left as they are, and the process goes on."""
     mount = tmp_path / "cpu"
     v1_quota(mount, 100_000)
     proc = proc_self(tmp_path, "3:cpu,cpuacct:/\n", _V1_MOUNT.format(root="/", mount_point=mount))
     base = {name: value for name, value in os.environ.items() if name not in (INTRA_OP_ENV, INTER_OP_ENV)}
     done = subprocess.run(
-        [sys.executable, "-c", _APPLY, str(proc)],
+        [sys.executable, "-c", _APPLY, str(proc), when],
         env={**base, **environ},
         capture_output=True,
         text=True,
@@ -140,18 +149,22 @@ def test_a_process_under_a_quota_runs_its_operations_with_the_pools_sized_to_it(
     )
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["4.0", pools]
+    assert done.stdout.splitlines() == expected
 
 
-@pytest.mark.parametrize("command", ["worker", "ps"])
-def test_every_pod_command_sizes_its_pools_before_anything_else(command: str, tmp_path: Path) -> None:
-    """The pod commands size the pools as they start (here, on a configuration they then refuse) and say
-    with what: on this machine, what its own cgroup gives."""
+@pytest.mark.parametrize("command", ["worker", "ps", "evaluate", "predict"])
+def test_every_command_that_runs_a_model_sizes_its_pools_first(command: str, tmp_path: Path) -> None:
+    """The pod commands size the pools as they start, the evaluate and predict steps once the model file
+    is imported (here, each on a configuration it then refuses), and each says with what: on this machine,
+    what its own cgroup gives."""
     absent = str(tmp_path / "absent")
     pod = ["--model-def", "m.py", "--tls-dir", absent, "--log-level", "DEBUG"]
+    step = ["--model-def", DIGITS_MODEL, "--model", absent, "--data", absent, "--log-level", "DEBUG"]
     flags = {
         "worker": ["worker", "--worker-id", "0", "--master-addr", "127.0.0.1:1", *pod],
         "ps": ["ps", *pod],
+        "evaluate": ["evaluate", *step],
+        "predict": ["predict", *step, "--output", str(tmp_path / "predictions")],
     }[command]
     base = {name: value for name, value in os.environ.items() if name not in (INTRA_OP_ENV, INTER_OP_ENV)}
     done = subprocess.run(
