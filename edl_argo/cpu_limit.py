@@ -13,8 +13,8 @@ one thread than with TensorFlow's default of two (``docs/benchmarks.md``, *CPU l
 ``/proc/self/mountinfo`` locate them; :func:`thread_pools` turns it into pool sizes; and
 :func:`size_tensorflow_threads` applies them before the process's first TensorFlow operation: in each pod
 command (``worker``, ``ps``) as it starts, and in the ``evaluate`` and ``predict`` steps once the model
-file is imported. Where no quota is set (a machine of one's own, the local backend), TensorFlow's defaults stay. A
-pool named by ``TF_NUM_INTRAOP_THREADS`` or ``TF_NUM_INTEROP_THREADS`` is left to that variable.
+file is imported. Where no quota is set (a machine of one's own, the local backend), TensorFlow's defaults
+stay. A pool named by ``TF_NUM_INTRAOP_THREADS`` or ``TF_NUM_INTEROP_THREADS`` is left to that variable.
 """
 
 from __future__ import annotations
