@@ -5,8 +5,9 @@ side by side) to the CPUs the process may be scheduled on (``sched_getaffinity``
 (Docker's ``--cpus``) is not an affinity but a CFS bandwidth quota, which TensorFlow does not read
 (tensorflow/tensorflow#17206): a pod limited to 2 CPUs on a 32-core node runs 32 threads in each pool; they
 use up the quota early in each scheduling period and are throttled for the rest of it. Measured on a
-2-core machine in a cgroup with a 1-CPU quota, ``model.fit`` ran 1.4-1.7× faster with both pools sized to
-one thread than with TensorFlow's default of two (``docs/benchmarks.md``, *CPU limits*).
+2-core machine in a cgroup with a 1-CPU quota, ``model.fit`` of the dense suite's models ran 1.2-1.6× faster
+with both pools sized to one thread than with TensorFlow's default of two (``docs/benchmarks.md``, *CPU
+limits*).
 
 :func:`cgroup_cpu_limit` reads the quota of the process's own cgroup and of its ancestors (cgroup v2
 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), as ``/proc/self/cgroup`` and

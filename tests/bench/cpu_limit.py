@@ -10,7 +10,8 @@ batch 64, in a fresh process, two ways alternating: with TensorFlow's default po
 of the machine, as a pod had before) and with the pools that :func:`~edl_argo.cpu_limit.
 size_tensorflow_threads` gives, as every pod command now does before its first operation. ``fit`` is what a
 worker's gradient step and a lone AllreduceStrategy member's step are made of; the PS's update runs in the
-same pools. Prints examples per second of each run and, per model, sized ÷ default (median [min-max]).
+same pools. Prints examples per second of each run and the seconds its process was throttled (waiting for
+its quota, start-up included), and, per model, sized ÷ default (median [min-max]).
 """
 
 from __future__ import annotations
@@ -54,8 +55,19 @@ def make_cgroup(cpus: float) -> Path:
     raise SystemExit("cpu_limit bench: no cgroup file system with the cpu controller is mounted here")
 
 
+def throttled_seconds(folder: Path) -> float:
+    """The time the cgroup's processes have waited for their quota (``cpu.stat``: v1 ``throttled_time`` in
+    nanoseconds, v2 ``throttled_usec``)."""
+    values = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines() if " " in line)
+    if "throttled_usec" in values:
+        return int(values["throttled_usec"]) / 1e6
+    return int(values.get("throttled_time", 0)) / 1e9
+
+
 def run_child(folder: Path, model: str, sized: bool, seconds: float) -> dict[str, float]:
-    """One measurement in a fresh process inside ``folder``'s cgroup."""
+    """One measurement in a fresh process inside ``folder``'s cgroup, with the time it was throttled
+    (``throttled_s``, start-up included)."""
+    before = throttled_seconds(folder)
     command = [sys.executable, "-m", "tests.bench.cpu_limit", "--child", model, "--seconds", str(seconds)]
     done = subprocess.run(
         [*command, *(["--sized"] if sized else [])],
@@ -68,7 +80,7 @@ def run_child(folder: Path, model: str, sized: bool, seconds: float) -> dict[str
     )
     if done.returncode != 0:
         raise SystemExit(f"cpu_limit bench: {model} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    return {**json.loads(done.stdout.splitlines()[-1]), "throttled_s": throttled_seconds(folder) - before}
 
 
 def child(model_name: str, sized: bool, seconds: float) -> None:
@@ -127,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
                 sized = run_child(folder, model, sized=True, seconds=args.seconds)
                 ratios.append(sized["examples_per_second"] / default["examples_per_second"])
                 print(
-                    f"{model} #{repeat}: default {default['examples_per_second']:,.0f} examples/s, "
-                    f"sized ({sized['intra_op']} and {sized['inter_op']} threads, quota "
-                    f"{sized['cpu_limit']}) {sized['examples_per_second']:,.0f} examples/s",
+                    f"{model} #{repeat}: default {default['examples_per_second']:,.0f} examples/s "
+                    f"(throttled {default['throttled_s']:.1f} s), sized ({sized['intra_op']} and "
+                    f"{sized['inter_op']} threads, quota {sized['cpu_limit']}) "
+                    f"{sized['examples_per_second']:,.0f} examples/s "
+                    f"(throttled {sized['throttled_s']:.1f} s)",
                     flush=True,
                 )
             print(
