@@ -147,8 +147,8 @@ def _relative(path: str, root: str) -> str:
 
 def _quotas(mount_point: Path, relative: Path) -> Iterator[float]:
     """The CPU quotas set on the cgroup ``relative`` below ``mount_point`` and on its ancestors up to the
-    mount point (a cgroup above a container's mount is not visible, and its quota is at least as large
-    as the container's own)."""
+    mount point (in a container whose mount shows its own cgroup, the cgroups above it are not visible:
+    Kubernetes sets a container's limit on the container's cgroup itself)."""
     for ancestor in (relative, *relative.parents):
         limit = _quota(mount_point / ancestor)
         if limit is not None:
