@@ -40,6 +40,11 @@ def write(folder: Path, **files: str) -> None:
         (folder / name.replace("__", ".")).write_text(text + "\n")
 
 
+def environment_without_pool_variables() -> dict[str, str]:
+    """This process's environment without the variables that name TensorFlow's pool sizes."""
+    return {name: value for name, value in os.environ.items() if name not in (INTRA_OP_ENV, INTER_OP_ENV)}
+
+
 def v1_quota(folder: Path, quota_us: int, period_us: int = 100_000) -> None:
     write(folder, cgroup__procs="", cpu__cfs_quota_us=str(quota_us), cpu__cfs_period_us=str(period_us))
 
@@ -138,7 +143,7 @@ def test_a_process_under_a_quota_runs_its_operations_with_the_pools_sized_to_it(
     mount = tmp_path / "cpu"
     v1_quota(mount, 100_000)
     proc = proc_self(tmp_path, "3:cpu,cpuacct:/\n", _V1_MOUNT.format(root="/", mount_point=mount))
-    base = {name: value for name, value in os.environ.items() if name not in (INTRA_OP_ENV, INTER_OP_ENV)}
+    base = environment_without_pool_variables()
     done = subprocess.run(
         [sys.executable, "-c", _APPLY, str(proc), when],
         env={**base, **environ},
@@ -166,7 +171,7 @@ def test_every_command_that_runs_a_model_sizes_its_pools_first(command: str, tmp
         "evaluate": ["evaluate", *step],
         "predict": ["predict", *step, "--output", str(tmp_path / "predictions")],
     }[command]
-    base = {name: value for name, value in os.environ.items() if name not in (INTRA_OP_ENV, INTER_OP_ENV)}
+    base = environment_without_pool_variables()
     done = subprocess.run(
         [sys.executable, "-m", "edl_argo.cli", *flags],
         env=base,
