@@ -5,30 +5,35 @@
 A Kubernetes CPU limit is a CFS bandwidth quota, which TensorFlow does not see (:mod:`edl_argo.cpu_limit`).
 This creates a cgroup with a quota of ``--cpus`` CPUs below this process's own (cgroup v1 ``cpu`` or v2,
 which needs a writable cgroup file system: root in a machine or container of one's own), and runs each
-model of the dense suite (``tests/bench/models/dense_suite.py``) in it with ``model.fit`` on the digits,
-batch 64, in a fresh process, two ways alternating: with TensorFlow's default pools (one thread per core
-of the machine, as a pod had before) and with the pools that :func:`~edl_argo.cpu_limit.
-size_tensorflow_threads` gives, as every pod command now does before its first operation. ``fit`` is what a
-worker's gradient step and a lone AllreduceStrategy member's step are made of; the PS's update runs in the
-same pools. Prints examples per second of each run and the seconds its process was throttled (waiting for
-its quota, start-up included), and, per model, sized ÷ default (median [min-max]).
+model of the dense suite (``tests/bench/models/dense_suite.py``) in it with the training benchmarks'
+``model.fit`` baseline (:mod:`tests.bench.train_baselines`: the digits' records through the model file's
+``feed``, batch 64), in a fresh process each time, two ways alternating: with TensorFlow's default pools
+(one thread per core of the machine, as a pod had before) and with the pools that
+:func:`~edl_argo.cpu_limit.size_tensorflow_threads` gives (``--size-thread-pools``), as every pod command
+now does before its first operation. ``fit`` is what a worker's gradient step and a lone AllreduceStrategy
+member's step are made of; the PS's update runs in the same pools. Prints examples per second of each
+run and the seconds the cgroup was throttled (waiting for its quota) while it was timed, and, per model,
+sized ÷ default (median [min-max]).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
-from edl_argo.cpu_limit import cgroup_cpu_limit, cpu_cgroups
+from edl_argo.cpu_limit import cpu_cgroups
+from tests.bench.common import child_env
+from tests.bench.data import digits_train_records, write_records
+from tests.bench.training import SUITE, BaselineChild, ModelCase
 
-MODELS = ("transformer", "resnet_bn", "lstm", "big_mlp")
-BATCH = 64
+#: The dense suite's models by name (``transformer``, ``big_mlp``, ...).
+MODELS = {case.name.removeprefix("suite_"): case for case in SUITE}
+#: Untimed steps of each fresh process before its one timed window (tracing, the first steps' allocations).
+WARMUP_STEPS = 20
 CHILD_SECONDS_LIMIT = 600.0
 
 
@@ -64,55 +69,46 @@ def throttled_seconds(folder: Path) -> float:
     return int(values.get("throttled_time", 0)) / 1e9
 
 
-def run_child(folder: Path, model: str, sized: bool, seconds: float) -> dict[str, float]:
-    """One measurement in a fresh process inside ``folder``'s cgroup, with the time it was throttled
-    (``throttled_s``, start-up included)."""
-    before = throttled_seconds(folder)
-    command = [sys.executable, "-m", "tests.bench.cpu_limit", "--child", model, "--seconds", str(seconds)]
-    done = subprocess.run(
-        [*command, *(["--sized"] if sized else [])],
+def measure(case: ModelCase, data: Path, folder: Path, sized: bool, seconds: float, log: Path) -> dict:
+    """One measurement by a fresh ``fit`` baseline process (:class:`~tests.bench.training.BaselineChild`)
+    inside ``folder``'s cgroup: its ``ready`` line (the pools it has), examples per second, and the time
+    the cgroup was throttled while it was timed (``throttled_s``)."""
+    child = BaselineChild(
+        "fit",
+        case,
+        data,
+        WARMUP_STEPS,
+        log,
+        more_args=["--size-thread-pools"] if sized else [],
+        env={name: value for name, value in child_env().items() if not name.startswith("TF_NUM_")},
         preexec_fn=lambda: (folder / "cgroup.procs").write_text(f"{os.getpid()}\n"),
-        env={k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")},
-        capture_output=True,
-        text=True,
-        timeout=CHILD_SECONDS_LIMIT,
-        check=False,
     )
-    if done.returncode != 0:
-        raise SystemExit(f"cpu_limit bench: {model} failed:\n{done.stderr[-2000:]}")
-    return {**json.loads(done.stdout.splitlines()[-1]), "throttled_s": throttled_seconds(folder) - before}
+    try:
+        ready = child.wait_ready(CHILD_SECONDS_LIMIT)
+        before = throttled_seconds(folder)
+        timed = child.measure(seconds, CHILD_SECONDS_LIMIT)
+        return {**ready, **timed, "throttled_s": throttled_seconds(folder) - before}
+    finally:
+        child.close()
 
 
-def child(model_name: str, sized: bool, seconds: float) -> None:
-    """Fit ``model_name`` for about ``seconds`` after a warm-up; print examples/s and the pools."""
-    from edl_argo.tensorflow_import import import_tensorflow
-
-    import_tensorflow()
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
-    from edl_argo.cpu_limit import size_tensorflow_threads
-    from tests.bench.models import dense_suite
-
-    pools = size_tensorflow_threads() if sized else None
-    digits = load_digits()
-    x, y = (digits.data / 16.0).astype("float32"), digits.target.astype("int32")
-    model = getattr(dense_suite, model_name)()
-    model.compile(optimizer=dense_suite.optimizer(), loss=dense_suite.loss)
-    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0)
-    started, epochs = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
-        epochs += 1
-    elapsed = time.perf_counter() - started
-    result = {
-        "examples_per_second": epochs * len(x) / elapsed,
-        "cpu_limit": cgroup_cpu_limit(),
-        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
-        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-        "source": pools.source if pools else "default",
-    }
-    print(json.dumps(result))
+def compare(case: ModelCase, data: Path, folder: Path, log: Path, repeats: int, seconds: float) -> None:
+    """Print ``repeats`` pairs of measurements of ``case``, default pools then sized, and the ratios."""
+    name = case.name.removeprefix("suite_")
+    ratios = []
+    for repeat in range(repeats):
+        default = measure(case, data, folder, False, seconds, log)
+        sized = measure(case, data, folder, True, seconds, log)
+        ratios.append(sized["examples_per_s"] / default["examples_per_s"])
+        print(
+            f"{name} #{repeat}: default {default['examples_per_s']:,.0f} examples/s "
+            f"(throttled {default['throttled_s']:.1f} s of {default['s']:.1f}), sized "
+            f"({sized['intra_op']} and {sized['inter_op']} threads, quota {sized['cpu_limit']}) "
+            f"{sized['examples_per_s']:,.0f} examples/s "
+            f"(throttled {sized['throttled_s']:.1f} s of {sized['s']:.1f})",
+            flush=True,
+        )
+    print(f"| {name} | {statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,37 +117,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--sized", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        child(args.child, args.sized, args.seconds)
-        return 0
-    folder = make_cgroup(args.cpus)
-    print(
-        f"cgroup {folder}, quota {args.cpus} CPUs, on {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}"
-    )
-    try:
-        for model in args.models.split(","):
-            ratios = []
-            for repeat in range(args.repeats):
-                default = run_child(folder, model, sized=False, seconds=args.seconds)
-                sized = run_child(folder, model, sized=True, seconds=args.seconds)
-                ratios.append(sized["examples_per_second"] / default["examples_per_second"])
-                print(
-                    f"{model} #{repeat}: default {default['examples_per_second']:,.0f} examples/s "
-                    f"(throttled {default['throttled_s']:.1f} s), sized ({sized['intra_op']} and "
-                    f"{sized['inter_op']} threads, quota {sized['cpu_limit']}) "
-                    f"{sized['examples_per_second']:,.0f} examples/s "
-                    f"(throttled {sized['throttled_s']:.1f} s)",
-                    flush=True,
-                )
-            print(
-                f"| {model} | {statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] |",
-                flush=True,
-            )
-    finally:
-        folder.rmdir()
+    unknown = sorted(set(args.models.split(",")) - MODELS.keys())
+    if unknown:
+        parser.error(f"--models: no dense-suite model {', '.join(unknown)} (choose from {', '.join(MODELS)})")
+    with tempfile.TemporaryDirectory(prefix="edl-bench-cpu-limit-") as work:
+        data, log = Path(work) / "data", Path(work) / "baselines.log"  # a failure quotes the log's end
+        write_records(data, digits_train_records())
+        folder = make_cgroup(args.cpus)
+        print(
+            f"cgroup {folder}, quota {args.cpus} CPUs, on {os.cpu_count()} cores; "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
+        try:
+            for model in args.models.split(","):
+                compare(MODELS[model], data, folder, log, args.repeats, args.seconds)
+        finally:
+            folder.rmdir()
     return 0
 
 

@@ -13,7 +13,10 @@ records of ``--data`` passed through the model file's own ``feed`` (so they see 
 in memory as numpy arrays, batch 64:
 
 * ``fit``: ``model.compile(optimizer, loss)`` with Keras's defaults, then ``model.fit``; a callback times
-  the steps after a short warm-up and stops training once the window is over.
+  the steps after a short warm-up and stops training once the window is over. With
+  ``--size-thread-pools`` it first sizes TensorFlow's thread pools to its cgroup's CPU quota, as every pod
+  does (:func:`~edl_argo.cpu_limit.size_tensorflow_threads`; :mod:`tests.bench.cpu_limit` runs it so), and
+  its ``ready`` line says which pools it has.
 * ``fit_tfdata``: the same ``model.fit``, on what a careful user writes instead of numpy in memory: a
   ``tf.data`` pipeline that reads the RecordIO shards of ``--data`` again every epoch (a generator over
   :func:`~tests.bench.data.read_records`) and decodes them every epoch with the model file's ``feed``, with
@@ -43,6 +46,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from edl_argo.cpu_limit import cgroup_cpu_limit, size_tensorflow_threads
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.pods import find_free_port
 from tests.bench.data import feed_to_arrays, read_records
@@ -198,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-def", required=True)
     parser.add_argument("--data", required=True, help="folder of RecordIO shards")
     parser.add_argument("--warmup-steps", type=int, default=20, help="untimed steps before the first request")
+    parser.add_argument(
+        "--size-thread-pools", action="store_true", help="size TensorFlow's pools to the CPU quota first"
+    )
     args = parser.parse_args(argv)
+    sized = size_tensorflow_threads() if args.size_thread_pools else None
     spec = load_model_spec(args.model_def)
     features, labels = feed_to_arrays(spec, read_records(args.data))
     baseline: FitBaseline | FitTfDataBaseline | TfPsBaseline
@@ -207,7 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         baseline = (FitBaseline if args.kind == "fit" else TfPsBaseline)(spec, features, labels)
     baseline.run(args.warmup_steps, 0.0)
-    print(json.dumps({"ready": True, "records": len(labels)}), flush=True)
+    pools = {
+        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        "source": sized.source if sized else "default",
+        "cpu_limit": cgroup_cpu_limit(),
+    }
+    print(json.dumps({"ready": True, "records": len(labels), **pools}), flush=True)
     for line in sys.stdin:
         words = line.split()
         if not words or words[0] == "quit":

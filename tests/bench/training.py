@@ -445,20 +445,34 @@ class OurJob:
 class BaselineChild:
     """One :mod:`tests.bench.train_baselines` process: ``kind`` is ``fit`` or ``tf_ps``."""
 
-    def __init__(self, kind: str, case: ModelCase, data: Path, warmup_steps: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        kind: str,
+        case: ModelCase,
+        data: Path,
+        warmup_steps: int,
+        log_path: Path,
+        more_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], object] | None = None,
+    ) -> None:
+        """``more_args``: more flags of :mod:`tests.bench.train_baselines`; ``env``: the child's environment
+        (default :func:`~tests.bench.common.child_env`); ``preexec_fn``: run in the child before it starts
+        (:mod:`tests.bench.cpu_limit` moves it into a cgroup)."""
         self.kind = kind
         self._log_path = log_path
         self._log = log_path.open("ab")
         command = ["-m", "tests.bench.train_baselines", "--kind", kind, "--model-def", str(case.model_def)]
-        command += ["--data", str(data), "--warmup-steps", str(warmup_steps)]
+        command += ["--data", str(data), "--warmup-steps", str(warmup_steps), *more_args]
         self.process = subprocess.Popen(
             [sys.executable, *command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
             cwd=ROOT,
-            env=child_env(),
+            env=env or child_env(),
             start_new_session=True,
+            preexec_fn=preexec_fn,
         )
 
     def _answer(self, timeout: float) -> dict[str, Any]:
@@ -469,8 +483,9 @@ class BaselineChild:
             raise RuntimeError(f"the {self.kind} baseline process did not answer; {tail(self._log_path)}")
         return json.loads(line)
 
-    def wait_ready(self, timeout: float = 900.0) -> None:
-        self._answer(timeout)
+    def wait_ready(self, timeout: float = 900.0) -> dict[str, Any]:
+        """Its ``ready`` line, once it has warmed up."""
+        return self._answer(timeout)
 
     def measure(self, seconds: float, timeout: float = 600.0) -> dict[str, Any]:
         assert self.process.stdin is not None
