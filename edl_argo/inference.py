@@ -53,6 +53,7 @@ from edl_argo.settings import add_data_settings
 from edl_argo.storage import TREE_COMPLETE_MARKER, ObjectNotFoundError, Storage, open_storage
 from edl_argo.storage.trees import POINTER_NAME, open_tree
 from edl_argo.storage.versions import VERSION_FOLDER
+from edl_argo.tensorflow_import import import_tensorflow
 
 log = get_logger(__name__)
 
@@ -256,8 +257,10 @@ def open_inference_data(
 
 
 def load_step_model(args: argparse.Namespace) -> ModelSpec:
-    """The model file of an evaluate or predict step, with TensorFlow's thread pools sized to the step's
-    CPU limit before the model runs (:mod:`edl_argo.cpu_limit`)."""
+    """The model file of an evaluate or predict step, TensorFlow imported first as a pod imports it
+    (:func:`~edl_argo.tensorflow_import.import_tensorflow`), its thread pools sized to the step's CPU limit
+    before the model runs (:mod:`edl_argo.cpu_limit`)."""
+    import_tensorflow()
     spec = load_model_spec(args.model_def, model_options_from_args(args))
     size_tensorflow_threads()
     return spec
