@@ -7,6 +7,8 @@ import io
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -805,3 +807,23 @@ def test_transient_errors() -> None:
     assert not is_transient(InvalidResponseError(400, "text/plain", "Bad Request"))
     connect, read = socket_timeouts(RetryPolicy(max_seconds=30))
     assert connect <= 5 and read <= 10  # well below the budget: a stalled connection costs a fraction of it
+
+
+def test_the_s3_client_library_is_imported_only_when_s3_storage_is_used(tmp_path: Path) -> None:
+    """minio (and the cryptography it loads) takes about 0.1 s to import, on the way to a local job's first
+    step twice (the master and its pod template): a process that uses folders does without it, and
+    ``S3Storage`` is still where it was."""
+    code = (
+        "import sys\n"
+        "import edl_argo.master.job, edl_argo.ps.server, edl_argo.worker.main, edl_argo.inference\n"
+        "from edl_argo.storage import open_storage\n"
+        f"open_storage({str(tmp_path)!r}).write('k', b'v')\n"
+        "print('minio' in sys.modules)\n"
+        "from edl_argo.storage import S3Storage\n"
+        "print('minio' in sys.modules, S3Storage.__name__, type(open_storage('s3://bucket/prefix')).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False", "True S3Storage S3Storage"]

@@ -6,11 +6,16 @@ Open a location with :func:`open_storage` and use the :class:`Storage` interface
 * ``s3://bucket/prefix`` -- :class:`~edl_argo.storage.s3.S3Storage`, configured from the environment;
 * ``file:///absolute/path`` or a plain path -- :class:`~edl_argo.storage.local.LocalStorage`. A string
   that starts like a URL scheme (``name:``) is never taken as a path, so ``s3:/bucket`` is an error.
+
+:mod:`edl_argo.storage.s3` is imported when S3 is first used (``open_storage("s3://...")`` or
+``edl_argo.storage.S3Storage``): its client library, minio, and the cryptography minio loads take about
+0.1 s to import, which a process that uses folders only (a local job's master, its pod template) skips.
 """
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from edl_argo.errors import StorageError
@@ -23,7 +28,9 @@ from edl_argo.storage.base import (
     join_url,
 )
 from edl_argo.storage.local import LocalStorage
-from edl_argo.storage.s3 import S3Storage
+
+if TYPE_CHECKING:
+    from edl_argo.storage.s3 import S3Storage
 
 __all__ = [
     "TREE_COMPLETE_MARKER",
@@ -37,6 +44,16 @@ __all__ = [
     "join_url",
     "open_storage",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``S3Storage``, imported when first asked for (see the module's docstring)."""
+    if name == "S3Storage":
+        from edl_argo.storage.s3 import S3Storage
+
+        return S3Storage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _ACCEPTED = "use s3://bucket/prefix, file:///absolute/path or a local path"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
@@ -53,6 +70,8 @@ def open_storage(url: str) -> Storage:
     if scheme and not text[len(scheme) + 1 :].startswith("//"):
         scheme = "?"  # "s3:/bucket", "s3:bucket": a mistyped URL, not a folder name
     if scheme == "s3":
+        from edl_argo.storage.s3 import S3Storage
+
         return S3Storage(text)
     if scheme == "file":
         parts = urlsplit(text)
