@@ -37,7 +37,7 @@ from edl_argo.tensorflow_import import import_tensorflow
 #: command -> (module providing ``register``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("edl_argo.data.commands", "prepare and inspect RecordIO datasets"),
-    "train": ("edl_argo.master.job", "run an elastic training job (this process is its master)"),
+    "train": ("edl_argo.master.command", "run an elastic training job (this process is its master)"),
     "worker": ("edl_argo.worker.main", "run one worker of a job (started by the master)"),
     "ps": ("edl_argo.ps.server", "run one parameter server of a job (started by the master)"),
     "evaluate": ("edl_argo.inference", "compute a trained model's metrics on shards"),

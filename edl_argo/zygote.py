@@ -116,6 +116,7 @@ def prepare(warm_modules: bool = False) -> tuple[Template | None, str]:
 #: What the commands of a warm server import once they run (their command modules and what they import
 #: inside functions), imported by the server first.
 WARM_MODULES = (
+    "edl_argo.master.command",
     "edl_argo.master.job",
     "edl_argo.master.export",
     "edl_argo.inference",

@@ -281,3 +281,30 @@ def test_evaluate_and_predict_load_their_model_file_without_scikit_learn(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "['tensorflow'] True"
+
+
+def test_train_starts_a_local_jobs_pod_template_before_importing_the_masters_modules(tmp_path: Path) -> None:
+    """The template's import of TensorFlow is the longest wait before a local job's first step: ``edl-argo
+    train`` starts it right after parsing its command line, and imports the master's own modules (0.2-0.25
+    s) while it runs."""
+    argv = ["train", "--model-def", DIGITS_MODEL, "--training-data", str(tmp_path), "--output", str(tmp_path)]
+    code = (
+        "import sys\n"
+        "from edl_argo import cli\n"
+        "import edl_argo.master.command as command\n"
+        "class Started(Exception):\n"
+        "    pass\n"
+        "def started(config):\n"
+        "    print('master modules imported:', 'edl_argo.master.job' in sys.modules, config.backend)\n"
+        "    raise Started\n"
+        "command.early_pod_template = started\n"
+        "try:\n"
+        f"    cli.main({argv!r}, warm=False)\n"
+        "except Started:\n"
+        "    pass\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["master modules imported: False local"]

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from edl_argo.master.job_parts import early_pod_template
+from edl_argo.master.pod_template import early_pod_template
 from edl_argo.pods import LocalProcessBackend, PodPhase, PodReason, PodRole, PodSpec, PodStatus
 from edl_argo.pods.prefork import PREFORK_ENV, process_template
 from tests.engine_helpers import digits_config

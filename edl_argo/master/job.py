@@ -18,12 +18,9 @@ whose reply was lost with the old master gets).
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from edl_argo.addresses import join_host_port
@@ -34,13 +31,7 @@ from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.failover import MasterParts, own_checkpoint_series, state_to_save, take_over
-from edl_argo.master.job_parts import (
-    JobParts,
-    default_backend,
-    early_pod_template,
-    load_job_parts,
-    sample_batch,
-)
+from edl_argo.master.job_parts import JobParts, default_backend, load_job_parts, sample_batch
 from edl_argo.master.ledger import PsReport, TrainingLedger
 from edl_argo.master.metrics import (
     THROUGHPUT_WINDOW_SECONDS,
@@ -53,6 +44,7 @@ from edl_argo.master.metrics import (
 )
 from edl_argo.master.pod_commands import ps_pod, worker_pod
 from edl_argo.master.pod_manager import PodManager, PodPolicy
+from edl_argo.master.pod_template import early_pod_template
 from edl_argo.master.ps_watch import ParameterServerWatch
 from edl_argo.master.registry import register_master, unregister_master
 from edl_argo.master.rendezvous import RendezvousManager, clock_round_base
@@ -77,7 +69,6 @@ from edl_argo.readers import open_data, parse_data_options, worker_spec_json
 from edl_argo.rpc.auth import MASTER_IDENTITY, JobSecret, server_interceptor
 from edl_argo.rpc.channel import make_server
 from edl_argo.rpc.tls import TlsFiles, add_port, load_tls_dir
-from edl_argo.stop import stop_on_sigterm
 
 log = get_logger(__name__)
 
@@ -693,44 +684,6 @@ class TrainingJob:
                 ps.close()
         flags = {**self.config.to_json(), **(self.model.flags() if self.model else {})}
         publish_model(self.output, model, metrics, flags, keep_in=self.state_store.storage)
-
-
-def run_train(args: Any) -> int:
-    from edl_argo.master.config import config_from_args
-
-    config = config_from_args(args)
-    if args.yaml:
-        from edl_argo.master.dry_run import render_train_manifests
-
-        print(render_train_manifests(config), end="")
-        return 0
-    if config.backend == "local":
-        # Local pods are this master's to stop. On Kubernetes a SIGTERM may be a node drain after which
-        # Argo retries the master, which then adopts the pods: they stay (the step's exit hook and
-        # --master-timeout remove them once the step has ended for good).
-        stop_on_sigterm()
-    try:
-        metrics = TrainingJob.load(config).run()
-    except JobFailedError as error:
-        log.error("job_failed", job=config.job_name, error=str(error))
-        raise
-    if args.metrics_output:
-        Path(args.metrics_output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.metrics_output).write_text(json.dumps(metrics["final_metrics"], sort_keys=True))
-    final = " ".join(f"{k}={v:.4f}" for k, v in metrics["final_metrics"].items())
-    print(
-        f"job {config.job_name} succeeded: model at {config.output.rstrip('/')}/model {final}",
-        file=sys.stdout,
-    )
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    from edl_argo.master.config import add_train_flags
-
-    parser = subparsers.add_parser("train", help="run an elastic training job (this process is the master)")
-    add_train_flags(parser)
-    parser.set_defaults(run=run_train)
 
 
 def establish_job_secret(config: TrainConfig, parts: JobParts, backend: PodBackend) -> JobSecret:

@@ -9,7 +9,6 @@ version), that ``--output`` is reachable, and what an earlier master of the job 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,7 @@ from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.model.loader import check_model_file
 from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
-from edl_argo.pods.prefork import PodTemplate, prefork_enabled, process_template
+from edl_argo.pods.prefork import PodTemplate
 from edl_argo.readers import OpenedDataset, open_data, parse_data_options
 from edl_argo.storage import Storage, open_storage
 from edl_argo.tensorflow_import import import_tensorflow
@@ -141,17 +140,9 @@ def sample_batch(config: TrainConfig, spec: ModelSpec, data: OpenedDataset, mode
     return next(iter(make_batches(spec, records, data.schema, mode, num_records(records))))
 
 
-def early_pod_template(config: TrainConfig) -> PodTemplate | None:
-    """For a local job, the pod template of this process (:func:`~edl_argo.pods.prefork.process_template`),
-    starting in the background now if it has not yet; None if it is switched off, or the job's pods run on
-    Kubernetes."""
-    if config.backend == "kubernetes" or not prefork_enabled(os.environ):
-        return None
-    return process_template(config.job_name)
-
-
 def default_backend(config: TrainConfig, pod_template: PodTemplate | None = None) -> PodBackend:
-    """Local processes (forking from ``pod_template`` if given: :func:`early_pod_template`), or with
+    """Local processes (forking from ``pod_template`` if given:
+    :func:`~edl_argo.master.pod_template.early_pod_template`), or with
     ``--backend kubernetes`` pods of the cluster."""
     if config.backend != "kubernetes":
         return LocalProcessBackend(config.job_name, host=pod_host(), pod_template=pod_template)

@@ -1,0 +1,55 @@
+"""``edl-argo train``: its flags and its run.
+
+Apart from :mod:`edl_argo.master.job` so that the command line is parsed, and a local job's pod template
+started (:func:`~edl_argo.master.pod_template.early_pod_template`), before the master's own modules are
+imported: importing them takes 0.2-0.25 s, during which the template is now importing TensorFlow, the
+longest wait before a local job's first step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from edl_argo.errors import JobFailedError
+from edl_argo.log import get_logger
+from edl_argo.master.config import add_train_flags, config_from_args
+from edl_argo.master.pod_template import early_pod_template
+from edl_argo.stop import stop_on_sigterm
+
+log = get_logger(__name__)
+
+
+def run_train(args: Any) -> int:
+    config = config_from_args(args)
+    if args.yaml:
+        from edl_argo.master.dry_run import render_train_manifests
+
+        print(render_train_manifests(config), end="")
+        return 0
+    if config.backend == "local":
+        # Local pods are this master's to stop. On Kubernetes a SIGTERM may be a node drain after which
+        # Argo retries the master, which then adopts the pods: they stay (the step's exit hook and
+        # --master-timeout remove them once the step has ended for good).
+        stop_on_sigterm()
+    early_pod_template(config)
+    from edl_argo.master.job import TrainingJob  # the master's modules, while the template imports
+
+    try:
+        metrics = TrainingJob.load(config).run()
+    except JobFailedError as error:
+        log.error("job_failed", job=config.job_name, error=str(error))
+        raise
+    if args.metrics_output:
+        Path(args.metrics_output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.metrics_output).write_text(json.dumps(metrics["final_metrics"], sort_keys=True))
+    final = " ".join(f"{k}={v:.4f}" for k, v in metrics["final_metrics"].items())
+    print(f"job {config.job_name} succeeded: model at {config.output.rstrip('/')}/model {final}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("train", help="run an elastic training job (this process is the master)")
+    add_train_flags(parser)
+    parser.set_defaults(run=run_train)
