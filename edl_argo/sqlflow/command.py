@@ -175,12 +175,12 @@ def plan_training(statement: TrainStatement, db: str, models: str, extra: Sequen
 
 def run_train_statement(statement: TrainStatement, db: str, models: str, extra: Sequence[str] = ()) -> int:
     """Plan, write the model file, and run the training job in this process (its master)."""
-    from edl_argo.master import job
+    from edl_argo.master import command
     from edl_argo.storage import open_storage
 
     plan = plan_training(statement, db, models, extra)
     parser = argparse.ArgumentParser(prog="edl-argo sql")
-    job.register(parser.add_subparsers(dest="command"))
+    command.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["train", *plan.argv])
     storage = open_storage(_model_dir(models, statement.into))
     storage.write(MODEL_FILE, plan.model_file.encode())
