@@ -8,7 +8,7 @@ import sys
 
 def import_tensorflow() -> None:
     """Import TensorFlow with scikit-learn hidden from it and Python's cyclic collector paused; then put
-    the objects the import made out of the collector's reach.
+    every object the process holds, most of them the import's, out of the collector's reach.
 
     Keras (loaded with TensorFlow) imports scikit-learn, and through it SciPy's statistics, for its
     scikit-learn wrappers (``keras.wrappers``): 1.2 s of a core, a fifth of TensorFlow's import, in every
@@ -20,9 +20,11 @@ def import_tensorflow() -> None:
     process. With the collector running, it collected 600-660 times during the import, 5 of them over every
     object (0.4-0.5 s of the import's 2.2-2.3 s on a 2-core AMD EPYC), and each later full collection
     walked them all again (300,000 objects allocated after the import: 0.46 s, 0.06 s with them frozen).
-    Paused during the import, and those objects moved to the permanent generation after it (``gc.freeze``:
-    the import's 1,500 or so cyclic leftovers, which a collection would have freed, are kept), neither
-    happens. The collector is left as the caller had it, enabled or not.
+    Paused during the import, and every object the process then holds moved to the permanent generation
+    after it (``gc.freeze``: the import's, and what the process made before it, which in an edl-argo
+    process is little), neither happens. The price: cycles among the frozen objects that become garbage
+    are never freed (the import itself leaves 1,537 such objects; a caller that held many objects before
+    may leave more). The collector is left as the caller had it.
 
     Does nothing when TensorFlow is imported already; scikit-learn imported already is not hidden.
     """
