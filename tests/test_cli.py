@@ -184,6 +184,20 @@ def test_a_pod_command_ends_without_the_interpreter_teardown(command: str, tmp_p
     assert ("interpreter teardown ran" in done.stdout) is (command not in cli.POD_COMMANDS)
 
 
+def python_lines(code: str, *args: str) -> list[str]:
+    """The lines ``python -c code *args`` printed (run from the repository), which must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 _POD_IMPORT = (
     "import sys\n"
     "from edl_argo.tensorflow_import import import_tensorflow\n"
@@ -198,11 +212,7 @@ _POD_IMPORT = (
 def test_a_pod_imports_tensorflow_without_scikit_learn_and_its_model_file_can_still_import_it() -> None:
     """Keras loads scikit-learn (and SciPy's statistics) for wrappers no pod uses: 1.2 s of every pod's
     start-up. A pod hides it while TensorFlow loads, and a model file importing it afterwards gets it."""
-    done = subprocess.run(
-        [sys.executable, "-c", _POD_IMPORT], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["with tensorflow: []", "then: BaseEstimator"]
+    assert python_lines(_POD_IMPORT) == ["with tensorflow: []", "then: BaseEstimator"]
 
 
 _COLLECTOR_DURING_IMPORT = (
@@ -224,19 +234,11 @@ _COLLECTOR_DURING_IMPORT = (
 def test_tensorflows_import_runs_no_collection_and_leaves_its_objects_out_of_later_ones(
     collector: str,
 ) -> None:
-    """TensorFlow's import makes about half a million objects that live as long as the process. Python's
-    cyclic collector ran about 700 times over them during the import (0.4-0.5 s of its 2.2-2.3 s here), and
-    every later full collection walked them again. The import runs with the collector paused and leaves what
+    """TensorFlow's import makes about 450,000 objects that live as long as the process. Python's cyclic
+    collector ran 600-660 times during the import (0.4-0.5 s of its 2.2-2.3 s here), and every later full
+    collection walked them again. The import runs with the collector paused and leaves what
     it made in the permanent generation (``gc.freeze``); the collector is then as the caller had it."""
-    done = subprocess.run(
-        [sys.executable, "-c", _COLLECTOR_DURING_IMPORT, collector],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = json.loads(python_lines(_COLLECTOR_DURING_IMPORT, collector)[-1])
     assert seen["collections"] == [0, 0, 0]
     assert seen["frozen"] > 100_000 and seen["objects"] < seen["frozen"] / 10, seen
     assert seen["enabled"] is (collector == "on")
@@ -253,11 +255,7 @@ def test_the_master_loads_its_model_file_without_scikit_learn(digits_data: Path,
         f"load_job_parts(digits_config(Path({str(digits_data)!r}), Path({str(tmp_path / 'out')!r})))\n"
         "print([m for m in ('tensorflow', 'sklearn', 'scipy.stats') if m in sys.modules])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "['tensorflow']"
+    assert python_lines(code)[-1] == "['tensorflow']"
 
 
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
@@ -276,11 +274,7 @@ def test_evaluate_and_predict_load_their_model_file_without_scikit_learn(
         "print([m for m in ('tensorflow', 'sklearn', 'scipy.stats') if m in sys.modules], "
         "gc.get_freeze_count() > 100_000)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "['tensorflow'] True"
+    assert python_lines(code)[-1] == "['tensorflow'] True"
 
 
 def test_train_starts_a_local_jobs_pod_template_before_importing_the_masters_modules(tmp_path: Path) -> None:
@@ -303,8 +297,4 @@ def test_train_starts_a_local_jobs_pod_template_before_importing_the_masters_mod
         "except Started:\n"
         "    pass\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["master modules imported: False local"]
+    assert python_lines(code) == ["master modules imported: False local"]
