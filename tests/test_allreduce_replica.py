@@ -128,11 +128,24 @@ class _Group:
                 assert time.monotonic() < deadline, "a member never noticed that its round ended"
                 time.sleep(0.05)
 
-    def committed_reaches(self, version: int, timeout: float = 10.0) -> None:
-        """Wait until the master committed ``version`` (members report by their watch, about every second)."""
+    def committed_reaches(self, version: int, checkpoint: int = 0, timeout: float = 10.0) -> None:
+        """Wait until the master committed ``version`` and, if ``checkpoint``, recorded a checkpoint of that
+        version or newer (members report by their watch, about every second, each what it knows: the
+        checkpoint comes from the member that saved it, maybe a report after the version)."""
         deadline = time.monotonic() + timeout
-        while self.manager.committed is None or self.manager.committed.version < version:
-            assert time.monotonic() < deadline, f"committed {self.manager.committed}, never {version}"
+        manager = self.manager
+
+        def seen() -> bool:
+            committed, saved = manager.committed, manager.checkpoint
+            return (committed is not None and committed.version >= version) and (
+                not checkpoint or (saved is not None and saved.version >= checkpoint)
+            )
+
+        while not seen():
+            assert time.monotonic() < deadline, (
+                f"committed {manager.committed}, checkpoint {manager.checkpoint}: "
+                f"never version {version} and checkpoint {checkpoint}"
+            )
             time.sleep(0.05)
 
     def steps(
@@ -321,7 +334,7 @@ def test_a_group_of_new_members_restores_the_committed_checkpoint_and_counts_the
         group.steps([0, 1], _batches(6, seed=10))
         assert group.replicas[0]._checkpointer is not None and group.replicas[0]._checkpointer.wait(30)
         group.steps([0, 1], _batches(1, seed=11))
-        group.committed_reaches(7)  # their watch reports version 7 and checkpoint 4
+        group.committed_reaches(7, checkpoint=4)  # their watch reports version 7 and checkpoint 4
         assert group.manager.checkpoint is not None and group.manager.checkpoint.version == 4
         group.leave(0), group.leave(1)
         group.join(2), group.join(3)
