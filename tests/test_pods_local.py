@@ -336,6 +336,31 @@ def test_delete_removes_the_whole_process_group(
     backend.delete(WORKER, 99)  # never started: nothing to do
 
 
+def test_a_pod_started_when_an_interrupt_came_is_still_waited_for_by_close(
+    sink: io.StringIO, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or the SIGTERM handler's exception) can land in the master's main thread right after a pod's
+    process started and before its exit is watched. Closing the backend then still ends the pod and waits
+    for it (a pod that ignores SIGTERM: SIGKILLed after the grace), and reports its exit."""
+    pid_file = tmp_path / "pids"
+    with LocalProcessBackend("test-job", log_sink=sink) as backend:
+        watch = backend._watch
+
+        def interrupted(*args: object) -> None:
+            monkeypatch.setattr(backend, "_watch", watch)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(backend, "_watch", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            backend.start(worker(0, process_tree(pid_file, ignore_sigterm=True)))
+        pids = read_pids(pid_file)
+        started = time.monotonic()
+        backend.close(grace_seconds=0.3)
+        assert time.monotonic() - started >= 0.3  # it waited for the pod through its grace
+        assert terminal(collect(backend, "worker-0"), "worker-0").phase is PodPhase.DELETED
+    wait_for(lambda: all(is_gone(pid) for pid in pids), timeout=5, what="the pod's processes to die")
+
+
 def test_a_shorter_grace_on_a_second_delete_kills_sooner(
     backend: LocalProcessBackend, tmp_path: Path
 ) -> None:

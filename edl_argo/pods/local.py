@@ -133,6 +133,8 @@ class _LocalPod:
     kill_timer: threading.Timer | None = None
     output_done: threading.Event = field(default_factory=threading.Event)
     tail_thread: threading.Thread | None = None
+    waiter: threading.Thread | None = None
+    """The thread that waits for the pod's end and reports it (None until it is watched)."""
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
 
     @property
@@ -207,11 +209,11 @@ class LocalProcessBackend(PodBackend):
                 log.warning("pod_start_failed", job=self.job_name, pod=spec.name, error=str(error))
                 self._finish(pod, PodPhase.FAILED, PodReason.ERROR, None, f"cannot start: {error}")
                 return
+            self._watch(pod, self._wait_of(pod), (0, 0))  # first: what follows may be interrupted
             pod.phase = PodPhase.RUNNING
             self._queue.put(_event(spec, PodPhase.RUNNING, PodReason.STARTED))
             forked = pod.exit_pipe is not None
             log.info("pod_started", job=self.job_name, pod=spec.name, pid=pod.pgid, forked=forked)
-            self._watch(pod, self._wait_forked if forked else self._wait_child, (0, 0))
 
     def adopt(self) -> list[PodStatus]:
         with self._lock:
@@ -286,6 +288,9 @@ class LocalProcessBackend(PodBackend):
         with self._lock:
             self._closed = True
             keys = list(self._pods)
+            for pod in self._pods.values():
+                if pod.alive and pod.waiter is None:  # started as an interrupt (Ctrl-C, SIGTERM) came
+                    self._watch(pod, self._wait_of(pod), (0, 0))
             waiters = list(self._waiters)
         if self._owns_template:
             self._template.close()
@@ -395,7 +400,12 @@ class LocalProcessBackend(PodBackend):
         """Start the tail and waiter threads of a running pod (with the lock held)."""
         name = pod.spec.name
         pod.tail_thread = _spawn(self._tail, f"{name}-log", pod, offsets)
-        self._waiters.add(_spawn(self._wait, f"{name}-wait", pod, wait))
+        pod.waiter = _spawn(self._wait, f"{name}-wait", pod, wait)
+        self._waiters.add(pod.waiter)
+
+    def _wait_of(self, pod: _LocalPod) -> Callable[[_LocalPod], int]:
+        """How to wait for the end of a pod this backend started: forked, or its supervisor a child."""
+        return self._wait_forked if pod.exit_pipe is not None else self._wait_child
 
     def _tail(self, pod: _LocalPod, offsets: tuple[int, int]) -> None:
         """Copy the pod's new output lines to the sink until its waiter says the output is complete."""
