@@ -6,6 +6,8 @@ import contextlib
 import ctypes
 import fcntl
 import json
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -24,9 +26,24 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS_MODEL = str(ROOT / "examples" / "model_zoo" / "digits.py")
 CTR_MODEL = str(ROOT / "examples" / "model_zoo" / "ctr.py")
 
+
 #: Small, quick digits settings. 8 epochs measured 0.964-0.989 over 55 chaos trials, yet CI runs under load
 #: saw 0.925-0.947 (a late loss spike of SGD with momentum; one worker's loss went 0.011 -> 0.050 in its last
 #: epoch in a measured run), so the tests train 10.
+def python_lines(code: str, *args: str) -> list[str]:
+    """The lines ``python -c code *args`` printed (run from the repository), which must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 DIGITS_JOB = {
     "num_epochs": 10,
     "shuffle": True,

@@ -13,7 +13,7 @@ from edl_argo import cli
 from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
-from tests.engine_helpers import DIGITS_MODEL, ROOT
+from tests.engine_helpers import DIGITS_MODEL, python_lines
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -182,20 +182,6 @@ def test_a_pod_command_ends_without_the_interpreter_teardown(command: str, tmp_p
     assert done.returncode == 2, done.stderr
     assert len(error_lines(done.stderr)) == 1  # the error line was flushed before the process ended
     assert ("interpreter teardown ran" in done.stdout) is (command not in cli.POD_COMMANDS)
-
-
-def python_lines(code: str, *args: str) -> list[str]:
-    """The lines ``python -c code *args`` printed (run from the repository), which must succeed."""
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()
 
 
 _POD_IMPORT = (

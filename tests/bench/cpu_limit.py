@@ -92,9 +92,9 @@ def measure(case: ModelCase, data: Path, folder: Path, sized: bool, seconds: flo
         child.close()
 
 
-def compare(case: ModelCase, data: Path, folder: Path, log: Path, repeats: int, seconds: float) -> None:
-    """Print ``repeats`` pairs of measurements of ``case``, default pools then sized, and the ratios."""
-    name = case.name.removeprefix("suite_")
+def compare(name: str, data: Path, folder: Path, log: Path, repeats: int, seconds: float) -> None:
+    """Print ``repeats`` pairs of measurements of model ``name``, default pools then sized, and the ratios."""
+    case = MODELS[name]
     ratios = []
     for repeat in range(repeats):
         default = measure(case, data, folder, False, seconds, log)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             for model in args.models.split(","):
-                compare(MODELS[model], data, folder, log, args.repeats, args.seconds)
+                compare(model, data, folder, log, args.repeats, args.seconds)
         finally:
             folder.rmdir()
     return 0
