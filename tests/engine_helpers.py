@@ -27,9 +27,6 @@ DIGITS_MODEL = str(ROOT / "examples" / "model_zoo" / "digits.py")
 CTR_MODEL = str(ROOT / "examples" / "model_zoo" / "ctr.py")
 
 
-#: Small, quick digits settings. 8 epochs measured 0.964-0.989 over 55 chaos trials, yet CI runs under load
-#: saw 0.925-0.947 (a late loss spike of SGD with momentum; one worker's loss went 0.011 -> 0.050 in its last
-#: epoch in a measured run), so the tests train 10.
 def python_lines(code: str, *args: str) -> list[str]:
     """The lines ``python -c code *args`` printed (run from the repository), which must succeed."""
     done = subprocess.run(
@@ -44,6 +41,9 @@ def python_lines(code: str, *args: str) -> list[str]:
     return done.stdout.splitlines()
 
 
+#: Small, quick digits settings. 8 epochs measured 0.964-0.989 over 55 chaos trials, yet CI runs under load
+#: saw 0.925-0.947 (a late loss spike of SGD with momentum; one worker's loss went 0.011 -> 0.050 in its last
+#: epoch in a measured run), so the tests train 10.
 DIGITS_JOB = {
     "num_epochs": 10,
     "shuffle": True,
@@ -218,6 +218,42 @@ def master_port_turn() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+#: A ``loss`` of the model contract that branches in Python on a tensor's value. Keras 3's ``fit`` traces its
+#: step without AutoGraph, which would have made the branch a ``tf.cond``: there it fails while tracing.
+#: Appended to a model file, it replaces the file's ``loss``.
+PYTHON_BRANCH_ON_A_TENSOR_LOSS = """
+
+def loss(labels, predictions):
+    if tf.reduce_mean(labels) > 1e9:
+        return tf.reduce_mean(tf.abs(predictions - labels))
+    return tf.reduce_mean(tf.square(predictions - labels))
+"""
+
+
+def assert_fails_as_in_fit(
+    model_file: str, train: Callable[[Any, Any], object], features: Any, labels: Any
+) -> None:
+    """``train(features, labels)`` (one step of a job's worker) fails with the error ``model.fit`` raises for
+    the same model file and minibatch, and names the model file's function at fault (its ``loss``)."""
+    import keras
+    import pytest
+    import tensorflow as tf
+
+    from edl_argo.model import load_model_spec
+    from edl_argo.model.user_code import model_error_of
+
+    spec = load_model_spec(model_file)
+    model = spec.custom_model()
+    model.compile(optimizer=spec.optimizer(), loss=spec.loss)
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+        model.fit(features, labels, batch_size=len(labels), epochs=1, verbose=0)
+    keras.backend.clear_session()
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError) as raised:
+        train(features, labels)
+    found = model_error_of(raised.value)
+    assert found is not None and (found.source, found.function) == (model_file, "loss"), repr(raised.value)
 
 
 def mse_model_file(optimizer: str, custom_model: str) -> str:

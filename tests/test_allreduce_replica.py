@@ -21,6 +21,7 @@ from edl_argo.proto import master_pb2
 from edl_argo.storage import LocalStorage
 from edl_argo.worker.allreduce_replica import AllreduceReplica
 from edl_argo.worker.replica import NonFiniteLossError
+from tests.engine_helpers import PYTHON_BRANCH_ON_A_TENSOR_LOSS, assert_fails_as_in_fit
 from tests.tcp_proxy import SilentProxy
 
 #: ``(features, labels)`` of one minibatch.
@@ -586,5 +587,19 @@ def test_a_lone_members_non_finite_loss_changes_nothing_and_its_next_minibatch_t
         loss = replica.train_minibatch(features, labels)
         assert np.isfinite(loss) and replica.version == version + 1
         assert same().count(False) >= len(before) // 2, same()  # weights, statistics, optimizer moments
+    finally:
+        group.close()
+
+
+def test_a_loss_branching_in_python_on_a_tensor_fails_on_a_member_as_it_fails_in_fit(tmp_path: Path) -> None:
+    """A member traces its step as ``fit`` does, without AutoGraph: a Python ``if`` on a tensor's value fails
+    in both, and the error names the model file's ``loss``."""
+    path = tmp_path / "branching.py"
+    path.write_text(MODEL_FILE + PYTHON_BRANCH_ON_A_TENSOR_LOSS)
+    group = _Group(path)
+    try:
+        replica = group.add(0)
+        features, labels = _batches(1, seed=30)[0]
+        assert_fails_as_in_fit(str(path), replica.train_minibatch, features, labels)
     finally:
         group.close()

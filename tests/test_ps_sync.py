@@ -26,7 +26,7 @@ from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.chunked import PendingCall
 from edl_argo.worker.ps_client import ParameterServerClient
 from edl_argo.worker.replica import ModelReplica
-from tests.engine_helpers import mse_model_file
+from tests.engine_helpers import PYTHON_BRANCH_ON_A_TENSOR_LOSS, assert_fails_as_in_fit, mse_model_file
 from tests.tcp_proxy import SilentProxy
 
 LEARNING_RATE = 0.05
@@ -515,3 +515,19 @@ def test_embedding_updates_equal_model_fit_with_plain_sgd(tmp_path: Path, num_ps
             )
     finally:
         ps.stop()
+
+
+def test_a_loss_branching_in_python_on_a_tensor_fails_on_the_worker_as_it_fails_in_fit(
+    cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """The worker traces its step as ``fit`` does, without AutoGraph: a Python ``if`` on a tensor's value
+    fails in both, and the error names the model file's ``loss``."""
+    path = tmp_path / "branching.py"
+    path.write_text(LINEAR_MODEL + PYTHON_BRANCH_ON_A_TENSOR_LOSS)
+    ps = cluster(1)
+    ps.start()
+    replica = ModelReplica(load_model_spec(str(path)), ps.client())
+    (batches,) = minibatches(1, per_worker=1)
+    features, labels = batches[0]
+    replica.ensure_built(features)
+    assert_fails_as_in_fit(str(path), replica.train_minibatch, features, labels)

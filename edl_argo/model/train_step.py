@@ -21,6 +21,8 @@ share of the variables:
 
 With ``--grads-to-wait K > 1`` each push is clipped on its own before the PS averages K of them (``fit`` has
 no such step to compare with).
+
+Every function of a step is traced as ``fit`` traces its own, without AutoGraph (:func:`step_function`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,19 @@ import tensorflow as tf
 from keras.src.losses.losses import LossFunctionWrapper
 
 from edl_argo.model.optimizer import OptimizerFactory
+
+
+def step_function(python_function: Callable[..., Any], **options: Any) -> Any:
+    """``tf.function(python_function, **options)``, traced without AutoGraph, as Keras 3's ``fit`` traces its
+    train step (``do_not_convert``).
+
+    The model's ``call``, its ``loss`` and the optimizer run as the Python they are: a Python ``if`` or
+    ``while`` on a tensor's value fails while tracing, in ``fit`` and here alike (a model writes
+    ``tf.cond`` or ``keras.ops.cond``). Converting the step's source would cost a pod a fifth of a second
+    before its first step, for a semantics ``fit`` does not have (``docs/profile.md``). A model file's
+    ``feed`` is not traced here: tf.data converts its map functions as it does for ``fit``'s input.
+    """
+    return tf.function(python_function, autograph=False, **options)
 
 
 def _inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:

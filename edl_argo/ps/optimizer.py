@@ -51,6 +51,7 @@ from edl_argo.model.optimizer import (
     new_optimizer,
     updates_elementwise,
 )
+from edl_argo.model.train_step import step_function
 from edl_argo.ps.embedding_table import EmbeddingTable
 from edl_argo.rpc.packed import group_small
 from edl_argo.rpc.rope import as_tf_tensor
@@ -302,7 +303,6 @@ class DenseOptimizer(_KerasOptimizer):
             ]
             optimizer, storage = self.optimizer, self._storage
 
-            @tf.function(jit_compile=self._jit_compile)
             def apply_and_read(*grads: tf.Tensor) -> list[tf.Tensor]:
                 before = [[tf.convert_to_tensor(v) for v in held] for _, held in kept]
                 optimizer.apply_gradients(zip(grads, variables, strict=True))
@@ -311,7 +311,8 @@ class DenseOptimizer(_KerasOptimizer):
                         variable.assign(tf.where(mask, tf.convert_to_tensor(variable), value))
                 return [v.read_value() for v in storage]
 
-            step = apply_and_read.get_concrete_function(*(tf.TensorSpec(v.shape, v.dtype) for v in variables))
+            traced = step_function(apply_and_read, jit_compile=self._jit_compile)
+            step = traced.get_concrete_function(*(tf.TensorSpec(v.shape, v.dtype) for v in variables))
             self._steps[names] = step
         return step
 
@@ -495,7 +496,6 @@ class SparseOptimizer(_KerasOptimizer):
                 member.add_slot(name, fresh[0])
         self._scalars = [v for v in optimizer.variables if id(v) not in slot_ids]
 
-        @tf.function
         def step(
             values: tf.Tensor, slots: list[tf.Tensor], grads: tf.Tensor
         ) -> tuple[tf.Tensor, list[tf.Tensor]]:
@@ -505,7 +505,7 @@ class SparseOptimizer(_KerasOptimizer):
             optimizer.apply_gradients([(grads, staging)])
             return tf.identity(staging), [tf.convert_to_tensor(v) for v in slot_vars]
 
-        self._step = step
+        self._step = step_function(step)
 
 
 def _packs(optimizer: keras.optimizers.Optimizer) -> bool:

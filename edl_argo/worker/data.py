@@ -57,9 +57,12 @@ class RecordSource:
         return reader.read(task.shard, task.start, task.end, version=task.shard_version, hint=task.read_hint)
 
 
+@tf.autograph.experimental.do_not_convert
 def records_dataset(schema: RecordSchema, records: Sequence[Any]) -> tf.data.Dataset:
     """``records`` (arrays or tensors, one per :attr:`RecordSchema.dtypes` entry) as the dataset ``feed``
-    receives: one serialized string per element, or a dict of the columns' scalars."""
+    receives: one serialized string per element, or a dict of the columns' scalars.
+
+    The input pipeline's own functions are not converted by AutoGraph (:func:`stream_batches`)."""
     tensors = [_tensor(values, dtype) for values, dtype in zip(records, schema.dtypes, strict=True)]
     if not schema.columns:
         return tf.data.Dataset.from_tensor_slices(tensors[0])
@@ -98,6 +101,10 @@ def stream_batches(
     records in ``schema``); each task's records go through ``feed(dataset, TRAINING, metadata)`` (traced
     once, for every task) and are batched on their own, so that no minibatch holds records of two tasks.
 
+    AutoGraph converts ``feed`` (called from the one function of the pipeline it converts), and so the
+    functions ``feed`` maps, as it converts those of ``fit``'s input; it converts none of the pipeline's other
+    functions, which are this module's (each costs a pod tens of milliseconds before its first step).
+
     Elements are ``(seq, item)``: ``item`` (a :class:`tf.experimental.Optional`) holds a minibatch of task
     ``seq``, or nothing after a task's last minibatch. Maps run in parallel (tf.data's map parallelization).
     Nothing is prefetched: the worker prepares minibatches ahead while its training step waits
@@ -114,9 +121,12 @@ def stream_batches(
         fed = spec.feed(records_dataset(schema, records), Mode.TRAINING, metadata)
         batches = fed.batch(minibatch_size)
         end = tf.experimental.Optional.empty(batches.element_spec)
-        return batches.map(lambda *batch: (seq, tf.experimental.Optional.from_value(batch))).concatenate(
-            tf.data.Dataset.from_tensors((seq, end))
-        )
+
+        @tf.autograph.experimental.do_not_convert
+        def of_task(*batch: tf.Tensor) -> tuple[tf.Tensor, tf.experimental.Optional]:
+            return seq, tf.experimental.Optional.from_value(batch)
+
+        return batches.map(of_task).concatenate(tf.data.Dataset.from_tensors((seq, end)))
 
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = True
@@ -151,10 +161,15 @@ def python_stream(
             state["elements"] = generate()
         return next(state["elements"], end)
 
+    @tf.autograph.experimental.do_not_convert
     def pulled(step: tf.Tensor) -> tuple[tf.Tensor, ...]:
         values = tf.py_function(pull, [step], [spec.dtype for spec in signature])
         for value, spec in zip(values, signature, strict=True):
             value.set_shape(spec.shape)
         return tuple(values)
 
-    return tf.data.Dataset.range(1).repeat().map(pulled).take_while(lambda first, *_: first != STREAM_END)
+    @tf.autograph.experimental.do_not_convert
+    def before_the_end(first: tf.Tensor, *_: tf.Tensor) -> tf.Tensor:
+        return first != STREAM_END
+
+    return tf.data.Dataset.range(1).repeat().map(pulled).take_while(before_the_end)
