@@ -36,7 +36,8 @@ ROWS = 100  # 12 minibatches of 8 and a partial one of 4 per epoch
 MINIBATCH = 8
 EPOCHS = 3
 
-#: What a user writes; ``OPTIMIZER`` and ``LAYERS`` vary by case.
+#: What a user writes; ``OPTIMIZER``, ``LAYERS`` and ``LOSS`` (:data:`MEAN_LOSS` unless a case says) vary by
+#: case.
 MODEL_FILE = """
 import keras
 import tensorflow as tf
@@ -85,7 +86,7 @@ def feed(dataset, mode, metadata):
 
 
 def loss(labels, predictions):
-    return tf.reduce_mean(tf.square(labels - predictions))
+    {LOSS}
 
 
 def optimizer():
@@ -95,6 +96,8 @@ def optimizer():
 def eval_metrics_fn():
     return {{"mse": lambda labels, predictions: tf.square(labels - predictions)}}
 """
+
+MEAN_LOSS = "return tf.reduce_mean(tf.square(labels - predictions))"
 
 CASES = {
     "batchnorm-schedule-constraint-regularization": {
@@ -127,6 +130,15 @@ CASES = {
         "OPTIMIZER": "keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))",
         # The SavedModel's traced float16 graph may round differently from the model called eagerly.
         "SERVED_TOLERANCE": (1e-2, 5e-3),
+    },
+    # One loss value per example, which fit averages over the minibatch, plus a regularization loss.
+    "loss-per-example": {
+        "LAYERS": """
+    hidden = keras.layers.Dense(
+        16, activation="tanh", kernel_initializer=_init(1), activity_regularizer="l2", name="hidden"
+    )(hidden)""",
+        "OPTIMIZER": "keras.optimizers.SGD(0.05, momentum=0.9)",
+        "LOSS": "return tf.square(labels - predictions)[:, 0]",
     },
 }
 
@@ -171,7 +183,7 @@ def _job(model_def: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("case", list(CASES))
 def test_allreduce_gives_the_model_fit_gives(case: str, tmp_path: Path) -> None:
     model_def = tmp_path / "model.py"
-    model_def.write_text(MODEL_FILE.format(**CASES[case]))
+    model_def.write_text(MODEL_FILE.format(**{"LOSS": MEAN_LOSS, **CASES[case]}))
     fitted = _fit(model_def)
     exported = _job(model_def, tmp_path)
 

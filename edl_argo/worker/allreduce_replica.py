@@ -49,7 +49,7 @@ from edl_argo.collective.state import GroupState, Lineage, StatePoint
 from edl_argo.errors import EdlError, JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
-from edl_argo.model.train_step import step_function
+from edl_argo.model.train_step import fit_loss, step_function
 from edl_argo.storage.base import Storage
 from edl_argo.worker.replica import NonFiniteLossError, build_model
 from edl_argo.worker.step_timers import STEP_TIMERS
@@ -266,9 +266,7 @@ class AllreduceReplica:
         model = self.model
         with tf.GradientTape() as tape:
             outputs = model(features, training=True)
-            loss = self._spec.loss(labels, outputs)
-            if model.losses:
-                loss = loss + tf.add_n(model.losses)
+            loss = fit_loss(self._spec.loss, labels, outputs, None, model.losses)
             scaled_loss = self._optimizer.scale_loss(loss)  # the optimizer unscales when it applies
         grads = tape.gradient(scaled_loss, model.trainable_variables)
         examples = tf.cast(tf.shape(tf.nest.flatten(outputs)[0])[0], tf.float32)
