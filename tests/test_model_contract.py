@@ -374,3 +374,20 @@ def test_errors_outside_the_model_files_code_are_not_model_errors(tmp_path: Path
             raise ConnectionError("PS 0 lost while the worker handled it")  # noqa: B904
     except ConnectionError as infrastructure:
         assert model_error_of(infrastructure) is None  # a new failure while handling it: not the model's
+
+
+def test_an_error_of_a_traced_step_at_run_time_is_reported_by_its_message_not_tensorflows_heading() -> None:
+    """A shape error found while a traced function runs comes as "Graph execution error:", then where the
+    node was defined, then the message: the task's one-line error is the message."""
+    import tensorflow as tf
+
+    from edl_argo.model.user_code import error_line
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None]), tf.TensorSpec([None])])
+    def product(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        return x * y
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        product(tf.ones([2]), tf.ones([3]))
+    assert str(raised.value).startswith("Graph execution error:")
+    assert error_line(raised.value) == "InvalidArgumentError: Incompatible shapes: [2] vs. [3]"

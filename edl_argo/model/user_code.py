@@ -30,6 +30,10 @@ from typing import Any, TypeVar
 
 _MARK = "_edl_model_error"
 _TF_FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
+#: The first line of an error a traced function raised while it ran, and how the lines that say where (not
+#: what) begin: the node's definition, its stack, the node, how many errors.
+_GRAPH_EXECUTION_ERROR = "Graph execution error:"
+_GRAPH_EXECUTION_CONTEXT = re.compile(r"^(Detected at node|File |\[\[|\d+ root error\(s\) found)")
 #: The longest error text a :class:`ModelError` line keeps.
 MAX_ERROR_CHARS = 500
 
@@ -90,9 +94,14 @@ def model_error_of(error: BaseException) -> ModelError | None:
 def error_line(error: BaseException) -> str:
     """``error`` as one line for a report: ``Type: message``; for an error TensorFlow raised while
     tracing the model's code ("in user code: ... ValueError: ..."), the user's error at its end; without
-    the ``{{function_node ...}}`` prefix of an error of a TensorFlow op."""
+    the ``{{function_node ...}}`` prefix of an error of a TensorFlow op; for an error a traced function
+    raised while it ran ("Graph execution error:", where its node was defined, the message, the node), the
+    message."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     if lines and lines[0] == "in user code:" and len(lines) > 1:
         return lines[-1][:MAX_ERROR_CHARS]
+    if lines and lines[0] == _GRAPH_EXECUTION_ERROR:
+        messages = [line for line in lines[1:] if not _GRAPH_EXECUTION_CONTEXT.match(line)]
+        lines = messages or lines
     first = _TF_FUNCTION_NODE.sub("", lines[0]) if lines else ""
     return f"{type(error).__name__}: {first}"[:MAX_ERROR_CHARS]
