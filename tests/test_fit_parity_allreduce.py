@@ -97,6 +97,7 @@ def eval_metrics_fn():
     return {{"mse": lambda labels, predictions: tf.square(labels - predictions)}}
 """
 
+#: The ``loss`` of a case that does not give its own: a scalar, the minibatch's mean squared error.
 MEAN_LOSS = "return tf.reduce_mean(tf.square(labels - predictions))"
 
 CASES = {
