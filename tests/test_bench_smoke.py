@@ -32,10 +32,11 @@ def test_the_quick_training_benchmark_measures_our_job_against_fit(tmp_path: Pat
     run = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     text = report.read_text()
-    ours = re.search(r"\| ours: local job, 1 worker \+ 1 PS, sync \| (\d+) \|", text)
-    assert ours and int(ours.group(1)) > 0, text[:3000]
-    pipelined = re.search(r"\| ours: local job, 1 worker \+ 1 PS, async, `--pipelined` \| (\d+) \|", text)
-    assert pipelined and int(pipelined.group(1)) > 0, text[:3000]
+    # Examples/s as the report writes them: with thousands separators once a run passes 999.
+    ours = re.search(r"\| ours: local job, 1 worker \+ 1 PS, sync \| ([\d,]+) \|", text)
+    assert ours and int(ours.group(1).replace(",", "")) > 0, text[:3000]
+    pipelined = re.search(r"\| ours: local job, 1 worker \+ 1 PS, async, `--pipelined` \| ([\d,]+) \|", text)
+    assert pipelined and int(pipelined.group(1).replace(",", "")) > 0, text[:3000]
     assert re.search(r"worker main thread per step .*compute [\d.]+ ms", text), text[:3000]
 
 

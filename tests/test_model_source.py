@@ -31,6 +31,7 @@ from edl_argo.pipeline.runner import LocalRunner
 from edl_argo.pods.kubernetes import API_URL_ENV
 from edl_argo.pods.kubernetes_config import KubernetesConfig, Owner
 from edl_argo.storage import open_storage
+from edl_argo.storage.trees import open_tree
 from tests.engine_helpers import (
     DIGITS_ACCURACY_FLOOR,
     DIGITS_MODEL,
@@ -253,7 +254,7 @@ def test_the_digits_pipeline_variant_trains_its_model_from_s3(s3_env: str, tmp_p
     evaluation = json.loads(result.step("evaluate").parameters["metrics"])
     assert evaluation["accuracy"] >= DIGITS_ACCURACY_FLOOR and evaluation["records"] == 360
     model = open_storage(result.step("elastic-train").artifacts["model"])
-    flags = json.loads(model.read("flags.json"))
+    flags = json.loads(model.read(open_tree(model, "").file_key("flags.json")))  # the version published
     assert flags["model_def"] == parameters["model-def"]
     assert (
         flags["model_def_digest"] == "sha256:" + hashlib.sha256(pack({"digits.py": MODEL_BYTES})).hexdigest()
