@@ -111,7 +111,7 @@ def assert_trace_covers_every_record(job: TracedJob, unequal_sizes: bool = True)
     assert trained == dict.fromkeys(range(ROWS), EPOCHS)
     updates = [group[0].update for group in job.updates()]
     assert updates == list(range(1, len(updates) + 1)), "an applied update is missing from the trace"
-    assert job.metrics["model_version"] == updates[-1]
+    assert job.metrics["model_version"] == updates[-1], (job.metrics["model_version"], updates[-1])
     if unequal_sizes:
         assert mixes_sizes(job), "no update averaged minibatches of unequal sizes"
 
