@@ -572,7 +572,10 @@ class TrainingJob:
 
     def _apply_pending_updates(self) -> None:
         """Training is over: every PS applies the pushes its synchronous step still waits for (fewer than
-        ``grads_to_wait`` arrived), so the final evaluation and the export see them; once per master."""
+        ``grads_to_wait`` arrived), so the final evaluation and the export see them; once per master.
+
+        The job's thread and a worker's GetTask may both call it; whichever comes second returns only once
+        the first has recorded the version the PS reached (the metrics are written right after)."""
         if self.config.allreduce:
             return
         from edl_argo.worker.ps_client import ParameterServerClient
@@ -587,13 +590,14 @@ class TrainingJob:
                 tls=self.tls,
             )
             try:
-                self._ps_status = ps.status(apply_pending=True)
+                status = ps.status(apply_pending=True)
             finally:
                 ps.close()
-        applied = sum(s.pending_applied for s in self._ps_status)
-        if applied:
-            log.info("pending_updates_applied", pushes=applied, versions=[s.version for s in self._ps_status])
-        self._on_version(max(s.version for s in self._ps_status))
+            applied = sum(s.pending_applied for s in status)
+            if applied:
+                log.info("pending_updates_applied", pushes=applied, versions=[s.version for s in status])
+            self._on_version(max(s.version for s in status))
+            self._ps_status = status
 
     def _check_accounting(self, metrics: dict[str, Any]) -> None:
         """Fail the job when what the workers trained does not add up (:mod:`edl_argo.master.ledger`)."""
