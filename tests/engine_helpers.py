@@ -27,9 +27,9 @@ DIGITS_MODEL = str(ROOT / "examples" / "model_zoo" / "digits.py")
 CTR_MODEL = str(ROOT / "examples" / "model_zoo" / "ctr.py")
 
 
-def python_lines(code: str, *args: str) -> list[str]:
-    """The lines ``python -c code *args`` printed (run from the repository), which must succeed."""
-    done = subprocess.run(
+def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code *args``, run from the repository, its output captured as text; it may fail."""
+    return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
@@ -37,6 +37,11 @@ def python_lines(code: str, *args: str) -> list[str]:
         check=False,
         cwd=ROOT,
     )
+
+
+def python_lines(code: str, *args: str) -> list[str]:
+    """The lines ``python -c code *args`` printed (:func:`run_python`), which must succeed."""
+    done = run_python(code, *args)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 

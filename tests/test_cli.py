@@ -13,7 +13,7 @@ from edl_argo import cli
 from edl_argo.data.commands import digits_records, write_dataset
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
-from tests.engine_helpers import DIGITS_MODEL, python_lines
+from tests.engine_helpers import DIGITS_MODEL, python_lines, run_python
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -172,13 +172,7 @@ def test_a_pod_command_ends_without_the_interpreter_teardown(command: str, tmp_p
         "ps": ["ps", *pod],
         "data": ["data", "inspect", absent],
     }[command]
-    done = subprocess.run(
-        [sys.executable, "-c", _ENTRY, *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_python(_ENTRY, *flags)
     assert done.returncode == 2, done.stderr
     assert len(error_lines(done.stderr)) == 1  # the error line was flushed before the process ended
     assert ("interpreter teardown ran" in done.stdout) is (command not in cli.POD_COMMANDS)
