@@ -20,6 +20,7 @@ from edl_argo.readers import (
     range_reader,
     spec_from_json,
 )
+from edl_argo.worker.feed_maps import maps_on_the_calling_thread
 
 #: The first component :func:`python_stream` gives after the generator's last element (never yielded).
 STREAM_END = np.iinfo(np.int64).min
@@ -86,8 +87,16 @@ def make_batches(
     metadata: Any = None,
 ) -> tf.data.Dataset:
     """Records → ``feed(dataset, mode, metadata)`` → batches of ``minibatch_size``."""
-    dataset = spec.feed(records_dataset(schema, records), mode, metadata)
-    return dataset.batch(minibatch_size).prefetch(1)
+    return fed_records(spec, schema, records, mode, metadata).batch(minibatch_size).prefetch(1)
+
+
+def fed_records(
+    spec: ModelSpec, schema: RecordSchema, records: Sequence[Any], mode: str, metadata: Any
+) -> tf.data.Dataset:
+    """``feed(dataset of records, mode, metadata)``, its per-record maps run on the thread that asks for the
+    element (:mod:`edl_argo.worker.feed_maps`)."""
+    with maps_on_the_calling_thread():
+        return spec.feed(records_dataset(schema, records), mode, metadata)
 
 
 def stream_batches(
@@ -118,7 +127,8 @@ def stream_batches(
     tasks_dataset = python_stream(tasks, signature)
 
     def task_batches(seq: tf.Tensor, *records: tf.Tensor) -> tf.data.Dataset:
-        fed = spec.feed(records_dataset(schema, records), Mode.TRAINING, metadata)
+        with maps_on_the_calling_thread():  # as in fed_records (called here, AutoGraph would convert it)
+            fed = spec.feed(records_dataset(schema, records), Mode.TRAINING, metadata)
         batches = fed.batch(minibatch_size)
         end = tf.experimental.Optional.empty(batches.element_spec)
 
