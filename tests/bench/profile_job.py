@@ -1,13 +1,14 @@
 """Where a training job's time goes: sample our worker and PS processes with py-spy while they train.
 
-``python -m tests.bench.profile_job --model cnn|ctr|digits [--seconds 20] [--output DIR] [--native]``
+``python -m tests.bench.profile_job --model MODEL [--allreduce] [--seconds 20] [--output DIR] [--native]``
+(MODEL: cnn, ctr, digits, or a model of the dense suite: big_mlp, resnet_bn, transformer, lstm)
 
 Runs the model's local job as the training benchmark does (:class:`tests.bench.training.OurJob`: 1 worker,
-1 PS, 2 for CTR, sync), lets it warm up, then records every worker and PS process, and this process (where
-the job's master runs, on its server and state-saving threads) with ``py-spy record
---idle --threads`` for ``--seconds`` while the job trains, and times that window. Prints, per process and
-thread group, the milliseconds per training step spent in the functions that take the most (inclusive,
-and self; threads waiting for work are left out), and writes
+1 PS, 2 for CTR, sync; with ``--allreduce``, AllreduceStrategy with 1 worker), lets it warm up, then
+records every worker and PS process, and this process (where the job's master runs, on its server and
+state-saving threads) with ``py-spy record --idle --threads`` for ``--seconds`` while the job trains, and
+times that window. Prints, per process and thread group, the milliseconds per training step spent in the
+functions that take the most (inclusive, and self; threads waiting for work are left out), and writes
 py-spy's raw collapsed stacks (for flame graphs) to ``--output``. Needs ``py-spy`` (``pip install
 py-spy``) in the environment.
 """
@@ -30,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("EDL_LOCAL_PREFORK", "0")
 
 from tests.bench.data import write_records
-from tests.bench.training import CNN, CTR, DIGITS, SUITE, OurJob
+from tests.bench.training import ALLREDUCE_ONE_WORKER, CNN, CTR, DIGITS, SUITE, OurJob
 
 CASES = {
     "cnn": CNN,
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help="folder for py-spy's raw stacks")
     parser.add_argument("--native", action="store_true", help="also sample native (C/C++) frames")
     parser.add_argument("--num-ps", type=int, default=0, help="parameter servers (default: the case's)")
+    parser.add_argument("--allreduce", action="store_true", help="AllreduceStrategy, 1 worker, no PS")
     args = parser.parse_args(argv)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
@@ -135,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = Path(write_records(workdir / "data", case.records(False)))
         with (workdir / "job.log").open("a") as log:
-            job = OurJob(case, data, workdir, log, {"num_ps": args.num_ps} if args.num_ps else {})
+            overrides = (
+                ALLREDUCE_ONE_WORKER[1] if args.allreduce else {"num_ps": args.num_ps} if args.num_ps else {}
+            )
+            job = OurJob(case, data, workdir, log, overrides)
             job.start()
             try:
                 job.window(3.0, first=True)  # warm-up, then paused
