@@ -150,6 +150,23 @@ def stream_batches(
     return tasks_dataset.flat_map(task_batches).with_options(options)
 
 
+class StreamElements:
+    """The elements of a :func:`stream_batches` iterator as Python values: ``(seq, minibatch)``, ``seq`` an
+    int and ``minibatch`` None after a task's last one. Unpacked on the thread that iterates (the worker's
+    prefetch thread), not on the one that trains: the TensorFlow calls it takes cost the training thread
+    0.2-0.4 ms a step. An error the pipeline raises for one element is raised for it; iterating goes on."""
+
+    def __init__(self, elements: Iterator[tuple[tf.Tensor, tf.experimental.Optional]]) -> None:
+        self._elements = elements
+
+    def __iter__(self) -> StreamElements:
+        return self
+
+    def __next__(self) -> tuple[int, Any | None]:
+        seq, item = next(self._elements)
+        return int(seq), (item.get_value() if bool(item.has_value()) else None)
+
+
 def python_stream(
     generate: Callable[[], Iterator[tuple[Any, ...]]], signature: tuple[tf.TensorSpec, ...]
 ) -> tf.data.Dataset:

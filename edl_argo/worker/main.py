@@ -192,7 +192,7 @@ class Worker:
         self._trace = StepTrace.from_env(worker_id)  # None unless EDL_STEP_TRACE asks for one
 
     def run(self) -> None:
-        from edl_argo.worker.data import stream_batches
+        from edl_argo.worker.data import StreamElements, stream_batches
         from edl_argo.worker.task_stream import WAIT_SEQ, TaskStream
 
         STEP_TIMERS.bind()
@@ -208,7 +208,7 @@ class Worker:
             finally:
                 reporter.close(raise_failure=False)
             return
-        elements = WaitTimePrefetcher(iter(pipeline), PREFETCH_MINIBATCHES, STEP_TIMERS)
+        elements = WaitTimePrefetcher(StreamElements(iter(pipeline)), PREFETCH_MINIBATCHES, STEP_TIMERS)
         wait = 0.05
         try:
             while True:
@@ -216,9 +216,9 @@ class Worker:
                     element = self._next_element(elements)
                 if element is None:
                     break
-                seq, item = int(element[0]), element[1]
-                if bool(item.has_value()):
-                    self._train_minibatch(seq, stream.task(seq).task, item.get_value())
+                seq, minibatch = element
+                if minibatch is not None:
+                    self._train_minibatch(seq, stream.task(seq).task, minibatch)
                     continue
                 if seq == WAIT_SEQ:
                     if self._replica.idle_step():
@@ -258,9 +258,9 @@ class Worker:
                 if progress.error is None:
                     progress.error = mark(error, self._spec.source, self._spec.names["feed"])
                 continue
-            if element is not None and int(element[0]) != WAIT_SEQ:
-                seq, item = int(element[0]), element[1]
-                self._input_seq = seq if bool(item.has_value()) else seq + 1
+            if element is not None and element[0] != WAIT_SEQ:
+                seq, minibatch = element
+                self._input_seq = seq if minibatch is not None else seq + 1
             return element
 
     def _train_minibatch(self, seq: int, task: master_pb2.Task, batch: Any) -> None:
