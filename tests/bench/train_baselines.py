@@ -70,14 +70,16 @@ class _StepTimer(keras.callbacks.Callback):
         self.timed_steps = 0
         self.started = 0.0
         self.last = 0.0
+        self.longest = 0.0  # the longest timed step (a stall of the machine shows here)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.steps += 1
         now = time.perf_counter()
         if self.steps == self.warmup:
-            self.started = now
+            self.started = self.last = now
         elif self.steps > self.warmup:
             self.timed_steps += 1
+            self.longest = max(self.longest, now - self.last)
             self.last = now
         if self.steps >= self.warmup and now - self.started >= self.seconds:
             self.model.stop_training = True
@@ -85,7 +87,12 @@ class _StepTimer(keras.callbacks.Callback):
     def result(self) -> dict[str, float]:
         elapsed = self.last - self.started
         rate = self.timed_steps * BATCH / elapsed if elapsed > 0 else 0.0
-        return {"examples_per_s": rate, "steps": self.timed_steps, "s": elapsed}
+        return {
+            "examples_per_s": rate,
+            "steps": self.timed_steps,
+            "s": elapsed,
+            "longest_step_s": self.longest,
+        }
 
 
 class FitBaseline:
