@@ -1,5 +1,5 @@
 """The model file's ``feed`` maps run each record's function on the thread that asks for the element
-(:mod:`edl_argo.worker.feed_maps`), in training and in evaluation, and give the elements TensorFlow's own
+(:mod:`edl_argo.model.feed_maps`), in training and in evaluation, and give the elements TensorFlow's own
 maps give.
 
 What is checked is the map's ``use_inter_op_parallelism`` attribute in the dataset's graph (False: the
@@ -19,9 +19,9 @@ import pytest
 import tensorflow as tf
 
 from edl_argo.model import Mode
+from edl_argo.model.feed_maps import maps_on_the_calling_thread
 from edl_argo.readers import SERIALIZED
 from edl_argo.worker.data import make_batches, stream_batches
-from edl_argo.worker.feed_maps import maps_on_the_calling_thread
 
 RECORDS = [f"{i},{i % 3},{i * 0.5}".encode() for i in range(40)]
 MAP_OPS = {"MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2"}
@@ -154,3 +154,31 @@ def _elements_within(dataset: tf.data.Dataset, seconds: float) -> list[Any]:
     thread.join(seconds)
     assert not thread.is_alive(), f"the pipeline gave {len(got)} elements in {seconds} s, then hung"
     return got
+
+
+def test_the_sql_front_end_reads_rows_through_maps_on_the_calling_thread() -> None:
+    """``edl-argo sql``'s evaluation and prediction feed a premade model's rows as a job's workers feed a
+    model file's records, and get what the premade model's ``feed`` gives outside the context."""
+    from edl_argo.sqlflow import columns as feature_columns
+    from edl_argo.sqlflow.command import fed_rows
+    from edl_argo.sqlflow.parser import parse
+    from edl_argo.sqlflow.premade import PremadeModel
+
+    schema = {"age": "int64", "workclass": "string", "income": "int64"}
+    sample = {
+        "age": [20, 30, 40, 50],
+        "workclass": ["Private", "State", "Private", "Self"],
+        "income": [0, 1, 0, 1],
+    }
+    statement = parse("SELECT * FROM t TO TRAIN DNNClassifier LABEL income INTO m")
+    columns = feature_columns.build(statement.columns, schema, sample, "income")
+    premade = PremadeModel("DNNClassifier", columns, "income")
+    rows = {name: tf.constant(values) for name, values in sample.items()}
+    for mode in (Mode.EVALUATION, Mode.PREDICTION):
+        dataset = fed_rows(premade, rows, mode)
+        maps = _maps(dataset)
+        assert maps and not any(inter_op for _, inter_op in maps), maps
+        expected = premade.feed(tf.data.Dataset.from_tensor_slices(rows), mode).batch(4)
+        got, want = next(iter(dataset.batch(4))), next(iter(expected))
+        for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(want), strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -259,7 +259,7 @@ def _batches(opened: Any, premade: Any, mode: str, batch_size: int) -> Iterator[
             name: tf.constant(array.astype(str) if array.dtype == object else array)
             for name, array in columns.items()
         }
-        dataset = premade.feed(tf.data.Dataset.from_tensor_slices(tensors), mode).batch(batch_size)
+        dataset = fed_rows(premade, tensors, mode).batch(batch_size)
         position = first
         for element in dataset:
             features, labels = (element, None) if mode == Mode.PREDICTION else element
@@ -267,6 +267,18 @@ def _batches(opened: Any, premade: Any, mode: str, batch_size: int) -> Iterator[
             rows = tuple(array[position - first : position - first + size] for array in records)
             yield rows, features, labels
             position += size
+
+
+def fed_rows(premade: Any, columns: dict[str, Any], mode: str) -> Any:
+    """The premade model's ``feed`` over the rows of ``columns`` (tensors by column name), its per-row maps
+    run on the thread that asks for the element, as a job's workers run a model file's
+    (:mod:`edl_argo.model.feed_maps`)."""
+    import tensorflow as tf
+
+    from edl_argo.model.feed_maps import maps_on_the_calling_thread
+
+    with maps_on_the_calling_thread():
+        return premade.feed(tf.data.Dataset.from_tensor_slices(columns), mode)
 
 
 def _positive(value: Any, name: str) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from edl_argo.model import Mode, ModelSpec
+from edl_argo.model.feed_maps import maps_on_the_calling_thread
 from edl_argo.proto import master_pb2
 from edl_argo.readers import (
     SERIALIZED,
@@ -20,7 +21,6 @@ from edl_argo.readers import (
     range_reader,
     spec_from_json,
 )
-from edl_argo.worker.feed_maps import maps_on_the_calling_thread
 
 #: The first component :func:`python_stream` gives after the generator's last element (never yielded).
 STREAM_END = np.iinfo(np.int64).min
@@ -94,7 +94,7 @@ def fed_records(
     spec: ModelSpec, schema: RecordSchema, records: Sequence[Any], mode: str, metadata: Any
 ) -> tf.data.Dataset:
     """``feed(dataset of records, mode, metadata)``, its per-record maps run on the thread that asks for the
-    element (:mod:`edl_argo.worker.feed_maps`)."""
+    element (:mod:`edl_argo.model.feed_maps`)."""
     with maps_on_the_calling_thread():
         return spec.feed(records_dataset(schema, records), mode, metadata)
 
