@@ -3,9 +3,10 @@
 A ``feed`` typically maps one function over every record (parse an example, decode an image, scale it).
 TensorFlow's ``Dataset.map`` runs each call of that function through its inter-op thread pool: every op of
 the function is handed to a pool thread and its end handed back, for every record. For a function of a
-few cheap ops those hand-offs are most of the cost: the digits records' ``parse_single_example`` took 1.3 ms
-of CPU per minibatch of 64 that way and 0.3 ms on the calling thread (``docs/profile.md``), CPU that a
-training step on two cores shares with its compute.
+few cheap ops those hand-offs are most of the cost: a worker's training stream of the digits records
+(``parse_single_example``, then a division) took 1.7 ms of CPU per minibatch of 64 that way and 0.3 ms with
+the maps on the calling thread (``docs/profile.md``), CPU that a training step on two cores shares with its
+compute.
 
 Within :func:`maps_on_the_calling_thread`, a ``Dataset.map`` called on that thread without
 ``num_parallel_calls`` builds TensorFlow's sequential map with ``use_inter_op_parallelism=False`` (as
