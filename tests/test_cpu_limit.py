@@ -124,22 +124,25 @@ _APPLY = (
     "print(float(tf.reduce_sum(tf.ones([4]))))\n"
     "print(tf.config.threading.get_intra_op_parallelism_threads(),"
     " tf.config.threading.get_inter_op_parallelism_threads())\n"
+    "from tensorflow.python.eager import context\n"
+    "print('spinning', 'off' if context.context().config.experimental.disable_thread_spinning else 'on')\n"
 )
 
 
 @pytest.mark.parametrize(
     ("when", "environ", "expected"),
     [
-        ("first", {}, ["cpu_limit", "4.0", "1 1"]),
-        ("first", {INTER_OP_ENV: "2"}, ["cpu_limit", "4.0", "1 0"]),
-        ("first", {INTRA_OP_ENV: "2", INTER_OP_ENV: "2"}, ["environment", "4.0", "0 0"]),
-        ("late", {}, ["started", "4.0", "0 0"]),
+        ("first", {}, ["cpu_limit", "4.0", "1 1", "spinning off"]),
+        ("first", {INTER_OP_ENV: "2"}, ["cpu_limit", "4.0", "1 0", "spinning off"]),
+        ("first", {INTRA_OP_ENV: "2", INTER_OP_ENV: "2"}, ["environment", "4.0", "0 0", "spinning off"]),
+        ("late", {}, ["started", "4.0", "0 0", "spinning on"]),
     ],
 )
 def test_a_process_under_a_quota_runs_its_operations_with_the_pools_sized_to_it(
     tmp_path: Path, when: str, environ: dict[str, str], expected: list[str]
 ) -> None:
-    """Sized before the first operation; after it, left as they are, and the process goes on."""
+    """Sized before the first operation, their idle threads not spinning; after it, left as they are, and
+    the process goes on."""
     mount = tmp_path / "cpu"
     v1_quota(mount, 100_000)
     proc = proc_self(tmp_path, "3:cpu,cpuacct:/\n", _V1_MOUNT.format(root="/", mount_point=mount))
@@ -186,3 +189,4 @@ def test_every_command_that_runs_a_model_sizes_its_pools_first(command: str, tmp
     events = [line for line in done.stderr.splitlines() if " tensorflow_threads " in line]
     assert len(events) == 1, done.stderr
     assert f"source={expected.source} cpu_limit={expected.cpu_limit}" in events[0]
+    assert "thread_spinning=off" in events[0]
