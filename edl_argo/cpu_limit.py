@@ -16,6 +16,7 @@ limits*).
 command (``worker``, ``ps``) as it starts, and in the ``evaluate`` and ``predict`` steps once the model
 file is imported. Where no quota is set (a machine of one's own, the local backend), TensorFlow's defaults
 stay. A pool named by ``TF_NUM_INTRAOP_THREADS`` or ``TF_NUM_INTEROP_THREADS`` is left to that variable.
+With or without a quota, the pools' idle threads do not spin (:func:`_stop_thread_spinning`).
 """
 
 from __future__ import annotations
@@ -111,11 +112,12 @@ def _stop_thread_spinning() -> bool:
     operation. Whether it is off.
 
     A pod is not TensorFlow alone: its input prefetch, RPC and supervision threads, and under a CPU quota
-    the quota itself, share the cores that idle pool threads spin on. Measured on a 2-core machine: the
-    dense suite's Transformer step alone in one process 4.4-5.0 ms without spinning against 5.6-6.7 ms with
-    it; a lone AllreduceStrategy worker 8.0-8.2 ms of CPU per step against 9.3-11.5 ms
-    (``docs/profile.md``). TensorFlow has no public call for it: the eager context's configuration is
-    set before the context starts; if its private attribute changes, spinning stays on."""
+    the quota itself, pay for the cores idle pool threads spin on. Measured on a 2-core machine (the dense
+    suite's Transformer, ``docs/profile.md``): a lone AllreduceStrategy worker used 8.0-8.2 ms of CPU per
+    step without spinning against 9.3-11.5 ms with it, a 1-worker + 1-PS worker 9.4-9.9 ms against
+    10.3-11.8 ms, at the same throughput within the machine's noise. TensorFlow has no public call for it:
+    the eager context's configuration is set before the context starts; if its private attribute changes,
+    spinning stays on."""
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.eager import context
 
