@@ -137,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = Path(write_records(workdir / "data", case.records(False)))
         with (workdir / "job.log").open("a") as log:
-            overrides = (
-                ALLREDUCE_ONE_WORKER[1] if args.allreduce else {"num_ps": args.num_ps} if args.num_ps else {}
-            )
+            overrides: dict[str, object] = {}
+            if args.allreduce:
+                overrides = ALLREDUCE_ONE_WORKER[1]
+            elif args.num_ps:
+                overrides = {"num_ps": args.num_ps}
             job = OurJob(case, data, workdir, log, overrides)
             job.start()
             try:
