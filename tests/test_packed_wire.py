@@ -13,7 +13,7 @@ import pytest
 from edl_argo.proto import ps_pb2, ps_pb2_grpc, tensor_pb2
 from edl_argo.ps.pushed import PushedGradients
 from edl_argo.ps.server import start_server
-from edl_argo.rpc import ps_layout
+from edl_argo.rpc import packed, ps_layout
 from edl_argo.rpc.packed import (
     SMALL_ARRAY_BYTES,
     encode_named,
@@ -178,3 +178,63 @@ def test_the_ps_refuses_a_packed_push_naming_the_member_at_fault_and_applies_a_g
     assert reply.accepted and reply.version == 1
     carried = dict(DenseAnswer.parse(Rope([reply.parameters.SerializeToString()])).values)
     assert not np.array_equal(carried["w"], W) and not np.array_equal(carried["b"], B)
+
+
+def members_first(members: list[tuple[str, tuple[int, ...]]], data: np.ndarray) -> bytes:
+    """A ``PackedTensors`` with its members before its data: a valid order protobuf does not write."""
+    head = tensor_pb2.PackedTensors(
+        members=[tensor_pb2.PackedMember(name=name, shape=shape) for name, shape in members]
+    ).SerializeToString()
+    return head + tensor_pb2.PackedTensors(data=to_tensor(data)).SerializeToString()
+
+
+def test_the_encoder_writes_data_first_and_both_orders_read_back_the_same_arrays() -> None:
+    members = [("a/w", (2, 3)), ("a/b", (4,))]
+    data = np.arange(10, dtype=np.float32)
+    encoded = encode_named(Encoding(), 1, 2, {"a/w": data[:6].reshape(2, 3), "a/b": data[6:]}).tobytes()
+    packed = Rope([encoded])
+    assert packed.varint() == 2 << 3 | 2  # the packed field, then its length
+    packed.varint()
+    assert packed.first_key() == 1 << 3 | 2  # PackedTensors.data
+    for serialized in (packed.joined(), members_first(members, data)):
+        for chunk in (3, 10**6):
+            rope = Rope([serialized[i : i + chunk] for i in range(0, len(serialized), chunk)])
+            got = read_packed_rope(rope)
+            assert [(name, value.shape) for name, value in got] == members
+            assert np.concatenate([value.ravel() for _, value in got]).tolist() == data.tolist()
+
+
+def test_a_remembered_layout_still_checks_the_data_and_reads_any_dtype() -> None:
+    members = [("m/w", (2, 2)), ("m/b", (2,))]
+    assert [v.tolist() for _, v in read_packed_rope(Rope([packed_message(members, np.arange(6.0))]))] == [
+        [[0.0, 1.0], [2.0, 3.0]],
+        [4.0, 5.0],
+    ]
+    ints = read_packed_rope(Rope([packed_message(members, np.arange(6, dtype=np.int32))]))
+    assert [v.dtype for _, v in ints] == [np.int32, np.int32]
+    for data, message in (
+        (np.arange(7.0), "'m/w': the members hold 6 elements, the data 7"),
+        (np.arange(4.0), "'m/b': shape \\(2,\\) runs past the 4 elements"),
+        (np.arange(6.0).reshape(2, 3), "not one dimension"),
+    ):
+        with pytest.raises(TensorDecodeError, match=message):
+            read_packed_rope(Rope([packed_message(members, data)]))
+
+
+def test_data_given_twice_reads_the_last_in_either_order() -> None:
+    members = [("t/a", (2,)), ("t/b", (1,))]
+    last = tensor_pb2.PackedTensors(data=to_tensor(np.arange(3.0))).SerializeToString()
+    for twice in (packed_message(members, np.zeros(3)) + last, members_first(members, np.zeros(3)) + last):
+        assert [v.tolist() for _, v in read_packed_rope(Rope([twice]))] == [[0.0, 1.0], [2.0]]
+
+
+def test_member_lists_remembered_are_bounded() -> None:
+    for i in range(packed.REMEMBERED_LAYOUTS * 2 + 1):
+        named = {f"n{i}/a": np.zeros(2, np.float32), f"n{i}/b": np.ones(3, np.float32)}
+        encoded = encode_named(Encoding(), 1, 2, named).tobytes()
+        rope = Rope([encoded])
+        rope.varint()
+        rope.varint()
+        assert [name for name, _ in read_packed_rope(rope)] == list(named)
+        assert len(packed._HEADERS) <= packed.REMEMBERED_LAYOUTS
+        assert len(packed._LAYOUTS) <= packed.REMEMBERED_LAYOUTS

@@ -485,7 +485,7 @@ def _check_named(
             raise InvalidRequestError(f"{noun} for unknown {kind} {name!r}")
         if name in checked:
             raise InvalidRequestError(f"two {noun}s for {kind} {name!r}")
-        if (value.dtype.name, value.shape) != wanted:
+        if value.shape != wanted[1] or value.dtype != wanted[0]:  # numpy builds a dtype's name in Python
             raise InvalidRequestError(
                 f"{noun} for {kind} {name!r} is {value.dtype.name}{list(value.shape)}, "
                 f"the variable {wanted[0]}{list(wanted[1])}"

@@ -98,6 +98,16 @@ class Rope:
             shift += 7
         raise WireError("a varint runs past 10 bytes")
 
+    def first_key(self) -> int | None:
+        """The varint at the front (a field's key), or None when there is none; reads nothing."""
+        place = self._index, self._offset, self.remaining
+        try:
+            return self.varint()
+        except WireError:
+            return None
+        finally:
+            self._index, self._offset, self.remaining = place
+
     def split(self, size: int) -> Rope:
         """The next ``size`` bytes as a rope of their own (views; nothing is copied)."""
         if size > self.remaining:

@@ -13,6 +13,10 @@ ALLOWED_DTYPES = frozenset(
     {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 )
 
+#: The dtypes of :data:`ALLOWED_DTYPES`, little-endian: an array of one of them travels as it is (comparing
+#: dtypes is cheaper than reading their names, which numpy builds in Python).
+_WIRE_DTYPES = frozenset(np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES)
+
 #: The most dimensions a tensor message may have (numpy's limit).
 MAX_DIMENSIONS = 64
 
@@ -44,6 +48,8 @@ def wire_array(array: np.ndarray | object, name: str = "") -> np.ndarray:
     """``array`` as a C-ordered little-endian array of a dtype that may travel (a view when it already is
     one); TypeError for any other dtype."""
     value = np.asarray(array, order="C")  # not ascontiguousarray: it turns a scalar into shape (1,)
+    if value.dtype in _WIRE_DTYPES:
+        return value
     if value.dtype.name not in ALLOWED_DTYPES:
         raise TypeError(f"tensor {name!r}: dtype {value.dtype} cannot travel on the wire")
     if value.dtype.byteorder == ">":

@@ -66,6 +66,12 @@ class Encoding:
         self.size += inner.size
         return self
 
+    def serialized_fields(self, data: bytes) -> Encoding:
+        """Append fields serialized already (``SerializeToString`` of a message of the same type); returns
+        self."""
+        self._add(data)
+        return self
+
     def string(self, field_number: int, text: str) -> Encoding:
         """Append a string field; returns self."""
         data = text.encode()
