@@ -182,7 +182,7 @@ def test_no_tracing_after_warm_up_over_many_tasks_with_short_last_minibatches(jo
         sizes.append(request.counters["records"])
         if not warm and any(size % MINIBATCH for size in sizes):  # warm: a short minibatch was trained
             warm["parse"] = len(job.parse_traces())
-            warm["step"] = job.replica._contribute.experimental_get_tracing_count()
+            warm["step"] = job.replica._contribute.function.experimental_get_tracing_count()
             warm["tasks"] = len(sizes)
 
     job.master.on_report = count_after_warm_up
@@ -192,7 +192,7 @@ def test_no_tracing_after_warm_up_over_many_tasks_with_short_last_minibatches(jo
     assert tasks == 4 * 2 * 5  # 4 epochs × 2 shards × 5 tasks
     assert warm and warm["tasks"] < tasks / 2, f"the warm-up took {warm} of {tasks} tasks ({sizes})"
     assert len(job.parse_traces()) == warm["parse"] == 1
-    assert job.replica._contribute.experimental_get_tracing_count() == warm["step"] <= 2
+    assert job.replica._contribute.function.experimental_get_tracing_count() == warm["step"] <= 2
 
 
 def test_every_task_is_reported_after_its_minibatches_and_the_ledger_adds_up(job: Job) -> None:

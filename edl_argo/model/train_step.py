@@ -27,10 +27,12 @@ Every function of a step is traced as ``fit`` traces its own, without AutoGraph 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 # What ``compile(loss=fn)`` wraps a loss function in (keras/src/trainers/compile_utils.py); not exported
@@ -51,6 +53,58 @@ def step_function(python_function: Callable[..., Any], **options: Any) -> Any:
     ``feed`` is not traced here: tf.data converts its map functions as it does for ``fit``'s input.
     """
     return tf.function(python_function, autograph=False, **options)
+
+
+#: How many argument signatures a :class:`StepCall` remembers the concrete function of; beyond it, it
+#: starts over.
+REMEMBERED_SIGNATURES = 32
+
+
+class StepCall:
+    """A step function (:func:`step_function`, ``reduce_retracing``) called through the concrete function
+    ``tf.function`` picks for the arguments' dtypes and shapes, remembered by them.
+
+    ``tf.function`` picks that function anew at every call, from the arguments' types: about 0.2 ms of
+    Python a call on these machines (``docs/profile.md``), a few percent of a small model's step. Calls
+    that leave an argument to its default, and arguments of other kinds than tensors, arrays, numpy
+    scalars, None, Python numbers and strings, and lists, tuples and dicts of them (a ``RaggedTensor``,
+    say), go through ``tf.function``'s own pick at every call. What runs is the function ``tf.function``
+    would have called: it is asked for it (and traces it) the first time a signature comes."""
+
+    def __init__(self, python_function: Callable[..., Any]) -> None:
+        self.function = step_function(python_function, reduce_retracing=True)
+        self._concrete: dict[Hashable, Any] = {}
+        parameters = inspect.signature(python_function).parameters.values()
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        # A concrete function takes every argument: none is left to its default.
+        self._arity = len(parameters) if all(p.kind in positional for p in parameters) else -1
+
+    def __call__(self, *args: Any) -> Any:
+        key = _signature(args) if len(args) == self._arity else None
+        if key is None:
+            return self.function(*args)
+        concrete = self._concrete.get(key)
+        if concrete is None:
+            if len(self._concrete) >= REMEMBERED_SIGNATURES:
+                self._concrete.clear()
+            concrete = self._concrete[key] = self.function.get_concrete_function(*args)
+        return concrete(*args)
+
+
+def _signature(value: Any) -> Hashable | None:
+    """What picks the concrete function for ``value`` (an argument, or the tuple of them): dtypes and
+    shapes of tensors, Python values themselves, the structure around them; None for anything else."""
+    if isinstance(value, tf.Tensor | np.ndarray | np.generic):
+        return value.dtype, tuple(value.shape)
+    if value is None or isinstance(value, bool | int | float | str):
+        return type(value), value
+    if isinstance(value, list | tuple):
+        items = tuple(_signature(item) for item in value)
+        return None if None in items else (type(value), items)
+    if isinstance(value, dict):
+        entries = tuple((key, _signature(item)) for key, item in value.items())
+        return None if any(entry is None for _, entry in entries) else (dict, entries)
+    return None
 
 
 def _inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:

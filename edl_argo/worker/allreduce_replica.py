@@ -49,7 +49,7 @@ from edl_argo.collective.state import GroupState, Lineage, StatePoint
 from edl_argo.errors import EdlError, JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.model import ModelSpec
-from edl_argo.model.train_step import fit_loss, step_function
+from edl_argo.model.train_step import StepCall, fit_loss, step_function
 from edl_argo.storage.base import Storage
 from edl_argo.worker.replica import NonFiniteLossError, build_model
 from edl_argo.worker.step_timers import STEP_TIMERS
@@ -216,10 +216,10 @@ class AllreduceReplica:
             self._lr_scaling = WorldSizeScaling(optimizer)
         with self._state_lock:
             self._model = model
-        self._contribute = step_function(self._contribution, reduce_retracing=True)
+        self._contribute = StepCall(self._contribution)
         self._apply = step_function(self._apply_mean)
-        self._solo = step_function(self._step_alone, reduce_retracing=True)
-        self._forward = step_function(lambda f: self.model(f, training=False), reduce_retracing=True)
+        self._solo = StepCall(self._step_alone)
+        self._forward = StepCall(lambda f: self.model(f, training=False))
         log.info("replica_built", variables=len(model.variables), parameters=model.count_params())
         self._restore_checkpoint()
 

@@ -27,7 +27,7 @@ from edl_argo.model import ModelSpec
 from edl_argo.model.inventory import ModelInventory
 from edl_argo.model.optimizer import updates_elementwise
 from edl_argo.model.outputs import num_records
-from edl_argo.model.train_step import WorkerSteps, fit_loss, ps_optimizer_factory, step_function
+from edl_argo.model.train_step import StepCall, WorkerSteps, fit_loss, ps_optimizer_factory
 from edl_argo.worker.embedding import EmbeddingLookups, bind_embeddings
 from edl_argo.worker.gradient_check import check_finite_gradients
 from edl_argo.worker.ps_client import ParameterServerClient, PushResult
@@ -138,9 +138,9 @@ class ModelReplica:
         self._tables = {spec.name: spec for spec in inventory.tables}
         bind_embeddings(model, self._lookups)
         self._model = model
-        self._collect = step_function(self._collect_ids, reduce_retracing=True)
-        self._compute = step_function(self._compute_gradients, reduce_retracing=True)
-        self._forward = step_function(self._forward_pass, reduce_retracing=True)
+        self._collect = StepCall(self._collect_ids)
+        self._compute = StepCall(self._compute_gradients)
+        self._forward = StepCall(self._forward_pass)
         if self._offer_model():
             log.info(
                 "model_initialized_on_ps", variables=len(self._dense), state=len(inventory.non_trainable)
