@@ -65,3 +65,27 @@ def test_the_signatures_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) 
         features = {"x": tf.ones((rows, 1)), "n": tf.constant(1)}
         assert call(features, False).numpy() == pytest.approx(rows)
         assert len(call._concrete) <= 4
+
+
+def test_a_flat_call_runs_the_concrete_function_with_its_captures() -> None:
+    variable = tf.Variable([1.0, 2.0])
+
+    def add(x: tf.Tensor) -> tf.Tensor:
+        variable.assign_add(x)
+        return variable.read_value() * 2.0
+
+    concrete = train_step.step_function(add).get_concrete_function(tf.TensorSpec([2], tf.float32))
+    call = train_step.flat_call(concrete)
+    assert call is not concrete
+    assert call(tf.constant([1.0, 1.0])).numpy().tolist() == [4.0, 6.0]
+    assert call(tf.constant([0.5, 0.5])).numpy().tolist() == [5.0, 7.0]
+    assert variable.numpy().tolist() == [2.5, 3.5]
+
+
+def test_without_tensorflows_flat_call_the_concrete_function_is_called_as_it_is() -> None:
+    class Concrete:
+        def __call__(self, *tensors: Any) -> Any:
+            return tensors
+
+    concrete = Concrete()
+    assert train_step.flat_call(concrete) is concrete

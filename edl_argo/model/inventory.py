@@ -33,7 +33,7 @@ import tensorflow as tf
 from edl_argo.errors import JobFailedError
 from edl_argo.model.embedding_tables import EmbeddingTableSpec, embedding_variable_paths, table_specs
 from edl_argo.model.packing import PackedLayout
-from edl_argo.model.train_step import step_function
+from edl_argo.model.train_step import flat_call, step_function
 from edl_argo.rpc.rope import as_tf_tensor
 
 _FLOAT_KINDS = "f"
@@ -184,7 +184,9 @@ def _packed_assign(
         for handle, value in zip(handles, layout.unpack(packed), strict=True):
             tf.raw_ops.AssignVariableOp(resource=handle, value=value)
 
-    return layout, step_function(assign_all, input_signature=layout.signature()).get_concrete_function()
+    return layout, flat_call(
+        step_function(assign_all, input_signature=layout.signature()).get_concrete_function()
+    )
 
 
 def load_constraint(serialized: str) -> keras.constraints.Constraint:

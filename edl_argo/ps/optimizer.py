@@ -51,7 +51,7 @@ from edl_argo.model.optimizer import (
     new_optimizer,
     updates_elementwise,
 )
-from edl_argo.model.train_step import step_function
+from edl_argo.model.train_step import flat_call, step_function
 from edl_argo.ps.embedding_table import EmbeddingTable
 from edl_argo.rpc.packed import group_small
 from edl_argo.rpc.rope import as_tf_tensor
@@ -312,7 +312,9 @@ class DenseOptimizer(_KerasOptimizer):
                 return [v.read_value() for v in storage]
 
             traced = step_function(apply_and_read, jit_compile=self._jit_compile)
-            step = traced.get_concrete_function(*(tf.TensorSpec(v.shape, v.dtype) for v in variables))
+            step = flat_call(
+                traced.get_concrete_function(*(tf.TensorSpec(v.shape, v.dtype) for v in variables))
+            )
             self._steps[names] = step
         return step
 
