@@ -238,3 +238,15 @@ def test_member_lists_remembered_are_bounded() -> None:
         assert [name for name, _ in read_packed_rope(rope)] == list(named)
         assert len(packed._HEADERS) <= packed.REMEMBERED_LAYOUTS
         assert len(packed._LAYOUTS) <= packed.REMEMBERED_LAYOUTS
+
+
+def test_members_too_long_to_remember_are_read_each_time() -> None:
+    count = packed.REMEMBERED_MEMBERS_BYTES // 40
+    names = [f"layer_{i:05d}/a_rather_long_variable_name" for i in range(count)]
+    members = [(name, (1,)) for name in names]
+    message = packed_message(members, np.arange(len(names), dtype=np.float32))
+    packed._LAYOUTS.clear()
+    for _ in range(2):
+        got = read_packed_rope(Rope([message]))
+        assert [name for name, _ in got] == names and got[-1][1].tolist() == [len(names) - 1]
+    assert not packed._LAYOUTS

@@ -95,7 +95,9 @@ def read_packed_rope(rope: Rope) -> NamedArrays:
             fields = _packed_fields(rest)
             if fields.HasField("data"):  # data twice: the last occurrence wins, as in protobuf
                 return read_packed(fields)
-            layout = _remember(_LAYOUTS, rest, _Layout(fields.members))
+            layout = _Layout(fields.members)
+            if len(rest) <= REMEMBERED_MEMBERS_BYTES:
+                _remember(_LAYOUTS, rest, layout)
         _, flat = read_tensor_rope(data)
         return layout.cut(flat)
     rest, found = split_rope(rope, DATA)
@@ -116,6 +118,11 @@ def _packed_fields(data: bytes) -> tensor_pb2.PackedTensors:
 #: How many member lists :func:`encode_named` and :func:`read_packed_rope` remember (a model's pushes and
 #: answers have a few: one per dtype, each way); beyond it they start over.
 REMEMBERED_LAYOUTS = 64
+
+#: The largest members' bytes :func:`read_packed_rope` remembers (a request's bytes are the sender's to
+#: choose: the memory stays bounded, at most this times :data:`REMEMBERED_LAYOUTS`); a model of about 4,000
+#: small variables names them in this much.
+REMEMBERED_MEMBERS_BYTES = 256 * 1024
 
 _HEADERS: dict[tuple[tuple[str, tuple[int, ...]], ...], bytes] = {}
 
