@@ -6,6 +6,7 @@ tests/test_training_allreduce.py.)"""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +276,19 @@ def test_the_stream_reads_one_task_ahead_and_no_further_until_a_task_is_finished
     reader.join(10.0)
     assert third == [2] and master.requests[-1] == [2]
     stream.close()
+
+
+def test_the_next_task_is_fetched_while_the_current_one_runs_not_when_the_pipeline_asks() -> None:
+    master = _Tasks()
+    stream = TaskStream(master, _Records())  # type: ignore[arg-type]
+    generator = stream.generate()
+    try:
+        assert next(generator)[0] == 0
+        deadline = time.monotonic() + 10.0
+        while len(master.requests) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert master.requests == [[], [1]]  # asked for task 1 while task 0 runs, nothing pulled since
+        time.sleep(0.2)
+        assert len(master.requests) == 2  # and no further: task 0 is not finished
+    finally:
+        stream.close()
