@@ -290,5 +290,7 @@ def test_the_next_task_is_fetched_while_the_current_one_runs_not_when_the_pipeli
         assert master.requests == [[], [1]]  # asked for task 1 while task 0 runs, nothing pulled since
         time.sleep(0.2)
         assert len(master.requests) == 2  # and no further: task 0 is not finished
+        with pytest.raises(RuntimeError, match="generated once"):
+            next(stream.generate())  # a second fetcher would hold tasks no pipeline reads
     finally:
         stream.close()

@@ -84,7 +84,7 @@ def read_packed_rope(rope: Rope) -> NamedArrays:
     once from the rope, or the received bytes themselves: :func:`~edl_argo.rpc.rope.read_tensor_rope`).
 
     A message whose first field is its ``data`` (as :func:`encode_named` and protobuf write it) is read
-    as that field, then the members' bytes, whose cut is remembered (:func:`_layout`): a model's pushes
+    as that field, then the members' bytes, whose cut is remembered (:class:`_Layout`): a model's pushes
     and answers name the same members step after step. Any other order is read field by field."""
     if rope.first_key() == DATA << 3 | LENGTH_DELIMITED:
         rope.varint()

@@ -71,6 +71,7 @@ class TaskStream:
         self._held: dict[int, StreamedTask] = {}
         #: What :meth:`_fetch` has read and :meth:`generate` not yet yielded, in order (None: the end).
         self._fetched: deque[tuple[Any, ...] | None] = deque()
+        self._generated = False
         self._seqs = itertools.count()
         self._waiting = False
         self._closed = False
@@ -79,15 +80,18 @@ class TaskStream:
 
     def generate(self) -> Iterator[tuple[Any, ...]]:
         """``(seq, *records)`` per task, and ``(WAIT_SEQ, *no records)`` while the master has none (see the
-        module docstring). Never raises: a failed read is :attr:`StreamedTask.error`, a failed master call
-        :attr:`failure`.
+        module docstring); one generator per stream (a second is a ``RuntimeError``). It never raises for a
+        task: a failed read is :attr:`StreamedTask.error`, a failed master call :attr:`failure`.
 
         The tasks are asked for and read on a thread of the stream's own (:meth:`_fetch`), as soon as the
         worker holds no more than ``ahead`` unfinished tasks: the next task is ready when the pipeline asks
         for it, rather than fetched then (a master call and a ranged read, 3-7 ms on the path from one task's
         last minibatch to the next task's first)."""
-        fetcher = threading.Thread(target=self._fetch, name="task-stream", daemon=True)
-        fetcher.start()
+        with self._cond:
+            if self._generated:
+                raise RuntimeError("a task stream is generated once: its tasks are held for one pipeline")
+            self._generated = True
+        threading.Thread(target=self._fetch, name="task-stream", daemon=True).start()
         while True:
             with self._cond:
                 while not self._closed and not self._fetched:
