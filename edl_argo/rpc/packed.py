@@ -90,15 +90,16 @@ def read_packed_rope(rope: Rope) -> NamedArrays:
         rope.varint()
         data = rope.split(rope.varint())
         rest = rope.joined()
-        layout = _LAYOUTS.get(rest)
+        _, flat = read_tensor_rope(data)
+        key = (rest, flat.itemsize)
+        layout = _LAYOUTS.get(key)
         if layout is None:
             fields = _packed_fields(rest)
             if fields.HasField("data"):  # data twice: the last occurrence wins, as in protobuf
                 return read_packed(fields)
-            layout = _Layout(fields.members)
+            layout = _Layout(fields.members, flat.itemsize)
             if len(rest) <= REMEMBERED_MEMBERS_BYTES:
-                _remember(_LAYOUTS, rest, layout)
-        _, flat = read_tensor_rope(data)
+                _remember(_LAYOUTS, key, layout)
         return layout.cut(flat)
     rest, found = split_rope(rope, DATA)
     fields = _packed_fields(rest)
@@ -139,30 +140,43 @@ def _serialized_members(members: tuple[tuple[str, tuple[int, ...]], ...]) -> byt
 
 
 class _Layout:
-    """Where each member of a ``PackedTensors`` lies in its data: ``(name, start, end, shape)`` in
-    elements, and the elements they hold together."""
+    """Where each member of a ``PackedTensors`` lies in data of ``itemsize``-byte elements: ``(name, start,
+    end, shape)`` in elements, and the elements they hold together. Members whose shapes no such array can
+    have are a :class:`~edl_argo.rpc.tensors.TensorDecodeError` naming the member."""
 
-    def __init__(self, members: Sequence[tensor_pb2.PackedMember]) -> None:
-        self._members = members
+    def __init__(self, members: Sequence[tensor_pb2.PackedMember], itemsize: int) -> None:
+        self.first_name = _first_name(members)
         self.cuts: list[tuple[str, int, int, tuple[int, ...]]] = []
         offset = 0
         for member in members:
             shape = tuple(member.shape)
-            # The largest element: a shape that fits 8-byte elements fits any.
-            end = offset + element_count(member.name, shape, 8)
+            end = offset + element_count(member.name, shape, itemsize)
             self.cuts.append((member.name, offset, end, shape))
             offset = end
         self.size = offset
 
     def cut(self, flat: np.ndarray) -> NamedArrays:
-        """``flat`` cut into the members (:func:`_members`, which names the member at fault when they
-        disagree)."""
-        if flat.ndim != 1 or flat.size != self.size:
-            return _members(flat, self._members)
+        """``flat`` cut into the members (views); they must use every element of it, and nothing more: a
+        :class:`~edl_argo.rpc.tensors.TensorDecodeError` names the member at fault otherwise."""
+        if flat.ndim != 1:
+            raise TensorDecodeError(
+                f"packed tensors {self.first_name!r}: the data has shape {flat.shape}, not one dimension"
+            )
+        if flat.size != self.size:
+            for name, _, end, shape in self.cuts:
+                if end > flat.size:
+                    raise TensorDecodeError(
+                        f"tensor {name!r}: shape {shape} runs past the {flat.size} elements of its packed"
+                        " data"
+                    )
+            raise TensorDecodeError(
+                f"packed tensors {self.first_name!r}: the members hold {self.size} elements, the data"
+                f" {flat.size}"
+            )
         return [(name, flat[start:end].reshape(shape)) for name, start, end, shape in self.cuts]
 
 
-_LAYOUTS: dict[bytes, _Layout] = {}
+_LAYOUTS: dict[tuple[bytes, int], _Layout] = {}
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -202,25 +216,5 @@ def _first_name(members: Sequence[tensor_pb2.PackedMember]) -> str:
 
 
 def _members(flat: np.ndarray, members: Sequence[tensor_pb2.PackedMember]) -> NamedArrays:
-    """Cut ``flat`` into ``members``; they must use every element of it, and nothing more."""
-    if flat.ndim != 1:
-        raise TensorDecodeError(
-            f"packed tensors {_first_name(members)!r}: the data has shape {flat.shape}, not one dimension"
-        )
-    arrays: list[tuple[str, np.ndarray]] = []
-    offset = 0
-    for member in members:
-        shape = tuple(member.shape)
-        end = offset + element_count(member.name, shape, flat.itemsize)
-        if end > flat.size:
-            raise TensorDecodeError(
-                f"tensor {member.name!r}: shape {shape} runs past the {flat.size} elements of its packed data"
-            )
-        arrays.append((member.name, flat[offset:end].reshape(shape)))
-        offset = end
-    if offset != flat.size:
-        raise TensorDecodeError(
-            f"packed tensors {_first_name(members)!r}: the members hold {offset} elements, the data"
-            f" {flat.size}"
-        )
-    return arrays
+    """Cut ``flat`` into ``members`` (:meth:`_Layout.cut`)."""
+    return _Layout(members, flat.itemsize).cut(flat)
