@@ -33,7 +33,7 @@ from edl_argo.worker.data import RecordSource
 
 #: The ``seq`` of "the master has no task now" (a real task's seq is >= 0).
 WAIT_SEQ = -1
-#: How often a waiting generator checks whether the stream was closed (seconds).
+#: How often a waiting generator or fetch thread checks whether the stream was closed (seconds).
 POLL_SECONDS = 0.5
 
 
