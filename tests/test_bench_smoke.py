@@ -74,3 +74,42 @@ def test_a_baseline_measurement_with_a_stalled_step_is_taken_again_and_noted() -
     assert child.stalls == [] and logged == []
     assert child.measure_rate(6.0, logged.append) == 8_900.0
     assert child.stalls == [(280.0, STALL_SECONDS + 4.6)] and len(logged) == 1 and not answers
+
+
+def test_fits_steps_across_an_epoch_boundary_are_timed_apart_from_its_steady_state() -> None:
+    """``fit`` ends an epoch's iterator and starts the next inside the step that follows the boundary
+    (0.8-1.3 s at about two in five boundaries here): the steady-state figure leaves those steps out, the
+    figure with epochs counts them in, and the longest step (the stall rule) is a steady one."""
+    from tests.bench.train_baselines import BATCH, _StepTimer
+
+    clock = iter([0.0, 0.01, 0.02, 1.02, 1.03, 1.04, 1.05, 1.06])
+
+    class Model:
+        stop_training = False
+
+    timer = _StepTimer(warmup=1, seconds=100.0, clock=lambda: next(clock))
+    timer.set_model(Model())  # type: ignore[arg-type]
+    timer.on_epoch_begin(0)
+    timer.on_train_batch_end(0)  # the warm-up step: timing starts at 0.0
+    timer.on_train_batch_end(1)  # 0.01
+    timer.on_train_batch_end(2)  # 0.01
+    timer.on_epoch_begin(1)
+    timer.on_train_batch_end(0)  # 1.00: the boundary
+    for batch in range(1, 5):
+        timer.on_train_batch_end(batch)  # 0.01 each
+    result = timer.result()
+    assert result["steps"] == 6 and result["epoch_boundaries"] == 1
+    assert result["epoch_boundary_s"] == pytest.approx(1.0)
+    assert result["examples_per_s"] == pytest.approx(6 * BATCH / 0.06)
+    assert result["examples_per_s_with_epochs"] == pytest.approx(7 * BATCH / 1.06)
+    assert result["longest_step_s"] == pytest.approx(0.01)
+
+
+def test_the_report_says_what_fits_epoch_boundaries_cost_and_ours_against_fit_with_them() -> None:
+    from tests.bench.training import epoch_boundaries_note
+
+    assert epoch_boundaries_note("`model.fit`", [(0, 0.0, 9_000.0), (0, 0.0, 9_100.0)], [7_000, 7_100]) == ""
+    note = epoch_boundaries_note("`model.fit`", [(2, 1.2, 8_000.0), (1, 0.04, 10_000.0)], [7_200.0, 7_000.0])
+    assert "3 in its timed windows" in note and "0.413 s each on average" in note, note
+    assert "the slowest window's 0.600 s" in note, note
+    assert "9,000 [8,000–10,000] examples/s" in note and "0.80 [0.70–0.90]" in note, note

@@ -13,7 +13,9 @@ records of ``--data`` passed through the model file's own ``feed`` (so they see 
 in memory as numpy arrays, batch 64:
 
 * ``fit``: ``model.compile(optimizer, loss)`` with Keras's defaults, then ``model.fit``; a callback times
-  the steps after a short warm-up and stops training once the window is over. With
+  the steps after a short warm-up and stops training once the window is over. The steps that cross an epoch
+  boundary are timed apart (:class:`_StepTimer`): the figure is ``fit``'s steady state, and the answer
+  says what the boundaries cost. With
   ``--size-thread-pools`` it first sizes TensorFlow's thread pools to its cgroup's CPU quota, as every pod
   does (:func:`~edl_argo.cpu_limit.size_tensorflow_threads`; :mod:`tests.bench.cpu_limit` runs it so), and
   its ``ready`` line says which pools it has.
@@ -38,6 +40,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -60,38 +63,63 @@ REWARM_STEPS = 3
 
 
 class _StepTimer(keras.callbacks.Callback):
-    """Times the steps after ``warmup`` steps; stops ``fit`` once ``seconds`` are timed."""
+    """Times the steps after ``warmup`` steps; stops ``fit`` once ``seconds`` are timed.
 
-    def __init__(self, warmup: int, seconds: float) -> None:
+    The step that follows an epoch boundary is timed apart from the others: ``fit`` ends an epoch's
+    iterator and starts the next one in it, which took 30-45 ms at some boundaries and 0.8-1.3 s at about
+    two in five of them here (``docs/benchmarks.md``), so that a window of a few seconds read 25 % slower
+    or not as it caught one or none. ``examples_per_s`` is the steady state (steps within an epoch);
+    ``examples_per_s_with_epochs`` counts the boundaries in."""
+
+    def __init__(self, warmup: int, seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__()
         self.warmup = warmup
         self.seconds = seconds
+        self.clock = clock
         self.steps = 0
         self.timed_steps = 0
+        self.timed_seconds = 0.0
+        self.boundary_steps = 0
+        self.boundary_seconds = 0.0
         self.started = 0.0
         self.last = 0.0
-        self.longest = 0.0  # the longest timed step (a stall of the machine shows here)
+        self.longest = 0.0  # the longest timed step within an epoch (a stall of the machine shows here)
+        self._after_boundary = False
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._after_boundary = True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.steps += 1
-        now = time.perf_counter()
+        now = self.clock()
         if self.steps == self.warmup:
             self.started = self.last = now
         elif self.steps > self.warmup:
-            self.timed_steps += 1
-            self.longest = max(self.longest, now - self.last)
+            took = now - self.last
+            if self._after_boundary:
+                self.boundary_steps += 1
+                self.boundary_seconds += took
+            else:
+                self.timed_steps += 1
+                self.timed_seconds += took
+                self.longest = max(self.longest, took)
             self.last = now
+        self._after_boundary = False
         if self.steps >= self.warmup and now - self.started >= self.seconds:
             self.model.stop_training = True
 
     def result(self) -> dict[str, float]:
         elapsed = self.last - self.started
-        rate = self.timed_steps * BATCH / elapsed if elapsed > 0 else 0.0
         return {
-            "examples_per_s": rate,
+            "examples_per_s": self.timed_steps * BATCH / self.timed_seconds if self.timed_seconds else 0.0,
+            "examples_per_s_with_epochs": (
+                (self.timed_steps + self.boundary_steps) * BATCH / elapsed if elapsed > 0 else 0.0
+            ),
             "steps": self.timed_steps,
             "s": elapsed,
             "longest_step_s": self.longest,
+            "epoch_boundaries": self.boundary_steps,
+            "epoch_boundary_s": self.boundary_seconds,
         }
 
 

@@ -468,6 +468,9 @@ class BaselineChild:
         self.kind = kind
         #: (examples/s, longest step in s) of each measurement :meth:`measure_rate` took again.
         self.stalls: list[tuple[float, float]] = []
+        #: Per measurement :meth:`measure_rate` kept, the epoch boundaries its window crossed: (how many,
+        #: their steps' seconds in all, examples/s with them counted in); none for a baseline without epochs.
+        self.epoch_boundaries: list[tuple[int, float, float]] = []
         self._log_path = log_path
         self._log = log_path.open("ab")
         command = ["-m", "tests.bench.train_baselines", "--kind", kind, "--model-def", str(case.model_def)]
@@ -514,6 +517,14 @@ class BaselineChild:
             log(f"    {self.kind}: one step took {longest:.1f} s ({rate:,.0f} ex/s): measured again")
             self.stalls.append((rate, longest))
             answer = self.measure(seconds)
+        if "epoch_boundaries" in answer:
+            self.epoch_boundaries.append(
+                (
+                    int(answer["epoch_boundaries"]),
+                    float(answer["epoch_boundary_s"]),
+                    float(answer["examples_per_s_with_epochs"]),
+                )
+            )
         return float(answer["examples_per_s"])
 
     def close(self) -> None:
@@ -611,6 +622,10 @@ def run_case(ctx: BenchContext, case: ModelCase) -> BenchResult:
                 "the second measurement is the one shown."
             )
     ours = [w.examples_per_s for w in windows["ours"]]
+    for kind, child in children.items():
+        note = epoch_boundaries_note(BASELINES[kind], child.epoch_boundaries, ours)
+        if note:
+            result.notes.append(note)
     for label, variant in variants.items():
         measured = [w.examples_per_s for w in windows[label]]
         result.rows.append(
@@ -628,6 +643,26 @@ def run_case(ctx: BenchContext, case: ModelCase) -> BenchResult:
             result.goals.append(Goal(text, versus_fit, threshold))
         result.notes.append(variant.breakdown_note(label, windows[label]))
     return result
+
+
+def epoch_boundaries_note(
+    title: str, boundaries: Sequence[tuple[int, float, float]], ours: Sequence[float]
+) -> str:
+    """What the epoch boundaries a ``fit`` baseline's windows crossed cost it (they are left out of its
+    figure: see :class:`tests.bench.train_baselines._StepTimer`), and ours ÷ that baseline with them counted
+    in; "" when its windows crossed none."""
+    count = sum(n for n, _, _ in boundaries)
+    if not count:
+        return ""
+    seconds = [s / n for n, s, _ in boundaries if n]
+    mean = sum(s for _, s, _ in boundaries) / count
+    with_epochs = [rate for _, _, rate in boundaries]
+    return (
+        f"{title}: its figures are its steady state; the steps that crossed an epoch boundary ({count} in "
+        f"its timed windows, {mean:.3f} s each on average, the slowest window's {max(seconds):.3f} s) are "
+        f"left out. Counted in, it reads {Stat.of(with_epochs).format(0)} examples/s, and ours ÷ that is "
+        f"{ratio_stat(ours, with_epochs).format(2)}."
+    )
 
 
 def _tabulate(
