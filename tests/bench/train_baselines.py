@@ -67,8 +67,9 @@ class _StepTimer(keras.callbacks.Callback):
 
     The step that follows an epoch boundary is timed apart from the others: Keras starts the epoch's data
     iteration between the epoch's start and its first step, which took 30-45 ms at most boundaries and
-    0.4-2.5 s at about two in five of them here (``docs/benchmarks.md``), so that a window of a few seconds
-    read a quarter slower or not as it caught one or none. ``examples_per_s`` is the steady state (steps within an epoch);
+    0.8-1.3 s at about two in five of them on an idle machine, up to 2.5 s beside another job
+    (``docs/benchmarks.md``), so that a window of a few seconds read a third slower or not as it caught
+    them or none. ``examples_per_s`` is the steady state (steps within an epoch);
     ``examples_per_s_with_epochs`` counts the boundaries in."""
 
     def __init__(self, warmup: int, seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
