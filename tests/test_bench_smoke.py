@@ -77,9 +77,9 @@ def test_a_baseline_measurement_with_a_stalled_step_is_taken_again_and_noted() -
 
 
 def test_fits_steps_across_an_epoch_boundary_are_timed_apart_from_its_steady_state() -> None:
-    """``fit`` ends an epoch's iterator and starts the next inside the step that follows the boundary
-    (0.8-1.3 s at about two in five boundaries here): the steady-state figure leaves those steps out, the
-    figure with epochs counts them in, and the longest step (the stall rule) is a steady one."""
+    """Keras starts an epoch's data iteration between the epoch's start and its first step (0.8-1.3 s at
+    about two in five boundaries here): the steady-state figure leaves the step after a boundary out, the
+    figure with epochs counts it in, and the longest step (the stall rule) is a steady one."""
     from tests.bench.train_baselines import BATCH, _StepTimer
 
     clock = iter([0.0, 0.01, 0.02, 1.02, 1.03, 1.04, 1.05, 1.06])
