@@ -79,7 +79,6 @@ class _StepTimer(keras.callbacks.Callback):
         self.clock = clock
         self.steps = 0
         self.timed_steps = 0
-        self.timed_seconds = 0.0
         self.boundary_steps = 0
         self.boundary_seconds = 0.0
         self.started = 0.0
@@ -102,7 +101,6 @@ class _StepTimer(keras.callbacks.Callback):
                 self.boundary_seconds += took
             else:
                 self.timed_steps += 1
-                self.timed_seconds += took
                 self.longest = max(self.longest, took)
             self.last = now
         self._after_boundary = False
@@ -111,8 +109,9 @@ class _StepTimer(keras.callbacks.Callback):
 
     def result(self) -> dict[str, float]:
         elapsed = self.last - self.started
+        steady = elapsed - self.boundary_seconds  # the steps within an epoch
         return {
-            "examples_per_s": self.timed_steps * BATCH / self.timed_seconds if self.timed_seconds else 0.0,
+            "examples_per_s": self.timed_steps * BATCH / steady if steady > 0 else 0.0,
             "examples_per_s_with_epochs": (
                 (self.timed_steps + self.boundary_steps) * BATCH / elapsed if elapsed > 0 else 0.0
             ),
