@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from edl_argo.master.ledger import FOLD_AFTER_SECONDS, PsReport, TrainingLedger
+from edl_argo.master.ledger import (
+    FOLD_AFTER_SECONDS,
+    SHOWN_PROBLEMS,
+    PsReport,
+    TrainingLedger,
+    accounting_failure,
+)
 from edl_argo.master.task_dispatcher import Accounting, Task, TaskType
 
 
@@ -137,3 +143,17 @@ def test_an_epoch_done_long_enough_ago_keeps_only_its_totals() -> None:
     restored = TrainingLedger(minibatch_size=4)
     restored.restore(saved)
     assert (restored.records_per_epoch(), restored.minibatches) == before
+
+
+def test_a_job_failed_by_its_accounting_says_the_first_problems_and_how_many_more_in_one_line() -> None:
+    """A job whose every epoch went untrained has one problem per epoch: its error stays one short line."""
+    ledger = TrainingLedger(minibatch_size=10)
+    ledger.add(task(1, 100), {"records": 100, "steps": 10})
+    problems = ledger.epoch_problems(accounting(epochs=100_000))
+    assert len(problems) == 99_999
+    message = accounting_failure(problems)
+    assert message.startswith("accounting: epoch 1: workers reported 0 records trained, the dataset has 100; ")
+    assert message.endswith("; and 99,994 more problems of the same accounting"), message[-200:]
+    assert message.count("accounting: epoch") == SHOWN_PROBLEMS == 5
+    assert "\n" not in message and len(message) < 1_000
+    assert accounting_failure(problems[:2]) == "; ".join(problems[:2])

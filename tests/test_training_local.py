@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edl_argo import cli, log
@@ -80,6 +81,14 @@ def test_async_job_trains_digits(digits_data: Path, tmp_path: Path) -> None:
     assert_no_record_lost(metrics)
 
 
+def digits_gradient_bytes() -> int:
+    """The bytes of one minibatch's gradients of the digits model: one value per trainable parameter."""
+    from edl_argo.model import load_model_spec
+
+    model = load_model_spec(DIGITS_MODEL).custom_model()
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.trainable_variables)
+
+
 #: The parameter-server combinations the tests above do not cover; each job must end with every PS at the
 #: model version its minibatches make (one per minibatch, or one per grads_to_wait of them).
 PS_COMBINATIONS = {
@@ -127,6 +136,15 @@ def test_ps_combinations_end_at_the_expected_model_version(
         (p["ps"], p["model_version"], p["updates_expected"]) for p in accounting["parameter_servers"]
     ] == [(ps_id, expected_version, expected_version) for ps_id in range(config.num_ps)]
     assert accounting["updates_lost_to_rollback"] == 0
+    # Every minibatch's gradients reached the PS once, each PS its share: the bytes they took add up to the
+    # model's gradient bytes per minibatch, and each PS took the same share with every push.
+    rows = accounting["parameter_servers"]
+    assert sum(p["gradient_bytes_accepted"] for p in rows) == minibatches * digits_gradient_bytes()
+    assert all(p["gradient_bytes_accepted"] % p["pushes_accepted"] == 0 for p in rows), rows
+    shares = [p["gradient_bytes_accepted"] for p in rows]
+    assert accounting["gradient_bytes_max_over_mean"] == pytest.approx(
+        max(shares) * len(shares) / sum(shares), abs=1e-4
+    )
     # Learning, not accuracy, is the point here (chance is 0.1). Asynchronous pipelined SGD with momentum
     # is not dependable in 3 epochs (0.08 to 0.71 measured across runs; the README says so): for it, this
     # test checks the accounting above only.

@@ -32,7 +32,7 @@ from edl_argo.master.config import TrainConfig
 from edl_argo.master.evaluation import EvaluationService
 from edl_argo.master.failover import MasterParts, own_checkpoint_series, state_to_save, take_over
 from edl_argo.master.job_parts import JobParts, default_backend, load_job_parts, sample_batch
-from edl_argo.master.ledger import PsReport, TrainingLedger
+from edl_argo.master.ledger import PsReport, TrainingLedger, accounting_failure
 from edl_argo.master.metrics import (
     THROUGHPUT_WINDOW_SECONDS,
     JobView,
@@ -601,14 +601,27 @@ class TrainingJob:
 
     def _check_accounting(self, metrics: dict[str, Any]) -> None:
         """Fail the job when what the workers trained does not add up (:mod:`edl_argo.master.ledger`)."""
+        metrics["accounting"], problems = self.accounting_section()
+        if problems:
+            raise JobFailedError(accounting_failure(problems))
+
+    def accounting_section(self) -> tuple[dict[str, Any], list[str]]:
+        """What the workers trained against the epochs and the PS's final status (``metrics.json``'s
+        ``accounting``), and the problems that fail the job; logged as ``accounting_checked``."""
         accounting = self.dispatcher.accounting()
         problems = self.ledger.epoch_problems(accounting)
         reports = [
-            PsReport(ps_id, s.version, s.pushes_refused, s.restored_version, s.pushes_accepted)
+            PsReport(
+                ps_id,
+                s.version,
+                s.pushes_refused,
+                s.restored_version,
+                s.pushes_accepted,
+                s.gradient_bytes_accepted,
+            )
             for ps_id, s in enumerate(self._ps_status or [])
         ]
         section, ps_problems = self.ledger.ps_updates(accounting, reports)
-        metrics["accounting"] = section
         problems += ps_problems
         log.info(
             "accounting_checked",
@@ -617,8 +630,7 @@ class TrainingJob:
             updates_lost_to_rollback=section["updates_lost_to_rollback"],
             problems=len(problems),
         )
-        if problems:
-            raise JobFailedError("; ".join(problems))
+        return section, problems
 
     def _wait_for_workers(self) -> None:
         assert self.pods is not None and self.scaler is not None

@@ -55,6 +55,17 @@ FOLD_AFTER_SECONDS = 600.0
 TASK_BUCKET = 1024
 #: The counters of a task report that count minibatches trained but not pushed (nothing of them applied).
 SKIPPED_COUNTERS = ("nan_batches_skipped", "nan_gradients_skipped", "loss_scale_skipped")
+#: The problems a failed accounting names in the job's error (:func:`accounting_failure`); the rest counted.
+SHOWN_PROBLEMS = 5
+
+
+def accounting_failure(problems: Sequence[str]) -> str:
+    """The job's one-line error for ``problems`` (of :meth:`TrainingLedger.epoch_problems` and
+    :meth:`TrainingLedger.ps_updates`): the first :data:`SHOWN_PROBLEMS`, and how many more there are (a job
+    of many epochs that went wrong in every one has a problem per epoch)."""
+    shown = "; ".join(problems[:SHOWN_PROBLEMS])
+    more = len(problems) - SHOWN_PROBLEMS
+    return shown if more <= 0 else f"{shown}; and {more:,} more problems of the same accounting"
 
 
 def _minibatches(records: int, minibatch_size: int) -> int:
@@ -71,6 +82,8 @@ class PsReport:
     restored_version: int  # -1: it never restarted from a checkpoint
     #: Pushes it accepted since it started (None: not known, e.g. a PS of an older version).
     pushes_accepted: int | None = None
+    #: The bytes of those pushes' gradients (None: not known).
+    gradient_bytes_accepted: int | None = None
 
 
 def _push_problems(report: PsReport, low: int, high: int) -> list[str]:
@@ -222,6 +235,8 @@ class TrainingLedger:
             if report.pushes_accepted is not None:
                 row["pushes_accepted"] = report.pushes_accepted
                 problems += _push_problems(report, known, known + unknown if unreported else known)
+            if report.gradient_bytes_accepted is not None:
+                row["gradient_bytes_accepted"] = report.gradient_bytes_accepted
             rows.append(row)
             if report.version > high:
                 problems.append(
@@ -243,6 +258,10 @@ class TrainingLedger:
             "parameter_servers": rows,
             "updates_lost_to_rollback": lost_total,
         }
+        shares = [report.gradient_bytes_accepted for report in ps]
+        if shares and None not in shares and sum(shares):  # type: ignore[arg-type]
+            # How evenly the PS shared the gradients: 1 is even; the busiest PS sets a step's pace.
+            section["gradient_bytes_max_over_mean"] = round(max(shares) * len(shares) / sum(shares), 4)  # type: ignore[arg-type,type-var]
         return section, problems
 
     def fold_complete_epochs(self, accounting: Accounting, now: float) -> list[int]:

@@ -169,7 +169,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, apply_pending: _Optional[bool] = ...) -> None: ...
 
 class ParameterServerStatus(_message.Message):
-    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version", "pushes_non_finite", "pushes_repeated", "tensor_port")
+    __slots__ = ("initialized", "version", "pushes_accepted", "pushes_refused", "pending_applied", "pending", "restored_version", "pushes_non_finite", "pushes_repeated", "tensor_port", "gradient_bytes_accepted")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PUSHES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class ParameterServerStatus(_message.Message):
     PUSHES_NON_FINITE_FIELD_NUMBER: _ClassVar[int]
     PUSHES_REPEATED_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PORT_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_BYTES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     version: int
     pushes_accepted: int
@@ -190,4 +191,5 @@ class ParameterServerStatus(_message.Message):
     pushes_non_finite: int
     pushes_repeated: int
     tensor_port: str
-    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ..., pushes_non_finite: _Optional[int] = ..., pushes_repeated: _Optional[int] = ..., tensor_port: _Optional[str] = ...) -> None: ...
+    gradient_bytes_accepted: int
+    def __init__(self, initialized: _Optional[bool] = ..., version: _Optional[int] = ..., pushes_accepted: _Optional[int] = ..., pushes_refused: _Optional[int] = ..., pending_applied: _Optional[int] = ..., pending: _Optional[int] = ..., restored_version: _Optional[int] = ..., pushes_non_finite: _Optional[int] = ..., pushes_repeated: _Optional[int] = ..., tensor_port: _Optional[str] = ..., gradient_bytes_accepted: _Optional[int] = ...) -> None: ...

@@ -41,6 +41,12 @@ class Gradients:
     embeddings: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     state_changes: dict[str, np.ndarray] = field(default_factory=dict)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the gradients: the dense values and the embedding rows (not their ids, nor the
+        state changes)."""
+        return sum(g.nbytes for g in self.dense.values()) + sum(v.nbytes for _, v in self.embeddings.values())
+
 
 @dataclass
 class TableState:

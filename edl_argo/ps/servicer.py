@@ -259,6 +259,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._synced_step = -1
         self._pushes_accepted = 0
         self._pushes_refused = 0
+        # The bytes of the accepted pushes' gradients (GetStatus's gradient_bytes_accepted).
+        self._gradient_bytes_accepted = 0
         #: Pushes refused because they carried NaN or infinite gradients or values.
         self.pushes_non_finite = 0
         #: ``host:port`` of the tensor port serving this servicer (``GetStatus`` names it); "" for none.
@@ -425,6 +427,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             if self._accumulator.count >= self.grads_to_wait:
                 self._apply_accumulated()
         self._pushes_accepted += 1
+        self._gradient_bytes_accepted += gradients.nbytes
         self._maybe_checkpoint()
         return PushOutcome(request.sequence, accepted=True, step=step)
 
@@ -459,6 +462,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 pushes_non_finite=self.pushes_non_finite,
                 pushes_repeated=self._pushes.repeated,
                 tensor_port=self.tensor_port,
+                gradient_bytes_accepted=self._gradient_bytes_accepted,
             )
 
     def _apply_accumulated(self) -> None:

@@ -101,6 +101,9 @@ class ModelCase:
     input_wait_goal: tuple[float, str] | None = None
     #: A variant's label -> ``(threshold, text)``: that variant ÷ ``fit`` must reach the threshold.
     variant_goals: dict[str, tuple[float, str]] = field(default_factory=dict)
+    #: A variant's label -> ``(ceiling, text)``: the gradient bytes its busiest PS accepted over the mean of
+    #: its PS (the job's own count, ``metrics.json``'s ``accounting``) must stay at most the ceiling.
+    ps_balance_goals: dict[str, tuple[float, str]] = field(default_factory=dict)
 
 
 #: Asynchronous SGD with ``--pipelined``: the push and its reply run while the next minibatch computes.
@@ -178,7 +181,11 @@ def _suite_case(
 
 
 BIG_MLP = _suite_case(
-    "big_mlp", "big dense MLP (64→4096→4096→2048→10, 25.4 M params, Adam)", 0.5, more_variants=(TWO_PS,)
+    "big_mlp",
+    "big dense MLP (64→4096→4096→2048→10, 25.4 M params, Adam)",
+    0.5,
+    more_variants=(TWO_PS,),
+    ps_balance_goals={TWO_PS[0]: (1.2, "big_mlp, 2 PS: gradient bytes of the busiest PS ÷ the mean ≤ 1.2")},
 )
 SUITE = (
     BIG_MLP,
@@ -269,10 +276,15 @@ class ControlledDispatcher:
 
 
 class _BenchJob(TrainingJob):
-    """A :class:`TrainingJob` that does not publish the model at the end (not part of training)."""
+    """A :class:`TrainingJob` that does not publish the model at the end (not part of training), and whose
+    accounting does not fail it: the benchmark stops it in the middle of an epoch (of 100,000), so what it
+    trained cannot add up to whole epochs. The accounting is kept, for the PS's counts."""
 
     def _export(self, metrics: dict[str, Any]) -> None:
         pass
+
+    def _check_accounting(self, metrics: dict[str, Any]) -> None:
+        metrics["accounting"], _ = self.accounting_section()
 
 
 @dataclass
@@ -338,6 +350,8 @@ class OurJob:
     job: TrainingJob = field(init=False)
     control: ControlledDispatcher = field(init=False)
     error: BaseException | None = None
+    #: What the job returned once stopped (``metrics.json``'s content), None before or if it failed.
+    metrics: dict[str, Any] | None = None
     #: When the job was first resumed, and when its first task report came (``time.perf_counter()``).
     first_resume: float = 0.0
     first_report: float = 0.0
@@ -367,7 +381,7 @@ class OurJob:
 
     def _run(self) -> None:
         try:
-            self.job.run()
+            self.metrics = self.job.run()
         except BaseException as error:  # surfaced by the waits
             self.error = error
 
@@ -379,6 +393,15 @@ class OurJob:
         task_ids = [task_id for window in windows for task_id in window.task_ids]
         steps = sum(window.records for window in windows) // BATCH
         return breakdown_note(label, breakdown(self.tap, task_ids, steps))
+
+    def ps_balance(self) -> tuple[list[int], float] | None:
+        """Once stopped, with several PS: the gradient bytes each PS accepted and the busiest ÷ the mean,
+        from the job's own accounting; None otherwise."""
+        accounting = (self.metrics or {}).get("accounting", {})
+        rows = accounting.get("parameter_servers", [])
+        if len(rows) < 2 or "gradient_bytes_max_over_mean" not in accounting:
+            return None
+        return [row["gradient_bytes_accepted"] for row in rows], accounting["gradient_bytes_max_over_mean"]
 
     def input_wait_percents(self, windows: Sequence[Window]) -> list[float]:
         """Per window, the share of the workers' step spent waiting for input, in percent."""
@@ -642,6 +665,19 @@ def run_case(ctx: BenchContext, case: ModelCase) -> BenchResult:
             threshold, text = case.variant_goals[label]
             result.goals.append(Goal(text, versus_fit, threshold))
         result.notes.append(variant.breakdown_note(label, windows[label]))
+    for label, each in {"ours": job, **variants}.items():
+        balance = each.ps_balance()
+        if balance is not None:
+            shares, max_over_mean = balance
+            result.notes.append(
+                f"{label}: gradient bytes each PS accepted over the whole job (its own count): "
+                f"{', '.join(f'{b / 1e9:.3f} GB' for b in shares)}; busiest ÷ mean {max_over_mean:.3f}."
+            )
+            if label in case.ps_balance_goals:
+                ceiling, text = case.ps_balance_goals[label]
+                result.goals.append(Goal(text, Stat.of([max_over_mean]), ceiling, at_most=True))
+        elif label in case.ps_balance_goals:
+            raise RuntimeError(f"{label}: the job ended without its accounting ({each.error!r})")
     return result
 
 
