@@ -152,7 +152,9 @@ def test_a_job_failed_by_its_accounting_says_the_first_problems_and_how_many_mor
     problems = ledger.epoch_problems(accounting(epochs=100_000))
     assert len(problems) == 99_999
     message = accounting_failure(problems)
-    assert message.startswith("accounting: epoch 1: workers reported 0 records trained, the dataset has 100; ")
+    assert message.startswith(
+        "accounting: epoch 1: workers reported 0 records trained, the dataset has 100; "
+    )
     assert message.endswith("; and 99,994 more problems of the same accounting"), message[-200:]
     assert message.count("accounting: epoch") == SHOWN_PROBLEMS == 5
     assert "\n" not in message and len(message) < 1_000
