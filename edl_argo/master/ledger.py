@@ -258,10 +258,10 @@ class TrainingLedger:
             "parameter_servers": rows,
             "updates_lost_to_rollback": lost_total,
         }
-        shares = [report.gradient_bytes_accepted for report in ps]
-        if shares and None not in shares and sum(shares):  # type: ignore[arg-type]
+        shares = [r.gradient_bytes_accepted for r in ps if r.gradient_bytes_accepted is not None]
+        if len(shares) == len(ps) and sum(shares):
             # How evenly the PS shared the gradients: 1 is even; the busiest PS sets a step's pace.
-            section["gradient_bytes_max_over_mean"] = round(max(shares) * len(shares) / sum(shares), 4)  # type: ignore[arg-type,type-var]
+            section["gradient_bytes_max_over_mean"] = round(max(shares) * len(shares) / sum(shares), 4)
         return section, problems
 
     def fold_complete_epochs(self, accounting: Accounting, now: float) -> list[int]:
