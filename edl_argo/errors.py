@@ -8,6 +8,11 @@ Anything else that escapes is a bug in edl-argo and is reported as such.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+#: How many of a list of causes an error message names (:func:`first_few`); the rest it counts.
+NAMED_CAUSES = 5
+
 
 class EdlError(Exception):
     """A failure the user can fix. ``str(error)`` is the whole message, on one line."""
@@ -34,3 +39,11 @@ class JobFailedError(EdlError):
     """A training, evaluation or prediction job ran but could not finish."""
 
     exit_code = 1
+
+
+def first_few(causes: Sequence[str], more: str) -> str:
+    """``causes`` joined by "; " for one line of an error, the first :data:`NAMED_CAUSES` named and the rest
+    counted: ``"; and 1,234 <more>"`` (a list with a cause per epoch or per worker has no bound)."""
+    named = "; ".join(causes[:NAMED_CAUSES])
+    left = len(causes) - NAMED_CAUSES
+    return named if left <= 0 else f"{named}; and {left:,} {more}"

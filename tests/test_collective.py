@@ -344,6 +344,21 @@ def test_the_master_surveys_every_member_that_has_a_state() -> None:
         members.close()
 
 
+def test_a_survey_none_of_whose_many_members_answers_names_five_and_counts_the_rest() -> None:
+    """The export of a big group none of whose members answers: one short line, not one cause per worker."""
+    closed = []
+    for _ in range(40):  # ports that were just free: nothing listens there
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            closed.append(f"127.0.0.1:{probe.getsockname()[1]}")
+    with pytest.raises(JobFailedError) as failure:
+        survey_member_states(closed, timeout=5)
+    message = str(failure.value)
+    assert message.startswith(f"no worker of the group returned the trained model ({closed[0]}: "), message
+    assert message.endswith("; and 35 more workers)"), message
+    assert message.count("127.0.0.1:") == 5 and len(message) < 1_000
+
+
 def _state_of_every_kind(rng: np.random.Generator) -> GroupState:
     values = [
         rng.standard_normal((70, 30)).astype(np.float32),  # 8,400 bytes: three frames at a 4 KiB cap

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from edl_argo.master.ledger import (
-    FOLD_AFTER_SECONDS,
-    SHOWN_PROBLEMS,
-    PsReport,
-    TrainingLedger,
-    accounting_failure,
-)
+from edl_argo.errors import NAMED_CAUSES
+from edl_argo.master.ledger import FOLD_AFTER_SECONDS, PsReport, TrainingLedger, accounting_failure
 from edl_argo.master.task_dispatcher import Accounting, Task, TaskType
 
 
@@ -156,6 +151,6 @@ def test_a_job_failed_by_its_accounting_says_the_first_problems_and_how_many_mor
         "accounting: epoch 1: workers reported 0 records trained, the dataset has 100; "
     )
     assert message.endswith("; and 99,994 more problems of the same accounting"), message[-200:]
-    assert message.count("accounting: epoch") == SHOWN_PROBLEMS == 5
+    assert message.count("accounting: epoch") == NAMED_CAUSES == 5
     assert "\n" not in message and len(message) < 1_000
     assert accounting_failure(problems[:2]) == "; ".join(problems[:2])

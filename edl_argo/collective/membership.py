@@ -51,7 +51,7 @@ from edl_argo.collective.state import (
     point_message,
 )
 from edl_argo.collective.transport import PeerConnections, request_state
-from edl_argo.errors import JobFailedError
+from edl_argo.errors import JobFailedError, first_few
 from edl_argo.log import get_logger
 from edl_argo.proto import master_pb2
 
@@ -373,7 +373,9 @@ def survey_member_states(
         if newest is None or state.version > newest.version:
             newest = state
     if newest is None:
-        raise JobFailedError(f"no worker of the group returned the trained model ({'; '.join(errors)})")
+        raise JobFailedError(
+            f"no worker of the group returned the trained model ({first_few(errors, 'more workers')})"
+        )
     return GroupStateSurvey(
         newest, len(differences) + 1, max(differences, default=0.0), sorted(versions), errors
     )

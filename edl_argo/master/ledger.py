@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edl_argo.errors import first_few
 from edl_argo.master.task_dispatcher import Accounting, Task
 
 #: How long after an epoch's last task was done the ledger keeps only the epoch's totals (see the module
@@ -55,17 +56,13 @@ FOLD_AFTER_SECONDS = 600.0
 TASK_BUCKET = 1024
 #: The counters of a task report that count minibatches trained but not pushed (nothing of them applied).
 SKIPPED_COUNTERS = ("nan_batches_skipped", "nan_gradients_skipped", "loss_scale_skipped")
-#: The problems a failed accounting names in the job's error (:func:`accounting_failure`); the rest counted.
-SHOWN_PROBLEMS = 5
 
 
 def accounting_failure(problems: Sequence[str]) -> str:
     """The job's one-line error for ``problems`` (of :meth:`TrainingLedger.epoch_problems` and
-    :meth:`TrainingLedger.ps_updates`): the first :data:`SHOWN_PROBLEMS`, and how many more there are (a job
-    of many epochs that went wrong in every one has a problem per epoch)."""
-    shown = "; ".join(problems[:SHOWN_PROBLEMS])
-    more = len(problems) - SHOWN_PROBLEMS
-    return shown if more <= 0 else f"{shown}; and {more:,} more problems of the same accounting"
+    :meth:`TrainingLedger.ps_updates`): the first few, and how many more there are (a job of many epochs
+    that went wrong in every one has a problem per epoch)."""
+    return first_few(problems, "more problems of the same accounting")
 
 
 def _minibatches(records: int, minibatch_size: int) -> int:
