@@ -5,6 +5,8 @@ edl-argo."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -438,3 +440,31 @@ def test_the_utilization_integral_on_a_known_timeline() -> None:
     assert cpu_utilization(samples, 2.0, 4.0, "a") == pytest.approx((2 + 1) / (4 + 8))
     with pytest.raises(ValueError):
         cpu_utilization(samples, -1.0, 2.0)
+
+
+@pytest.mark.timeout(60)
+def test_closing_waits_a_bounded_time_for_a_pod_that_does_not_end_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stand-in's close SIGKILLs every pod and waits for each, but not forever: a pod whose processes
+    outlive its bound (here its SIGKILL is lost) fails the close with its name instead of hanging the test
+    run until pytest-timeout."""
+    from tests.k8s_stand_in import cluster as cluster_module
+
+    stand_in = KubernetesStandIn(tmp_path, echo_logs=False)
+    stand_in.create("pods", pod("stuck", cpu=""))
+    deadline = time.monotonic() + 30
+    while phase(stand_in, "stuck") != "Running":
+        assert time.monotonic() < deadline, "the pod never ran"
+        time.sleep(0.05)
+    process = next(iter(stand_in.cluster._containers.values())).process
+    monkeypatch.setattr(cluster_module, "_signal_group", lambda pgid, sig: None)
+    monkeypatch.setattr(cluster_module, "CLOSE_WAIT_SECONDS", 0.5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"stuck.*did not end within 0\.5 s"):
+            stand_in.close()
+        assert time.monotonic() - started < 10
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -83,6 +83,8 @@ NODE = "stand-in-node"
 CLUSTER_SCOPED = frozenset({"nodes", "priorityclasses"})
 #: The controllers also run this often when nothing changes (a safety net: they are event-driven).
 _SAFETY_RETRY_SECONDS = 2.0
+#: How long :meth:`Cluster.close` waits for each pod's processes to end after their SIGKILL.
+CLOSE_WAIT_SECONDS = 30.0
 _PREEMPTION_MESSAGE = "default-scheduler: preempting to accommodate a higher priority pod"
 POD_IP = "127.0.0.1"
 #: Environment variables of the test process that a pod does not inherit (a container would not have them).
@@ -301,14 +303,26 @@ class Cluster:
             _signal_group(container.process.pid, sig)
 
     def close(self) -> None:
-        """Stop the controllers, SIGKILL every pod's processes and wait for them."""
+        """Stop the controllers, SIGKILL every pod's processes and wait for them, at most
+        :data:`CLOSE_WAIT_SECONDS` in all: RuntimeError names the pods still running then."""
         with self.store.lock:
             self._closed = True
             self._wake_controllers()
             containers = list(self._containers.values())
         for container in containers:
             _signal_group(container.process.pid, signal.SIGKILL)
-            container.process.wait()
+        deadline = time.monotonic() + CLOSE_WAIT_SECONDS
+        stuck = []
+        for container in containers:
+            try:
+                container.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stuck.append(container.key[2])
+        if stuck:
+            raise RuntimeError(
+                f"stand-in pods {', '.join(stuck)} did not end within {CLOSE_WAIT_SECONDS:g} s "
+                "of their SIGKILL"
+            )
 
     # -- admission -------------------------------------------------------------------------------
 

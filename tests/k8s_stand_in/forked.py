@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
+import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -52,20 +55,38 @@ class ForkedProcess:
         self._lock = threading.Lock()
         self._returncode: int | None = None
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> int:
         """The command's exit status once the supervisor ended (``-N``: killed by signal N, as Popen's;
-        a supervisor killed with its command wrote none: SIGKILL)."""
-        with self._lock:
+        a supervisor killed with its command wrote none: SIGKILL); :class:`subprocess.TimeoutExpired` if it
+        has not ended within ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        def expired() -> subprocess.TimeoutExpired:
+            return subprocess.TimeoutExpired(f"pod process group {self.pid}", timeout or 0.0)
+
+        # another thread may be waiting (the stand-in watches every container): wait for it, in bounds
+        bound = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._lock.acquire(timeout=bound):
+            raise expired()
+        try:
             if self._returncode is None:
                 with contextlib.suppress(OSError):
-                    while os.read(self._exit_pipe, 64):
-                        pass
+                    while True:
+                        if not select.select([self._exit_pipe], [], [], left())[0]:
+                            raise expired()
+                        if not os.read(self._exit_pipe, 64):
+                            break
                 os.close(self._exit_pipe)
                 try:
                     self._returncode = int((self._folder / EXIT_FILE).read_text())
                 except (OSError, ValueError):
                     self._returncode = -signal.SIGKILL
             return self._returncode
+        finally:
+            self._lock.release()
 
 
 def start_forked(
