@@ -468,3 +468,4 @@ def test_closing_waits_a_bounded_time_for_a_pod_that_does_not_end_and_names_it(
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    stand_in.close()  # nothing left to wait for

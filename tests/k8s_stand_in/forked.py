@@ -68,8 +68,8 @@ class ForkedProcess:
             return subprocess.TimeoutExpired(f"pod process group {self.pid}", timeout or 0.0)
 
         # another thread may be waiting (the stand-in watches every container): wait for it, in bounds
-        bound = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        if not self._lock.acquire(timeout=bound):
+        bound = left()
+        if not self._lock.acquire(timeout=-1.0 if bound is None else bound):
             raise expired()
         try:
             if self._returncode is None:

@@ -169,11 +169,13 @@ class KubernetesStandIn:
     def close(self) -> None:
         self._closing = True
         self.store.expire_watches()
-        self.cluster.close()
-        self._server.shutdown()
-        self._server.server_close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        try:
+            self.cluster.close()
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+            if self._tmp is not None:
+                self._tmp.cleanup()
 
     def __enter__(self) -> KubernetesStandIn:
         return self
