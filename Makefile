@@ -22,7 +22,10 @@ IMAGE ?= edl-argo:$(VERSION)
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 #: Bytecode is cached (__pycache__/, ignored by git): every pod process of a test or demo imports edl_argo,
-#: and compiling it again each time cost 0.7 s of a core per process.
+#: and compiling it again each time cost 0.7 s of a core per process (0.4 s with TensorFlow's import on a
+#: slower host). A machine's environment may forbid the cache (these machines set PYTHONDONTWRITEBYTECODE=1):
+#: not for what make runs.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help venv test-servers test test-slow lint format demo demo-sql templates image lock scheduling bench scale chaos fuzz proto clean
 
