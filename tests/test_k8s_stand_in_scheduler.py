@@ -223,8 +223,14 @@ def test_a_higher_priority_pod_preempts_the_lowest_priority_newest_pods_graceful
     cluster.create("pods", pod("low-new", "1", "low", grace=1, command=[sys.executable, "-c", TERM_IGNORING]))
     for name in ("mid", "low-old", "low-new"):
         node_of(cluster, name)
-    [log] = (tmp_path / "logs").glob("default_low-new_*.log")
-    cluster.wait_for(lambda: "ready" in log.read_text(), 10, "the SIGTERM handler")
+    # The stand-in reports a pod running before its log-copying thread has created the log file.
+    logs = tmp_path / "logs"
+    cluster.wait_for(
+        lambda: any("ready" in log.read_text() for log in logs.glob("default_low-new_*.log")),
+        10,
+        "the SIGTERM handler",
+    )
+    [log] = logs.glob("default_low-new_*.log")
 
     cluster.create("pods", pod("urgent", "1", "high"))
     cluster.wait_for(
