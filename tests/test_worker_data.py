@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import time
 import types
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from edl_argo.worker.data import StreamElements, stream_batches
+from edl_argo.model import Mode
+from edl_argo.readers import SERIALIZED
+from edl_argo.worker.data import StreamElements, TaskBatches, make_batches, stream_batches
 
 #: Tasks streamed before the iterator is dropped, and their records (minibatches of 8: 4 per task).
 TASKS = 150
@@ -71,3 +76,77 @@ def test_stream_elements_are_python_values_and_go_on_after_an_element_that_fails
         assert isinstance(seq, int)
         got.append((seq, None if minibatch is None else int(minibatch[0].shape[0])))
     assert got == [(0, 2), (0, 2), (0, None), "error", (1, 2), (1, None)]
+
+
+def _rows(values: list[bytes]) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def _counting_spec() -> tuple[types.SimpleNamespace, list[str]]:
+    """A spec whose ``feed`` parses rows as ``_parse`` does (features only, to predict) and records the mode
+    of each call."""
+    calls: list[str] = []
+
+    def feed(dataset: tf.data.Dataset, mode: str, metadata: object) -> tf.data.Dataset:
+        calls.append(mode)
+        return dataset.map(_parse if mode != Mode.PREDICTION else lambda record: _parse(record)[0])
+
+    return types.SimpleNamespace(feed=feed), calls
+
+
+def _values(batches: Iterable[Any]) -> list[Any]:
+    return [tf.nest.map_structure(lambda tensor: tensor.numpy().tolist(), batch) for batch in batches]
+
+
+@pytest.mark.parametrize("mode", [Mode.EVALUATION, Mode.PREDICTION])
+def test_task_batches_trace_feed_once_and_give_each_task_what_its_own_pipeline_gives(mode: str) -> None:
+    """A worker's evaluation and prediction tasks go through one pipeline per mode (``feed`` traced once),
+    and each task gets exactly the minibatches that a pipeline of its own (``make_batches``) gives."""
+    spec, calls = _counting_spec()
+    tasks = [
+        _rows([f"{task},{i},1,2,{i % 3}".encode() for i in range(size)])
+        for task, size in enumerate([5, 8, 0, 3])
+    ]
+    expected = [_values(make_batches(spec, (records,), SERIALIZED, mode, 2)) for records in tasks]
+    assert calls == [mode] * len(tasks)
+
+    calls.clear()
+    pipeline = TaskBatches(spec, mode, SERIALIZED, 2)
+    assert [_values(pipeline.batches((records,))) for records in tasks] == expected
+    assert calls == [mode]  # traced once, for every task
+
+
+def test_a_task_that_fails_or_is_left_early_leaves_nothing_for_the_next() -> None:
+    spec, _ = _counting_spec()
+    pipeline = TaskBatches(spec, Mode.EVALUATION, SERIALIZED, 2)
+    good = _rows([f"1,{i},1,2,0".encode() for i in range(6)])
+    bad = _rows([b"0,1,2,3,0", b"0,1,not-a-number,3,0", *[b"0,1,2,3,1"] * 4])
+
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        _values(pipeline.batches((bad,)))
+    assert _values(pipeline.batches((good,))) == _values(
+        make_batches(spec, (good,), SERIALIZED, Mode.EVALUATION, 2)
+    )
+
+    first = next(iter(pipeline.batches((bad[2:],))))  # one minibatch of 4 taken, then the task is dropped
+    assert first[1].shape[0] == 2
+    assert _values(pipeline.batches((good,))) == _values(
+        make_batches(spec, (good,), SERIALIZED, Mode.EVALUATION, 2)
+    )
+
+
+def test_a_task_left_unread_is_skipped_when_the_next_one_starts() -> None:
+    spec, _ = _counting_spec()
+    pipeline = TaskBatches(spec, Mode.EVALUATION, SERIALIZED, 2)
+    good = _rows([f"1,{i},1,2,0".encode() for i in range(6)])
+    left = pipeline.batches((_rows([b"0,1,2,3,0"] * 6),))
+    assert next(left)[1].shape[0] == 2  # not closed: its generator is still alive
+    assert _values(pipeline.batches((good,))) == _values(
+        make_batches(spec, (good,), SERIALIZED, Mode.EVALUATION, 2)
+    )
+    left.close()  # late: nothing of the next task is taken
+    assert _values(pipeline.batches((good,))) == _values(
+        make_batches(spec, (good,), SERIALIZED, Mode.EVALUATION, 2)
+    )

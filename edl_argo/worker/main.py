@@ -2,11 +2,12 @@
 
 Loop: tasks stream in from the master, each read with one ranged read while the task before it trains
 (:mod:`edl_argo.worker.task_stream`), through one input pipeline for the whole job (``feed`` traced once,
-:func:`edl_argo.worker.data.stream_batches`) → train batch by batch (evaluation and prediction tasks:
-their own pipeline) → report. WAIT means "ask again shortly"; DONE means exit 0. The main thread's time
-per section (input wait, compute, PS, peers, master) is measured (:mod:`edl_argo.worker.step_timers`),
-sent with every training task's report and logged at exit (``worker_step_times``). A task that raises is
-reported failed with the error (the master retries it elsewhere, up to a bound) and the worker goes on.
+:func:`edl_argo.worker.data.stream_batches`) → train batch by batch (evaluation and prediction tasks: one
+pipeline for each mode, :class:`~edl_argo.worker.data.TaskBatches`) → report. WAIT means "ask again
+shortly"; DONE means exit 0. The main thread's time per section (input wait, compute, PS, peers, master)
+is measured (:mod:`edl_argo.worker.step_timers`), sent with every training task's report and logged at
+exit (``worker_step_times``). A task that raises is reported failed with the error (the master retries it
+elsewhere, up to a bound) and the worker goes on.
 
 A task that fails with a model error (raised in the model file's code, :mod:`edl_argo.model.user_code`;
 what the input pipeline raises is ``feed``'s) is reported as one, naming the model file and the function:
@@ -25,6 +26,7 @@ decides in the same way, and ``nan_gradients_skipped`` counts those skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -65,6 +67,7 @@ from edl_argo.worker.step_trace import StepTrace, TracedMinibatch
 from edl_argo.worker.task_reporter import TaskReporter
 
 if TYPE_CHECKING:
+    from edl_argo.worker.data import TaskBatches
     from edl_argo.worker.task_stream import StreamedTask
 
 log = get_logger(__name__)
@@ -190,6 +193,7 @@ class Worker:
         self._timers_at: dict[str, float] = {}  # STEP_TIMERS.totals() at the last report
         self._skip_minibatch_of_task = int(os.environ.get(SKIP_MINIBATCH_ENV) or -1)
         self._trace = StepTrace.from_env(worker_id)  # None unless EDL_STEP_TRACE asks for one
+        self._task_inputs: dict[tuple[str, RecordSchema], TaskBatches] = {}  # see _task_input
 
     def run(self) -> None:
         from edl_argo.worker.data import StreamElements, stream_batches
@@ -355,8 +359,6 @@ class Worker:
         """Finish ``streamed`` (a training task's minibatches were all trained; evaluation and prediction
         tasks run now) and hand its report to the reporter (``sent()`` runs once the master has it); False
         when the job failed."""
-        from edl_argo.worker.data import make_batches
-
         task = streamed.task
         progress = self._progress.pop(streamed.seq, None) or _TaskProgress(time.monotonic())
 
@@ -368,14 +370,23 @@ class Worker:
                     raise progress.error
                 return {**self._trained(task, progress), READ_COUNTER: int(streamed.read_seconds * 1e6)}
             schema = self._source.spec(task).schema
-            batches = make_batches(
-                self._spec, streamed.records, schema, _MODES[task.type], self._minibatch_size
-            )
-            if task.type == master_pb2.EVALUATION:
-                return self._evaluate(task, batches)
-            return self._predict(task, batches)
+            batches = self._task_input(_MODES[task.type], schema).batches(streamed.records)
+            with contextlib.closing(batches):  # a task left early leaves nothing for the next
+                if task.type == master_pb2.EVALUATION:
+                    return self._evaluate(task, batches)
+                return self._predict(task, batches)
 
         return self._run_task(task, progress, work, sent)
+
+    def _task_input(self, mode: str, schema: RecordSchema) -> TaskBatches:
+        """The input pipeline of this worker's evaluation or prediction tasks in ``mode`` on data of
+        ``schema``, built by the first such task (``feed`` traced once for all of them)."""
+        from edl_argo.worker.data import TaskBatches
+
+        key = (mode, schema)
+        if key not in self._task_inputs:  # a build that raised is tried again by the next task
+            self._task_inputs[key] = TaskBatches(self._spec, mode, schema, self._minibatch_size)
+        return self._task_inputs[key]
 
     def _run_task(
         self,
