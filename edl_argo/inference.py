@@ -135,9 +135,11 @@ class Inference:
         self.names = self.data.names
 
     def batches(self, mode: str) -> Iterator[Batch]:
-        """Every minibatch of every shard, in order. ``feed`` errors name the shard."""
-        from edl_argo.worker.data import make_batches
+        """Every minibatch of every shard, in order, through one input pipeline (``feed`` traced once, by
+        the first range read: :class:`~edl_argo.worker.data.TaskBatches`). ``feed`` errors name the shard."""
+        from edl_argo.worker.data import TaskBatches
 
+        pipeline: TaskBatches | None = None
         counts = self.data.records
         total = sum(counts.values())
         progress = ProgressReporter(f"{mode} {self.data.describe()}", unit="record")
@@ -149,9 +151,9 @@ class Inference:
                     position = first
                     records = self.data.read(key, first, last)
                     with self.naming(key, first, last):
-                        for batch in make_batches(
-                            self.spec, records, self.data.schema, mode, self.minibatch_size
-                        ):
+                        if pipeline is None:
+                            pipeline = TaskBatches(self.spec, mode, self.data.schema, self.minibatch_size)
+                        for batch in pipeline.batches(records):
                             features, labels = (batch, None) if mode == Mode.PREDICTION else batch
                             size = num_records(features)
                             yield Batch(key, position, size, features, labels)

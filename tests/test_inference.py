@@ -21,7 +21,7 @@ from edl_argo import cli
 from edl_argo.data.commands import write_dataset
 from edl_argo.data.examples import encode_example
 from edl_argo.master.export import KERAS_FILE, publish_model
-from edl_argo.model import load_model_spec
+from edl_argo.model import Mode, load_model_spec
 from edl_argo.recordio import Compressor
 from edl_argo.storage import LocalStorage
 from edl_argo.storage.trees import POINTER_NAME
@@ -381,6 +381,35 @@ def test_a_model_file_that_does_not_fit_the_data_is_named_with_the_shard(
     line = error_line(err, command)
     assert re.search(rf"{re.escape(str(data.root))}/v-[^/]+/{SHARDS[0]}", line) and str(wrong) in line
     assert not output.exists()
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict"])
+def test_feed_is_traced_once_for_every_shard_of_the_data(
+    command: str, data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shards go through one input pipeline: ``feed`` is traced once (a pipeline per shard, or per range
+    read, traced it again each time: 20-30 ms of CPU each, a minute for a few thousand small shards)."""
+    _, model_url = publish("functional", tmp_path / "job", data)
+    calls = tmp_path / "feed-calls"
+    counting = tmp_path / "counting_feed.py"
+    counting.write_text(
+        f"from importlib.machinery import SourceFileLoader\n"
+        f"_simple = SourceFileLoader('simple_fixture', {SIMPLE!r}).load_module()\n"
+        "loss, optimizer, eval_metrics_fn, custom_model = (\n"
+        "    _simple.loss, _simple.optimizer, _simple.eval_metrics_fn, _simple.functional)\n"
+        "def feed(dataset, mode, metadata):\n"
+        f"    with open({str(calls)!r}, 'a') as calls:\n"
+        "        calls.write(mode + '\\n')\n"
+        "    return _simple.feed(dataset, mode, metadata)\n"
+    )
+    output = tmp_path / "out"
+
+    args = ["--model", model_url, "--model-def", str(counting), "--data", str(data.root)]
+    code, _, err = run(capsys, command, *args, "--output", str(output))
+
+    assert code == 0, err
+    mode = {"evaluate": Mode.EVALUATION, "predict": Mode.PREDICTION}[command]
+    assert calls.read_text().splitlines() == [mode], f"feed called once per mode, for {len(SHARDS)} shards"
 
 
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
