@@ -157,8 +157,9 @@ def stream_batches(
 
 
 class TaskBatches:
-    """The minibatches of a worker's evaluation or prediction tasks, one task after another, through one
-    pipeline (:func:`stream_batches` in ``mode``) that traces ``feed`` once for all of them.
+    """The minibatches of evaluation or prediction tasks (a worker's; the ranges ``edl-argo evaluate`` and
+    ``predict`` read), one task after another, through one pipeline (:func:`stream_batches` in ``mode``)
+    that traces ``feed`` once for all of them.
 
     A pipeline of its own per task (:func:`make_batches`) traces ``feed`` and starts an iterator again each
     time: 20-50 ms of CPU a task of digits, against 3-5 ms here. Each task gets the minibatches its own
