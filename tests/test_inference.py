@@ -94,6 +94,18 @@ def publish_with_output_biases(root: Path, data: Data, biases: list[float]) -> N
     publish_model(LocalStorage(root), model, {}, {})
 
 
+def functional_with_feed(path: Path, feed_source: str) -> Path:
+    """A model file at ``path``: the functional model of tests/inference_models/simple.py (imported as
+    ``_simple``) with the ``feed`` that ``feed_source`` defines."""
+    path.write_text(
+        "from importlib.machinery import SourceFileLoader\n"
+        f"_simple = SourceFileLoader('simple_fixture', {SIMPLE!r}).load_module()\n"
+        "loss, optimizer, eval_metrics_fn, custom_model = (\n"
+        "    _simple.loss, _simple.optimizer, _simple.eval_metrics_fn, _simple.functional)\n" + feed_source
+    )
+    return path
+
+
 def _take(inputs: Any, n: int) -> Any:
     return {k: v[:n] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:n]
 
@@ -346,21 +358,17 @@ def test_a_model_file_that_does_not_fit_the_data_is_named_with_the_shard(
     command: str, data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, model_url = publish("functional", tmp_path / "job", data)
-    wrong = tmp_path / "wrong_width.py"  # reads 5 floats per record where the data has 4
-    wrong.write_text(
-        f"from importlib.machinery import SourceFileLoader\n"
-        f"_simple = SourceFileLoader('simple_fixture', {SIMPLE!r}).load_module()\n"
+    wrong = functional_with_feed(  # reads 5 floats per record where the data has 4
+        tmp_path / "wrong_width.py",
         "import tensorflow as tf\n"
         "from edl_argo.model import Mode\n"
-        "loss, optimizer, eval_metrics_fn, custom_model = (\n"
-        "    _simple.loss, _simple.optimizer, _simple.eval_metrics_fn, _simple.functional)\n"
         "def feed(dataset, mode, _metadata):\n"
         "    spec = {'x': tf.io.FixedLenFeature([5], tf.float32),\n"
         "            'y': tf.io.FixedLenFeature([1], tf.int64)}\n"
         "    def parse(record):\n"
         "        parsed = tf.io.parse_single_example(record, spec)\n"
         "        return parsed['x'] if mode == Mode.PREDICTION else (parsed['x'], parsed['y'])\n"
-        "    return dataset.map(parse)\n"
+        "    return dataset.map(parse)\n",
     )
     output = tmp_path / "out"
 
@@ -391,16 +399,12 @@ def test_feed_is_traced_once_for_every_shard_of_the_data(
     read, traced it again each time: 20-30 ms of CPU each, a minute for a few thousand small shards)."""
     _, model_url = publish("functional", tmp_path / "job", data)
     calls = tmp_path / "feed-calls"
-    counting = tmp_path / "counting_feed.py"
-    counting.write_text(
-        f"from importlib.machinery import SourceFileLoader\n"
-        f"_simple = SourceFileLoader('simple_fixture', {SIMPLE!r}).load_module()\n"
-        "loss, optimizer, eval_metrics_fn, custom_model = (\n"
-        "    _simple.loss, _simple.optimizer, _simple.eval_metrics_fn, _simple.functional)\n"
+    counting = functional_with_feed(
+        tmp_path / "counting_feed.py",
         "def feed(dataset, mode, metadata):\n"
         f"    with open({str(calls)!r}, 'a') as calls:\n"
         "        calls.write(mode + '\\n')\n"
-        "    return _simple.feed(dataset, mode, metadata)\n"
+        "    return _simple.feed(dataset, mode, metadata)\n",
     )
     output = tmp_path / "out"
 

@@ -32,6 +32,17 @@ ALLREDUCE = {"distribution_strategy": "AllreduceStrategy", "num_ps": 0, "collect
 UNSCALED_RATE = 0.1 / 3
 
 
+def digits_with_optimizer(path: Path, optimizer_expression: str) -> Path:
+    """A model file at ``path``: the digits model file whose ``optimizer()`` returns ``optimizer_expression``
+    (which may call the model file's own as ``_model_zoo_optimizer``)."""
+    path.write_text(
+        Path(DIGITS_MODEL).read_text()
+        + "\n\n_model_zoo_optimizer = optimizer\n\n\ndef optimizer():\n"
+        + f"    return {optimizer_expression}\n"
+    )
+    return path
+
+
 @pytest.fixture(autouse=True)
 def master_logs_to_stderr() -> None:
     log.configure("INFO")
@@ -59,10 +70,8 @@ def test_a_float_learning_rate_is_scaled_from_its_first_value() -> None:
 def test_a_learning_rate_that_cannot_be_scaled_fails_the_job_before_it_starts(
     digits_data: Path, tmp_path: Path
 ) -> None:
-    model_def = tmp_path / "callable_lr.py"
-    model_def.write_text(
-        Path(DIGITS_MODEL).read_text()
-        + "\n\ndef optimizer():\n    return tf.keras.optimizers.SGD(learning_rate=lambda: 0.1)\n"
+    model_def = digits_with_optimizer(
+        tmp_path / "callable_lr.py", "tf.keras.optimizers.SGD(learning_rate=lambda: 0.1)"
     )
     config = digits_config(
         digits_data, tmp_path / "job", model_def=str(model_def), scale_lr_by_world_size=True, **ALLREDUCE
@@ -79,11 +88,8 @@ def test_three_workers_train_digits_and_end_with_identical_replicas(
     # at batch 96 and 0.149 ended 16 epochs below the floor for 1 of 130 seeds (0.878; the loss of its second
     # epoch ranged 0.55-2.67), and one job of this test under the suite's load never left the loss of chance
     # (2.30). At 0.1 all 100 seeds of ``fit`` ended at 0.978 or above: this model file starts at 0.1 / 3.
-    model_def = tmp_path / "digits_lr.py"
-    model_def.write_text(
-        Path(DIGITS_MODEL).read_text()
-        + "\n\n_optimizer_of_the_model_zoo = optimizer\n\n\ndef optimizer():\n"
-        + f"    return _optimizer_of_the_model_zoo(lr={UNSCALED_RATE!r})\n"
+    model_def = digits_with_optimizer(
+        tmp_path / "digits_lr.py", f"_model_zoo_optimizer(lr={UNSCALED_RATE!r})"
     )
     config = digits_config(
         digits_data,
@@ -109,13 +115,10 @@ def test_three_workers_train_digits_and_end_with_identical_replicas(
     assert re.search(r"group_formed round=\d+ rank=2 world_size=3", err)
     scaled = re.findall(r"learning_rate_scaled world_size=3 learning_rate=(\S+) unscaled=(\S+)", err)
     assert scaled, "no member scaled its learning rate to 3 workers"
-    for (
-        rate,
-        unscaled,
-    ) in scaled:  # the model file's decaying rate (0.1 / 3 at step 0) x 3, logged to 6 digits
-        assert 0.0 < float(unscaled) <= UNSCALED_RATE and float(rate) == pytest.approx(
-            3 * float(unscaled), rel=1e-5
-        )
+    # the model file's decaying rate (0.1 / 3 at step 0) x 3, logged to 6 digits
+    for rate, unscaled in scaled:
+        assert 0.0 < float(unscaled) <= UNSCALED_RATE
+        assert float(rate) == pytest.approx(3 * float(unscaled), rel=1e-5)
 
 
 def test_a_group_grows_by_itself_to_max_workers_at_a_round_boundary_scaling_its_learning_rate(
