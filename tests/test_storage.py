@@ -337,6 +337,26 @@ def test_local_list_skips_temporaries_and_missing_root(tmp_path: Path) -> None:
     assert storage.list() == [ObjectInfo("a/real", 1)]
 
 
+def test_local_writes_below_a_file_fail_with_one_line_naming_the_path(tmp_path: Path) -> None:
+    """A root, or a folder of a key, that is a regular file: every write is a StorageError naming the path
+    (not the OSError of removing a temporary that could never be created), and nothing is left."""
+    (tmp_path / "afile").write_bytes(b"mine")
+    source = tmp_path / "tree"
+    source.mkdir()
+    (source / "part").write_bytes(b"1")
+    for storage, key in ((LocalStorage(tmp_path / "afile"), "x/y"), (LocalStorage(tmp_path), "afile/y")):
+        for write in (
+            lambda: storage.write(key, b"1"),
+            lambda: storage.write_file(key, source / "part"),
+            lambda: storage.put_tree(source, key),
+        ):
+            with pytest.raises(StorageError, match="afile") as raised:
+                write()
+            assert "\n" not in str(raised.value)
+    assert (tmp_path / "afile").read_bytes() == b"mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "tree"]
+
+
 # -- S3-only --------------------------------------------------------------------------------------
 
 

@@ -67,11 +67,11 @@ def _version(st: os.stat_result) -> str:
 
 
 def _remove(path: Path) -> None:
-    """Remove a file or directory tree if it exists."""
+    """Remove a file or directory tree if it exists (a path below a regular file does not)."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             path.unlink()
 
 
@@ -194,7 +194,7 @@ class LocalStorage(Storage):
         path = self._path(key)
         try:
             path.unlink()
-        except (FileNotFoundError, IsADirectoryError):
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # no such file
             return
         except OSError as exc:
             # Linux reports unlink() on a directory as EISDIR, macOS as EPERM.
