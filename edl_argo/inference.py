@@ -50,7 +50,13 @@ from edl_argo.model.outputs import (
 from edl_argo.progress import ProgressReporter
 from edl_argo.readers import OpenedDataset, open_data, parse_data_options
 from edl_argo.settings import add_data_settings
-from edl_argo.storage import TREE_COMPLETE_MARKER, ObjectNotFoundError, Storage, open_storage
+from edl_argo.storage import (
+    TREE_COMPLETE_MARKER,
+    ObjectNotFoundError,
+    Storage,
+    open_reachable_storage,
+    open_storage,
+)
 from edl_argo.storage.trees import POINTER_NAME, open_tree
 from edl_argo.storage.versions import VERSION_FOLDER
 from edl_argo.tensorflow_import import import_tensorflow
@@ -269,13 +275,14 @@ def load_step_model(args: argparse.Namespace) -> ModelSpec:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+    output = open_reachable_storage(args.output, "--output") if args.output else None
     spec = load_step_model(args)
     results = evaluate(
         Inference(spec, args.model, lambda: open_inference_data(args, spec), args.minibatch_size)
     )
     log.info("evaluation_done", data=args.data, **results)
-    if args.output:
-        open_storage(args.output).write("metrics.json", dumps(results, indent=2, sort_keys=True).encode())
+    if output is not None:
+        output.write("metrics.json", dumps(results, indent=2, sort_keys=True).encode())
     print(dumps(results, sort_keys=True))
     return 0
 
@@ -318,6 +325,7 @@ def prediction_target(url: str) -> tuple[Storage, str]:
         head = "."
     elif not head or head.endswith(":/"):
         head += "/"
+    open_reachable_storage(url, "--output")
     parent = open_storage(head)
     foreign = [
         info.key[len(name) + 1 :]

@@ -69,6 +69,37 @@ def test_invalid_train_flags_fail_with_one_line(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("flag", "command"),
+    [
+        ("--output", "train"),
+        ("--checkpoint-dir", "train"),
+        ("--metrics-output", "train"),
+        ("--output", "evaluate"),
+        ("--output", "predict"),
+    ],
+)
+def test_an_output_below_a_regular_file_fails_before_the_work_naming_its_flag(
+    capsys, dataset: Path, tmp_path: Path, flag: str, command: str
+) -> None:
+    """Caught before anything runs: train starts no job (its --output stays empty), evaluate and predict
+    fail before they look for their model (a missing one here)."""
+    (tmp_path / "afile").write_text("mine")
+    below = str(tmp_path / "afile" / "x")
+    if command == "train":
+        extra = {"--output": [], "--checkpoint-dir": ["--checkpoint-steps", "5"], "--metrics-output": []}[flag]
+        argv = train_args(dataset, tmp_path / "out", *extra, flag, below)
+    else:
+        argv = [command, "--model", str(tmp_path / "no-model"), "--model-def", DIGITS_MODEL]
+        argv += ["--data", str(dataset / "test"), "--output", below]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    (line,) = error_lines(err)
+    assert f"{flag} {below}" in line and f"{tmp_path / 'afile'} is a file, not a folder" in line, line
+    assert not (tmp_path / "out").exists()
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_model_file_missing_function_is_named(capsys, dataset: Path, tmp_path: Path) -> None:
     model = tmp_path / "broken_model.py"
     model.write_text(Path(DIGITS_MODEL).read_text().replace("def loss(", "def lost("))

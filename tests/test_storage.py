@@ -353,8 +353,12 @@ def test_local_writes_below_a_file_fail_with_one_line_naming_the_path(tmp_path: 
             with pytest.raises(StorageError, match="afile") as raised:
                 write()
             assert "\n" not in str(raised.value)
+    with pytest.raises(StorageError, match="afile is a file, not a folder"):
+        LocalStorage(tmp_path / "afile" / "x").check_reachable()
     assert (tmp_path / "afile").read_bytes() == b"mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "tree"]
+    LocalStorage(tmp_path / "not" / "yet").check_reachable()  # a folder that a write makes
+    assert not (tmp_path / "not").exists()
 
 
 # -- S3-only --------------------------------------------------------------------------------------

@@ -12,17 +12,33 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edl_argo.errors import JobFailedError
+from edl_argo.errors import ConfigError, JobFailedError, StorageError
 from edl_argo.log import get_logger
 from edl_argo.master.config import add_train_flags, config_from_args
 from edl_argo.master.pod_template import early_pod_template
 from edl_argo.stop import stop_on_sigterm
+from edl_argo.storage.local import LocalStorage
 
 log = get_logger(__name__)
 
 
+def metrics_file(path: str) -> tuple[LocalStorage, str]:
+    """Where ``--metrics-output PATH`` goes: (the storage of its folder, its name), checked now, before the
+    job, so that a path the final metrics cannot be written to fails at once with a ConfigError naming it."""
+    target = Path(path)
+    folder = LocalStorage(target.parent)
+    try:
+        folder.check_reachable()
+    except StorageError as error:
+        raise ConfigError(f"--metrics-output {path}: {error}") from None
+    if target.is_dir():
+        raise ConfigError(f"--metrics-output {path}: a folder; name the JSON file to write")
+    return folder, target.name
+
+
 def run_train(args: Any) -> int:
     config = config_from_args(args)
+    metrics_output = metrics_file(args.metrics_output) if args.metrics_output else None
     if args.yaml:
         from edl_argo.master.dry_run import render_train_manifests
 
@@ -41,9 +57,9 @@ def run_train(args: Any) -> int:
     except JobFailedError as error:
         log.error("job_failed", job=config.job_name, error=str(error))
         raise
-    if args.metrics_output:
-        Path(args.metrics_output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.metrics_output).write_text(json.dumps(metrics["final_metrics"], sort_keys=True))
+    if metrics_output is not None:
+        folder, name = metrics_output
+        folder.write(name, json.dumps(metrics["final_metrics"], sort_keys=True).encode())
     final = " ".join(f"{k}={v:.4f}" for k, v in metrics["final_metrics"].items())
     print(f"job {config.job_name} succeeded: model at {config.output.rstrip('/')}/model {final}")
     return 0

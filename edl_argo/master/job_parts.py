@@ -23,7 +23,7 @@ from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
 from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
 from edl_argo.pods.prefork import PodTemplate
 from edl_argo.readers import OpenedDataset, open_data, parse_data_options
-from edl_argo.storage import Storage, open_storage
+from edl_argo.storage import Storage, open_reachable_storage, open_storage
 from edl_argo.tensorflow_import import import_tensorflow
 
 
@@ -73,8 +73,9 @@ def load_job_parts(config: TrainConfig) -> JobParts:
             f"feed of {config.model_def} yields (features, labels, sample_weights) in training: "
             "AllreduceStrategy does not apply sample weights; use ParameterServerStrategy"
         )
-    output = open_storage(config.output)
-    output.exists("model")  # reach --output now: a missing bucket or a denial fails here
+    output = open_reachable_storage(config.output, "--output")
+    if config.checkpoint_steps:
+        open_reachable_storage(config.checkpoints_url, "--checkpoint-dir")
     fingerprint = job_fingerprint(config, training.records, validation.records if validation else {})
     state_storage = open_storage(config.master_state) if config.master_state else output
     state_store = MasterStateStore(state_storage, config.job_name, fingerprint)

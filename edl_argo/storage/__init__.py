@@ -42,6 +42,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "join_url",
+    "open_reachable_storage",
     "open_storage",
 ]
 
@@ -85,3 +86,14 @@ def open_storage(url: str) -> Storage:
     if not text:
         raise StorageError(f"empty storage URL: {_ACCEPTED}")
     return LocalStorage(text, url=text)
+
+
+def open_reachable_storage(url: str, flag: str) -> Storage:
+    """:func:`open_storage` of ``url``, reached now (:meth:`Storage.check_reachable`): a command's output
+    that cannot be written fails before the command's work, with a StorageError naming ``flag``."""
+    storage = open_storage(url)
+    try:
+        storage.check_reachable()
+    except StorageError as error:
+        raise StorageError(f"{flag} {url}: {error}") from None
+    return storage

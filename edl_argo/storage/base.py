@@ -27,6 +27,9 @@ from pathlib import Path
 
 from edl_argo.errors import StorageError
 
+#: The key :meth:`Storage.check_reachable` asks about (it need not exist).
+REACHABILITY_PROBE_KEY = "model"
+
 
 @dataclass(frozen=True)
 class ObjectInfo:
@@ -160,6 +163,12 @@ class Storage(abc.ABC):
         except ObjectNotFoundError:
             return False
         return True
+
+    def check_reachable(self) -> None:
+        """Reach the storage now, so that a command fails before its work and not after it: a missing
+        bucket, a denial, an unreachable endpoint or a local root that is a file raise the one-line
+        :class:`~edl_argo.errors.StorageError` a write would meet later. Writes nothing."""
+        self.exists(REACHABILITY_PROBE_KEY)
 
     def tree_complete(self, key: str) -> bool:
         """Whether a tree published by :meth:`put_tree` (or by older edl-argo) is complete at ``key``."""

@@ -99,6 +99,14 @@ class LocalStorage(Storage):
             raise _os_error(start, exc) from exc
         return sorted(found, key=lambda info: info.key)
 
+    def check_reachable(self) -> None:
+        """The root is a folder, or can be made one: no part of its path is a file."""
+        for folder in (self.root, *self.root.parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    raise StorageError(f"{folder} is a file, not a folder")
+                return
+
     def _walk(self, directory: Path) -> Iterator[ObjectInfo]:
         """Every non-temporary file below ``directory``; nothing if it is missing."""
         try:
