@@ -255,3 +255,20 @@ def test_parameters_must_be_declared_by_the_workflow(tmp_path: Path) -> None:
     (tmp_path / "empty.py").write_text("x = 1\n")
     with pytest.raises(ConfigError, match="defines no `workflow`"):
         load_workflow(tmp_path / "empty.py")
+
+
+@pytest.mark.parametrize("flag", ["--workdir", "--artifacts"])
+def test_a_run_folder_below_a_regular_file_is_one_line_before_anything_runs(
+    capsys, flag: str, tmp_path: Path
+) -> None:
+    (tmp_path / "afile").write_text("mine")
+    below = str(tmp_path / "afile" / "runs")
+    flags = {"--workdir": tmp_path / "runs", flag: below}
+    pipeline = Path(__file__).parents[1] / "examples" / "pipelines" / "digits_pipeline.py"
+    argv = ["pipeline", "run", str(pipeline), *(str(part) for item in flags.items() for part in item)]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    (line,) = error_lines(err)
+    assert f"{flag} {below}: {tmp_path / 'afile'} is a file, not a folder" in line, line
+    assert not (tmp_path / "runs").exists()  # nothing ran
+    assert (tmp_path / "afile").read_text() == "mine"

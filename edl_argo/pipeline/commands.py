@@ -19,6 +19,7 @@ from hera.workflows.models import Workflow as WorkflowModel
 from edl_argo.errors import JobFailedError
 from edl_argo.flags import positive_int
 from edl_argo.pipeline.loader import load_workflow, parse_parameters, with_parameters
+from edl_argo.storage import open_reachable_storage
 
 
 def _workflow(args: argparse.Namespace) -> WorkflowModel:
@@ -29,9 +30,11 @@ def run_pipeline(args: argparse.Namespace) -> int:
     from edl_argo.pipeline.runner import LocalRunner
     from edl_argo.pipeline.summary import summary
 
-    result = LocalRunner(
-        _workflow(args), Path(args.workdir), args.artifacts, parallelism=args.parallelism
-    ).run()
+    workflow = _workflow(args)
+    open_reachable_storage(args.workdir, "--workdir")
+    if args.artifacts:
+        open_reachable_storage(args.artifacts, "--artifacts")
+    result = LocalRunner(workflow, Path(args.workdir), args.artifacts, parallelism=args.parallelism).run()
     print(summary(result))
     failed = result.failed
     if failed is not None:
