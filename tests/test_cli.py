@@ -87,7 +87,7 @@ def test_an_output_below_a_regular_file_fails_before_the_work_naming_its_flag(
     (tmp_path / "afile").write_text("mine")
     below = str(tmp_path / "afile" / "x")
     if command == "train":
-        extra = {"--output": [], "--checkpoint-dir": ["--checkpoint-steps", "5"], "--metrics-output": []}[flag]
+        extra = ["--checkpoint-steps", "5"] if flag == "--checkpoint-dir" else []
         argv = train_args(dataset, tmp_path / "out", *extra, flag, below)
     else:
         argv = [command, "--model", str(tmp_path / "no-model"), "--model-def", DIGITS_MODEL]

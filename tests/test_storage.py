@@ -345,13 +345,13 @@ def test_local_writes_below_a_file_fail_with_one_line_naming_the_path(tmp_path: 
     source.mkdir()
     (source / "part").write_bytes(b"1")
     for storage, key in ((LocalStorage(tmp_path / "afile"), "x/y"), (LocalStorage(tmp_path), "afile/y")):
-        for write in (
-            lambda: storage.write(key, b"1"),
-            lambda: storage.write_file(key, source / "part"),
-            lambda: storage.put_tree(source, key),
+        for write, argument in (
+            (storage.write, b"1"),
+            (storage.write_file, source / "part"),
+            (lambda k, path: storage.put_tree(path, k), source),  # noqa: B023 (called in this iteration)
         ):
             with pytest.raises(StorageError, match="afile") as raised:
-                write()
+                write(key, argument)
             assert "\n" not in str(raised.value)
     with pytest.raises(StorageError, match="afile is a file, not a folder"):
         LocalStorage(tmp_path / "afile" / "x").check_reachable()
