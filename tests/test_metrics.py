@@ -337,6 +337,7 @@ def test_a_taken_metrics_port_is_a_one_line_error_naming_the_flag(digits_data: P
     assert "--metrics-port" in message and str(port) in message and "\n" not in message, message
     assert job.backend.list_pods() == []  # no pod was started
     assert time.monotonic() - started < 30
+    assert list((tmp_path / "job").rglob("*")) == []  # a refused new job leaves no state, no secret
 
 
 # ------------------------------------------------------------------ the Argo step

@@ -25,7 +25,7 @@ from typing import Any
 
 from edl_argo.addresses import join_host_port
 from edl_argo.collective.membership import survey_member_states
-from edl_argo.errors import JobFailedError, StorageError
+from edl_argo.errors import ConfigError, JobFailedError, StorageError
 from edl_argo.flags import pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
@@ -399,6 +399,10 @@ class TrainingJob:
             return metrics
         except ModelNotPublishedError:
             raise  # the state stays with the kept model: the next run publishes it
+        except ConfigError:  # refused as it started (a taken --metrics-port): nothing of a new job stays
+            if self._saved is None:
+                self._forget_state()
+            raise
         except JobFailedError:
             self._forget_state()  # failed for good: a new run starts afresh
             raise
