@@ -123,7 +123,16 @@ def test_missing_training_data_is_named(capsys, tmp_path: Path) -> None:
     code, _, err = run_cli(capsys, *train_args(tmp_path, tmp_path / "out", "--training-data", str(missing)))
     assert code == 2
     (line,) = error_lines(err)
-    assert "--training-data" in line and str(missing) in line
+    assert "--training-data" in line and str(missing) in line and "no data there" in line, line
+
+
+def test_inspecting_a_path_with_nothing_there_says_so_and_prints_no_table(capsys, tmp_path: Path) -> None:
+    (tmp_path / "one-file").write_bytes(b"not a dataset folder")
+    for url in (tmp_path / "nowhere", tmp_path / "one-file"):
+        code, out, err = run_cli(capsys, "data", "inspect", str(url))
+        assert code == 2 and out == ""
+        (line,) = error_lines(err)
+        assert f"{url}: no data there" in line, line
 
 
 def test_convert_csv_and_label_errors(capsys, tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def test_ready_tasks_start_at_once_and_a_failure_stops_only_tasks_not_started(ca
     assert code == 1
     (line,) = [line for line in error_lines(err) if not line.startswith("[")]
     assert "step bad failed" in line and "nowhere" in line and "Traceback" not in err
-    assert "[bad] edl-argo data: error: " in err and "has no manifest" in err  # the step's log, prefixed
+    assert "[bad] edl-argo data: error: " in err and "no data there" in err  # the step's log, prefixed
     summary = out.splitlines()
     assert summary[0].startswith("pipeline failing failed: step bad failed")
     assert [row.split()[:2] for row in summary[1:]] == [
@@ -142,7 +142,7 @@ def test_a_step_past_its_deadline_is_stopped_and_its_exit_hook_still_runs(tmp_pa
     assert "(activeDeadlineSeconds=2)" in step.message
     assert step.seconds < 30
     assert hook.name == "generate.onExit" and hook.phase is Phase.FAILED
-    assert "not a complete dataset" in hook.message
+    assert "no data there" in hook.message
 
 
 def test_a_referenced_template_runs_with_raw_artifacts_at_their_paths(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from edl_argo.readers import detect_format, open_data, parse_data_options
 from edl_argo.recordio import (
     MANIFEST_NAME,
     Compressor,
+    Dataset,
     DatasetWriter,
     ShardReader,
     ShardSummary,
@@ -248,9 +249,10 @@ def run_recordio_inspect(args: argparse.Namespace) -> int:
     DataFormatError naming it."""
     storage = open_storage(args.url)
     sealed = storage.exists(MANIFEST_NAME) or not list_shards(storage)
+    shards = _manifest_shards(open_dataset(storage)) if sealed else _unsealed_shards(storage)
     print(f"{'shard':<48} {'records':>9} {'chunks':>7} {'bytes':>12}  compressor")
     count, totals = 0, [0, 0, 0]
-    for name, summary in _manifest_shards(storage) if sealed else _unsealed_shards(storage):
+    for name, summary in shards:
         compressors = ",".join(sorted(summary.compressors))
         print(f"{name:<48} {summary.records:>9} {summary.chunks:>7} {summary.bytes:>12}  {compressors}")
         count += 1
@@ -266,9 +268,8 @@ def run_recordio_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _manifest_shards(storage: Storage) -> Iterator[tuple[str, ShardSummary]]:
+def _manifest_shards(dataset: Dataset) -> Iterator[tuple[str, ShardSummary]]:
     """``(manifest key, summary)`` of each shard the dataset's manifest names, verified against it."""
-    dataset = open_dataset(storage)
     for shard in dataset.manifest.shards:
         key = dataset.key(shard)
         summary = ShardReader(dataset.storage, key, version=dataset.versions[key]).verify()

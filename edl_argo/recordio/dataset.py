@@ -169,6 +169,12 @@ def read_manifest(storage: Storage, prefix: str = "", what: str = "") -> Dataset
     try:
         data = storage.read(key)
     except ObjectNotFoundError:
+        folder = normalize_key(prefix, allow_empty=True)
+        if not storage.list(folder + "/" if folder else ""):
+            raise DataFormatError(
+                f"{_label(storage, prefix, what)}: no data there, nothing below it (a RecordIO dataset is "
+                f"the folder of its shards and {MANIFEST_NAME}); check the path"
+            ) from None
         raise DataFormatError(
             f"{_label(storage, prefix, what)}: not a complete dataset, it has no manifest {MANIFEST_NAME} "
             f"(written last, once every shard is written); {REGENERATE_HINT}"

@@ -42,7 +42,7 @@ def _temp_sibling(path: Path, tag: str = "") -> Path:
 
 def _os_error(path: Path | str, exc: OSError) -> StorageError:
     reason = exc.strerror or str(exc)
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):  # below a file: no such file either
         return ObjectNotFoundError(f"no file at {path}")
     return StorageError(f"cannot access {path}: {reason}")
 
