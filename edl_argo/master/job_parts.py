@@ -2,9 +2,9 @@
 
 :class:`~edl_argo.master.job.TrainingJob` is built from these parts and does no I/O of its own when
 constructed; ``TrainingJob.load(config)`` reads them and builds it. Reading them checks the job's input
-before any pod starts: the model (staged and pinned when it is in storage, its world-size scaling with
-AllreduceStrategy), the datasets (each shard's version pinned: tasks carry it, workers read only that
-version), that ``--output`` is reachable, and what an earlier master of the job saved.
+before any pod starts: the model (staged and pinned when it is in storage, its ``optimizer()``, its
+world-size scaling with AllreduceStrategy), the datasets (each shard's version pinned: tasks carry it,
+workers read only that version), that ``--output`` is reachable, and what an earlier master of the job saved.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def load_job_parts(config: TrainConfig) -> JobParts:
         check_model_file(config.model_def, config.model_options.model_zoo)
     import_tensorflow()  # the model file's import of it, without what no master uses
     spec = load_model_spec(model.pod_model_def if model else config.model_def, config.model_options)
+    spec.optimizer()  # ConfigError if it returns no optimizer: else each worker and PS would fail on it
     if config.scale_lr_by_world_size:
         from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
 

@@ -71,6 +71,7 @@ class ModelSpec:
 
 def load_model_spec(model_def: str, options: ModelOptions | None = None) -> ModelSpec:
     """Import the model definition and check the contract; :class:`ConfigError` names what is wrong."""
+    from edl_argo.model.optimizer import model_optimizer_factory  # Keras: the model file imports it too
     from edl_argo.model.source import local_model_def
 
     options = options or ModelOptions()
@@ -106,11 +107,12 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
         raise ConfigError(
             f"model definition {model_def}: {options.prediction_outputs_processor} must be a class"
         )
-    schedule = learning_rate_schedule(callbacks() if callable(callbacks) else None, model_def)
-    if schedule is not None:
-        _check_schedulable(found["optimizer"], model_def)
     found["custom_model"] = _bind_model_params(found["custom_model"], factory_name, options.model_params)
     functions = {role: model_function(found[role], model_def, names[role]) for role in names}
+    functions["optimizer"] = model_optimizer_factory(functions["optimizer"], model_def, names["optimizer"])
+    schedule = learning_rate_schedule(callbacks() if callable(callbacks) else None, model_def)
+    if schedule is not None:
+        _check_schedulable(functions["optimizer"], model_def)
     return ModelSpec(
         source=model_def,
         module=module,
@@ -139,10 +141,10 @@ def load_model_function(model_def: str, name: str, model_zoo: str = "") -> Calla
 
 def _check_schedulable(optimizer: Callable[[], Any], model_def: str) -> None:
     """A learning rate by model version replaces the optimizer's float learning rate; :class:`ConfigError`
-    when ``optimizer()`` has a schedule instead."""
-    from edl_argo.model.optimizer import has_float_learning_rate, new_optimizer
+    when ``optimizer()`` has a schedule instead (``optimizer``: the checked factory of the model file)."""
+    from edl_argo.model.optimizer import has_float_learning_rate
 
-    if not has_float_learning_rate(new_optimizer(optimizer)):
+    if not has_float_learning_rate(optimizer()):
         raise ConfigError(
             f"model definition {model_def}: callbacks() sets the learning rate by model version "
             "(LearningRateScheduler), so optimizer() must have a float learning_rate, not a schedule"

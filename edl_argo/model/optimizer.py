@@ -8,11 +8,14 @@ learning rate (:mod:`edl_argo.collective.learning_rate`), the workers ask whethe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import keras
 
 from edl_argo.errors import ConfigError
+from edl_argo.model.user_code import ModelError
 
 #: Builds a fresh Keras optimizer: the model definition's ``optimizer()``.
 OptimizerFactory = Callable[[], keras.optimizers.Optimizer]
@@ -21,12 +24,31 @@ OptimizerFactory = Callable[[], keras.optimizers.Optimizer]
 def new_optimizer(factory: OptimizerFactory) -> keras.optimizers.Optimizer:
     """Call ``factory`` and check it returned a Keras optimizer (:class:`ConfigError` otherwise)."""
     optimizer = factory()
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ConfigError(
-            f"optimizer() of the model definition returned {type(optimizer).__name__}, "
-            "not a keras.optimizers.Optimizer"
-        )
+    if wrong := _not_an_optimizer(optimizer):
+        raise ConfigError(f"optimizer() of the model definition {wrong}")
     return optimizer
+
+
+def model_optimizer_factory(function: Callable[[], Any], source: str, name: str) -> OptimizerFactory:
+    """``function``, the optimizer function of model file ``source`` (named ``name`` there), checked each
+    time it is called to return a Keras optimizer: otherwise :class:`ConfigError` names the file and the
+    function, as a :class:`~edl_argo.model.user_code.ModelError` does."""
+
+    @functools.wraps(function)
+    def build() -> keras.optimizers.Optimizer:
+        optimizer = function()
+        if wrong := _not_an_optimizer(optimizer):
+            raise ConfigError(str(ModelError(source, name, wrong)))
+        return optimizer
+
+    return build
+
+
+def _not_an_optimizer(value: Any) -> str:
+    """What is wrong with ``value`` as what an optimizer function returned; empty if it is an optimizer."""
+    if isinstance(value, keras.optimizers.Optimizer):
+        return ""
+    return f"returned {type(value).__name__}, not a keras.optimizers.Optimizer"
 
 
 #: The Keras optimizers whose update of a variable is elementwise: each element's new value and slots
