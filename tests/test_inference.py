@@ -391,6 +391,23 @@ def test_a_model_file_that_does_not_fit_the_data_is_named_with_the_shard(
     assert not output.exists()
 
 
+def test_a_misspelt_prediction_outputs_processor_is_refused(
+    data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, model_url = publish("functional", tmp_path / "job", data)
+    args = ["--model", model_url, "--model-def", KINDS["functional"], "--data", str(data.root)]
+    output = tmp_path / "out"
+
+    code, _, err = run(
+        capsys, "predict", *args, "--output", str(output), "--prediction-outputs-processor", "Nope"
+    )
+
+    assert code == 2
+    line = error_line(err, "predict")
+    assert "lacks 'Nope' (--prediction-outputs-processor)" in line and SIMPLE in line
+    assert not output.exists()
+
+
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
 def test_feed_is_traced_once_for_every_shard_of_the_data(
     command: str, data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -123,6 +123,17 @@ def test_input_function_may_be_named_dataset_fn(tmp_path: Path) -> None:
         load_model_spec(str(old_style), ModelOptions(eval_metrics_fn="no_such"))
 
 
+def test_optional_functions_are_looked_up_by_default_and_required_when_a_flag_names_them() -> None:
+    """Without --callbacks or --prediction-outputs-processor a model file may lack them; a name a flag gives
+    must be there, as for --loss."""
+    spec = load_model_spec(DIGITS_MODEL)  # defines neither callbacks() nor PredictionOutputsProcessor
+    assert (spec.callbacks, spec.prediction_outputs_processor) == (None, None)
+    with pytest.raises(ConfigError, match=r"lacks 'on_epoch' \(--callbacks\)"):
+        load_model_spec(DIGITS_MODEL, ModelOptions(callbacks="on_epoch"))
+    with pytest.raises(ConfigError, match=r"lacks 'Writer' \(--prediction-outputs-processor\)"):
+        load_model_spec(DIGITS_MODEL, ModelOptions(prediction_outputs_processor="Writer"))
+
+
 def test_dotted_names_resolve_in_the_model_zoo() -> None:
     spec = load_model_spec(
         ZOO_MODEL, ModelOptions(model_zoo=str(ZOO), optimizer="digits.optimizers.momentum_sgd")
@@ -190,6 +201,8 @@ def test_model_params_parse_as_python_literals() -> None:
         (["--custom-data-reader", "reader"], "--custom-data-reader reader: model definition"),
         (["--model-zoo", "/no/such/zoo"], "--model-zoo /no/such/zoo: no such folder"),
         (["--loss", "nothing"], "lacks 'nothing'"),
+        (["--callbacks", "nosuch"], "lacks 'nosuch' (--callbacks)"),
+        (["--prediction-outputs-processor", "nosuch"], "lacks 'nosuch' (--prediction-outputs-processor)"),
     ],
 )
 def test_bad_model_flags_fail_with_one_line(

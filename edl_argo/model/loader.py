@@ -6,8 +6,9 @@ dotted ``package.module.factory_name`` importable from ``sys.path``, a model in 
 (``s3://bucket/models/file.py[:factory_name]``, see :mod:`edl_argo.model.source`), or with ``--model-zoo
 DIR`` a dotted ``module.path.factory_name`` naming ``DIR/module/path.py`` (ElasticDL's form; ``DIR`` is put
 on ``sys.path`` so the file can import its neighbours). Every required function is checked at load time,
-and ``--model-params`` against the factory's signature, so that a missing or misspelt name fails before
-any worker or PS starts. A model file's ElasticDL data reader (``custom_data_reader``, or the function
+and so is an optional one (``callbacks``, ``PredictionOutputsProcessor``) that a flag names, and
+``--model-params`` against the factory's signature, so that a missing or misspelt name fails before any
+worker or PS starts. A model file's ElasticDL data reader (``custom_data_reader``, or the function
 ``--custom-data-reader`` names) is found here too (:attr:`ModelSpec.custom_data_reader`); the job's data
 is then read by it (:mod:`edl_argo.readers.custom`).
 """
@@ -33,6 +34,9 @@ from edl_argo.model.user_code import model_function
 
 #: The function a model file defines to read its own data (ElasticDL's default name).
 DEFAULT_DATA_READER = "custom_data_reader"
+#: The roles a model file may leave out (fields of :class:`ModelOptions`): looked up by their default name
+#: when their flag is not given, and required, as every other function, under the name a flag gives them.
+OPTIONAL_ROLES = ("callbacks", "prediction_outputs_processor")
 
 
 @dataclass(frozen=True)
@@ -92,17 +96,20 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
         "optimizer": options.optimizer,
         "eval_metrics_fn": options.eval_metrics_fn,
     }
-    found = {role: _lookup(module, name, options) for role, name in names.items()}
-    missing = [names[role] for role, value in found.items() if not callable(value)]
+    optional = {role: getattr(options, role) for role in OPTIONAL_ROLES}
+    found = {role: _lookup(module, name, options) for role, name in {**names, **optional}.items()}
+    defaults = ModelOptions()
+    named_by_flag = {role: name for role, name in optional.items() if name != getattr(defaults, role)}
+    required = {**names, **named_by_flag}
+    missing = [f"{name!r} ({_flag_of(role)})" for role, name in required.items() if not callable(found[role])]
     if missing:
         raise ConfigError(
-            f"model definition {model_def} lacks {', '.join(repr(n) for n in missing)}; it must define "
+            f"model definition {model_def} lacks {', '.join(missing)}; it must define "
             f"{factory_name}(), feed(dataset, mode, metadata) (or dataset_fn), loss(labels, predictions), "
-            "optimizer() and eval_metrics_fn(); the flags --feed, --loss, --optimizer and --eval-metrics-fn "
-            "rename them"
+            "optimizer(), eval_metrics_fn() and what a flag names; the flags --feed, --loss, --optimizer, "
+            "--eval-metrics-fn, --callbacks and --prediction-outputs-processor rename them"
         )
-    callbacks = _lookup(module, options.callbacks, options)
-    processor = _lookup(module, options.prediction_outputs_processor, options)
+    callbacks, processor = found["callbacks"], found["prediction_outputs_processor"]
     if processor is not None and not isinstance(processor, type):
         raise ConfigError(
             f"model definition {model_def}: {options.prediction_outputs_processor} must be a class"
@@ -123,6 +130,11 @@ def load_model_spec(model_def: str, options: ModelOptions | None = None) -> Mode
         names=names,
         custom_data_reader=reader_name,
     )
+
+
+def _flag_of(role: str) -> str:
+    """The flag that names the function of ``role``: a field of :class:`ModelOptions`, or ``custom_model``."""
+    return "--model-def" if role == "custom_model" else "--" + role.replace("_", "-")
 
 
 def load_model_function(model_def: str, name: str, model_zoo: str = "") -> Callable[..., Any]:
