@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from edl_argo.cpu_limit import size_tensorflow_threads
-from edl_argo.errors import ConfigError
+from edl_argo.errors import ConfigError, EdlError
 from edl_argo.flags import add_flag, positive_int
 from edl_argo.json_values import dumps
 from edl_argo.log import get_logger
@@ -47,6 +47,7 @@ from edl_argo.model.outputs import (
     output_names,
     prediction_lines,
 )
+from edl_argo.model.user_code import model_error_of
 from edl_argo.progress import ProgressReporter
 from edl_argo.readers import OpenedDataset, open_data, parse_data_options
 from edl_argo.settings import add_data_settings
@@ -207,13 +208,22 @@ class Inference:
 
     @contextmanager
     def naming(self, shard: str, first: int, last: int) -> Iterator[None]:
-        """Turns TensorFlow's and Keras's errors about the data into one ConfigError naming the shard."""
+        """Turns an error of the model file's code (a model error, :mod:`edl_argo.model.user_code`: e.g.
+        ``feed`` failing while it is traced), and TensorFlow's and Keras's errors about the data, into one
+        ConfigError naming the shard; a model error's names the model file and function, as training's."""
         try:
             yield
-        except (ValueError, TypeError, *_tf_errors()) as error:
+        except EdlError:
+            raise
+        except Exception as error:
+            where = f"shard {self.data.describe(shard)}, records {first}-{last - 1}"
+            found = model_error_of(error)
+            if found is not None:
+                raise ConfigError(f"{found} ({where})") from None
+            if not isinstance(error, (ValueError, TypeError, *_tf_errors())):
+                raise
             raise ConfigError(
-                f"--model-def {self.spec.source} does not fit the data of shard {self.data.describe(shard)} "
-                f"(records {first}-{last - 1}): {_reason(error)}"
+                f"--model-def {self.spec.source} does not fit the data of {where}: {_reason(error)}"
             ) from None
 
 

@@ -391,6 +391,31 @@ def test_a_model_file_that_does_not_fit_the_data_is_named_with_the_shard(
     assert not output.exists()
 
 
+@pytest.mark.parametrize("command", ["evaluate", "predict"])
+def test_an_error_of_feed_while_it_is_traced_names_the_model_file_function_and_shard(
+    command: str, data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As training reports it: the model file, ``feed``, the error, then where (here: the first shard)."""
+    _, model_url = publish("functional", tmp_path / "job", data)
+    wrong = functional_with_feed(  # asks for a feature the records do not have
+        tmp_path / "missing_feature.py",
+        "import tensorflow as tf\n"
+        "def feed(dataset, mode, _metadata):\n"
+        "    def parse(record):\n"
+        "        parsed = tf.io.parse_single_example(record, {'x': tf.io.FixedLenFeature([4], tf.float32)})\n"
+        "        return parsed['p0']\n"
+        "    return dataset.map(parse)\n",
+    )
+    args = ["--model", model_url, "--model-def", str(wrong), "--data", str(data.root)]
+
+    code, _, err = run(capsys, command, *args, "--output", str(tmp_path / "out"))
+
+    assert code == 2, err
+    line = error_line(err, command)
+    assert f": error: model file {wrong}, function feed: KeyError: 'p0' (shard {data.root}/v-" in line, line
+    assert line.endswith(f"/{SHARDS[0]}, records 0-9)"), line
+
+
 def test_a_misspelt_prediction_outputs_processor_is_refused(
     data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
