@@ -25,7 +25,9 @@ an earlier prediction output: any other file there makes ``predict`` refuse befo
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -47,7 +49,7 @@ from edl_argo.model.outputs import (
     output_names,
     prediction_lines,
 )
-from edl_argo.model.user_code import model_error_of
+from edl_argo.model.user_code import MAX_ERROR_CHARS, model_error_of
 from edl_argo.progress import ProgressReporter
 from edl_argo.readers import OpenedDataset, open_data, parse_data_options
 from edl_argo.settings import add_data_settings
@@ -194,15 +196,21 @@ class Inference:
         with tempfile.TemporaryDirectory(prefix="edl-model-") as tmp:
             path = Path(tmp) / KERAS_FILE
             self._storage.download(key, path)
-            try:
-                model.load_weights(path)
-            except (zipfile.BadZipFile, EOFError, OSError, KeyError) as error:
-                raise ConfigError(f"--model {url}: not a readable Keras file ({_reason(error)})") from None
-            except ValueError as error:
-                raise ConfigError(
-                    f"--model {url}: its weights do not fit the model of --model-def {self.spec.source}: "
-                    f"{_reason(error)}"
-                ) from None
+            # Keras warns about the parts it skips before it fails: the error says what does not fit.
+            with warnings.catch_warnings(record=True) as warned:
+                try:
+                    model.load_weights(path)
+                except (zipfile.BadZipFile, EOFError, OSError, KeyError) as error:
+                    raise ConfigError(
+                        f"--model {url}: not a readable Keras file ({_reason(error)})"
+                    ) from None
+                except ValueError as error:
+                    raise ConfigError(
+                        f"--model {url}: its weights do not fit the model of --model-def {self.spec.source}: "
+                        f"{_weights_mismatch(error)}"
+                    ) from None
+            for warning in warned:  # a load that succeeded warns as it would have
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
         log.info("model_loaded", model=url, model_def=self.spec.source)
         return model
 
@@ -231,6 +239,37 @@ def _tf_errors() -> tuple[type[BaseException], ...]:
     import tensorflow as tf
 
     return (tf.errors.OpError,)
+
+
+#: Keras's error for weights that do not fit the model (keras/src/saving/saving_lib.py,
+#: ``_raise_loading_failure``): how many objects failed, the first one's error, then the list of them.
+_OBJECTS_NOT_LOADED = re.compile(r"^A total of (\d+) objects could not be loaded\.")
+_OBJECTS_LIST = "List of objects that could not be loaded:"
+_OBJECT_NAME = re.compile(r"<\w+ name=([^,>]+)")
+#: The error of a variable whose shape differs: the model's shape, the file's, the variable's path.
+_SHAPE_MISMATCH = re.compile(
+    r"variable\.shape=(\(.*?\)), Received: value\.shape=(\(.*?\))\. Target variable: <Variable path=([^,>]+)"
+)
+
+
+def _weights_mismatch(error: ValueError) -> str:
+    """Keras's error about weights that do not fit the model, as one line: how many of its objects (layers)
+    could not be loaded, named, and the first one's reason (for a shape: the variable, its shape in the
+    file and in the model); an error in another form as :func:`_reason` gives it."""
+    text = str(error)
+    counted = _OBJECTS_NOT_LOADED.match(text)
+    if counted is None:
+        return _reason(error)
+    example, _, listed = text.partition(_OBJECTS_LIST)
+    shapes = _SHAPE_MISMATCH.search(example)
+    if shapes is not None:
+        model_shape, saved_shape, variable = shapes.groups()
+        first = f"variable {variable} has shape {saved_shape} in the file, {model_shape} in the model"
+    else:
+        lines = [line.strip() for line in example.splitlines()[1:] if line.strip()]
+        first = lines[0] if lines else "(Keras gave no reason)"
+    names = ", ".join(_OBJECT_NAME.findall(listed))
+    return f"{counted[1]} objects could not be loaded ({names}); the first: {first}"[:MAX_ERROR_CHARS]
 
 
 def _reason(error: BaseException) -> str:

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -485,6 +486,38 @@ def test_weights_of_another_model_are_refused(
     assert code == 2
     line = error_line(err, "evaluate")
     assert str(model_dir(Path(model_url).parent) / KERAS_FILE) in line and KINDS["list_output"] in line
+
+
+def test_weights_of_a_model_with_another_layer_width_say_which_variable_differs(
+    data: Data, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Keras's error names the first variable whose shape differs at its end, after its own warnings."""
+    _, model_url = publish("functional", tmp_path / "job", data)
+    wider = tmp_path / "wider.py"
+    wider.write_text(
+        "import keras\n"
+        "from importlib.machinery import SourceFileLoader\n"
+        f"_simple = SourceFileLoader('simple_fixture', {SIMPLE!r}).load_module()\n"
+        "loss, optimizer, eval_metrics_fn, feed = (\n"
+        "    _simple.loss, _simple.optimizer, _simple.eval_metrics_fn, _simple.feed)\n"
+        "def custom_model():\n"
+        "    inputs = keras.Input(shape=(4,), name='x')\n"
+        "    hidden = keras.layers.Dense(16, activation='tanh')(inputs)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(3, name='logits')(hidden))\n"
+    )
+    args = ["--model", model_url, "--model-def", str(wider), "--data", str(data.root)]
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        code, _, err = run(capsys, "evaluate", *args)
+
+    assert code == 2
+    line = error_line(err, "evaluate")
+    assert line.endswith(
+        f"do not fit the model of --model-def {wider}: 2 objects could not be loaded (dense, logits); "
+        "the first: variable dense/kernel has shape (4, 8) in the file, (4, 16) in the model"
+    ), line
+    assert not [w for w in warned if "saving" in w.filename], [str(w.message) for w in warned]
 
 
 def test_nan_metric_is_written_as_null(
