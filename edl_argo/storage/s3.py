@@ -136,10 +136,11 @@ class S3Storage(Storage):
         self.url = url
         self.bucket = parts.netloc
         try:
-            check_bucket_name(self.bucket)
+            check_bucket_name(self.bucket, strict=True)
         except ValueError:
             raise StorageError(
-                f"invalid S3 URL {url!r}: {self.bucket!r} is not a valid bucket name"
+                f"invalid S3 URL {url!r}: {self.bucket!r} is not a valid bucket name (3 to 63 lowercase "
+                "letters, digits, '.' and '-', starting and ending with a letter or digit)"
             ) from None
         self.prefix = normalize_key(parts.path)
         self.endpoint, host, secure = _endpoint_from_env()
