@@ -166,6 +166,23 @@ def test_unreachable_database_is_one_line() -> None:
         open_data(url, "sql", {"connect_timeout": "2"})
 
 
+@pytest.mark.parametrize(
+    ("database", "named"),
+    [
+        ("foo://x", "unsupported database dialect 'foo'"),
+        ("postgresql+nodriver://h/d", "unsupported database dialect 'postgresql+nodriver'"),
+        ("sqlite+pysqlcipher:///x.db", "the driver of 'sqlite+pysqlcipher' is not installed"),
+    ],
+)
+def test_a_database_without_a_dialect_or_driver_here_is_one_line_naming_it(database: str, named: str) -> None:
+    url = f"{database}#t"
+    with pytest.raises(ConfigError) as caught:
+        open_data(url, "sql", {}, what="--training-data")
+    message = str(caught.value)
+    assert message.startswith(f"--training-data {url}: {named}"), message
+    assert "postgresql" in message.removeprefix(f"--training-data {url}: {named}")  # what can be used
+
+
 def test_a_password_in_the_url_is_refused_and_the_environment_gives_it(monkeypatch) -> None:
     with pytest.raises(ConfigError, match="EDL_DB_PASSWORD") as caught:
         SqlSource.parse("postgresql://postgres:hunter2@127.0.0.1:5432/test#census")

@@ -26,6 +26,7 @@ from edl_argo.sqlflow import command
 from edl_argo.sqlflow.parser import parse
 from edl_argo.sqlflow.premade import PremadeModel
 from edl_argo.storage import open_storage
+from tests.test_cli import error_lines, run_cli
 
 db = pytest.fixture(params=DATABASES)(tables_of)
 ROWS = 2000
@@ -195,3 +196,22 @@ def test_to_train_runs_a_job(db: Tables, tmp_path: Path) -> None:
         parse(f"SELECT * FROM {table} TO PREDICT {pred}.income USING m"), db.url, models
     )
     assert len(rows_of(db, pred)) == ROWS
+
+
+@pytest.mark.parametrize(
+    "command_line",
+    [
+        ["sql", "--db", "foo://x", "--models", "models", "SELECT * FROM t TO PREDICT p.income USING m"],
+        ["sql", "--db", "foo://x", "--models", "models", "SELECT * FROM t TO TRAIN DNNClassifier INTO m"],
+        ["data", "census", "--db", "foo://x", "--table", "t"],
+    ],
+)
+def test_a_database_edl_argo_cannot_use_is_one_line_naming_db(
+    capsys, tmp_path: Path, monkeypatch, command_line: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *command_line)
+    assert code == 2
+    (line,) = error_lines(err)
+    assert ": error: --db foo://x: unsupported database dialect 'foo'" in line, err
+    assert list(tmp_path.iterdir()) == []

@@ -81,6 +81,8 @@ INDEX_STRIDE = 64
 SCHEMA_SAMPLE = 1000
 #: The one shard of a SQL dataset.
 SHARD = "0"
+#: The databases whose drivers are installed with edl-argo, as errors list them.
+INSTALLED_DATABASES = "sqlite, postgresql (psycopg2), mysql and mariadb (pymysql)"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_STATEMENT_TIMEOUT = 600.0
 _OPTIONS = ("key", "columns", "fill_missing", "connect_timeout", "statement_timeout")
@@ -114,16 +116,7 @@ class SqlSource:
                 f"{label}: a SQL dataset URL names its table or query after '#' (db-url#table or "
                 "db-url#SELECT ...)"
             )
-        try:
-            parsed = make_url(database)
-        except (sa_exc.ArgumentError, ValueError) as error:
-            raise ConfigError(f"{label}: not a database URL: {_first_line(error)}") from None
-        if parsed.password is not None:
-            raise ConfigError(
-                f"{what + ' ' if what else ''}{parsed.render_as_string(hide_password=True)}: a database URL "
-                f"must not carry a password; set the environment variable {PASSWORD_ENV} (--db-secret in "
-                "pods)"
-            )
+        parse_database(database, what)
         if _QUERY.match(fragment):
             return cls(url, database, query=fragment.rstrip(";").strip())
         parts = fragment.split(".")
@@ -133,6 +126,22 @@ class SqlSource:
                 "(SELECT ... or WITH ...)"
             )
         return cls(url, database, table=fragment)
+
+
+def parse_database(database: str, what: str = "") -> URL:
+    """``database`` as a SQLAlchemy URL; ConfigError naming it (after ``what``, the flag or clause that gave
+    it) if it is not a URL or carries a password (shown hidden)."""
+    try:
+        parsed = make_url(database)
+    except (sa_exc.ArgumentError, ValueError) as error:
+        label = f"{what} {database}" if what else database
+        raise ConfigError(f"{label}: not a database URL: {_first_line(error)}") from None
+    if parsed.password is not None:
+        raise ConfigError(
+            f"{what + ' ' if what else ''}{parsed.render_as_string(hide_password=True)}: a database URL "
+            f"must not carry a password; set the environment variable {PASSWORD_ENV} (--db-secret in pods)"
+        )
+    return parsed
 
 
 def _first_line(error: BaseException) -> str:
@@ -176,9 +185,13 @@ _ENGINES: dict[tuple[str, str, float, float], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def engine_for(database: str, connect_timeout: float, statement_timeout: float) -> Engine:
+def engine_for(database: str, connect_timeout: float, statement_timeout: float, label: str = "") -> Engine:
     """One engine per database URL and timeouts in this process (a worker reads every task through it):
-    ``pool_pre_ping`` drops connections the server closed, and every call has a deadline."""
+    ``pool_pre_ping`` drops connections the server closed, and every call has a deadline.
+
+    Every engine of edl-argo is made here, for a ``database`` :func:`parse_database` accepted. One whose
+    dialect or driver this installation lacks is a ConfigError starting with ``label`` (default: the URL;
+    e.g. ``--db URL``, the flag that gave it). Nothing connects before the first statement."""
     password = os.environ.get(PASSWORD_ENV, "")
     cache_key = (database, password, connect_timeout, statement_timeout)
     with _ENGINES_LOCK:
@@ -200,11 +213,27 @@ def engine_for(database: str, connect_timeout: float, statement_timeout: float) 
             }
         elif backend == "sqlite":
             connect_args = {"timeout": connect_timeout}
-        engine = sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+        engine = _create_engine(url, connect_args, label or database)
         if backend == "sqlite":
             _sqlite_deadline(engine, statement_timeout)
         _ENGINES[cache_key] = engine
         return engine
+
+
+def _create_engine(url: URL, connect_args: dict[str, Any], label: str) -> Engine:
+    """``sa.create_engine`` (which loads the dialect and imports its driver); ConfigError naming ``label``
+    for a dialect SQLAlchemy does not know or a driver that is not installed."""
+    try:
+        return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    except sa_exc.NoSuchModuleError:
+        raise ConfigError(
+            f"{label}: unsupported database dialect {url.drivername!r} (edl-argo reads {INSTALLED_DATABASES})"
+        ) from None
+    except ImportError as error:
+        raise ConfigError(
+            f"{label}: the driver of {url.drivername!r} is not installed ({error}); edl-argo reads "
+            f"{INSTALLED_DATABASES}"
+        ) from None
 
 
 def _sqlite_deadline(engine: Engine, seconds: float) -> None:
@@ -240,6 +269,7 @@ class SqlTable:
             source.database,
             _seconds(options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
             _seconds(options, "statement_timeout", DEFAULT_STATEMENT_TIMEOUT),
+            self.label,
         )
         self._quote = self.engine.dialect.identifier_preparer.quote
 

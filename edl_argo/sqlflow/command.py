@@ -99,9 +99,24 @@ def _check_attrs(statement: Statement, allowed: Sequence[str], prefixes: Sequenc
             )
 
 
-def _dataset_url(db: str, select: str) -> str:
+def _check_database(db: str) -> None:
+    """``--db``, checked before a statement does anything: a database URL without '#' nor password whose
+    dialect and driver are installed; ConfigError naming ``--db`` otherwise."""
+    from edl_argo.readers.sql import (
+        DEFAULT_CONNECT_TIMEOUT,
+        DEFAULT_STATEMENT_TIMEOUT,
+        engine_for,
+        parse_database,
+    )
+
     if "#" in db:
         raise ConfigError(f"--db {db}: a database URL, without '#' (the statement's SELECT is the dataset)")
+    parse_database(db, "--db")
+    engine_for(db, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, f"--db {db}")
+
+
+def _dataset_url(db: str, select: str) -> str:
+    """The SQL reader's URL of ``select`` in the database ``db`` (a :func:`_check_database` one)."""
     return f"{db}#{select}"
 
 
@@ -134,6 +149,7 @@ def plan_training(statement: TrainStatement, db: str, models: str, extra: Sequen
     from edl_argo.sqlflow.columns import build
     from edl_argo.sqlflow.premade import PremadeModel, model_file_text
 
+    _check_database(db)
     _check_attrs(statement, TRAIN_ATTRS, ("model.",))
     attrs = statement.attrs
     params = {k.removeprefix("model."): v for k, v in attrs.items() if k.startswith("model.")}
@@ -295,6 +311,7 @@ def predict_statement(statement: PredictStatement, db: str, models: str) -> int:
     from edl_argo.model import Mode
     from edl_argo.readers import open_data
 
+    _check_database(db)
     _check_attrs(statement, PREDICT_ATTRS)
     overwrite = statement.attrs.get("predict.overwrite", False) is True
     batch_size = _positive(statement.attrs.get("predict.batch_size", 256), "predict.batch_size")
@@ -345,6 +362,7 @@ def evaluate_statement(statement: EvaluateStatement, db: str, models: str) -> di
     from edl_argo.model.outputs import named_arrays
     from edl_argo.readers import open_data
 
+    _check_database(db)
     _check_attrs(statement, EVALUATE_ATTRS)
     model = TrainedModel.load(models, statement.model)
     premade = model.premade
