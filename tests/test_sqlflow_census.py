@@ -18,7 +18,7 @@ from contract_training import train_in_process
 from sql_helpers import DATABASES, Tables, tables_of
 
 from edl_argo.data.census import write_census
-from edl_argo.errors import ConfigError
+from edl_argo.errors import ConfigError, StorageError
 from edl_argo.master.export import publish_model
 from edl_argo.model import Mode
 from edl_argo.readers import open_data
@@ -181,6 +181,21 @@ def test_statement_errors_before_anything_starts(tmp_path: Path) -> None:
         command.predict_statement(
             parse(f"SELECT * FROM {table} TO PREDICT p.x USING nothing"), tables.url, models
         )
+    tables.drop_all()
+
+
+def test_using_a_model_in_unreachable_storage_says_so_not_that_there_is_none(
+    tmp_path: Path, monkeypatch
+) -> None:
+    tables = Tables(f"sqlite:///{tmp_path / 'c.db'}")
+    table = make_census(tables, rows=10)
+    monkeypatch.setenv("EDL_S3_ENDPOINT", "http://127.0.0.1:1")
+    monkeypatch.setenv("EDL_STORAGE_RETRY_SECONDS", "1")
+    statement = parse(f"SELECT * FROM {table} TO PREDICT p.income USING census_model")
+    with pytest.raises(StorageError) as caught:
+        command.predict_statement(statement, tables.url, "s3://bkt/models")
+    assert str(caught.value).startswith("USING census_model: cannot reach S3 endpoint http://127.0.0.1:1")
+    assert not has_table(tables, "p")
     tables.drop_all()
 
 

@@ -217,14 +217,18 @@ class TrainedModel:
 
     @classmethod
     def load(cls, models: str, name: str) -> TrainedModel:
+        """The model ``name`` under ``models``: ConfigError if TO TRAIN wrote none there, StorageError (with
+        the storage's own message) if it cannot be read."""
         from edl_argo.model import load_model_spec
         from edl_argo.storage import ObjectNotFoundError, StorageError, open_storage
 
         url = _model_dir(models, name)
         try:
             text = open_storage(url).read(MODEL_FILE)
-        except (ObjectNotFoundError, StorageError):
+        except ObjectNotFoundError:
             raise ConfigError(f"USING {name}: no model trained by TO TRAIN at {url}") from None
+        except StorageError as error:  # unreachable, denied, ...: not a missing model
+            raise StorageError(f"USING {name}: {error}") from None
         with tempfile.TemporaryDirectory(prefix="edl-sqlflow-") as tmp:
             path = Path(tmp) / MODEL_FILE
             path.write_bytes(text)
