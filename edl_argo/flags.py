@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
+
+from edl_argo.errors import ConfigError
 
 
 def command_in(argv: Sequence[str]) -> str | None:
@@ -29,6 +31,20 @@ def add_flag(
                 names.append(spelling)
     kwargs.setdefault("dest", name.lstrip("-").replace("-", "_"))
     parser.add_argument(*names, **kwargs)
+
+
+class BuiltArgumentParser(argparse.ArgumentParser):
+    """A parser of an argument list a command builds (``sql``'s ``edl-argo train`` arguments), not of its
+    own command line: it prints nothing and never exits. An argument's bad value raises
+    ``argparse.ArgumentError`` (its ``argument_name`` says which flag), any other error (an unrecognized
+    argument, a missing one) :class:`ConfigError` with argparse's message; the caller adds what the user wrote
+    that went into the list. No ``-h`` and no abbreviations: every flag is given by one of its names."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog=prog, add_help=False, allow_abbrev=False, exit_on_error=False)
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
 
 
 def _bounded_int(minimum: int) -> Any:

@@ -184,6 +184,43 @@ def test_statement_errors_before_anything_starts(tmp_path: Path) -> None:
     tables.drop_all()
 
 
+@pytest.mark.parametrize(
+    ("settings", "train_flags", "message"),
+    [
+        ("WITH train.epoch=0", "", "WITH train.epoch=0: 0 is less than 1"),
+        ("WITH train.strategy=Sync", "", "WITH train.strategy=Sync: invalid choice: 'Sync'"),
+        ("", "--num-workers abc", "--train-flags: argument --num-workers/--num_workers: 'abc' is not an"),
+        ("", '"unclosed', '--train-flags: unrecognized arguments: "unclosed'),
+        ("", "--outp x", "--train-flags: unrecognized arguments: --outp x"),
+        ("", "-h", "--train-flags: unrecognized arguments: -h"),
+        ("", "--yaml true", "--yaml prints Kubernetes manifests: it needs --backend kubernetes"),
+    ],
+)
+def test_bad_training_settings_are_one_line_naming_what_the_statement_or_train_flags_said(
+    capsys, tmp_path: Path, monkeypatch, settings: str, train_flags: str, message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where a misread relative --output would train
+    tables = Tables(f"sqlite:///{tmp_path / 'c.db'}")
+    table = make_census(tables, rows=50)
+    models = tmp_path / "models"
+    code, out, err = run_cli(
+        capsys,
+        "sql",
+        "--db",
+        tables.url,
+        "--models",
+        str(models),
+        f"--train-flags={train_flags}",
+        f"SELECT * FROM {table} TO TRAIN DNNClassifier {settings} LABEL income INTO m",
+    )
+    assert code == 2
+    (line,) = error_lines(err)
+    assert line.startswith(f"edl-argo sql: error: {message}"), err
+    assert "usage" not in out + err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.db"]
+    tables.drop_all()
+
+
 def test_using_a_model_in_unreachable_storage_says_so_not_that_there_is_none(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -136,15 +136,18 @@ def _model_dir(models: str, name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TrainPlan:
-    """What a TO TRAIN runs: the model file's text, where it goes, and the ``edl-argo train`` arguments."""
+    """What a TO TRAIN runs: the model file's text, where it goes, and the ``edl-argo train`` arguments (as
+    a list, and parsed)."""
 
     model_file: str
     model_url: str
     argv: list[str]
+    args: argparse.Namespace
 
 
 def plan_training(statement: TrainStatement, db: str, models: str, extra: Sequence[str] = ()) -> TrainPlan:
     """Check the statement against the data and make the job's arguments (nothing starts here)."""
+    from edl_argo.master.config import config_from_args
     from edl_argo.readers import open_data
     from edl_argo.sqlflow.columns import build
     from edl_argo.sqlflow.premade import PremadeModel, model_file_text
@@ -154,22 +157,6 @@ def plan_training(statement: TrainStatement, db: str, models: str, extra: Sequen
     attrs = statement.attrs
     params = {k.removeprefix("model."): v for k, v in attrs.items() if k.startswith("model.")}
     options = {"key": str(attrs["train.key"])} if "train.key" in attrs else {}
-    opened = open_data(_dataset_url(db, statement.select), "sql", options, what="TO TRAIN")
-    schema = dict(zip(opened.schema.names, opened.schema.dtypes, strict=True))
-    if not statement.label:
-        raise ConfigError(f"TO TRAIN {statement.model}: a LABEL column is needed")
-    if statement.label not in schema:
-        raise ConfigError(f"LABEL: no column {statement.label!r} in the SELECT ({', '.join(schema)})")
-    columns = build(statement.columns, schema, _sample(opened, SAMPLE_ROWS), statement.label)
-    premade = PremadeModel(statement.model, columns, statement.label, params)
-    if premade.classifier and schema[statement.label] not in ("int64", "int32", "bool"):
-        raise ConfigError(
-            f"LABEL {statement.label}: a classifier's label must be an integer class id, not "
-            f"{schema[statement.label]} (map it to ids in the SELECT)"
-        )
-    wanted = attrs.get("validation.metrics")
-    if wanted is not None:
-        _metric_names(premade.eval_metrics_fn(), wanted)
     output = _model_dir(models, statement.into)
     argv = [
         "--training-data",
@@ -186,22 +173,58 @@ def plan_training(statement: TrainStatement, db: str, models: str, extra: Sequen
             argv += [flag, str(attrs[name])]
     if "validation.select" in attrs:
         argv += ["--validation-data", _dataset_url(db, str(attrs["validation.select"]))]
-    return TrainPlan(model_file_text(premade), f"{output}/{MODEL_FILE}", [*argv, *extra])
+    args = _train_args(argv, attrs, extra)
+    config_from_args(args)  # the flags together, checked before the model file is written
+    opened = open_data(_dataset_url(db, statement.select), "sql", options, what="TO TRAIN")
+    schema = dict(zip(opened.schema.names, opened.schema.dtypes, strict=True))
+    if not statement.label:
+        raise ConfigError(f"TO TRAIN {statement.model}: a LABEL column is needed")
+    if statement.label not in schema:
+        raise ConfigError(f"LABEL: no column {statement.label!r} in the SELECT ({', '.join(schema)})")
+    columns = build(statement.columns, schema, _sample(opened, SAMPLE_ROWS), statement.label)
+    premade = PremadeModel(statement.model, columns, statement.label, params)
+    if premade.classifier and schema[statement.label] not in ("int64", "int32", "bool"):
+        raise ConfigError(
+            f"LABEL {statement.label}: a classifier's label must be an integer class id, not "
+            f"{schema[statement.label]} (map it to ids in the SELECT)"
+        )
+    wanted = attrs.get("validation.metrics")
+    if wanted is not None:
+        _metric_names(premade.eval_metrics_fn(), wanted)
+    return TrainPlan(model_file_text(premade), f"{output}/{MODEL_FILE}", [*argv, *extra], args)
+
+
+def _train_args(argv: Sequence[str], attrs: Mapping[str, Any], extra: Sequence[str]) -> argparse.Namespace:
+    """``argv`` (what the statement sets) then ``extra`` (``--train-flags``) parsed as ``edl-argo train``
+    parses its flags. A bad value is a ConfigError naming what the user wrote, ``WITH train.epoch=0: ...``
+    for a value of the statement and ``--train-flags: ...`` for the rest; no usage is printed."""
+    from edl_argo.flags import BuiltArgumentParser
+    from edl_argo.master.config import add_train_flags
+
+    parser = BuiltArgumentParser("edl-argo sql train")
+    add_train_flags(parser)
+    try:
+        return parser.parse_args([*argv, *extra])
+    except argparse.ArgumentError as error:
+        flags = (error.argument_name or "").split("/")
+        for name, flag in TRAIN_FLAGS.items():
+            if name in attrs and flag in flags:
+                raise ConfigError(f"WITH {name}={attrs[name]}: {error.message}") from None
+        raise ConfigError(f"--train-flags: {error}") from None
+    except ConfigError as error:  # not a value: an argument the train command does not take
+        raise ConfigError(f"--train-flags: {error}") from None
 
 
 def run_train_statement(statement: TrainStatement, db: str, models: str, extra: Sequence[str] = ()) -> int:
     """Plan, write the model file, and run the training job in this process (its master)."""
-    from edl_argo.master import command
+    from edl_argo.master.command import run_train
     from edl_argo.storage import open_storage
 
     plan = plan_training(statement, db, models, extra)
-    parser = argparse.ArgumentParser(prog="edl-argo sql")
-    command.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["train", *plan.argv])
     storage = open_storage(_model_dir(models, statement.into))
     storage.write(MODEL_FILE, plan.model_file.encode())
     log.info("sqlflow_train", model=statement.model, into=plan.model_url)
-    return int(args.run(args) or 0)
+    return int(run_train(plan.args) or 0)
 
 
 # --- the trained model ------
