@@ -221,6 +221,45 @@ def test_bad_training_settings_are_one_line_naming_what_the_statement_or_train_f
     tables.drop_all()
 
 
+@pytest.mark.parametrize(
+    ("settings", "train_flags", "message"),
+    [
+        ("", ["--output", "elsewhere"], "--train-flags --output: edl-argo sql sets --output itself"),
+        ("", ["--output=elsewhere"], "--train-flags --output: edl-argo sql sets --output itself"),
+        ("", ["--model_def", "m.py"], "--train-flags --model_def: edl-argo sql sets --model-def itself"),
+        ("", ["--training-data", "d"], "--train-flags --training-data: edl-argo sql sets --training-data"),
+        ("", ["--validation-data", "d"], "--train-flags --validation-data: edl-argo sql sets --validation"),
+        ("", ["--data-format", "csv"], "--train-flags --data-format: edl-argo sql sets --data-format"),
+        ("", ["--data-options", "key=id"], "--train-flags --data-options: edl-argo sql sets --data-options"),
+        (
+            "WITH train.workers=1",
+            ["--num-workers", "2"],
+            "--train-flags --num-workers: edl-argo sql sets --num-workers itself, from WITH train.workers",
+        ),
+    ],
+)
+def test_train_flags_that_sql_sets_itself_are_refused(
+    tmp_path: Path, settings: str, train_flags: list[str], message: str
+) -> None:
+    tables = Tables(f"sqlite:///{tmp_path / 'c.db'}")
+    table = make_census(tables, rows=50)
+    statement = parse(f"SELECT * FROM {table} TO TRAIN DNNClassifier {settings} LABEL income INTO m")
+    with pytest.raises(ConfigError) as caught:  # planned only: a flag let through would run a job
+        command.plan_training(statement, tables.url, str(tmp_path / "models"), train_flags)
+    assert str(caught.value).startswith(message), str(caught.value)
+    tables.drop_all()
+
+
+def test_train_flags_the_statement_leaves_open_are_taken(tmp_path: Path) -> None:
+    tables = Tables(f"sqlite:///{tmp_path / 'c.db'}")
+    table = make_census(tables, rows=50)
+    statement = parse(f"SELECT * FROM {table} TO TRAIN DNNClassifier WITH train.epoch=3 LABEL income INTO m")
+    plan = command.plan_training(statement, tables.url, str(tmp_path / "models"), ["--num-workers", "2"])
+    assert (plan.args.num_workers, plan.args.num_epochs) == (2, 3)
+    assert plan.args.output == str(tmp_path / "models" / "m")
+    tables.drop_all()
+
+
 def test_using_a_model_in_unreachable_storage_says_so_not_that_there_is_none(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -9,6 +9,8 @@
   (--distribution-strategy), ``train.key`` (the SQL reader's key column: O(range) reads),
   ``validation.select`` (--validation-data, a SELECT of the same database) and ``validation.metrics``
   (checked against the model's metrics). Anything else is a one-line error before anything starts.
+  ``--train-flags`` adds ``edl-argo train`` flags (``--num-workers 2``, ``--backend kubernetes``) but none
+  that the statement sets (:data:`SQL_SET_FLAGS`, and a flag its WITH sets): those are one-line errors too.
 - ``TO PREDICT table.column USING name`` writes a new table: the SELECT's columns plus ``column`` (the
   class id or value). Rows are written in batches into a temporary table that is renamed to ``table`` only
   once every row is in, so the table is complete or absent. An existing ``table`` is an error unless
@@ -49,6 +51,16 @@ TRAIN_FLAGS = {
     "train.workers": "--num-workers",
     "train.ps": "--num-ps",
     "train.strategy": "--distribution-strategy",
+}
+#: ``edl-argo train`` flags that ``sql`` sets itself (or leaves out on purpose: the data are the statement's),
+#: and what sets them; ``--train-flags`` may not give them, nor a flag of :data:`TRAIN_FLAGS` its WITH sets.
+SQL_SET_FLAGS = {
+    "--training-data": "the SELECT",
+    "--validation-data": "WITH validation.select",
+    "--data-format": "the SELECT (sql)",
+    "--data-options": "WITH train.key",
+    "--model-def": "the statement",
+    "--output": "--models and INTO",
 }
 TRAIN_ATTRS = (*TRAIN_FLAGS, "train.key", "validation.select", "validation.metrics")
 PREDICT_ATTRS = ("predict.overwrite", "predict.batch_size")
@@ -203,6 +215,7 @@ def _train_args(argv: Sequence[str], attrs: Mapping[str, Any], extra: Sequence[s
 
     parser = BuiltArgumentParser("edl-argo sql train")
     add_train_flags(parser)
+    _refuse_flags_sql_sets(parser, attrs, extra)
     try:
         return parser.parse_args([*argv, *extra])
     except argparse.ArgumentError as error:
@@ -213,6 +226,25 @@ def _train_args(argv: Sequence[str], attrs: Mapping[str, Any], extra: Sequence[s
         raise ConfigError(f"--train-flags: {error}") from None
     except ConfigError as error:  # not a value: an argument the train command does not take
         raise ConfigError(f"--train-flags: {error}") from None
+
+
+def _refuse_flags_sql_sets(
+    parser: argparse.ArgumentParser, attrs: Mapping[str, Any], extra: Sequence[str]
+) -> None:
+    """ConfigError for the first of ``extra`` (``--train-flags``) that gives a flag of :data:`SQL_SET_FLAGS`
+    or one the statement's WITH sets, by any of its names (``--output``, ``--output=x``, ``--model_def``)."""
+    setters = dict(SQL_SET_FLAGS)
+    setters |= {flag: f"WITH {name}" for name, flag in TRAIN_FLAGS.items() if name in attrs}
+    actions = parser._option_string_actions  # every name of every flag (argparse has no public map)
+    by_dest = {actions[flag].dest: (flag, setter) for flag, setter in setters.items()}
+    for written in extra:
+        name = written.partition("=")[0]
+        action = actions.get(name)
+        if action is not None and action.dest in by_dest:
+            flag, setter = by_dest[action.dest]
+            raise ConfigError(
+                f"--train-flags {name}: edl-argo sql sets {flag} itself, from {setter}; leave it out"
+            )
 
 
 def run_train_statement(statement: TrainStatement, db: str, models: str, extra: Sequence[str] = ()) -> int:
