@@ -183,6 +183,18 @@ def test_a_database_without_a_dialect_or_driver_here_is_one_line_naming_it(datab
     assert "postgresql" in message.removeprefix(f"--training-data {url}: {named}")  # what can be used
 
 
+def test_reading_a_sqlite_database_that_is_not_there_makes_none(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for path in (tmp_path / "nosuch.db", tmp_path / "nodir" / "x.db", "relative.db"):
+        url = f"sqlite:///{path}#t"
+        with pytest.raises(ConfigError) as caught:
+            open_data(url, "sql", {}, what="--training-data")
+        assert str(caught.value) == f"--training-data {url}: no SQLite database at {path}"
+        with pytest.raises(ConfigError, match=f"no SQLite database at {path}"):
+            range_reader(ReaderSpec("sql", url))  # a worker's reader
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_password_in_the_url_is_refused_and_the_environment_gives_it(monkeypatch) -> None:
     with pytest.raises(ConfigError, match="EDL_DB_PASSWORD") as caught:
         SqlSource.parse("postgresql://postgres:hunter2@127.0.0.1:5432/test#census")

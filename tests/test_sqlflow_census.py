@@ -260,6 +260,28 @@ def test_train_flags_the_statement_leaves_open_are_taken(tmp_path: Path) -> None
     tables.drop_all()
 
 
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT * FROM t TO PREDICT p.income USING census_model",
+        "SELECT * FROM t TO EVALUATE census_model LABEL income INTO e",
+        "SELECT * FROM t TO TRAIN DNNClassifier LABEL income INTO m",
+    ],
+)
+def test_a_statement_on_a_sqlite_database_that_is_not_there_makes_none(
+    capsys, tmp_path: Path, statement: str
+) -> None:
+    missing = tmp_path / "nosuch.db"
+    url = f"sqlite:///{missing}"
+    code, _, err = run_cli(capsys, "sql", "--db", url, "--models", str(tmp_path / "models"), statement)
+    assert code == 2
+    (line,) = error_lines(err)
+    assert line == f"edl-argo sql: error: --db {url}: no SQLite database at {missing}"
+    assert list(tmp_path.iterdir()) == []
+    code, out, _ = run_cli(capsys, "data", "census", "--db", url, "--table", "t", "--rows", "10")
+    assert code == 0 and missing.exists(), out  # a command that writes a database makes it
+
+
 def test_using_a_model_in_unreachable_storage_says_so_not_that_there_is_none(
     tmp_path: Path, monkeypatch
 ) -> None:

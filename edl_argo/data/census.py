@@ -48,7 +48,7 @@ def write_census(db: str, table: str, rows: int, seed: int, overwrite: bool = Fa
         raise ConfigError(f"--rows {rows}: a positive number of rows")
     SqlSource.parse(f"{db}#{table}", "--db/--table")  # a database URL without password, a plain table name
     schema, _, name = table.rpartition(".")
-    engine = engine_for(db, 10.0, 600.0, f"--db {db}")
+    engine = engine_for(db, 10.0, 600.0, f"--db {db}", create=True)
     url = sa.engine.make_url(db)
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)  # SQLite makes the file, not its folder

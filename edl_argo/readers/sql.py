@@ -53,6 +53,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -185,39 +186,60 @@ _ENGINES: dict[tuple[str, str, float, float], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def engine_for(database: str, connect_timeout: float, statement_timeout: float, label: str = "") -> Engine:
+def engine_for(
+    database: str, connect_timeout: float, statement_timeout: float, label: str = "", create: bool = False
+) -> Engine:
     """One engine per database URL and timeouts in this process (a worker reads every task through it):
     ``pool_pre_ping`` drops connections the server closed, and every call has a deadline.
 
     Every engine of edl-argo is made here, for a ``database`` :func:`parse_database` accepted. One whose
     dialect or driver this installation lacks is a ConfigError starting with ``label`` (default: the URL;
-    e.g. ``--db URL``, the flag that gave it). Nothing connects before the first statement."""
+    e.g. ``--db URL``, the flag that gave it). Nothing connects before the first statement. A SQLite
+    database file must be there (SQLite would make an empty one on connecting) unless ``create``, for a
+    command that writes a new database: ConfigError ``no SQLite database at PATH`` otherwise."""
     password = os.environ.get(PASSWORD_ENV, "")
     cache_key = (database, password, connect_timeout, statement_timeout)
     with _ENGINES_LOCK:
-        if cache_key in _ENGINES:
-            return _ENGINES[cache_key]
-        url = database_url(database)
-        backend = url.get_backend_name()
-        connect_args: dict[str, Any] = {}
-        if backend == "postgresql":
-            connect_args = {
-                "connect_timeout": max(1, math.ceil(connect_timeout)),
-                "options": f"-c statement_timeout={int(statement_timeout * 1000)}",
-            }
-        elif backend in ("mysql", "mariadb"):
-            connect_args = {
-                "connect_timeout": max(1, math.ceil(connect_timeout)),
-                "read_timeout": max(1, math.ceil(statement_timeout)),
-                "write_timeout": max(1, math.ceil(statement_timeout)),
-            }
-        elif backend == "sqlite":
-            connect_args = {"timeout": connect_timeout}
-        engine = _create_engine(url, connect_args, label or database)
-        if backend == "sqlite":
-            _sqlite_deadline(engine, statement_timeout)
-        _ENGINES[cache_key] = engine
-        return engine
+        engine = _ENGINES.get(cache_key)
+        if engine is None:
+            engine = _ENGINES[cache_key] = _new_engine(database, connect_timeout, statement_timeout, label)
+    if not create:
+        _require_sqlite_file(engine.url, label or database)
+    return engine
+
+
+def _require_sqlite_file(url: URL, label: str) -> None:
+    """ConfigError naming ``label`` if ``url`` is a SQLite database file that is not there (an in-memory
+    database, or a ``file:`` URI, which may say ``mode=ro``, is let through)."""
+    path = url.database or ""
+    if url.get_backend_name() != "sqlite" or path in ("", ":memory:") or path.startswith("file:"):
+        return
+    if not Path(path).is_file():
+        raise ConfigError(f"{label}: no SQLite database at {path}")
+
+
+def _new_engine(database: str, connect_timeout: float, statement_timeout: float, label: str) -> Engine:
+    """The engine of :func:`engine_for`, with the connection arguments that give every call a deadline."""
+    url = database_url(database)
+    backend = url.get_backend_name()
+    connect_args: dict[str, Any] = {}
+    if backend == "postgresql":
+        connect_args = {
+            "connect_timeout": max(1, math.ceil(connect_timeout)),
+            "options": f"-c statement_timeout={int(statement_timeout * 1000)}",
+        }
+    elif backend in ("mysql", "mariadb"):
+        connect_args = {
+            "connect_timeout": max(1, math.ceil(connect_timeout)),
+            "read_timeout": max(1, math.ceil(statement_timeout)),
+            "write_timeout": max(1, math.ceil(statement_timeout)),
+        }
+    elif backend == "sqlite":
+        connect_args = {"timeout": connect_timeout}
+    engine = _create_engine(url, connect_args, label or database)
+    if backend == "sqlite":
+        _sqlite_deadline(engine, statement_timeout)
+    return engine
 
 
 def _create_engine(url: URL, connect_args: dict[str, Any], label: str) -> Engine:
