@@ -221,6 +221,19 @@ def test_bad_training_settings_are_one_line_naming_what_the_statement_or_train_f
     tables.drop_all()
 
 
+def test_models_below_a_regular_file_is_one_line_before_anything_runs(capsys, tmp_path: Path) -> None:
+    tables = Tables(f"sqlite:///{tmp_path / 'c.db'}")
+    table = make_census(tables, rows=50)
+    (tmp_path / "afile").write_text("mine")
+    statement = f"SELECT * FROM {table} TO TRAIN DNNClassifier LABEL income INTO m"
+    code, _, err = run_cli(capsys, "sql", "--db", tables.url, "--models", str(tmp_path / "afile"), statement)
+    assert code == 2
+    (line,) = error_lines(err)
+    assert f"--models {tmp_path / 'afile' / 'm'}: {tmp_path / 'afile'} is a file, not a folder" in line, line
+    assert (tmp_path / "afile").read_text() == "mine"
+    tables.drop_all()
+
+
 @pytest.mark.parametrize(
     ("settings", "train_flags", "message"),
     [

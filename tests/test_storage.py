@@ -350,7 +350,7 @@ def test_local_writes_below_a_file_fail_with_one_line_naming_the_path(tmp_path: 
             (storage.write_file, source / "part"),
             (lambda k, path: storage.put_tree(path, k), source),  # noqa: B023 (called in this iteration)
         ):
-            with pytest.raises(StorageError, match="afile") as raised:
+            with pytest.raises(StorageError, match="afile is a file, not a folder") as raised:
                 write(key, argument)
             assert "\n" not in str(raised.value)
     with pytest.raises(StorageError, match="afile is a file, not a folder"):

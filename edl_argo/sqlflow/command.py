@@ -250,10 +250,10 @@ def _refuse_flags_sql_sets(
 def run_train_statement(statement: TrainStatement, db: str, models: str, extra: Sequence[str] = ()) -> int:
     """Plan, write the model file, and run the training job in this process (its master)."""
     from edl_argo.master.command import run_train
-    from edl_argo.storage import open_storage
+    from edl_argo.storage import open_reachable_storage
 
+    storage = open_reachable_storage(_model_dir(models, statement.into), "--models")
     plan = plan_training(statement, db, models, extra)
-    storage = open_storage(_model_dir(models, statement.into))
     storage.write(MODEL_FILE, plan.model_file.encode())
     log.info("sqlflow_train", model=statement.model, into=plan.model_url)
     return int(run_train(plan.args) or 0)

@@ -40,9 +40,15 @@ def _temp_sibling(path: Path, tag: str = "") -> Path:
     return path.with_name(f"{TEMP_PREFIX}{tag}{path.name}-{uuid.uuid4().hex[:12]}")
 
 
-def _os_error(path: Path | str, exc: OSError) -> StorageError:
+def _os_error(path: Path, exc: OSError, *, writing: bool = False) -> StorageError:
+    """The StorageError of ``exc``, met reading (or ``writing``) ``path``: there is no file below a file, and
+    none can be written there."""
     reason = exc.strerror or str(exc)
-    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):  # below a file: no such file either
+    if isinstance(exc, (NotADirectoryError, FileExistsError)) and writing:  # its folder, or one above
+        above = next((folder for folder in path.parents if folder.is_file()), None)
+        if above is not None:
+            return StorageError(f"cannot write {path}: {above} is a file, not a folder")
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
         return ObjectNotFoundError(f"no file at {path}")
     return StorageError(f"cannot access {path}: {reason}")
 
@@ -185,7 +191,7 @@ class LocalStorage(Storage):
         except BaseException as exc:
             _remove(tmp)
             if isinstance(exc, OSError):
-                raise _os_error(path, exc) from exc
+                raise _os_error(path, exc, writing=True) from exc
             raise
         _fsync_dir(path.parent)
 
