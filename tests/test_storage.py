@@ -359,6 +359,27 @@ def test_local_writes_below_a_file_fail_with_one_line_naming_the_path(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "tree"]
     LocalStorage(tmp_path / "not" / "yet").check_reachable()  # a folder that a write makes
     assert not (tmp_path / "not").exists()
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    with pytest.raises(StorageError, match=r"dangling is a link to .*gone, which is not there"):
+        LocalStorage(tmp_path / "dangling" / "x").check_reachable()  # no write could make that folder
+
+
+def test_local_check_reachable_is_one_line_for_a_folder_it_cannot_look_into(tmp_path: Path) -> None:
+    """A permission error is the StorageError naming the folder, not an OSError (root reads any folder:
+    the test stands in for the denial)."""
+    storage = LocalStorage(tmp_path / "closed" / "out")
+    real_stat = Path.stat
+
+    def denied(path: Path, **kwargs: object) -> os.stat_result:
+        if path == tmp_path / "closed" / "out":
+            raise PermissionError(13, "Permission denied")
+        return real_stat(path, **kwargs)
+
+    (tmp_path / "closed").mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Path, "stat", denied)
+        with pytest.raises(StorageError, match=r"closed/out: Permission denied"):
+            storage.check_reachable()
 
 
 # -- S3-only --------------------------------------------------------------------------------------
@@ -521,13 +542,24 @@ def test_open_storage_accepts(url: str, kind: type, root: str, monkeypatch: pyte
         "",
     ],
 )
-def test_open_storage_rejects(url: str) -> None:
+def test_open_storage_rejects(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDL_S3_ENDPOINT", raising=False)  # AWS's: its bucket names
     with pytest.raises(StorageError) as info:
         open_storage(url)
     message = str(info.value)
     assert (repr(url) in message) if url else ("empty storage URL" in message)
     if url.startswith(("gs:", "http:", "s3:/b", "file:")) or not url:
         assert "s3://bucket/prefix" in message and "file:///absolute/path" in message
+
+
+def test_a_legacy_bucket_name_is_taken_where_the_server_addresses_buckets_by_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("EDL_S3_ENDPOINT", "http://minio.example:9000")
+    assert S3Storage("s3://Legacy_Data/x").bucket == "Legacy_Data"
+    monkeypatch.setenv("EDL_S3_ENDPOINT", "https://s3.eu-west-1.amazonaws.com")
+    with pytest.raises(StorageError, match="'Legacy_Data' is not a valid bucket name"):
+        S3Storage("s3://Legacy_Data/x")
 
 
 def test_join_url() -> None:

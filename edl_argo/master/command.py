@@ -9,6 +9,7 @@ longest wait before a local job's first step.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def metrics_file(path: str) -> tuple[LocalStorage, str]:
         folder.check_reachable()
     except StorageError as error:
         raise ConfigError(f"--metrics-output {path}: {error}") from None
-    if target.is_dir():
+    if os.path.isdir(target):  # (False where it cannot be looked at: the write says why)
         raise ConfigError(f"--metrics-output {path}: a folder; name the JSON file to write")
     return folder, target.name
 

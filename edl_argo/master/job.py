@@ -25,7 +25,7 @@ from typing import Any
 
 from edl_argo.addresses import join_host_port
 from edl_argo.collective.membership import survey_member_states
-from edl_argo.errors import ConfigError, JobFailedError, StorageError
+from edl_argo.errors import JobFailedError, StorageError
 from edl_argo.flags import pod_host
 from edl_argo.log import get_logger
 from edl_argo.master.config import TrainConfig
@@ -126,6 +126,8 @@ class TrainingJob:
         backend: PodBackend,
         job_secret: JobSecret,
         tls: TlsFiles | None = None,
+        *,
+        save_secret: bool = False,
     ) -> None:
         """A job of ``config`` from its already-read ``parts`` (:func:`load_job_parts`), its pods run by
         ``backend`` with ``job_secret`` (:mod:`edl_argo.rpc.auth`, handed to the backend already), its
@@ -166,6 +168,9 @@ class TrainingJob:
             self._state, self.state_store.save, wait_seconds=commit_wait_seconds(config.rpc_timeout_seconds)
         )
         self.job_secret = job_secret
+        # A new secret is kept beside the state just before the first pod starts: a job refused before
+        # then (a taken --metrics-port) leaves nothing behind.
+        self._save_secret = save_secret
         self.credential = job_secret.credential(MASTER_IDENTITY)
         self.tls = tls
         self.host = pod_host()
@@ -213,9 +218,9 @@ class TrainingJob:
         backend = backend or default_backend(config, template)
         if config.kubernetes is not None and config.kubernetes.tls_secret:
             tls = backend.tls_secret(config.kubernetes.tls_secret)
-        job_secret = establish_job_secret(config, parts, backend)
+        job_secret, new = establish_job_secret(config, parts, backend)
         backend.use_job_secret(job_secret)
-        return cls(config, parts, backend, job_secret, tls)
+        return cls(config, parts, backend, job_secret, tls, save_secret=new and not backend.keeps_job_secret)
 
     # ------------------------------------------------------------------ pod commands
 
@@ -372,6 +377,9 @@ class TrainingJob:
         progress = ProgressReporter(f"train {c.job_name}")
         try:
             self._start_monitoring()
+            if self._save_secret:
+                self.state_store.save_secret(self.job_secret)
+                self._save_secret = False
             takeover.start_pods(self.pods)
             self._state_writer.start()
             self._state_writer.changed()
@@ -399,10 +407,6 @@ class TrainingJob:
             return metrics
         except ModelNotPublishedError:
             raise  # the state stays with the kept model: the next run publishes it
-        except ConfigError:  # refused as it started (a taken --metrics-port): nothing of a new job stays
-            if self._saved is None:
-                self._forget_state()
-            raise
         except JobFailedError:
             self._forget_state()  # failed for good: a new run starts afresh
             raise
@@ -706,16 +710,15 @@ class TrainingJob:
         publish_model(self.output, model, metrics, flags, keep_in=self.state_store.storage)
 
 
-def establish_job_secret(config: TrainConfig, parts: JobParts, backend: PodBackend) -> JobSecret:
+def establish_job_secret(config: TrainConfig, parts: JobParts, backend: PodBackend) -> tuple[JobSecret, bool]:
     """The job's secret: the one an earlier master of the job made (kept by the backend, else beside the
-    saved state), or a new one, kept likewise (see :mod:`edl_argo.rpc.auth`)."""
+    saved state), or a new one (see :mod:`edl_argo.rpc.auth`); and whether it is new. A backend that keeps
+    secrets keeps a new one as it is handed it; else :meth:`TrainingJob.run` saves it beside the state
+    before the first pod starts."""
     kept = backend.stored_job_secret()
     if kept is None and parts.saved is not None and not backend.keeps_job_secret:
         kept = parts.state_store.load_secret()
     if kept is not None:
         log.info("job_secret_reused", job=config.job_name)
-        return kept
-    secret = JobSecret.generate()
-    if not backend.keeps_job_secret:
-        parts.state_store.save_secret(secret)
-    return secret
+        return kept, False
+    return JobSecret.generate(), True

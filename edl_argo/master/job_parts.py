@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from edl_argo.errors import ConfigError
+from edl_argo.errors import ConfigError, EdlError
 from edl_argo.flags import pod_host
 from edl_argo.master.config import TrainConfig
 from edl_argo.master.failover import check_saved_dispatcher
@@ -20,6 +20,7 @@ from edl_argo.master.state_store import MasterStateStore, job_fingerprint
 from edl_argo.model import Mode, ModelSpec, load_model_spec
 from edl_argo.model.loader import check_model_file
 from edl_argo.model.source import StagedModel, pin_model_def, stage_model_def
+from edl_argo.model.user_code import model_error_of
 from edl_argo.pods import LocalProcessBackend, PodBackend, find_free_port
 from edl_argo.pods.prefork import PodTemplate
 from edl_argo.readers import OpenedDataset, open_data, parse_data_options
@@ -51,13 +52,19 @@ def load_job_parts(config: TrainConfig) -> JobParts:
     Raises:
         ConfigError, DataFormatError, StorageError: one line naming the flag or file at fault.
     """
+    # Where the job writes, reached first: a missing bucket, a denial or a file in the way fails here.
+    output = open_reachable_storage(config.output, "--output")
+    if config.checkpoint_steps:
+        open_reachable_storage(
+            config.checkpoints_url, "--checkpoint-dir" if config.checkpoint_dir else "--output"
+        )
     state_url = config.master_state or config.output
     model = stage_model_def(config.model_def, state_url, shared=config.kubernetes is not None)
     if model is None:
         check_model_file(config.model_def, config.model_options.model_zoo)
     import_tensorflow()  # the model file's import of it, without what no master uses
     spec = load_model_spec(model.pod_model_def if model else config.model_def, config.model_options)
-    spec.optimizer()  # ConfigError if it returns no optimizer: else each worker and PS would fail on it
+    check_optimizer(spec)
     if config.scale_lr_by_world_size:
         from edl_argo.collective.learning_rate import check_world_size_scaling  # TensorFlow: see cli
 
@@ -74,9 +81,6 @@ def load_job_parts(config: TrainConfig) -> JobParts:
             f"feed of {config.model_def} yields (features, labels, sample_weights) in training: "
             "AllreduceStrategy does not apply sample weights; use ParameterServerStrategy"
         )
-    output = open_reachable_storage(config.output, "--output")
-    if config.checkpoint_steps:
-        open_reachable_storage(config.checkpoints_url, "--checkpoint-dir")
     fingerprint = job_fingerprint(config, training.records, validation.records if validation else {})
     state_storage = open_storage(config.master_state) if config.master_state else output
     state_store = MasterStateStore(state_storage, config.job_name, fingerprint)
@@ -104,6 +108,20 @@ def load_job_parts(config: TrainConfig) -> JobParts:
         saved=saved,
         ps_ports=ps_ports,
     )
+
+
+def check_optimizer(spec: ModelSpec) -> None:
+    """Call the model file's ``optimizer()`` once, before any pod does: one that raises, or returns no Keras
+    optimizer, is a ConfigError naming the model file and function (else every worker and PS fails on it)."""
+    try:
+        spec.optimizer()
+    except EdlError:
+        raise
+    except Exception as error:
+        found = model_error_of(error)
+        if found is None:
+            raise
+        raise ConfigError(str(found)) from None
 
 
 def open_job_data(

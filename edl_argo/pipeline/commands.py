@@ -19,7 +19,7 @@ from hera.workflows.models import Workflow as WorkflowModel
 from edl_argo.errors import JobFailedError
 from edl_argo.flags import positive_int
 from edl_argo.pipeline.loader import load_workflow, parse_parameters, with_parameters
-from edl_argo.storage import open_reachable_storage
+from edl_argo.storage import LocalStorage, open_reachable_storage, reached
 
 
 def _workflow(args: argparse.Namespace) -> WorkflowModel:
@@ -31,7 +31,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     from edl_argo.pipeline.summary import summary
 
     workflow = _workflow(args)
-    open_reachable_storage(args.workdir, "--workdir")
+    reached(LocalStorage(args.workdir), "--workdir")  # a folder of this machine, not a storage URL
     if args.artifacts:
         open_reachable_storage(args.artifacts, "--artifacts")
     result = LocalRunner(workflow, Path(args.workdir), args.artifacts, parallelism=args.parallelism).run()

@@ -44,6 +44,7 @@ __all__ = [
     "join_url",
     "open_reachable_storage",
     "open_storage",
+    "reached",
 ]
 
 
@@ -89,11 +90,15 @@ def open_storage(url: str) -> Storage:
 
 
 def open_reachable_storage(url: str, flag: str) -> Storage:
-    """:func:`open_storage` of ``url``, reached now (:meth:`Storage.check_reachable`): a command's output
-    that cannot be written fails before the command's work, with a StorageError naming ``flag``."""
-    storage = open_storage(url)
+    """:func:`open_storage` of ``url``, reached now (:func:`reached`)."""
+    return reached(open_storage(url), flag)
+
+
+def reached(storage: Storage, flag: str) -> Storage:
+    """``storage``, reached now (:meth:`Storage.check_reachable`): a command's output that cannot be
+    written fails before the command's work, with a StorageError naming ``flag`` and the storage's URL."""
     try:
         storage.check_reachable()
     except StorageError as error:
-        raise StorageError(f"{flag} {url}: {error}") from None
+        raise StorageError(f"{flag} {storage.url}: {error}") from None
     return storage

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -106,12 +107,22 @@ class LocalStorage(Storage):
         return sorted(found, key=lambda info: info.key)
 
     def check_reachable(self) -> None:
-        """The root is a folder, or can be made one: no part of its path is a file."""
+        """The root is a folder, or can be made one: no part of its path is a file, and its nearest existing
+        folder can be looked into."""
         for folder in (self.root, *self.root.parents):
-            if folder.exists():
-                if not folder.is_dir():
-                    raise StorageError(f"{folder} is a file, not a folder")
-                return
+            try:
+                mode = folder.stat().st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                if folder.is_symlink():
+                    raise StorageError(
+                        f"{folder} is a link to {os.readlink(folder)}, which is not there"
+                    ) from None
+                continue  # not there yet: its parent decides
+            except OSError as exc:
+                raise _os_error(folder, exc) from exc
+            if not stat.S_ISDIR(mode):
+                raise StorageError(f"{folder} is a file, not a folder")
+            return
 
     def _walk(self, directory: Path) -> Iterator[ObjectInfo]:
         """Every non-temporary file below ``directory``; nothing if it is missing."""

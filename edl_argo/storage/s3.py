@@ -73,6 +73,8 @@ REGION_ENV = "AWS_REGION"
 ENV_VARS = (ENDPOINT_ENV, ACCESS_KEY_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV, REGION_ENV)
 
 DEFAULT_ENDPOINT = "https://s3.amazonaws.com"
+#: The domain of AWS S3's endpoints, whose bucket names are checked by AWS's rules.
+AWS_DOMAIN = "amazonaws.com"
 DEFAULT_REGION = "us-east-1"
 
 #: Bytes read per chunk of a download (each chunk is progress for the retry budget).
@@ -135,15 +137,18 @@ class S3Storage(Storage):
             raise StorageError(f"invalid S3 URL {url!r}: expected s3://bucket/prefix")
         self.url = url
         self.bucket = parts.netloc
+        self.endpoint, host, secure = _endpoint_from_env()
+        # AWS addresses a bucket by a host name (s3://Bad_Bucket would fail in DNS): its names are checked by
+        # its rules; another server (MinIO, Ceph) is addressed by path and may know older, laxer names.
+        strict = host.split(":")[0].endswith(AWS_DOMAIN)
         try:
-            check_bucket_name(self.bucket, strict=True)
+            check_bucket_name(self.bucket, strict=strict)
         except ValueError:
+            rules = " (3 to 63 lowercase letters, digits, '.' and '-')" if strict else ""
             raise StorageError(
-                f"invalid S3 URL {url!r}: {self.bucket!r} is not a valid bucket name (3 to 63 lowercase "
-                "letters, digits, '.' and '-', starting and ending with a letter or digit)"
+                f"invalid S3 URL {url!r}: {self.bucket!r} is not a valid bucket name{rules}"
             ) from None
         self.prefix = normalize_key(parts.path)
-        self.endpoint, host, secure = _endpoint_from_env()
         self._policy = RetryPolicy.from_env()
         self._anonymous = not os.environ.get(ACCESS_KEY_ENV)
         self._uses_token = bool(os.environ.get(SESSION_TOKEN_ENV))
