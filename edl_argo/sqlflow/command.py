@@ -58,7 +58,7 @@ SQL_SET_FLAGS = {
     "--training-data": "the SELECT",
     "--validation-data": "WITH validation.select",
     "--data-format": "the SELECT (sql)",
-    "--data-options": "WITH train.key",
+    "--data-options": "the SELECT and WITH train.key",
     "--model-def": "the statement",
     "--output": "--models and INTO",
 }
