@@ -157,8 +157,8 @@ def s3_dataset(s3_env: str) -> str:
         ("train --training-data {root}/nothing", "--training-data {root}/nothing"),
         ("train --training-data s3://no-such-bucket-x/data/train", "s3://no-such-bucket-x/data/train"),
         ("train --output s3://no-such-bucket-y/out", "s3://no-such-bucket-y/out"),
-        ("train wrong-secret", "{root}/data/train"),
-        ("train wrong-key-id", "{root}/data/train"),
+        ("train wrong-secret", "--output {root}/out"),  # where the job writes is reached first
+        ("train wrong-key-id", "--output {root}/out"),
         ("evaluate --data {root}/nothing", "--data {root}/nothing"),
         ("evaluate --data s3://no-such-bucket-z/test", "s3://no-such-bucket-z/test"),
         ("evaluate --model s3://no-such-bucket-w/model", "s3://no-such-bucket-w/model"),
@@ -194,7 +194,11 @@ def test_missing_s3_data_buckets_and_wrong_credentials_are_one_line_errors_namin
         argv += QUICK_JOB
     code, out, err = run_cli(capsys, *argv)
     assert code == 2
-    assert culprit.format(root=root) in one_error_line(err)
+    line = one_error_line(err)
+    assert culprit.format(root=root) in line
+    assert ("check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in line) == bool(
+        change and "wrong-" in change[0]
+    )
     assert out == ""
     bucket, prefix = root.removeprefix("s3://").split("/", 1)
     written = [
