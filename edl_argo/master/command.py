@@ -13,25 +13,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edl_argo.errors import ConfigError, JobFailedError, StorageError
+from edl_argo.errors import ConfigError, JobFailedError
 from edl_argo.log import get_logger
 from edl_argo.master.config import add_train_flags, config_from_args
 from edl_argo.master.pod_template import early_pod_template
 from edl_argo.stop import stop_on_sigterm
-from edl_argo.storage.local import LocalStorage
+from edl_argo.storage import LocalStorage, reached
 
 log = get_logger(__name__)
 
 
 def metrics_file(path: str) -> tuple[LocalStorage, str]:
     """Where ``--metrics-output PATH`` goes: (the storage of its folder, its name), checked now, before the
-    job, so that a path the final metrics cannot be written to fails at once with a ConfigError naming it."""
+    job, so that a path the final metrics cannot be written to fails at once with one line naming it."""
     target = Path(path)
-    folder = LocalStorage(target.parent)
-    try:
-        folder.check_reachable()
-    except StorageError as error:
-        raise ConfigError(f"--metrics-output {path}: {error}") from None
+    folder = reached(LocalStorage(target.parent), "--metrics-output", path)
     if os.path.isdir(target):  # (False where it cannot be looked at: the write says why)
         raise ConfigError(f"--metrics-output {path}: a folder; name the JSON file to write")
     return folder, target.name

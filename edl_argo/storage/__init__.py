@@ -15,7 +15,7 @@ Open a location with :func:`open_storage` and use the :class:`Storage` interface
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from edl_argo.errors import StorageError
@@ -89,16 +89,21 @@ def open_storage(url: str) -> Storage:
     return LocalStorage(text, url=text)
 
 
+#: A kind of :class:`Storage` (:func:`reached` gives back the kind it is given).
+StorageT = TypeVar("StorageT", bound=Storage)
+
+
 def open_reachable_storage(url: str, flag: str) -> Storage:
     """:func:`open_storage` of ``url``, reached now (:func:`reached`)."""
     return reached(open_storage(url), flag)
 
 
-def reached(storage: Storage, flag: str) -> Storage:
+def reached(storage: StorageT, flag: str, given: str | None = None) -> StorageT:
     """``storage``, reached now (:meth:`Storage.check_reachable`): a command's output that cannot be
-    written fails before the command's work, with a StorageError naming ``flag`` and the storage's URL."""
+    written fails before the command's work, with a StorageError naming ``flag`` and what it was given
+    (default: the storage's URL; e.g. the file whose folder ``storage`` is)."""
     try:
         storage.check_reachable()
     except StorageError as error:
-        raise StorageError(f"{flag} {storage.url}: {error}") from None
+        raise StorageError(f"{flag} {storage.url if given is None else given}: {error}") from None
     return storage
