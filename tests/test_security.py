@@ -181,16 +181,36 @@ def sgd() -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(0.1)
 
 
+def port_held_elsewhere(pod_address: str, elsewhere: str) -> tuple[int, socket.socket]:
+    """A port free on ``pod_address``, and a socket bound (not listening) to the same port on ``elsewhere``:
+    while it is held, a connection to ``elsewhere`` at that port is refused whatever else runs on the machine
+    (no other program can listen there, and no outgoing connection can take it as its own port and connect
+    to itself), and a server binding the port on every address fails."""
+    for _ in range(20):
+        port = find_free_port(pod_address)
+        held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            held.bind((elsewhere, port))
+        except OSError:
+            held.close()
+            continue
+        return port, held
+    raise AssertionError(f"no port free on both {pod_address} and {elsewhere}")
+
+
 def test_a_parameter_server_listens_on_the_pod_address_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POD_IP", "127.0.0.2")
-    config = PSConfig(port=find_free_port("127.0.0.2"), tensor_port=0)
+    grpc_port, grpc_elsewhere = port_held_elsewhere("127.0.0.2", "127.0.0.1")
+    tensor_port, tensor_elsewhere = port_held_elsewhere("127.0.0.2", "127.0.0.1")
+    config = PSConfig(port=grpc_port, tensor_port=tensor_port)
     assert config.host == "127.0.0.2"
     server = serve(config, optimizer_factory=sgd)
     try:
         assert server.tensor_port is not None
-        socket.create_connection(("127.0.0.2", server.tensor_port.port), timeout=10).close()
+        assert server.tensor_port.port == tensor_port  # bound beside the held socket: not on every address
+        socket.create_connection(("127.0.0.2", tensor_port), timeout=10).close()
         with pytest.raises(ConnectionRefusedError):  # its tensor port too
-            socket.create_connection(("127.0.0.1", server.tensor_port.port), timeout=10).close()
+            socket.create_connection(("127.0.0.1", tensor_port), timeout=10).close()
         request = ps_pb2.PullDenseParametersRequest(version=-1)
 
         def pull(host: str, timeout: float) -> ps_pb2.PullDenseParametersResponse:
@@ -203,6 +223,8 @@ def test_a_parameter_server_listens_on_the_pod_address_only(monkeypatch: pytest.
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         server.stop(None)
+        grpc_elsewhere.close()
+        tensor_elsewhere.close()
 
 
 def ps_server() -> tuple[
