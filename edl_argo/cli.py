@@ -114,9 +114,10 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     return parser
 
 
-def main(argv: Sequence[str] | None = None, warm: bool = True) -> int:
-    """Run ``edl-argo ARGV``: its exit status. With ``warm``, a command this user's warm server serves
-    runs there (:func:`edl_argo.pods.warm.run_in_warm_server`)."""
+def main(argv: Sequence[str] | None = None, warm: bool = False) -> int:
+    """Run ``edl-argo ARGV`` in this process: its exit status. With ``warm`` (the ``edl-argo`` program's
+    way, :func:`entry_point`), a command this user's warm server serves runs there instead
+    (:func:`edl_argo.pods.warm.run_in_warm_server`), its output going to this process's descriptors."""
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_native_logs(log_level_in(argv))
     chosen = command_in(argv)
@@ -154,7 +155,7 @@ POD_COMMANDS = frozenset({"worker", "ps"})
 
 def entry_point() -> NoReturn:
     """The ``edl-argo`` program: :func:`main`, then the exit (at once for :data:`POD_COMMANDS`)."""
-    code = main()
+    code = main(warm=True)
     if command_in(sys.argv[1:]) in POD_COMMANDS:
         exit_now(code)
     sys.exit(code)

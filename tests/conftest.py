@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 from s3_stand_in import SERVER_DIR, S3StandIn
 
+from edl_argo.cli import native_min_log_level
+from edl_argo.pods.warm import ScopedServer, socket_path
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import JobThread, write_digits_dataset
+
+# The native log level every command gives itself (edl_argo.cli.quiet_native_logs), set once for the whole
+# session: the first command a test runs in this process would set it midway, so that the processes the
+# suite starts before it (a warm server, a pod template) and after it would differ in an import-time
+# variable, and the server or template would decline what comes after (edl_argo.pods.prefork).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", native_min_log_level(None, os.environ))
 
 # Run from a shell script's background job, pytest starts with SIGINT ignored, and so would every pod and
 # command the tests start (an ignored signal stays ignored in what a process starts): the tests that
@@ -44,6 +52,41 @@ def private_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("EDL_RUN_DIR", None)
     else:
         os.environ["EDL_RUN_DIR"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_server_of_the_session(private_run_dir: Path) -> Iterator[Path]:
+    """A warm server (``edl-argo warm``, :mod:`edl_argo.pods.warm`) for this session's run dir, and its log:
+    the ``edl-argo train``, ``evaluate``, ``predict`` and ``sql`` programs the tests run, and the pods of
+    the jobs this process runs, are forked from it instead of each importing TensorFlow (the suite's
+    largest repeated cost: about 3 s of a core each). What runs in a server behaves as it does cold
+    (tests/test_warm_server.py), but for what a signal sent to the program's own process does: a SIGKILL or
+    SIGSTOP reaches the client, not the command. A test that sends one runs its program cold
+    (``EDL_WARM=0``, or a run dir of its own); :func:`no_warm_command_orphaned` holds every test to it."""
+    with ScopedServer.around(wanted=True) as server:
+        server.wait_until_ready()
+        yield socket_path().with_suffix(".log")
+
+
+@pytest.fixture(autouse=True)
+def no_warm_command_orphaned(warm_server_of_the_session: Path) -> Iterator[None]:
+    """Fails a test that killed a program whose command ran in the session's warm server: the command was
+    then sent SIGTERM by the server, and did not undergo what the test meant to do to it."""
+    log_path = warm_server_of_the_session
+    start = log_path.stat().st_size if log_path.exists() else 0
+    yield
+    if not log_path.exists():
+        return
+    with log_path.open("rb") as log_file:
+        log_file.seek(start)
+        logged = log_file.read().decode(errors="replace").splitlines()
+    orphaned = [line for line in logged if "warm_command_orphaned" in line]
+    if orphaned:
+        pytest.fail(
+            f"the test killed a program running in the suite's warm server ({orphaned[0]}): "
+            "run it with EDL_WARM=0 in its environment",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

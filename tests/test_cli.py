@@ -313,7 +313,7 @@ def test_train_starts_a_local_jobs_pod_template_before_importing_the_masters_mod
         "    raise Started\n"
         "command.early_pod_template = started\n"
         "try:\n"
-        f"    cli.main({argv!r}, warm=False)\n"
+        f"    cli.main({argv!r})\n"
         "except Started:\n"
         "    pass\n"
     )

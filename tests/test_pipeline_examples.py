@@ -68,7 +68,10 @@ class WarmLog:
             time.sleep(0.2)
 
 
-def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(s3_env: str, tmp_path: Path) -> None:
+def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(
+    s3_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDL_RUN_DIR", str(tmp_path / "run"))  # where the suite's warm server is not
     warm = WarmLog()
     result = run_pipeline("digits_pipeline.py", tmp_path, f"{s3_env}/artifacts", data=f"{s3_env}/digits")
 

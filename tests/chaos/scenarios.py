@@ -711,7 +711,8 @@ def master_restart(
         pods = KubernetesPods(env.cluster(), job_name)
     else:
         pods = LocalPods(LocalProcessBackend(job_name), job_name)
-    environ.update(ARGO_PROGRESS_FILE=str(progress_file), EDL_NO_PROGRESS_BAR="1")
+    # EDL_WARM=0: the master is SIGKILLed, so it must not be a warm server's client (tests/conftest.py).
+    environ.update(ARGO_PROGRESS_FILE=str(progress_file), EDL_NO_PROGRESS_BAR="1", EDL_WARM="0")
     log_path = folder / "trial.log"
     result = TrialResult("master_restart", backend=backend, strategy=strategy)
     masters: list[subprocess.Popen[bytes]] = []
