@@ -57,9 +57,10 @@ def private_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session", autouse=True)
 def warm_server_of_the_session(private_run_dir: Path) -> Iterator[Path]:
     """A warm server (``edl-argo warm``, :mod:`edl_argo.pods.warm`) for this session's run dir, and its log:
-    the ``edl-argo train``, ``evaluate``, ``predict`` and ``sql`` programs the tests run, and the pods of
-    the jobs this process runs, are forked from it instead of each importing TensorFlow (the suite's
-    largest repeated cost: about 3 s of a core each). What runs in a server behaves as it does cold
+    the pipelines the tests run use it instead of starting one each, and the ``edl-argo train``,
+    ``evaluate``, ``predict`` and ``sql`` programs they start and the pods of the jobs this process runs are
+    forked from it instead of importing TensorFlow (``docs/profile.md``, session 38). What runs in a server
+    behaves as it does cold
     (tests/test_warm_server.py), but for what a signal sent to the program's own process does: a SIGKILL or
     SIGSTOP reaches the client, not the command. A test that sends one runs its program cold
     (``EDL_WARM=0``, or a run dir of its own); :func:`no_warm_command_orphaned` holds every test to it."""
@@ -70,8 +71,10 @@ def warm_server_of_the_session(private_run_dir: Path) -> Iterator[Path]:
 
 @pytest.fixture(autouse=True)
 def no_warm_command_orphaned(warm_server_of_the_session: Path) -> Iterator[None]:
-    """Fails a test that killed a program whose command ran in the session's warm server: the command was
-    then sent SIGTERM by the server, and did not undergo what the test meant to do to it."""
+    """Fails a test during which a program whose command ran in the session's warm server was killed: the
+    command was then sent SIGTERM by the server, and did not undergo what the test meant to do to it. (The
+    server logs it as it notices, at once: a program killed as the previous test of this process ended may
+    be counted here.)"""
     log_path = warm_server_of_the_session
     start = log_path.stat().st_size if log_path.exists() else 0
     yield
@@ -83,8 +86,8 @@ def no_warm_command_orphaned(warm_server_of_the_session: Path) -> Iterator[None]
     orphaned = [line for line in logged if "warm_command_orphaned" in line]
     if orphaned:
         pytest.fail(
-            f"the test killed a program running in the suite's warm server ({orphaned[0]}): "
-            "run it with EDL_WARM=0 in its environment",
+            f"a program running in the suite's warm server was killed ({orphaned[0]}), by this test or the "
+            "previous one of this process: a test that kills a program runs it with EDL_WARM=0",
             pytrace=False,
         )
 
