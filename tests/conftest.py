@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import uuid
@@ -21,6 +22,10 @@ from tests.engine_helpers import JobThread, write_digits_dataset
 # suite starts before it (a warm server, a pod template) and after it would differ in an import-time
 # variable, and the server or template would decline what comes after (edl_argo.pods.prefork).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", native_min_log_level(None, os.environ))
+# For the same reason, scikit-learn (the digits fixtures' source) is imported before anything starts: its
+# import sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK here, and every pod and command of a job started after
+# a test first used it would otherwise be declined by the server and the template, and start with exec.
+importlib.import_module("sklearn")
 
 # Run from a shell script's background job, pytest starts with SIGINT ignored, and so would every pod and
 # command the tests start (an ignored signal stays ignored in what a process starts): the tests that
