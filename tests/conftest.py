@@ -13,9 +13,10 @@ import pytest
 from s3_stand_in import SERVER_DIR, S3StandIn
 
 from edl_argo.cli import native_min_log_level
-from edl_argo.pods.warm import ScopedServer, socket_path
+from edl_argo.pods.warm import ScopedServer
 from edl_argo.storage import LocalStorage
 from tests.engine_helpers import JobThread, write_digits_dataset
+from tests.warm_log import WarmLog
 
 # The native log level every command gives itself (edl_argo.cli.quiet_native_logs), set once for the whole
 # session: the first command a test runs in this process would set it midway, so that the processes the
@@ -60,35 +61,28 @@ def private_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def warm_server_of_the_session(private_run_dir: Path) -> Iterator[Path]:
-    """A warm server (``edl-argo warm``, :mod:`edl_argo.pods.warm`) for this session's run dir, and its log:
-    the pipelines the tests run use it instead of starting one each, and the ``edl-argo train``,
-    ``evaluate``, ``predict`` and ``sql`` programs they start and the pods of the jobs this process runs are
-    forked from it instead of importing TensorFlow (``docs/profile.md``, session 38). What runs in a server
-    behaves as it does cold
-    (tests/test_warm_server.py), but for what a signal sent to the program's own process does: a SIGKILL or
-    SIGSTOP reaches the client, not the command. A test that sends one runs its program cold
+def warm_server_of_the_session(private_run_dir: Path) -> Iterator[None]:
+    """A warm server (``edl-argo warm``, :mod:`edl_argo.pods.warm`) for this session's run dir: the pipelines
+    the tests run use it instead of starting one each, and the ``edl-argo train``, ``evaluate``,
+    ``predict`` and ``sql`` programs they start and the pods of the jobs this process runs are forked from
+    it instead of importing TensorFlow (``docs/profile.md``, session 38). What runs in a server behaves as
+    it does cold (tests/test_warm_server.py), but for what a signal sent to the program's own process does:
+    a SIGKILL or SIGSTOP reaches the client, not the command. A test that sends one runs its program cold
     (``EDL_WARM=0``, or a run dir of its own); :func:`no_warm_command_orphaned` holds every test to it."""
     with ScopedServer.around(wanted=True) as server:
         server.wait_until_ready()
-        yield socket_path().with_suffix(".log")
+        yield
 
 
 @pytest.fixture(autouse=True)
-def no_warm_command_orphaned(warm_server_of_the_session: Path) -> Iterator[None]:
+def no_warm_command_orphaned(warm_server_of_the_session: None) -> Iterator[None]:
     """Fails a test during which a program whose command ran in the session's warm server was killed: the
     command was then sent SIGTERM by the server, and did not undergo what the test meant to do to it. (The
     server logs it as it notices, at once: a program killed as the previous test of this process ended may
     be counted here.)"""
-    log_path = warm_server_of_the_session
-    start = log_path.stat().st_size if log_path.exists() else 0
+    warm = WarmLog()
     yield
-    if not log_path.exists():
-        return
-    with log_path.open("rb") as log_file:
-        log_file.seek(start)
-        logged = log_file.read().decode(errors="replace").splitlines()
-    orphaned = [line for line in logged if "warm_command_orphaned" in line]
+    orphaned = warm.orphaned()
     if orphaned:
         pytest.fail(
             f"a program running in the suite's warm server was killed ({orphaned[0]}), by this test or the "

@@ -14,8 +14,6 @@ that its TensorFlow steps ran in it and that it is gone after the run; the CSV c
 from __future__ import annotations
 
 import json
-import re
-import time
 from pathlib import Path
 
 import keras
@@ -31,6 +29,7 @@ from edl_argo.storage import open_storage
 from tests.engine_helpers import DIGITS_ACCURACY_FLOOR, assert_no_record_lost, master_port_turn
 from tests.engine_helpers import model_dir as published_folder
 from tests.manifests import ROOT
+from tests.warm_log import WarmLog
 
 PIPELINES = ROOT / "examples" / "pipelines"
 
@@ -42,30 +41,6 @@ def run_pipeline(name: str, workdir: Path, artifacts: str | None = None, **param
     failed = result.failed
     assert failed is None, f"step {failed.name} failed: {failed.message}"
     return result
-
-
-class WarmLog:
-    """What the warm servers of this session's run dir log from now on (one log per installation)."""
-
-    def __init__(self) -> None:
-        self.path = socket_path().with_suffix(".log")
-        self.start = self.path.stat().st_size if self.path.exists() else 0
-
-    def text(self) -> str:
-        if not self.path.exists():
-            return ""
-        with self.path.open(errors="replace") as file:
-            file.seek(self.start)
-            return file.read()
-
-    def commands(self) -> list[str]:
-        return re.findall(r"warm_command_started command=(\S+)", self.text())
-
-    def wait_for(self, event: str, seconds: float = 30.0) -> None:
-        deadline = time.monotonic() + seconds
-        while event not in self.text():
-            assert time.monotonic() < deadline, f"no {event} in {self.path} within {seconds} s: {self.text()}"
-            time.sleep(0.2)
 
 
 def test_digits_pipeline_reaches_095_with_data_and_artifacts_in_s3(
