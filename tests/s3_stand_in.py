@@ -10,6 +10,7 @@ Install its dependencies once with ``npm ci --prefix tests/s3server`` (``make te
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -20,6 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -91,8 +93,19 @@ class S3StandIn:
 
     def inject_errors(self, count: int, *, status: int = 503, code: str = "SlowDown") -> None:
         """Make the next ``count`` S3 requests fail with ``status`` and S3 error ``code``."""
-        query = f"count={count}&status={status}&code={code}"
-        request = urllib.request.Request(f"{self.endpoint}/_standin/inject?{query}", method="POST")
+        self._control(f"inject?count={count}&status={status}&code={code}")
+
+    @contextlib.contextmanager
+    def slow_disk(self, delay: float) -> Iterator[None]:
+        """Within the block, every write of object data to the server's folder waits ``delay`` s first."""
+        self._control(f"slow-disk?ms={round(delay * 1000)}")
+        try:
+            yield
+        finally:
+            self._control("slow-disk?ms=0")
+
+    def _control(self, query: str) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/_standin/{query}", method="POST")
         with urllib.request.urlopen(request, timeout=5):
             pass
 

@@ -13,7 +13,10 @@
  *   * serves a control endpoint, POST /_standin/inject?count=N&status=503&code=SlowDown, that makes the
  *     next N S3 requests fail with that status and error code (to test retries); each call replaces the
  *     previous injection, so count=0 clears it. "_standin" is not a valid bucket name, so it cannot
- *     collide with S3 traffic.
+ *     collide with S3 traffic;
+ *   * serves POST /_standin/slow-disk?ms=N, which delays every write to the object folder by N ms;
+ *   * stores objects and upload parts atomically, answering a PUT only once its data is on disk
+ *     (s3rver answers earlier; see storeAtomically).
  *
  * Usage: node server.js --directory DIR [--address 127.0.0.1] [--port 0] [--parent-pid PID]
  * With --parent-pid it exits when that process is gone, so a killed test run leaves no server behind.
@@ -23,9 +26,14 @@
 'use strict';
 
 const crypto = require('crypto');
+const fs = require('fs');
 const http = require('http');
+const path = require('path');
+const { Readable, Transform } = require('stream');
+const { pipeline } = require('stream/promises');
 const S3rver = require('s3rver');
 const AWSAccount = require('s3rver/lib/models/account');
+const FilesystemStore = require('s3rver/lib/stores/filesystem');
 
 function parseArgs(argv) {
   const args = { address: '127.0.0.1', port: '0', directory: undefined, 'parent-pid': undefined };
@@ -124,6 +132,72 @@ function sendError(req, res, { status, code, message }) {
   });
 }
 
+/*
+ * POST /_standin/slow-disk?ms=N makes every write of a file stream (s3rver writes object data with
+ * them) wait N ms first, as a loaded disk would; ms=0 restores it.
+ */
+let slowDiskMs = 0;
+for (const method of ['_write', '_writev']) {
+  const original = fs.WriteStream.prototype[method];
+  fs.WriteStream.prototype[method] = function delayedWrite(...args) {
+    if (slowDiskMs > 0) setTimeout(() => original.apply(this, args), slowDiskMs);
+    else original.apply(this, args);
+  };
+}
+
+/*
+ * s3rver 3.7.1 answers a PUT (and an UploadPart) as soon as the body has passed its MD5 transform,
+ * while the last chunks may still be on their way to the file, which the PUT opened with truncation.
+ * A read right after the PUT could then see an empty or short object: S3 and MinIO never do that.
+ * The store's two writers are replaced by ones that write a temporary file beside the object, wait
+ * until it is complete and closed, and rename it over the object, so a PUT is answered once its data
+ * is stored and a reader sees the old object or the new one, never a part of it.
+ */
+let temporaries = 0;
+
+async function storeAtomically(content, destination) {
+  await fs.promises.mkdir(path.dirname(destination), { recursive: true });
+  const temporary = `${destination}.standin-partial-${process.pid}-${temporaries++}`;
+  const md5 = crypto.createHash('md5');
+  let size = 0;
+  const measure = new Transform({
+    transform(chunk, encoding, callback) {
+      md5.update(chunk);
+      size += chunk.length;
+      callback(null, chunk);
+    },
+  });
+  const source = Buffer.isBuffer(content) ? Readable.from([content]) : content;
+  try {
+    await pipeline(source, measure, fs.createWriteStream(temporary));
+    await fs.promises.rename(temporary, destination);
+  } catch (err) {
+    await fs.promises.rm(temporary, { force: true });
+    throw err;
+  }
+  return { size, md5: md5.digest('hex') };
+}
+
+FilesystemStore.prototype.putObject = async function putObject(object) {
+  const stored = await storeAtomically(
+    object.content,
+    this.getResourcePath(object.bucket, object.key, 'object'),
+  );
+  await this.putMetadata(object.bucket, object.key, object.metadata, stored.md5);
+  return stored;
+};
+
+FilesystemStore.prototype.putPart = async function putPart(bucket, uploadId, partNumber, content) {
+  const partPath = path.join(
+    this.getResourcePath(bucket, undefined, 'uploads'),
+    uploadId,
+    partNumber.toString(),
+  );
+  const stored = await storeAtomically(content, partPath);
+  await fs.promises.writeFile(`${partPath}.md5`, stored.md5);
+  return stored;
+};
+
 function main() {
   const args = parseArgs(process.argv.slice(2));
   const accessKey = process.env.S3_STANDIN_ACCESS_KEY;
@@ -137,6 +211,14 @@ function main() {
   const injected = [];
 
   const server = http.createServer((req, res) => {
+    if (req.url.startsWith('/_standin/slow-disk')) {
+      const params = new URLSearchParams(req.url.split('?')[1] || '');
+      slowDiskMs = Number(params.get('ms') || '0');
+      req.resume();
+      res.writeHead(204);
+      res.end();
+      return;
+    }
     if (req.url.startsWith('/_standin/inject')) {
       const params = new URLSearchParams(req.url.split('?')[1] || '');
       const count = Number(params.get('count') || '1');
