@@ -385,7 +385,9 @@ def test_local_check_reachable_is_one_line_for_a_folder_it_cannot_look_into(tmp_
 # -- S3-only --------------------------------------------------------------------------------------
 
 
-def test_s3_stand_in_answers_a_write_only_once_its_data_is_stored(s3: S3Storage, s3_server: S3StandIn) -> None:
+def test_s3_stand_in_answers_a_write_only_once_its_data_is_stored(
+    s3: S3Storage, s3_server: S3StandIn
+) -> None:
     """Read-after-write, as S3 gives: the stand-in once answered a PUT before its data reached the disk."""
     s3.write("k", b"first")
     big = os.urandom(6 << 20)  # multipart: CompleteMultipartUpload writes the object from its parts
