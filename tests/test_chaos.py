@@ -301,6 +301,8 @@ def test_a_lost_or_doubled_minibatch_or_a_differing_replica_fails_the_trial() ->
     one_of_two["members_left_out"] = ["a: gone"]
     problems = check_outcome({**_metrics(), "allreduce_replicas": one_of_two}, 100)
     assert problems == ["replicas: 1 of the final round's 2 members compared; left out: ['a: gone']"]
+    joined_late = {**one_of_two, "members_left_out": [], "members_behind": ["b: version 177 of round 4"]}
+    assert check_outcome({**_metrics(), "allreduce_replicas": joined_late}, 100) == []
 
 
 def test_a_member_reported_silent_after_its_pod_finished_fails_the_trial() -> None:

@@ -34,7 +34,7 @@ from edl_argo.collective.transport import (
 )
 from edl_argo.errors import JobFailedError
 from edl_argo.log import configure as configure_logging
-from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.master.rendezvous import Member, RendezvousManager
 from edl_argo.proto import master_pb2
 from edl_argo.rpc.auth import TOKEN_BYTES
 
@@ -344,6 +344,32 @@ def test_the_master_surveys_every_member_that_has_a_state() -> None:
         members.close()
 
 
+def test_a_member_that_joined_after_the_last_step_is_named_behind_not_compared() -> None:
+    """A member that joined the final round after the last step still holds an earlier state of the
+    newest state's lineage (chaos ``allreduce_master_restart_k8s``: a worker back at version 177 as its
+    peer, alone meanwhile, finished at 304). It is named as behind; the replicas compared are those at the
+    newest state, which must be identical. A state of another lineage is compared, and differs."""
+    lineage = Lineage(((4, 0), (9, 178)))  # versions up to 177 made in round 4, the rest in round 9
+    newest = GroupState(-1, 304, [np.ones(3, np.float32)], lineage)
+    twin = GroupState(-1, 304, [np.ones(3, np.float32)], lineage)
+    behind = GroupState(-1, 177, [np.full(3, 9.0, np.float32)], Lineage.origin(4))
+    stranger = GroupState(-1, 200, [np.full(3, 3.0, np.float32)], Lineage.origin(7))
+    providers = [behind, newest, behind, twin, stranger]  # the behind ones before and after the newest
+    members = _Members(5, {i: (lambda _round, state=state: state) for i, state in enumerate(providers)})
+    try:
+        addresses = [server.address for server in members.servers]
+        survey = survey_member_states(addresses[:4], timeout=10)
+        assert _same_state(survey.newest, newest)
+        assert (survey.members_compared, survey.max_abs_difference) == (2, 0.0)
+        assert survey.behind == [f"{addresses[i]}: version 177 of round 4" for i in (0, 2)]
+        assert survey.versions == [177, 304] and survey.left_out == []
+        survey = survey_member_states(addresses, timeout=10)
+        assert (survey.members_compared, survey.max_abs_difference) == (3, 2.0)
+        assert len(survey.behind) == 2
+    finally:
+        members.close()
+
+
 def test_a_survey_none_of_whose_many_members_answers_names_five_and_counts_the_rest() -> None:
     """The export of a big group none of whose members answers: one short line, not one cause per worker."""
     closed = []
@@ -474,6 +500,32 @@ def test_the_master_commits_reports_of_its_current_round_only_and_a_restart_keep
     assert (restarted.committed, restarted.checkpoint) == (rendezvous.committed, rendezvous.checkpoint)
     answer = restarted.response(restarted.rendezvous(0, "a:1"), 0)
     assert (answer.committed.version, answer.checkpoint.version) == (5, 4)
+
+
+def test_a_round_formed_after_training_ended_is_no_restore() -> None:
+    """Once the master has read the trained state, a member left alone as its peers finish forms a round on
+    the older state it holds (it joined after the last step): no steps are lost, nothing is logged or
+    counted as the model moving backwards, and the committed state stays."""
+    rendezvous = RendezvousManager()
+    first = rendezvous.rendezvous(0, "a:1")
+    made = master_pb2.StatePoint(version=304, round_id=first.round_id)
+    rendezvous.rendezvous(0, "a:1", master_pb2.RendezvousRequest(formed_round=first.round_id, state=made))
+    rendezvous.rendezvous(1, "b:1")
+    rendezvous.end_training()
+    rendezvous.remove(0, "Completed")
+    alone = rendezvous.rendezvous(1, "b:1", _formed(rendezvous.current.round_id, 177, made_in=1, watch=True))
+    assert alone.members == (Member(1, "b:1"),)
+    assert rendezvous.restores == [] and rendezvous.steps_lost == 0
+    assert rendezvous.committed == StatePoint(304, first.round_id)
+
+
+def _formed(round_id: int, version: int, made_in: int, watch: bool = False) -> master_pb2.RendezvousRequest:
+    """A member's report: it formed ``round_id`` on its own state (not a descendant of the committed one),
+    ``version`` made in round ``made_in``."""
+    state = master_pb2.StatePoint(version=version, round_id=made_in)
+    return master_pb2.RendezvousRequest(
+        formed_round=round_id, formed_from=master_pb2.MEMBER, formed_state=state, state=state, watch=watch
+    )
 
 
 def test_a_watch_call_reports_without_joining_and_silent_or_twice_reported_suspects_are_stuck(

@@ -334,14 +334,19 @@ class ElasticMember:
 @dataclass
 class GroupStateSurvey:
     """The master's reading of the group's states at the end of training: the newest state, and how far the
-    others differ from it."""
+    replicas that hold it differ from it."""
 
     newest: GroupState
+    #: The members whose state was compared with the newest: those at the newest state (its version, made
+    #: in the same round) and those of another lineage.
     members_compared: int
     max_abs_difference: float
     versions: list[int]
     #: The members left out, each as ``"address: why"`` (unreachable, or no state).
     left_out: list[str] = field(default_factory=list)
+    #: The members that hold an earlier state of the newest one's lineage, each as ``"address: version V of
+    #: round R"``: they joined the final round after its last step, so they took no part in the steps since.
+    behind: list[str] = field(default_factory=list)
 
 
 def survey_member_states(
@@ -350,15 +355,20 @@ def survey_member_states(
     """Read the current state of every member at ``addresses`` that answers with one, each frame within
     ``timeout`` seconds (the master's export); members that cannot be reached or have none are left out.
 
-    One member's state is held at a time besides the newest (so the master holds at most two states): each
-    is compared with the newest so far as it arrives. Raises :class:`JobFailedError` if none answers.
+    A member whose state is an earlier state of the newest one's lineage is *behind* (it joined after the
+    last step), named and not compared: every other member's values are compared with the newest, and
+    replicas that stepped together must not differ at all. One member's state is held at a time besides the
+    newest (so the master holds at most two states). Raises :class:`JobFailedError` if none answers.
     ``token``: the job's collective token (default: this process's).
     """
     newest: GroupState | None = None
+    at_newest: list[tuple[int, str]] = []  # the members at the newest state: (position, description)
+    behind: list[tuple[int, str]] = []
+    compared = 0
     differences: list[float] = []
     versions: set[int] = set()
     errors: list[str] = []
-    for address in addresses:
+    for position, address in enumerate(addresses):
         try:
             state = request_state(address, -1, timeout, token)
         except OSError as error:
@@ -368,14 +378,43 @@ def survey_member_states(
             errors.append(f"{address}: no state")
             continue
         versions.add(state.version)
-        if newest is not None:
-            differences.append(max_difference(newest, state))
-        if newest is None or state.version > newest.version:
-            newest = state
+        described = (
+            position,
+            f"{address}: version {state.version} of round {state.lineage.round_of(state.version)}",
+        )
+        if newest is not None and _is_earlier_state_of(state, newest):
+            behind.append(described)
+        elif newest is not None and _is_earlier_state_of(newest, state):
+            behind.extend(at_newest)
+            compared += 1 - len(at_newest)
+            newest, at_newest = state, [described]
+        else:
+            compared += 1
+            if newest is not None:
+                differences.append(max_difference(newest, state))
+            if newest is None or state.version > newest.version:
+                newest, at_newest = state, [described]
+            elif state.lineage.point(state.version) == newest.lineage.point(newest.version):
+                at_newest.append(described)
     if newest is None:
         raise JobFailedError(
             f"no worker of the group returned the trained model ({first_few(errors, 'more workers')})"
         )
     return GroupStateSurvey(
-        newest, len(differences) + 1, max(differences, default=0.0), sorted(versions), errors
+        newest,
+        compared,
+        max(differences, default=0.0),
+        sorted(versions),
+        errors,
+        [description for _, description in sorted(behind)],
+    )
+
+
+def _is_earlier_state_of(state: GroupState, other: GroupState) -> bool:
+    """Whether ``state`` is an earlier state of ``other``'s lineage (``other`` was made from it)."""
+    point = state.lineage.point(state.version)
+    return (
+        state.version < other.version
+        and point is not None
+        and other.lineage.descends_from(other.version, point)
     )

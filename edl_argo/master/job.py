@@ -561,15 +561,17 @@ class TrainingJob:
         survey = survey_member_states(
             [m.address for m in current.members], token=self.job_secret.collective_token()
         )
+        self.rendezvous.end_training()
         newest = survey.newest
         self._replicas = {
             "members": len(current.members),
             "members_compared": survey.members_compared,
             "members_left_out": survey.left_out,
+            "members_behind": survey.behind,
             "max_abs_difference": survey.max_abs_difference,
             "versions": survey.versions,
             "final_round": current.round_id,
-            "state_restores": self.rendezvous.restores,
+            "state_restores": list(self.rendezvous.restores),
             "steps_lost": self.rendezvous.steps_lost,
         }
         log.info(

@@ -99,6 +99,7 @@ class RendezvousManager:
         # Reported workers that have not formed a round since: worker id -> (last call, times reported).
         self._suspects: dict[int, tuple[float, int]] = {}
         self._stuck: set[int] = set()
+        self._training_over = False
 
     @property
     def current(self) -> Round:
@@ -133,6 +134,14 @@ class RendezvousManager:
             self._members[worker_id] = address
             self._next_round_locked(f"worker {worker_id} {changed}")
             return self._round
+
+    def end_training(self) -> None:
+        """Training is over and the master has read the group's trained state: from now on members' reports
+        change neither the committed state nor the restores. (A member left alone as its peers finish forms
+        a round on whatever it holds; when it joined after the last step that is an older state, and no step
+        of the job is lost by it.)"""
+        with self._lock:
+            self._training_over = True
 
     def remove(self, worker_id: int, reason: str) -> None:
         """The worker's pod stopped: it leaves the group for good."""
@@ -207,6 +216,8 @@ class RendezvousManager:
             self.restores = list(snapshot.get("restores", []))
 
     def _take_report_locked(self, worker_id: int, report: master_pb2.RendezvousRequest) -> None:
+        if self._training_over:
+            return
         if report.formed_round != self._round.round_id:
             return  # its state may be older than the round's: not yet agreed, or from an earlier round
         if report.formed_from != master_pb2.DESCENDANT and self._restored_round != report.formed_round:

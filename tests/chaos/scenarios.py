@@ -472,7 +472,8 @@ def check_outcome(metrics: dict[str, Any], minibatches: int) -> list[str]:
     minibatches of the tasks done against the ``minibatches`` the dataset makes (a lost or doubled
     minibatch shows here), each PS that never restarted at exactly the updates expected, and, with
     AllreduceStrategy, replicas that are not bit-identical at the end or a member of the final round whose
-    state the master could not compare."""
+    state the master could not compare (a member that joined after the last step, behind the newest state
+    of its lineage, is not compared: it took no part in the steps since)."""
     problems = []
     accounting = metrics["accounting"]
     if accounting["minibatches_trained"] != minibatches:
@@ -488,7 +489,8 @@ def check_outcome(metrics: dict[str, Any], minibatches: int) -> list[str]:
                 f"accounting: PS {ps['ps']} at version {ps['model_version']}, expected {expected}"
             )
     replicas = metrics.get("allreduce_replicas")
-    if replicas is not None and replicas["members_compared"] != replicas["members"]:
+    behind = [] if replicas is None else replicas.get("members_behind", [])
+    if replicas is not None and replicas["members_compared"] + len(behind) != replicas["members"]:
         problems.append(
             f"replicas: {replicas['members_compared']} of the final round's {replicas['members']} members "
             f"compared; left out: {replicas['members_left_out']}"
