@@ -254,7 +254,7 @@ def assert_fails_as_in_fit(
     model.compile(optimizer=spec.optimizer(), loss=spec.loss)
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         model.fit(features, labels, batch_size=len(labels), epochs=1, verbose=0)
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError) as raised:
         train(features, labels)
     found = model_error_of(raised.value)

@@ -119,7 +119,7 @@ def assert_trace_covers_every_record(job: TracedJob, unequal_sizes: bool = True)
 def replay(job: TracedJob) -> keras.Model:
     """The model file's model, compiled as ``fit`` would be, after one ``train_on_batch`` per traced update on
     the concatenation of its minibatches, in update order."""
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     model = job.spec.custom_model()
     model.compile(optimizer=job.spec.optimizer(), loss=job.spec.loss)
     for minibatches in job.updates():

@@ -117,7 +117,7 @@ def _dataset(spec: ModelSpec, records: list[bytes], mode: str, batch: int) -> tf
 
 
 def _fit(spec: ModelSpec, records: list[bytes], batch: int) -> tuple[keras.Model, dict[str, np.ndarray]]:
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     model = spec.custom_model()
     initial = {v.path: np.array(v.numpy()) for v in model.weights}
     model.compile(optimizer=spec.optimizer(), loss=spec.loss)

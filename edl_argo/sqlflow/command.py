@@ -303,7 +303,7 @@ class TrainedModel:
         from edl_argo.storage import ObjectNotFoundError, open_storage
         from edl_argo.storage.trees import open_tree
 
-        tf.keras.utils.clear_session()
+        tf.keras.utils.clear_session(free_memory=False)  # as build_model: names restart, no collection
         model = self.premade.custom_model()
         model(features, training=False)
         storage = open_storage(f"{self.url}/{MODEL_KEY}")
