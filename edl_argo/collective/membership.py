@@ -364,7 +364,6 @@ def survey_member_states(
     newest: GroupState | None = None
     at_newest: list[tuple[int, str]] = []  # the members at the newest state: (position, description)
     behind: list[tuple[int, str]] = []
-    compared = 0
     differences: list[float] = []
     versions: set[int] = set()
     errors: list[str] = []
@@ -386,10 +385,8 @@ def survey_member_states(
             behind.append(described)
         elif newest is not None and _is_earlier_state_of(newest, state):
             behind.extend(at_newest)
-            compared += 1 - len(at_newest)
             newest, at_newest = state, [described]
         else:
-            compared += 1
             if newest is not None:
                 differences.append(max_difference(newest, state))
             if newest is None or state.version > newest.version:
@@ -402,7 +399,7 @@ def survey_member_states(
         )
     return GroupStateSurvey(
         newest,
-        compared,
+        len(addresses) - len(errors) - len(behind),  # every member that answered and is not behind
         max(differences, default=0.0),
         sorted(versions),
         errors,

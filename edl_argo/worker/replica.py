@@ -70,7 +70,7 @@ class StepSkipped(Exception):
 def build_model(spec: ModelSpec, sample_features: Any | None = None) -> keras.Model:
     """A fresh model from the model file, built, with the same variable names in every process."""
     # Keras's names restart; no full garbage collection (``free_memory``): in a process that holds many
-    # objects (a master, an in-process command, a test process) it took 0.1-0.5 s a call.
+    # objects (a master, an in-process command, a test process) it took up to 0.6 s a call.
     keras.utils.clear_session(free_memory=False)
     model = spec.custom_model()
     if not model.built and sample_features is not None:
