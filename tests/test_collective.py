@@ -560,3 +560,26 @@ def test_a_watch_call_reports_without_joining_and_silent_or_twice_reported_suspe
     again = rendezvous.rendezvous(2, "w2:1").round_id  # joins, but never forms (its path is broken)
     rendezvous.report_failure(reporter=0, round_id=again, suspect=2, message="silent")
     assert rendezvous.stuck(timeout=8) == [2]
+
+
+def test_once_training_is_over_a_suspect_silent_since_its_report_is_named_stuck_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the end of a job the master does not wait out the collective timeout for a member its peer
+    reported (a SIGSTOPped pod would hold the job's end for the whole exit grace): a suspect that has not
+    called since its report is named at once; one that has called since is alive and exits on its own."""
+    rendezvous = RendezvousManager()
+    for worker in (0, 1, 2):
+        rendezvous.rendezvous(worker, f"w{worker}:1")
+    clock = [1000.0]
+    monkeypatch.setattr("edl_argo.master.rendezvous.time.monotonic", lambda: clock[0])
+    first = rendezvous.current.round_id
+    rendezvous.report_failure(reporter=0, round_id=first, suspect=1, message="silent")  # 1 is hung
+    rendezvous.report_failure(reporter=0, round_id=first + 1, suspect=2, message="silent")  # 2 is alive
+    clock[0] += 1
+    rendezvous.rendezvous(2, "w2:1", master_pb2.RendezvousRequest(watch=True))  # 2 calls after its report
+    assert rendezvous.stuck(timeout=8) == []  # during training: 1 has been silent for 1 s only
+    assert rendezvous.silent_since_reported() == [1]
+    assert rendezvous.silent_since_reported() == []  # named once
+    clock[0] += 9
+    assert rendezvous.stuck(timeout=8) == [2]  # then silent for the timeout: named as during training

@@ -13,7 +13,9 @@ import pytest
 
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.job_parts import load_job_parts
+from edl_argo.master.rendezvous import RendezvousManager
 from edl_argo.pods import LocalProcessBackend
+from edl_argo.proto import master_pb2
 from edl_argo.rpc.auth import JobSecret
 from edl_argo.worker import ps_client
 from tests.engine_helpers import digits_config
@@ -77,3 +79,28 @@ def test_a_second_caller_of_the_end_of_training_returns_with_the_version_the_fir
     assert not first.is_alive() and not second.is_alive()
     assert seen == [FINAL_VERSION]
     assert statuses == 1  # applied once
+
+
+def test_at_the_end_of_training_a_member_found_silent_is_deleted_not_waited_for(
+    digits_data: Path, tmp_path: Path
+) -> None:
+    """A group member its peer reported silent, that has not called since (SIGSTOPped), would never exit:
+    the master deletes it as stuck instead of waiting out the exit grace; a reported member that called
+    since is alive and left to exit on its own."""
+    config = digits_config(digits_data, tmp_path / "job")
+    job = TrainingJob(
+        config, load_job_parts(config), LocalProcessBackend(config.job_name), JobSecret.generate()
+    )
+    rendezvous = RendezvousManager()
+    for worker in (0, 1, 2):
+        rendezvous.rendezvous(worker, f"w{worker}:1")
+    first = rendezvous.current.round_id
+    rendezvous.report_failure(reporter=0, round_id=first, suspect=1, message="silent")
+    rendezvous.report_failure(reporter=0, round_id=first + 1, suspect=2, message="silent")
+    rendezvous.rendezvous(2, "w2:1", master_pb2.RendezvousRequest(watch=True))
+    deleted: list[int] = []
+    job.rendezvous = rendezvous
+    job.scaler = SimpleNamespace(tick=lambda: None)  # type: ignore[assignment]
+    job.pods = SimpleNamespace(live_workers=set(), restart_stuck_worker=deleted.append)  # type: ignore[assignment]
+    job._wait_for_workers()
+    assert deleted == [1]

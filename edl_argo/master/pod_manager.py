@@ -274,7 +274,8 @@ class PodManager:
         return count
 
     def restart_stuck_worker(self, worker_id: int) -> None:
-        """A worker held a task past its timeout: remove it; its replacement starts on its DELETED event."""
+        """A worker held a task past its timeout, or its group found it silent: remove it; its replacement
+        starts on its DELETED event, unless training is over by then."""
         log.warning("worker_stuck", worker=worker_id)
         self._remove_worker(worker_id, STUCK)
 

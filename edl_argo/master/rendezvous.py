@@ -14,7 +14,9 @@ A reported worker that is hung (SIGSTOP, a dead node: no pod event) or cannot be
 silent network path to its collective server) would never leave for good, or keep rejoining rounds it
 cannot take part in. :meth:`stuck` names it, for the master to restart it as it restarts a worker that died:
 a worker that was reported and then did not call the master for the collective timeout (a live member's
-watch calls every second), or that was reported again before it formed a round since.
+watch calls every second), or that was reported again before it formed a round since. Once training is
+over there is nothing left to rejoin: :meth:`silent_since_reported` names at once every reported worker
+that has not called since its report, so that the master does not wait for it to exit.
 
 A member's step loop makes no call while its round stands: it learns of a new round from a piece of that
 round arriving at its collective server (a member of the new round is already forming it), from a failed
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,16 @@ from edl_argo.log import get_logger
 from edl_argo.proto import master_pb2
 
 log = get_logger(__name__)
+
+
+@dataclass
+class _Suspect:
+    """A worker a member reported: when it last called the master (or was reported), how many times it
+    was reported without forming a round since, and whether it called after its last report."""
+
+    last_call: float
+    times: int
+    called_since_report: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,8 +109,8 @@ class RendezvousManager:
         #: Every round that formed on a state older than the committed one: what it lost.
         self.restores: list[dict[str, object]] = []
         self._restored_round = 0
-        # Reported workers that have not formed a round since: worker id -> (last call, times reported).
-        self._suspects: dict[int, tuple[float, int]] = {}
+        # Reported workers that have not formed a round since, by worker id.
+        self._suspects: dict[int, _Suspect] = {}
         self._stuck: set[int] = set()
         self._training_over = False
 
@@ -118,12 +131,13 @@ class RendezvousManager:
         ``worker_id`` at ``address`` if it is not a member yet (unless ``report.watch``: a member's
         background call only reads the round)."""
         with self._lock:
-            if worker_id in self._suspects:
+            suspect = self._suspects.get(worker_id)
+            if suspect is not None:
                 formed_since = report is not None and report.formed_round == self._round.round_id
                 if formed_since and self._round.rank_of(worker_id) >= 0:
                     del self._suspects[worker_id]
                 else:
-                    self._suspects[worker_id] = (time.monotonic(), self._suspects[worker_id][1])
+                    suspect.last_call, suspect.called_since_report = time.monotonic(), True
             if report is not None and self._round.rank_of(worker_id) >= 0:
                 self._take_report_locked(worker_id, report)
             if report is not None and report.watch:
@@ -168,8 +182,8 @@ class RendezvousManager:
                 message=message[:300],
             )
             if self._members.pop(suspect, None) is not None:
-                _, times = self._suspects.get(suspect, (0.0, 0))
-                self._suspects[suspect] = (time.monotonic(), times + 1)
+                known = self._suspects.get(suspect)
+                self._suspects[suspect] = _Suspect(time.monotonic(), 1 if known is None else known.times + 1)
                 self._next_round_locked(f"worker {suspect} did not answer worker {reporter}")
             else:
                 # The suspect is unknown or already gone: still make every member start over together.
@@ -179,11 +193,20 @@ class RendezvousManager:
         """Reported workers to restart (each named once): silent to the master for ``timeout`` seconds
         since, or reported twice without forming a round in between."""
         now = time.monotonic()
+        return self._name_stuck(lambda s: s.times >= 2 or now - s.last_call > timeout)
+
+    def silent_since_reported(self) -> list[int]:
+        """Training is over: the reported workers that have not called the master since their report (each
+        named once, by this or :meth:`stuck`). A live one would have asked again within a second; one that
+        is hung would hold the job's end until it is deleted."""
+        return self._name_stuck(lambda s: not s.called_since_report)
+
+    def _name_stuck(self, is_stuck: Callable[[_Suspect], bool]) -> list[int]:
         with self._lock:
             found = [
                 worker_id
-                for worker_id, (last_call, times) in self._suspects.items()
-                if worker_id not in self._stuck and (times >= 2 or now - last_call > timeout)
+                for worker_id, suspect in self._suspects.items()
+                if worker_id not in self._stuck and is_stuck(suspect)
             ]
             self._stuck.update(found)
             for worker_id in found:

@@ -58,7 +58,8 @@ def allreduce_kill(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -
 def allreduce_hang(env: ChaosEnv, rng: random.Random, *, backend: str = LOCAL) -> TrialResult:
     """A member of a group of two SIGSTOPped at a random point between 20% and 70% of the tasks and left
     stopped: its peer's collective times out (``--collective-timeout-seconds``) and blames it, the group
-    re-forms without it, its task is reclaimed on timeout and the master replaces it."""
+    re-forms without it, a task it held is reclaimed on timeout, and the master restarts it as stuck
+    (replaced, or only deleted once training is over)."""
 
     def inject(trial: Trial) -> None:
         trial.wait_for_progress(rng.uniform(0.20, 0.70))
