@@ -34,7 +34,7 @@ from edl_argo.collective.transport import (
 )
 from edl_argo.errors import JobFailedError
 from edl_argo.log import configure as configure_logging
-from edl_argo.master.rendezvous import Member, RendezvousManager
+from edl_argo.master.rendezvous import SILENT_AFTER_TRAINING_SECONDS, Member, RendezvousManager
 from edl_argo.proto import master_pb2
 from edl_argo.rpc.auth import TOKEN_BYTES
 
@@ -578,8 +578,10 @@ def test_once_training_is_over_a_suspect_silent_since_its_report_is_named_stuck_
     rendezvous.report_failure(reporter=0, round_id=first + 1, suspect=2, message="silent")  # 2 is alive
     clock[0] += 1
     rendezvous.rendezvous(2, "w2:1", master_pb2.RendezvousRequest(watch=True))  # 2 calls after its report
-    assert rendezvous.stuck(timeout=8) == []  # during training: 1 has been silent for 1 s only
+    assert rendezvous.silent_since_reported() == []  # 1 silent for one watch interval only
+    clock[0] += SILENT_AFTER_TRAINING_SECONDS
+    assert rendezvous.stuck(timeout=8) == []  # the timeout of training has not run out for 1
     assert rendezvous.silent_since_reported() == [1]
     assert rendezvous.silent_since_reported() == []  # named once
     clock[0] += 9
-    assert rendezvous.stuck(timeout=8) == [2]  # then silent for the timeout: named as during training
+    assert rendezvous.stuck(timeout=8) == [2]  # 2 then silent for the timeout: named as during training

@@ -13,7 +13,7 @@ import pytest
 
 from edl_argo.master.job import TrainingJob
 from edl_argo.master.job_parts import load_job_parts
-from edl_argo.master.rendezvous import RendezvousManager
+from edl_argo.master.rendezvous import SILENT_AFTER_TRAINING_SECONDS, RendezvousManager
 from edl_argo.pods import LocalProcessBackend
 from edl_argo.proto import master_pb2
 from edl_argo.rpc.auth import JobSecret
@@ -82,15 +82,17 @@ def test_a_second_caller_of_the_end_of_training_returns_with_the_version_the_fir
 
 
 def test_at_the_end_of_training_a_member_found_silent_is_deleted_not_waited_for(
-    digits_data: Path, tmp_path: Path
+    digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A group member its peer reported silent, that has not called since (SIGSTOPped), would never exit:
-    the master deletes it as stuck instead of waiting out the exit grace; a reported member that called
-    since is alive and left to exit on its own."""
+    the master deletes it as stuck once it has been silent for two watch intervals, instead of waiting out
+    the exit grace; a reported member that called since is alive and left to exit on its own."""
     config = digits_config(digits_data, tmp_path / "job")
     job = TrainingJob(
         config, load_job_parts(config), LocalProcessBackend(config.job_name), JobSecret.generate()
     )
+    clock = [1000.0]
+    monkeypatch.setattr("edl_argo.master.rendezvous.time.monotonic", lambda: clock[0])
     rendezvous = RendezvousManager()
     for worker in (0, 1, 2):
         rendezvous.rendezvous(worker, f"w{worker}:1")
@@ -98,9 +100,23 @@ def test_at_the_end_of_training_a_member_found_silent_is_deleted_not_waited_for(
     rendezvous.report_failure(reporter=0, round_id=first, suspect=1, message="silent")
     rendezvous.report_failure(reporter=0, round_id=first + 1, suspect=2, message="silent")
     rendezvous.rendezvous(2, "w2:1", master_pb2.RendezvousRequest(watch=True))
-    deleted: list[int] = []
+    deleted: dict[int, float] = {}
+    live = {0, 1, 2}
+
+    def wait_for_events(timeout: float) -> list[Any]:
+        clock[0] += timeout
+        return []
+
+    def delete(worker: int) -> None:
+        deleted[worker] = clock[0]
+        live.discard(worker)
+
     job.rendezvous = rendezvous
     job.scaler = SimpleNamespace(tick=lambda: None)  # type: ignore[assignment]
-    job.pods = SimpleNamespace(live_workers=set(), restart_stuck_worker=deleted.append)  # type: ignore[assignment]
+    job.pods = SimpleNamespace(  # type: ignore[assignment]
+        live_workers=live, restart_stuck_worker=delete, handle=lambda events: None
+    )
+    job.backend = SimpleNamespace(events=wait_for_events)  # type: ignore[assignment]
     job._wait_for_workers()
-    assert deleted == [1]
+    assert list(deleted) == [1]
+    assert 1000.0 + SILENT_AFTER_TRAINING_SECONDS < deleted[1] <= 1000.0 + SILENT_AFTER_TRAINING_SECONDS + 0.5

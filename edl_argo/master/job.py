@@ -645,11 +645,11 @@ class TrainingJob:
     def _wait_for_workers(self) -> None:
         assert self.pods is not None and self.scaler is not None
         self.scaler.tick()  # training is over: workers still waiting for room are deleted
-        # ...and group members a peer found silent, that have not called since: they will not exit.
-        for worker_id in self.rendezvous.silent_since_reported() if self.rendezvous else ():
-            self.pods.restart_stuck_worker(worker_id)
         deadline = time.monotonic() + WORKER_EXIT_GRACE_SECONDS
         while self.pods.live_workers and time.monotonic() < deadline:
+            # Group members a peer found silent and that have not called since will not exit: delete them.
+            for worker_id in self.rendezvous.silent_since_reported() if self.rendezvous else ():
+                self.pods.restart_stuck_worker(worker_id)
             self.pods.handle(self.backend.events(timeout=0.5))
 
     def _metrics(self, started: float) -> dict[str, Any]:

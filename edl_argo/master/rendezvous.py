@@ -15,8 +15,8 @@ silent network path to its collective server) would never leave for good, or kee
 cannot take part in. :meth:`stuck` names it, for the master to restart it as it restarts a worker that died:
 a worker that was reported and then did not call the master for the collective timeout (a live member's
 watch calls every second), or that was reported again before it formed a round since. Once training is
-over there is nothing left to rejoin: :meth:`silent_since_reported` names at once every reported worker
-that has not called since its report, so that the master does not wait for it to exit.
+over there is nothing left to rejoin: :meth:`silent_since_reported` names every reported worker that made
+no call in two watch intervals since its report, so that the master does not wait for it to exit.
 
 A member's step loop makes no call while its round stands: it learns of a new round from a piece of that
 round arriving at its collective server (a member of the new round is already forming it), from a failed
@@ -45,11 +45,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from edl_argo.collective.membership import WATCH_SECONDS
 from edl_argo.collective.state import StatePoint, point_from_message, point_message
 from edl_argo.log import get_logger
 from edl_argo.proto import master_pb2
 
 log = get_logger(__name__)
+
+#: Once training is over, how long a reported worker may make no call before :meth:`RendezvousManager.
+#: silent_since_reported` names it: two of a live member's watch intervals.
+SILENT_AFTER_TRAINING_SECONDS = 2 * WATCH_SECONDS
 
 
 @dataclass
@@ -196,10 +201,13 @@ class RendezvousManager:
         return self._name_stuck(lambda s: s.times >= 2 or now - s.last_call > timeout)
 
     def silent_since_reported(self) -> list[int]:
-        """Training is over: the reported workers that have not called the master since their report (each
-        named once, by this or :meth:`stuck`). A live one would have asked again within a second; one that
-        is hung would hold the job's end until it is deleted."""
-        return self._name_stuck(lambda s: not s.called_since_report)
+        """Training is over: the reported workers that have not called the master in the two watch
+        intervals since their report (each named once, by this or :meth:`stuck`). A live one calls every
+        interval; one that is hung would hold the job's end until it is deleted."""
+        now = time.monotonic()
+        return self._name_stuck(
+            lambda s: not s.called_since_report and now - s.last_call > SILENT_AFTER_TRAINING_SECONDS
+        )
 
     def _name_stuck(self, is_stuck: Callable[[_Suspect], bool]) -> list[int]:
         with self._lock:
