@@ -36,13 +36,14 @@ from edl_argo.master.state_store import (
     save_waiters,
 )
 from edl_argo.master.task_dispatcher import DispatcherConfig, TaskDispatcher, TaskType
-from edl_argo.pods import PodRole
+from edl_argo.pods import PodRole, find_free_port
 from edl_argo.proto import master_pb2, master_pb2_grpc
 from edl_argo.ps.server import start_server
 from edl_argo.ps.servicer import ParameterServerServicer
 from edl_argo.rpc.channel import (
     KEEPALIVE_TIME_MS,
     KEEPALIVE_TIMEOUT_MS,
+    RECONNECT_BACKOFF_MS,
     RECONNECT_MS,
     make_channel,
     make_server,
@@ -63,8 +64,11 @@ URLS = {TaskType.TRAINING: "train", TaskType.EVALUATION: "", TaskType.PREDICTION
 #: KEEPALIVE_TIMEOUT), plus scheduling slack on a loaded machine.
 KEEPALIVE_BOUND = (KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS) / 1000 + 5
 #: A peer reachable again is used within this long after keepalive dropped the broken connection: one
-#: connection attempt given up and one backoff, each at most RECONNECT_MS.
-RECONNECT_BOUND = 2 * RECONNECT_MS / 1000
+#: connection attempt given up (RECONNECT_MS) and one backoff (RECONNECT_BACKOFF_MS).
+RECONNECT_BOUND = (RECONNECT_MS + RECONNECT_BACKOFF_MS) / 1000
+#: A peer that was gone for seconds and is back at its address is used within this long: one reconnect
+#: backoff (a second), plus scheduling slack.
+MASTER_BACK_BOUND = 2.0
 
 
 def timed(call: Callable[[], Any], limit: float) -> tuple[float, Any]:
@@ -88,8 +92,8 @@ def parameter_server() -> Iterator[str]:
     server.stop(None)
 
 
-@pytest.fixture
-def master() -> Iterator[str]:
+def _serve_master(address: str = "127.0.0.1:0") -> tuple[grpc.Server, str]:
+    """A master of 10 tasks serving on ``address`` (any free port by default), started; and its address."""
     dispatcher = TaskDispatcher({"s": 100}, DispatcherConfig(records_per_task=10, num_epochs=1))
     evaluation = EvaluationService(lambda: {}, {}, 0)
     evaluation.dispatcher = dispatcher
@@ -97,9 +101,16 @@ def master() -> Iterator[str]:
     master_pb2_grpc.add_MasterServicer_to_server(
         MasterServicer(dispatcher, evaluation, URLS, lambda: 0), server
     )
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(address)
+    assert port
     server.start()
-    yield f"127.0.0.1:{port}"
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+def master() -> Iterator[str]:
+    server, address = _serve_master()
+    yield address
     server.stop(None)
 
 
@@ -130,6 +141,37 @@ def test_a_silent_parameter_server_fails_calls_within_their_deadline_and_keepali
         patient.close()
     finally:
         proxy.close()
+
+
+def test_a_master_back_after_seconds_away_is_reached_within_the_reconnect_backoff() -> None:
+    """A worker's channel to a master that was gone for seconds (killed, then started again at its
+    address) connects again within one reconnect backoff of its return. With attempts 5 s apart, a member of
+    an AllreduceStrategy group rejoined a restarted master up to 5 s after its peer, which trained alone."""
+    server, address = _serve_master(f"127.0.0.1:{find_free_port()}")
+    channel = make_channel(address)  # as a worker's MasterClient makes it
+    stub = master_pb2_grpc.MasterStub(channel)
+    request = master_pb2.GetTaskRequest(worker_id=0)
+    try:
+        stub.GetTask(request, timeout=5)
+        server.stop(None)
+        away_until = time.monotonic() + 6  # the reconnect backoff grows while nobody answers
+        while time.monotonic() < away_until:
+            with pytest.raises(grpc.RpcError):
+                stub.GetTask(request, timeout=0.5)
+            time.sleep(0.5)
+        server, _ = _serve_master(address)
+        back = time.monotonic()
+        while True:
+            try:
+                stub.GetTask(request, timeout=0.5)
+                break
+            except grpc.RpcError:
+                assert time.monotonic() - back < 10, "the master was not reached again within 10 s"
+                time.sleep(0.05)
+        assert time.monotonic() - back <= MASTER_BACK_BOUND
+    finally:
+        channel.close()
+        server.stop(None)
 
 
 def test_a_silent_master_fails_calls_within_their_deadline(master: str) -> None:

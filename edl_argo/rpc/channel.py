@@ -40,9 +40,13 @@ RPC_TIMEOUT_SECONDS = table.RPC_TIMEOUT_SECONDS
 #: longer than :data:`KEEPALIVE_TIMEOUT_MS`.
 KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
-#: A connection attempt that gets no answer is given up after this long, and attempts are at most this far
-#: apart (gRPC's defaults, 20 s and 120 s, would leave a peer that came back unused for minutes).
+#: A connection attempt that gets no answer is given up after this long (gRPC's default: 20 s).
 RECONNECT_MS = 5_000
+#: Connection attempts to a peer that refuses them are at most this far apart, so that a peer back at its
+#: address (a restarted master or PS) is used within a second. gRPC's default cap, 120 s, would leave it
+#: unused for minutes; at 5 s, a member of an AllreduceStrategy group rejoined a restarted master up to 5 s
+#: after its peer, which trained alone meanwhile. An attempt is one connection the peer's kernel refuses.
+RECONNECT_BACKOFF_MS = 1_000
 _CHANNEL_OPTIONS = [
     *_OPTIONS,
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
@@ -52,8 +56,9 @@ _CHANNEL_OPTIONS = [
     # Any ping (keepalive or gRPC's own bandwidth probes) unanswered this long drops the connection; the
     # default, 60 s, held keepalive back while a probe sent just before the peer went silent was pending.
     ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    # gRPC reads its "min reconnect backoff" as the connection attempt's timeout.
     ("grpc.min_reconnect_backoff_ms", RECONNECT_MS),
-    ("grpc.max_reconnect_backoff_ms", RECONNECT_MS),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
 ]
 
 Response = TypeVar("Response")
