@@ -562,12 +562,13 @@ def test_a_watch_call_reports_without_joining_and_silent_or_twice_reported_suspe
     assert rendezvous.stuck(timeout=8) == [2]
 
 
-def test_once_training_is_over_a_suspect_silent_since_its_report_is_named_stuck_at_once(
+def test_once_training_is_over_a_suspect_silent_since_its_report_is_named_before_the_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """At the end of a job the master does not wait out the collective timeout for a member its peer
-    reported (a SIGSTOPped pod would hold the job's end for the whole exit grace): a suspect that has not
-    called since its report is named at once; one that has called since is alive and exits on its own."""
+    reported (a SIGSTOPped pod would hold the job's end for the whole exit grace): a suspect that has made
+    no call in two watch intervals since its report is named; one that has called since is alive and exits
+    on its own."""
     rendezvous = RendezvousManager()
     for worker in (0, 1, 2):
         rendezvous.rendezvous(worker, f"w{worker}:1")
